@@ -1,0 +1,1 @@
+"""The crater command line."""

@@ -1,0 +1,49 @@
+"""The envelope every Crater event shares."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import ClassVar
+from uuid import UUID, uuid4
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Contract(BaseModel):
+    """Base of every contract model: unknown fields are refused so that typos surface."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+
+class TraceContext(Contract):
+    """W3C trace context of the span that emitted the event (also sent as message headers)."""
+
+    traceparent: str = Field(pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+    tracestate: str | None = None
+
+
+class Event(Contract):
+    """Every message on the bus: a fact, named in the past tense, with a unique id.
+
+    `event_id` is also sent as the `Nats-Msg-Id` header, so JetStream drops a re-publish
+    inside the stream's duplicate window and consumers can de-duplicate on it.
+    """
+
+    subject_template: ClassVar[str] = ""
+
+    event_id: UUID = Field(default_factory=uuid4, description="Unique id; the Nats-Msg-Id.")
+    occurred_at: AwareDatetime = Field(default_factory=utc_now, description="When it happened.")
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
+    trace: TraceContext | None = Field(default=None, description="Emitting span, for audit.")

@@ -1,0 +1,277 @@
+"""Every subject and JetStream stream, defined once. Services import these; nothing else
+spells a subject."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from crater.contracts.allocations import AllocationGranted, AllocationReleased
+from crater.contracts.autoscaling import LatencySamplesReported, ScaleDecided
+from crater.contracts.base import Event
+from crater.contracts.nodes import NodeHealthReported, NodeMetricsReported, NodeTopologyReported
+from crater.contracts.rejections import MessageRejected
+from crater.contracts.tasks import (
+    TaskPending,
+    TaskPreempted,
+    TaskProfiled,
+    TaskRejected,
+    TaskStatusReported,
+    TaskSubmitted,
+)
+from crater.contracts.webhooks import WebhookDeadLettered, WebhookDelivered
+
+PREFIX = "crater.v1"
+
+
+class Retention(StrEnum):
+    LIMITS = "limits"
+    INTEREST = "interest"
+    WORK_QUEUE = "workqueue"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    description: str
+    retention: Retention = Retention.LIMITS
+    max_age_seconds: int = 30 * 86_400
+    duplicate_window_seconds: int = 120
+    max_msgs_per_subject: int = -1
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One subject (or subject family) and the single event type it carries."""
+
+    subject: str
+    event: type[Event]
+    stream: StreamSpec
+    description: str
+    node_scoped: bool = False
+    producers: tuple[str, ...] = field(default=())
+    consumers: tuple[str, ...] = field(default=())
+
+    @property
+    def wildcard(self) -> str:
+        """The subject to subscribe to: node-scoped subjects end in the node id."""
+        return f"{self.subject}.*" if self.node_scoped else self.subject
+
+    def for_node(self, node_id: str) -> str:
+        if not self.node_scoped:
+            raise ValueError(f"{self.subject} is not node-scoped")
+        return f"{self.subject}.{node_id}"
+
+
+class Streams:
+    TASKS = StreamSpec(
+        "CRATER_TASKS",
+        (f"{PREFIX}.task.>",),
+        "Every task's lifecycle: the audit log of what was asked and decided.",
+        max_age_seconds=90 * 86_400,
+    )
+    ALLOCATIONS = StreamSpec(
+        "CRATER_ALLOCATIONS",
+        (f"{PREFIX}.allocation.>",),
+        "Resources granted to and released by tasks.",
+        max_age_seconds=90 * 86_400,
+    )
+    NODE_TOPOLOGY = StreamSpec(
+        "CRATER_NODE_TOPOLOGY",
+        (f"{PREFIX}.node.topology.*",),
+        "The latest hardware topology of each node (one message kept per node).",
+        max_msgs_per_subject=1,
+        max_age_seconds=0,
+    )
+    NODE_TELEMETRY = StreamSpec(
+        "CRATER_NODE_TELEMETRY",
+        (f"{PREFIX}.node.metrics.*", f"{PREFIX}.node.health.*"),
+        "Node metrics and health heartbeats; short-lived.",
+        max_age_seconds=3_600,
+        max_msgs_per_subject=120,
+    )
+    AUTOSCALING = StreamSpec(
+        "CRATER_AUTOSCALING",
+        (f"{PREFIX}.inference.>", f"{PREFIX}.scale.>"),
+        "Inference latency samples and the scale decisions taken on them.",
+        max_age_seconds=7 * 86_400,
+    )
+    WEBHOOKS = StreamSpec(
+        "CRATER_WEBHOOKS",
+        (f"{PREFIX}.webhook.>",),
+        "Outcomes of webhook deliveries to AllData.",
+    )
+    REJECTIONS = StreamSpec(
+        "CRATER_REJECTIONS",
+        (f"{PREFIX}.message.rejected",),
+        "Messages a consumer could not accept, with the field and the reason.",
+        max_age_seconds=7 * 86_400,
+    )
+
+    ALL: tuple[StreamSpec, ...] = (
+        TASKS,
+        ALLOCATIONS,
+        NODE_TOPOLOGY,
+        NODE_TELEMETRY,
+        AUTOSCALING,
+        WEBHOOKS,
+        REJECTIONS,
+    )
+
+
+class Subjects:
+    NODE_TOPOLOGY = Channel(
+        f"{PREFIX}.node.topology",
+        NodeTopologyReported,
+        Streams.NODE_TOPOLOGY,
+        "A node's hardware topology, on start and whenever it changes.",
+        node_scoped=True,
+        producers=("probe",),
+        consumers=("scheduler",),
+    )
+    NODE_METRICS = Channel(
+        f"{PREFIX}.node.metrics",
+        NodeMetricsReported,
+        Streams.NODE_TELEMETRY,
+        "A node's load on an interval.",
+        node_scoped=True,
+        producers=("probe",),
+        consumers=("autoscaler",),
+    )
+    NODE_HEALTH = Channel(
+        f"{PREFIX}.node.health",
+        NodeHealthReported,
+        Streams.NODE_TELEMETRY,
+        "A node's health checks on an interval; the scheduler's heartbeat.",
+        node_scoped=True,
+        producers=("probe",),
+        consumers=("scheduler",),
+    )
+    TASK_SUBMITTED = Channel(
+        f"{PREFIX}.task.submitted",
+        TaskSubmitted,
+        Streams.TASKS,
+        "AllData asked for a task to be placed.",
+        producers=("gateway",),
+        consumers=("predictor",),
+    )
+    TASK_PROFILED = Channel(
+        f"{PREFIX}.task.profiled",
+        TaskProfiled,
+        Streams.TASKS,
+        "A task with its predicted peaks, ready to place.",
+        producers=("predictor",),
+        consumers=("scheduler",),
+    )
+    TASK_PENDING = Channel(
+        f"{PREFIX}.task.pending",
+        TaskPending,
+        Streams.TASKS,
+        "A task waits; the reasons, per filter, summed over nodes.",
+        producers=("scheduler",),
+        consumers=("callback",),
+    )
+    TASK_REJECTED = Channel(
+        f"{PREFIX}.task.rejected",
+        TaskRejected,
+        Streams.TASKS,
+        "A task that can never be placed, or whose request is invalid.",
+        producers=("scheduler", "predictor"),
+        consumers=("callback",),
+    )
+    TASK_PREEMPTED = Channel(
+        f"{PREFIX}.task.preempted",
+        TaskPreempted,
+        Streams.TASKS,
+        "A running task must yield its resources after a grace period.",
+        producers=("scheduler",),
+        consumers=("callback", "probe"),
+    )
+    TASK_STATUS = Channel(
+        f"{PREFIX}.task.status",
+        TaskStatusReported,
+        Streams.TASKS,
+        "A placed task's progress as its node reports it.",
+        producers=("probe",),
+        consumers=("scheduler", "callback"),
+    )
+    ALLOCATION_GRANTED = Channel(
+        f"{PREFIX}.allocation.granted",
+        AllocationGranted,
+        Streams.ALLOCATIONS,
+        "A task was placed: node, GPUs, CPU cores, NUMA node, checkpoint path.",
+        producers=("scheduler",),
+        consumers=("callback", "probe"),
+    )
+    ALLOCATION_RELEASED = Channel(
+        f"{PREFIX}.allocation.released",
+        AllocationReleased,
+        Streams.ALLOCATIONS,
+        "A task's resources returned to the pool.",
+        producers=("scheduler",),
+        consumers=("probe",),
+    )
+    INFERENCE_LATENCY = Channel(
+        f"{PREFIX}.inference.latency",
+        LatencySamplesReported,
+        Streams.AUTOSCALING,
+        "Batches of inference request latencies per service.",
+        producers=("inference replicas",),
+        consumers=("autoscaler",),
+    )
+    SCALE_DECIDED = Channel(
+        f"{PREFIX}.scale.decided",
+        ScaleDecided,
+        Streams.AUTOSCALING,
+        "A decision to add or remove inference replicas, with the numbers behind it.",
+        producers=("autoscaler",),
+        consumers=("scheduler",),
+    )
+    WEBHOOK_DELIVERED = Channel(
+        f"{PREFIX}.webhook.delivered",
+        WebhookDelivered,
+        Streams.WEBHOOKS,
+        "AllData acknowledged a webhook.",
+        producers=("callback",),
+    )
+    WEBHOOK_DEAD_LETTERED = Channel(
+        f"{PREFIX}.webhook.dead_lettered",
+        WebhookDeadLettered,
+        Streams.WEBHOOKS,
+        "A webhook that could not be delivered after its last attempt.",
+        producers=("callback",),
+    )
+    MESSAGE_REJECTED = Channel(
+        f"{PREFIX}.message.rejected",
+        MessageRejected,
+        Streams.REJECTIONS,
+        "A consumer refused a malformed or invalid message, naming the field and reason.",
+        producers=("every consumer",),
+    )
+
+    ALL: tuple[Channel, ...] = (
+        NODE_TOPOLOGY,
+        NODE_METRICS,
+        NODE_HEALTH,
+        TASK_SUBMITTED,
+        TASK_PROFILED,
+        TASK_PENDING,
+        TASK_REJECTED,
+        TASK_PREEMPTED,
+        TASK_STATUS,
+        ALLOCATION_GRANTED,
+        ALLOCATION_RELEASED,
+        INFERENCE_LATENCY,
+        SCALE_DECIDED,
+        WEBHOOK_DELIVERED,
+        WEBHOOK_DEAD_LETTERED,
+        MESSAGE_REJECTED,
+    )
+
+
+def channel_for(event_type: type[Event]) -> Channel:
+    for channel in Subjects.ALL:
+        if channel.event is event_type:
+            return channel
+    raise KeyError(f"no channel carries {event_type.__name__}")

@@ -1,0 +1,109 @@
+"""Nodes: what the probe sees of a machine's hardware, its load and its health."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from crater.contracts.base import Contract, Event
+
+NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+
+class Gpu(Contract):
+    index: int = Field(ge=0)
+    uuid: str
+    model: str = Field(examples=["NVIDIA A100-SXM4-80GB"])
+    vendor: str = "nvidia"
+    memory_mb: int = Field(ge=0)
+    pci_bus_id: str | None = None
+    numa_node: int | None = None
+    nvlink_peers: list[int] = Field(default_factory=list, description="GPU indexes over NVLink.")
+    mig_capable: bool = False
+
+
+class NumaNode(Contract):
+    id: int = Field(ge=0)
+    cpus: list[int]
+    memory_mb: int = Field(ge=0)
+
+
+class Cpu(Contract):
+    model: str
+    sockets: int = Field(ge=1)
+    cores: int = Field(ge=1, description="Physical cores.")
+    threads: int = Field(ge=1, description="Logical CPUs.")
+    flags: list[str] = Field(default_factory=list, description="Relevant flags: avx, avx2, ...")
+
+
+class Disk(Contract):
+    name: str
+    model: str | None = None
+    capacity_gb: int = Field(ge=0)
+    rotational: bool
+    nvme: bool
+    numa_node: int | None = None
+    mount_path: str | None = None
+
+
+class NodeTopology(Contract):
+    node_id: str = Field(pattern=NODE_ID_PATTERN)
+    hostname: str
+    pool: str = "default"
+    labels: dict[str, str] = Field(default_factory=dict)
+    cpu: Cpu
+    numa_nodes: list[NumaNode]
+    memory_mb: int = Field(ge=0)
+    gpus: list[Gpu] = Field(default_factory=list)
+    disks: list[Disk] = Field(default_factory=list)
+    simulated: bool = False
+    fingerprint: str = Field(description="Stable hash of the hardware; changes when it does.")
+
+
+class NodeTopologyReported(Event):
+    """A probe discovered (or re-discovered) a node's hardware."""
+
+    node: NodeTopology
+
+
+class GpuMetrics(Contract):
+    index: int = Field(ge=0)
+    utilization_percent: float = Field(ge=0, le=100)
+    memory_used_mb: int = Field(ge=0)
+    memory_total_mb: int = Field(ge=0)
+    temperature_c: float | None = None
+    power_w: float | None = None
+
+    @property
+    def memory_pressure(self) -> float:
+        return self.memory_used_mb / self.memory_total_mb if self.memory_total_mb else 0.0
+
+
+class NodeMetricsReported(Event):
+    node_id: str = Field(pattern=NODE_ID_PATTERN)
+    cpu_utilization_percent: float = Field(ge=0, le=100)
+    memory_used_mb: int = Field(ge=0)
+    memory_total_mb: int = Field(ge=0)
+    gpus: list[GpuMetrics] = Field(default_factory=list)
+
+
+class NodeCondition(StrEnum):
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    NOT_READY = "NotReady"
+
+
+class HealthCheck(Contract):
+    name: str
+    passed: bool
+    detail: str
+
+
+class NodeHealthReported(Event):
+    """Health, sent on an interval: it is also the node's heartbeat."""
+
+    node_id: str = Field(pattern=NODE_ID_PATTERN)
+    condition: NodeCondition
+    score: int = Field(ge=0, le=100)
+    checks: list[HealthCheck] = Field(default_factory=list)

@@ -1,0 +1,233 @@
+"""Tasks: the request AllData submits, and what becomes of it."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from crater.contracts.base import Contract, Event
+
+TaskId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$",
+        description="Caller-chosen id, unique per task: letters, digits, '.', '_', ':', '-'.",
+    ),
+]
+Name = Annotated[
+    str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+]
+
+
+class TaskType(StrEnum):
+    TRAINING = "training"
+    FINE_TUNING = "fine-tuning"
+    INFERENCE = "inference"
+    EVALUATION = "evaluation"
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+class Priority(StrEnum):
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+
+class TaskStatus(StrEnum):
+    PENDING = "pending"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATUSES
+
+
+FINAL_STATUSES = frozenset(
+    {TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.REJECTED}
+)
+
+
+class ModelSpec(Contract):
+    name: str = Field(min_length=1, max_length=200, examples=["meta-llama/Llama-2-7b-hf"])
+    precision: Precision = Precision.FP16
+    quantization: str | None = Field(default=None, max_length=32, examples=["gptq", "awq"])
+    parameters_billion: float | None = Field(
+        default=None, gt=0, le=10_000, description="Parameter count when the name is unknown."
+    )
+
+
+class IoPattern(StrEnum):
+    SEQUENTIAL = "sequential"
+    RANDOM = "random"
+    MIXED = "mixed"
+
+
+class DataConfig(Contract):
+    train_dataset: str | None = Field(default=None, max_length=1024)
+    val_dataset: str | None = Field(default=None, max_length=1024)
+    io_pattern: IoPattern = IoPattern.SEQUENTIAL
+
+
+class GpuRequirement(Contract):
+    count: int = Field(default=0, ge=0, le=1024, description="Whole GPUs.")
+    memory_mb: int = Field(default=0, ge=0, le=1_048_576, description="Memory per card, MiB.")
+    type: str | None = Field(default=None, max_length=64, examples=["A100", "H100", "RTX4090"])
+
+
+class CpuRequirement(Contract):
+    cores: int = Field(default=1, ge=0, le=4096)
+    avx_support: Literal["avx", "avx2", "avx512"] | None = None
+
+
+class MemoryRequirement(Contract):
+    capacity_mb: int = Field(default=1024, ge=0, le=64 * 1_048_576)
+    bandwidth_gbps: float | None = Field(default=None, gt=0, le=100_000)
+
+
+class SsdRequirement(Contract):
+    capacity_gb: int = Field(default=0, ge=0, le=1_048_576)
+    iops_min: int | None = Field(default=None, ge=0, le=100_000_000)
+    latency_us_max: int | None = Field(default=None, gt=0, le=10_000_000)
+
+
+class ResourceRequirements(Contract):
+    gpu: GpuRequirement = Field(default_factory=GpuRequirement)
+    cpu: CpuRequirement = Field(default_factory=CpuRequirement)
+    memory: MemoryRequirement = Field(default_factory=MemoryRequirement)
+    ssd: SsdRequirement = Field(default_factory=SsdRequirement)
+
+
+class Sla(Contract):
+    max_queue_time_seconds: int | None = Field(default=None, gt=0, le=30 * 86_400)
+    min_gpu_utilization_percent: float | None = Field(default=None, ge=0, le=100)
+
+
+class Affinity(Contract):
+    gpu: Literal["same-node", "any"] = "same-node"
+    numa: Literal["strict", "best-effort", "none"] = "best-effort"
+
+
+class AntiAffinity(Contract):
+    group: str | None = Field(
+        default=None, max_length=128, description="Replicas of one group avoid sharing a node."
+    )
+
+
+class TaskRequest(Contract):
+    """The body of `POST /api/v1/schedule`, and of the task-submitted event."""
+
+    task_id: TaskId
+    task_type: TaskType
+    model_spec: ModelSpec = Field(alias="model_config")
+    data_config: DataConfig = Field(default_factory=DataConfig)
+    resource_requirements: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    sla: Sla = Field(default_factory=Sla)
+    pool: Name = "default"
+    tenant: Name = "default"
+    priority: Priority = Priority.MEDIUM
+    preemptible: bool = False
+    affinity: Affinity = Field(default_factory=Affinity)
+    anti_affinity: AntiAffinity = Field(default_factory=AntiAffinity)
+    gang_size: int = Field(default=1, ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _gpu_memory_needs_gpus(self) -> TaskRequest:
+        gpu = self.resource_requirements.gpu
+        if gpu.memory_mb and not gpu.count:
+            raise ValueError(
+                "resource_requirements.gpu.memory_mb is set but gpu.count is 0: ask for GPUs"
+            )
+        return self
+
+
+class TaskSubmitted(TaskRequest, Event):
+    """AllData asked for a task to be placed."""
+
+
+class Confidence(StrEnum):
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+
+class ResourcePrediction(Contract):
+    gpu_memory_per_gpu_mb: int = Field(ge=0, description="Predicted peak per card.")
+    host_memory_mb: int = Field(ge=0)
+    breakdown_mb: dict[str, int] = Field(default_factory=dict)
+    confidence: Confidence
+    method: str = Field(description="How the figure was obtained.")
+    dataloader_num_workers: int = Field(ge=0)
+    dataloader_prefetch_factor: int = Field(ge=1)
+
+
+class TaskProfiled(Event):
+    """The predictor attached predicted peaks to a submitted task."""
+
+    task: TaskRequest
+    prediction: ResourcePrediction
+
+
+class FilterReason(Contract):
+    """One filter's verdict, summed over the nodes it excluded."""
+
+    filter: str = Field(examples=["GpuCount"])
+    code: str = Field(examples=["InsufficientGpus"])
+    nodes: int = Field(ge=0, description="Nodes excluded by this filter.")
+    message: str
+
+
+class TaskPending(Event):
+    """The task fits the cluster in principle but not now; the reasons say why."""
+
+    task_id: TaskId
+    nodes_total: int = Field(ge=0)
+    reasons: list[FilterReason]
+    summary: str = Field(examples=["0/40 nodes: 32 InsufficientGpus, 8 GpuMemoryPerCard"])
+
+
+class FieldError(Contract):
+    field: str = Field(examples=["resource_requirements.gpu.count"])
+    reason: str
+
+
+class TaskRejected(Event):
+    """The task can never be placed, or its request is invalid."""
+
+    task_id: str = Field(max_length=256)
+    errors: list[FieldError]
+
+
+class TaskPreempted(Event):
+    task_id: TaskId
+    allocation_id: str
+    node: str
+    preempted_by: TaskId
+    grace_period_seconds: int = Field(ge=0)
+
+
+class TaskStatusReported(Event):
+    """A node (or its runner) reports a placed task's progress."""
+
+    task_id: TaskId
+    status: Literal[
+        TaskStatus.RUNNING, TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED
+    ]
+    allocation_id: str | None = None
+    message: str | None = Field(default=None, max_length=2048)

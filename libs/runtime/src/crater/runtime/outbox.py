@@ -1,0 +1,179 @@
+"""Transactional outbox and inbox.
+
+A handler stages the events its state change causes in the same transaction as the change
+(outbox); a relay publishes them after commit, with the event id as `Nats-Msg-Id`, so a crash
+between commit and publish re-publishes and JetStream drops the duplicate. Consumers record
+each event id they processed in the same transaction (inbox), so a redelivery does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from faststream.nats import NatsBroker
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from crater.contracts import Event
+from crater.contracts.catalog import channel_for
+from crater.runtime.bus import encode, publish_raw, subject_of
+
+log = logging.getLogger("crater.outbox")
+
+
+def outbox_table(metadata: MetaData, owner: str) -> Table:
+    return Table(
+        f"{owner}_outbox",
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("event_id", String(36), nullable=False, unique=True),
+        Column("subject", String(255), nullable=False),
+        Column("stream", String(64), nullable=False),
+        Column("payload", Text, nullable=False),
+        Column("traceparent", String(64), nullable=True),
+        Column("created_at", DateTime(timezone=True), nullable=False),
+        Column("published_at", DateTime(timezone=True), nullable=True, index=True),
+    )
+
+
+def inbox_table(metadata: MetaData, owner: str) -> Table:
+    return Table(
+        f"{owner}_inbox",
+        metadata,
+        Column("consumer", String(64), primary_key=True),
+        Column("event_id", String(36), primary_key=True),
+        Column("processed_at", DateTime(timezone=True), nullable=False),
+    )
+
+
+async def stage(session: AsyncSession, outbox: Table, *events: Event) -> None:
+    """Add events to the outbox inside the caller's transaction."""
+    if not events:
+        return
+    now = datetime.now(UTC)
+    await session.execute(
+        insert(outbox),
+        [
+            {
+                "event_id": str(e.event_id),
+                "subject": subject_of(e),
+                "stream": channel_for(type(e)).stream.name,
+                "payload": encode(e).decode(),
+                "traceparent": e.trace.traceparent if e.trace else None,
+                "created_at": now,
+            }
+            for e in events
+        ],
+    )
+
+
+async def first_delivery(
+    session: AsyncSession, inbox: Table, consumer: str, event_id: UUID
+) -> bool:
+    """True the first time `consumer` sees `event_id`; records it in the caller's transaction."""
+    seen = await session.scalar(
+        select(inbox.c.event_id).where(
+            inbox.c.consumer == consumer, inbox.c.event_id == str(event_id)
+        )
+    )
+    if seen is not None:
+        return False
+    await session.execute(
+        insert(inbox).values(
+            consumer=consumer, event_id=str(event_id), processed_at=datetime.now(UTC)
+        )
+    )
+    return True
+
+
+class OutboxRelay:
+    """Publishes staged events in order; woken after each commit, and polling for leftovers."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[Any],
+        outbox: Table,
+        broker: NatsBroker,
+        poll_seconds: float = 1.0,
+        batch: int = 256,
+    ) -> None:
+        self.sessions = sessions
+        self.outbox = outbox
+        self.broker = broker
+        self.poll_seconds = poll_seconds
+        self.batch = batch
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="outbox-relay")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.publish_pending()
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
+            self._wake.clear()
+            try:
+                while await self.publish_pending() == self.batch:
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("outbox relay failed; retrying")
+                await asyncio.sleep(self.poll_seconds)
+
+    async def publish_pending(self) -> int:
+        """Publish up to one batch; returns how many were published."""
+        async with self.sessions() as session:
+            rows = (
+                await session.execute(
+                    select(self.outbox)
+                    .where(self.outbox.c.published_at.is_(None))
+                    .order_by(self.outbox.c.id)
+                    .limit(self.batch)
+                )
+            ).all()
+            if not rows:
+                return 0
+            for row in rows:
+                await publish_raw(
+                    self.broker,
+                    subject=row.subject,
+                    stream=row.stream,
+                    payload=row.payload.encode(),
+                    event_id=row.event_id,
+                    traceparent=row.traceparent,
+                )
+            await session.execute(
+                update(self.outbox)
+                .where(self.outbox.c.id.in_([row.id for row in rows]))
+                .values(published_at=datetime.now(UTC))
+            )
+            await session.commit()
+            return len(rows)

@@ -1,0 +1,92 @@
+"""What every Crater service process is made of: a broker with tracing, metrics and bad-input
+refusal; an ASGI app serving /healthz and /metrics beside the consumers; a clean shutdown."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from faststream.asgi import AsgiFastStream, make_ping_asgi
+from faststream.nats import NatsBroker
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry, make_asgi_app
+
+from crater.runtime.bus import Rejections, ensure_streams, make_broker
+from crater.runtime.settings import ServiceSettings
+from crater.runtime.telemetry import make_registry, make_tracer_provider
+
+Hook = Callable[[], Awaitable[None]]
+
+DEFAULT_PORTS = {
+    "gateway": 8080,
+    "probe": 9101,
+    "predictor": 9102,
+    "scheduler": 9103,
+    "autoscaler": 9104,
+    "callback": 9105,
+}
+
+
+@dataclass
+class Service:
+    name: str
+    settings: ServiceSettings
+    broker: NatsBroker
+    rejections: Rejections
+    registry: CollectorRegistry
+    tracer_provider: TracerProvider
+    on_startup: list[Hook] = field(default_factory=list)
+    after_startup: list[Hook] = field(default_factory=list)
+    on_shutdown: list[Hook] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return self.settings.http_port or DEFAULT_PORTS[self.name]
+
+    def asgi(self, routes: Sequence[tuple[str, Any]] = ()) -> AsgiFastStream:
+        """The FastStream app: streams ensured first, consumers started, health and metrics."""
+
+        async def declare_streams() -> None:
+            await ensure_streams(self.settings.nats_url)
+
+        async def flush_traces() -> None:
+            self.tracer_provider.force_flush()
+
+        return AsgiFastStream(
+            self.broker,
+            asgi_routes=[
+                ("/healthz", make_ping_asgi(self.broker, timeout=5.0)),
+                ("/metrics", make_asgi_app(self.registry)),
+                *routes,
+            ],
+            on_startup=[declare_streams, *self.on_startup],
+            after_startup=list(self.after_startup),
+            on_shutdown=[*self.on_shutdown, flush_traces],
+            logger=logging.getLogger(f"crater.{self.name}"),
+        )
+
+
+def create_service(name: str, settings: ServiceSettings) -> Service:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+    )
+    registry = make_registry()
+    tracer_provider = make_tracer_provider(name, settings.trace_file)
+    broker, rejections = make_broker(settings.nats_url, name, registry, tracer_provider)
+    return Service(name, settings, broker, rejections, registry, tracer_provider)
+
+
+def serve(app: Any, service: Service) -> None:
+    """Run until SIGINT/SIGTERM; uvicorn's lifespan then stops consumers and drains NATS."""
+    uvicorn.run(
+        app,
+        host=service.settings.http_host,
+        port=service.port,
+        log_level=service.settings.log_level.lower(),
+        access_log=False,
+        lifespan="on",
+    )

@@ -1,0 +1,1 @@
+"""Crater callback service."""

@@ -1,0 +1,1 @@
+"""Crater gateway service."""

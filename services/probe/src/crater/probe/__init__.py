@@ -1,0 +1,1 @@
+"""Crater probe service."""
