@@ -7,7 +7,14 @@ from crater.contracts.allocations import (
     ScoreDetail,
 )
 from crater.contracts.autoscaling import LatencySamplesReported, ScaleDecided, ScaleDirection
-from crater.contracts.base import SCHEMA_VERSION, Contract, Event, TraceContext, utc_now
+from crater.contracts.base import (
+    SCHEMA_VERSION,
+    Contract,
+    Event,
+    TraceContext,
+    derived_event_id,
+    utc_now,
+)
 from crater.contracts.catalog import Channel, Retention, Streams, StreamSpec, Subjects, channel_for
 from crater.contracts.nodes import (
     Cpu,
@@ -113,5 +120,6 @@ __all__ = [
     "WebhookDeadLettered",
     "WebhookDelivered",
     "channel_for",
+    "derived_event_id",
     "utc_now",
 ]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import ClassVar
-from uuid import UUID, uuid4
+from uuid import UUID, uuid4, uuid5
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 1
+_DERIVED_NAMESPACE = UUID("6f1c1f0e-8a53-4c5e-9d8e-63a0a0c6e0b1")
 
 
 def utc_now() -> datetime:
@@ -47,3 +48,9 @@ class Event(Contract):
     occurred_at: AwareDatetime = Field(default_factory=utc_now, description="When it happened.")
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
     trace: TraceContext | None = Field(default=None, description="Emitting span, for audit.")
+
+
+def derived_event_id(source_event_id: UUID, what: str) -> UUID:
+    """A deterministic id for the event a stateless consumer emits in answer to another, so a
+    redelivered input re-publishes the same id and JetStream drops the copy."""
+    return uuid5(_DERIVED_NAMESPACE, f"{source_event_id}:{what}")

@@ -160,6 +160,13 @@ class TaskRequest(Contract):
 class TaskSubmitted(TaskRequest, Event):
     """AllData asked for a task to be placed."""
 
+    @classmethod
+    def from_request(cls, request: TaskRequest) -> TaskSubmitted:
+        return cls.model_validate(request.model_dump())
+
+    def request(self) -> TaskRequest:
+        return TaskRequest.model_validate(self.model_dump(exclude=set(Event.model_fields)))
+
 
 class Confidence(StrEnum):
     HIGH = "high"

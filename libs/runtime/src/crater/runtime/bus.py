@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import nats
 from faststream import AckPolicy
@@ -40,6 +40,7 @@ log = logging.getLogger("crater.bus")
 MAX_MESSAGE_BYTES = 1024 * 1024
 # Every handler names its message parameter `event`; rejections report paths below it.
 HANDLER_PARAMETER = "event"
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
 _RETENTION = {
     "limits": RetentionPolicy.LIMITS,
@@ -213,13 +214,13 @@ def durable(
     *,
     batch: int = 64,
     name: str | None = None,
-) -> Any:
+) -> Callable[[Handler], Handler]:
     """A durable pull consumer for `channel`; the message is acked after the handler returns
     (so after its own commit) and redelivered if the handler raises."""
     durable_name = (
         f"{service}-{name or channel.subject.removeprefix('crater.v1.').replace('.', '-')}"
     )
-    return broker.subscriber(
+    subscriber = broker.subscriber(
         channel.wildcard,
         stream=JStream(channel.stream.name, declare=False),
         durable=durable_name,
@@ -228,6 +229,12 @@ def durable(
         title=f"{durable_name}:{channel.wildcard}",
         description=channel.description,
     )
+
+    def register(handler: Handler) -> Handler:
+        subscriber(handler)
+        return handler
+
+    return register
 
 
 async def ensure_streams(nats_url: str) -> None:

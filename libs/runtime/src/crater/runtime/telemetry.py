@@ -15,7 +15,7 @@ from crater.contracts import TraceContext
 
 
 def _one_line(span: ReadableSpan) -> str:
-    return span.to_json(indent=None) + "\n"
+    return str(span.to_json(indent=None)) + "\n"
 
 
 def make_tracer_provider(service: str, trace_file: str | None) -> TracerProvider:

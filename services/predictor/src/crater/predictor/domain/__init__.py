@@ -1,0 +1,1 @@
+"""Pure prediction logic: no I/O, no clock."""

@@ -1,0 +1,1 @@
+"""Helpers shared by Crater's tests: real servers, databases and event taps."""

@@ -1,0 +1,84 @@
+"""Watch the bus the way an operator would: a core NATS subscription that parses events."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from crater.contracts import Event, Subjects
+
+E = TypeVar("E", bound=Event)
+
+
+class EventTap:
+    """Collects every event seen on `crater.v1.>` since it started, parsed by subject."""
+
+    def __init__(self, connection: Client) -> None:
+        self.connection = connection
+        self.events: list[Event] = []
+        self.raw: list[Msg] = []
+        self._changed = asyncio.Condition()
+
+    @classmethod
+    async def start(cls, nats_url: str) -> EventTap:
+        tap = cls(await nats.connect(nats_url))
+        await tap.connection.subscribe("crater.v1.>", cb=tap._on_message)
+        await tap.connection.flush()
+        return tap
+
+    async def _on_message(self, msg: Msg) -> None:
+        self.raw.append(msg)
+        for channel in Subjects.ALL:
+            prefix = channel.subject
+            if msg.subject == prefix or (
+                channel.node_scoped and msg.subject.startswith(prefix + ".")
+            ):
+                try:
+                    self.events.append(channel.event.model_validate_json(msg.data))
+                except ValueError:
+                    pass  # bad input published on purpose by a test
+                break
+        async with self._changed:
+            self._changed.notify_all()
+
+    def of(self, kind: type[E], where: Callable[[E], bool] = lambda _: True) -> list[E]:
+        return [e for e in self.events if isinstance(e, kind) and where(e)]
+
+    async def wait_for(
+        self,
+        kind: type[E],
+        where: Callable[[E], bool] = lambda _: True,
+        count: int = 1,
+        timeout: float = 20.0,
+    ) -> list[E]:
+        async def enough() -> list[E]:
+            async with self._changed:
+                while len(found := self.of(kind, where)) < count:
+                    await self._changed.wait()
+                return found
+
+        try:
+            return await asyncio.wait_for(enough(), timeout)
+        except TimeoutError:
+            seen = [type(e).__name__ for e in self.events]
+            raise AssertionError(
+                f"waited {timeout}s for {count} {kind.__name__}; saw {len(seen)} events: "
+                f"{seen[-20:]}"
+            ) from None
+
+    async def close(self) -> None:
+        await self.connection.drain()
+
+
+async def publish_raw(nats_url: str, subject: str, body: bytes, **headers: Any) -> None:
+    """Publish bytes to JetStream as a careless or hostile producer would."""
+    connection = await nats.connect(nats_url)
+    try:
+        await connection.jetstream().publish(subject, body, headers=headers or None)
+    finally:
+        await connection.close()
