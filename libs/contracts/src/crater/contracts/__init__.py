@@ -29,6 +29,15 @@ from crater.contracts.nodes import (
     NodeTopologyReported,
     NumaNode,
 )
+from crater.contracts.queries import (
+    NodesAnswer,
+    NodesQuery,
+    NodeSummary,
+    QuerySubjects,
+    TasksAnswer,
+    TasksQuery,
+    TaskSummary,
+)
 from crater.contracts.rejections import MessageRejected
 from crater.contracts.tasks import (
     FINAL_STATUSES,
@@ -90,11 +99,15 @@ __all__ = [
     "NodeCondition",
     "NodeHealthReported",
     "NodeMetricsReported",
+    "NodeSummary",
     "NodeTopology",
     "NodeTopologyReported",
+    "NodesAnswer",
+    "NodesQuery",
     "NumaNode",
     "Precision",
     "Priority",
+    "QuerySubjects",
     "ReleaseReason",
     "ResourcePrediction",
     "ResourceRequirements",
@@ -115,7 +128,10 @@ __all__ = [
     "TaskStatus",
     "TaskStatusReported",
     "TaskSubmitted",
+    "TaskSummary",
     "TaskType",
+    "TasksAnswer",
+    "TasksQuery",
     "TraceContext",
     "WebhookDeadLettered",
     "WebhookDelivered",

@@ -41,6 +41,7 @@ class Service:
     on_startup: list[Hook] = field(default_factory=list)
     after_startup: list[Hook] = field(default_factory=list)
     on_shutdown: list[Hook] = field(default_factory=list)
+    state: Any = None  # the service's own object, reachable by tests and tools
 
     @property
     def port(self) -> int:

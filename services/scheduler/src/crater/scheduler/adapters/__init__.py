@@ -1,0 +1,1 @@
+"""The scheduler's edges: its database tables and repository."""

@@ -1,0 +1,73 @@
+"""The scheduler's tables. Schema changes go through Alembic (adapters/migrations)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+from crater.runtime.outbox import inbox_table, outbox_table
+
+metadata = MetaData()
+
+nodes = Table(
+    "scheduler_nodes",
+    metadata,
+    Column("node_id", String(63), primary_key=True),
+    Column("pool", String(63), nullable=False, index=True),
+    Column("topology", JSON, nullable=False),
+    Column("condition", String(16), nullable=False),
+    Column("last_heartbeat_at", Float, nullable=True),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+tasks = Table(
+    "scheduler_tasks",
+    metadata,
+    Column("task_id", String(128), primary_key=True),
+    Column("seq", Integer, nullable=False),
+    Column("task_type", String(32), nullable=False),
+    Column("pool", String(63), nullable=False),
+    Column("tenant", String(63), nullable=False),
+    Column("priority", String(16), nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("status", String(16), nullable=False, index=True),
+    Column("request", JSON, nullable=False),
+    Column("prediction", JSON, nullable=True),
+    Column("node", String(63), nullable=True),
+    Column("gpu_ids", JSON, nullable=False, default=list),
+    Column("reason", Text, nullable=True),
+    Column("submitted_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+allocations = Table(
+    "scheduler_allocations",
+    metadata,
+    Column("allocation_id", String(64), primary_key=True),
+    Column("task_id", String(128), nullable=False, index=True),
+    Column("node", String(63), nullable=False, index=True),
+    Column("gpu_ids", JSON, nullable=False),
+    Column("cpu_cores", JSON, nullable=False),
+    Column("memory_mb", Integer, nullable=False),
+    Column("numa_node", Integer, nullable=True),
+    Column("checkpoint_path", Text, nullable=True),
+    Column("reservation_token", Text, nullable=False),
+    Column("reservation_expires_at", DateTime(timezone=True), nullable=False),
+    Column("running", Boolean, nullable=False, default=False),
+    Column("granted_at", DateTime(timezone=True), nullable=False),
+    Column("released_at", DateTime(timezone=True), nullable=True, index=True),
+    Column("release_reason", String(16), nullable=True),
+)
+
+outbox = outbox_table(metadata, "scheduler")
+inbox = inbox_table(metadata, "scheduler")

@@ -1,0 +1,246 @@
+"""Writes the core's decisions to the database, and reads the state back on start."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Event,
+    NodeCondition,
+    NodeHealthReported,
+    NodeTopology,
+    NodeTopologyReported,
+    ResourcePrediction,
+    TaskPending,
+    TaskProfiled,
+    TaskRejected,
+    TaskRequest,
+    TasksQuery,
+    TaskStatus,
+    TaskStatusReported,
+    TaskSummary,
+)
+from crater.scheduler.adapters.orm import allocations, nodes, tasks
+from crater.scheduler.domain.core import Allocation, PendingTask, Scheduler, SchedulerConfig
+from crater.scheduler.domain.demand import Demand
+
+
+class SchedulerRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def record(self, event: Event, decisions: list[Event], seq: int | None) -> None:
+        """Persist what `event` and the decisions it caused changed."""
+        now = datetime.now(UTC)
+        if isinstance(event, TaskProfiled) and seq is not None:
+            await self._insert_task(event, seq, now)
+        elif isinstance(event, TaskStatusReported):
+            await self._set_task(event.task_id, now, status=event.status.value)
+            if event.status is TaskStatus.RUNNING:
+                await self.session.execute(
+                    update(allocations)
+                    .where(allocations.c.task_id == event.task_id)
+                    .where(allocations.c.released_at.is_(None))
+                    .values(running=True)
+                )
+        elif isinstance(event, NodeTopologyReported):
+            await self._upsert_node(event.node, None, event.occurred_at.timestamp(), now)
+        elif isinstance(event, NodeHealthReported):
+            await self.session.execute(
+                update(nodes)
+                .where(nodes.c.node_id == event.node_id)
+                .values(
+                    condition=event.condition.value,
+                    last_heartbeat_at=event.occurred_at.timestamp(),
+                    updated_at=now,
+                )
+            )
+        for decision in decisions:
+            await self._apply(decision, now)
+
+    async def _apply(self, decision: Event, now: datetime) -> None:
+        if isinstance(decision, AllocationGranted):
+            await self.session.execute(
+                insert(allocations).values(
+                    allocation_id=decision.allocation_id,
+                    task_id=decision.task_id,
+                    node=decision.node,
+                    gpu_ids=decision.gpu_ids,
+                    cpu_cores=decision.cpu_cores,
+                    memory_mb=decision.memory_mb,
+                    numa_node=decision.numa_node,
+                    checkpoint_path=decision.checkpoint_path,
+                    reservation_token=decision.reservation_token,
+                    reservation_expires_at=decision.reservation_expires_at,
+                    running=False,
+                    granted_at=decision.occurred_at,
+                )
+            )
+            await self._set_task(
+                decision.task_id,
+                now,
+                status=TaskStatus.SCHEDULED.value,
+                node=decision.node,
+                gpu_ids=decision.gpu_ids,
+                reason=decision.explanation,
+            )
+        elif isinstance(decision, TaskPending):
+            await self._set_task(
+                decision.task_id, now, status=TaskStatus.PENDING.value, reason=decision.summary
+            )
+        elif isinstance(decision, TaskRejected):
+            reason = "; ".join(f"{e.field}: {e.reason}" for e in decision.errors)
+            await self._set_task(
+                decision.task_id, now, status=TaskStatus.REJECTED.value, reason=reason
+            )
+        elif isinstance(decision, AllocationReleased):
+            await self.session.execute(
+                update(allocations)
+                .where(allocations.c.allocation_id == decision.allocation_id)
+                .values(released_at=decision.occurred_at, release_reason=decision.reason.value)
+            )
+
+    async def _insert_task(self, event: TaskProfiled, seq: int, now: datetime) -> None:
+        request = event.task
+        await self.session.execute(
+            insert(tasks).values(
+                task_id=request.task_id,
+                seq=seq,
+                task_type=request.task_type.value,
+                pool=request.pool,
+                tenant=request.tenant,
+                priority=request.priority.value,
+                gpus=request.resource_requirements.gpu.count,
+                status=TaskStatus.PENDING.value,
+                request=request.model_dump(mode="json"),
+                prediction=event.prediction.model_dump(mode="json"),
+                gpu_ids=[],
+                submitted_at=event.occurred_at,
+                updated_at=now,
+            )
+        )
+
+    async def _set_task(self, task_id: str, now: datetime, **values: Any) -> None:
+        await self.session.execute(
+            update(tasks).where(tasks.c.task_id == task_id).values(updated_at=now, **values)
+        )
+
+    async def _upsert_node(
+        self,
+        topology: NodeTopology,
+        condition: NodeCondition | None,
+        heartbeat: float,
+        now: datetime,
+    ) -> None:
+        exists = await self.session.scalar(
+            select(nodes.c.node_id).where(nodes.c.node_id == topology.node_id)
+        )
+        values: dict[str, Any] = {
+            "pool": topology.pool,
+            "topology": topology.model_dump(mode="json"),
+            "updated_at": now,
+        }
+        if exists is None:
+            await self.session.execute(
+                insert(nodes).values(
+                    node_id=topology.node_id,
+                    condition=(condition or NodeCondition.READY).value,
+                    last_heartbeat_at=heartbeat,
+                    **values,
+                )
+            )
+        else:
+            await self.session.execute(
+                update(nodes).where(nodes.c.node_id == topology.node_id).values(**values)
+            )
+
+    async def task_known(self, task_id: str) -> bool:
+        found = await self.session.scalar(select(tasks.c.task_id).where(tasks.c.task_id == task_id))
+        return found is not None
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def load(self, config: SchedulerConfig) -> Scheduler:
+        """Rebuild the core from the database: nodes, live allocations, waiting tasks."""
+        scheduler = Scheduler(config=config)
+        node_rows = (await self.session.execute(select(nodes).order_by(nodes.c.node_id))).all()
+        alloc_rows = (
+            await self.session.execute(
+                select(allocations).where(allocations.c.released_at.is_(None))
+            )
+        ).all()
+        pending_rows = (
+            await self.session.execute(
+                select(tasks).where(tasks.c.status == TaskStatus.PENDING.value)
+            )
+        ).all()
+        max_seq = await self.session.scalar(select(func.max(tasks.c.seq)))
+        scheduler.restore(
+            nodes=[
+                (
+                    NodeTopology.model_validate(r.topology),
+                    NodeCondition(r.condition),
+                    r.last_heartbeat_at,
+                )
+                for r in node_rows
+            ],
+            allocations=[
+                Allocation(
+                    r.allocation_id,
+                    r.task_id,
+                    r.node,
+                    tuple(r.gpu_ids),
+                    tuple(r.cpu_cores),
+                    r.memory_mb,
+                    r.running,
+                )
+                for r in alloc_rows
+            ],
+            pending=[_pending(r) for r in pending_rows],
+            next_seq=(max_seq or 0) + 1,
+        )
+        return scheduler
+
+    async def task_summaries(self, query: TasksQuery) -> list[TaskSummary]:
+        statement = select(tasks).order_by(tasks.c.seq.desc()).limit(query.limit)
+        if query.task_id is not None:
+            statement = statement.where(tasks.c.task_id == query.task_id)
+        if query.status is not None:
+            statement = statement.where(tasks.c.status == query.status.value)
+        rows = (await self.session.execute(statement)).all()
+        return [
+            TaskSummary(
+                task_id=r.task_id,
+                task_type=r.task_type,
+                status=r.status,
+                pool=r.pool,
+                tenant=r.tenant,
+                priority=r.priority,
+                gpus=r.gpus,
+                node=r.node,
+                gpu_ids=r.gpu_ids or [],
+                reason=r.reason,
+                submitted_at=_aware(r.submitted_at),
+                updated_at=_aware(r.updated_at),
+            )
+            for r in rows
+        ]
+
+
+def _pending(row: Any) -> PendingTask:
+    request = TaskRequest.model_validate(row.request)
+    prediction = ResourcePrediction.model_validate(row.prediction) if row.prediction else None
+    return PendingTask(request, prediction, Demand.of(request, prediction), row.seq, row.reason)
+
+
+def _aware(moment: datetime) -> datetime:
+    # SQLite hands back naive datetimes; they were written in UTC.
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -1,0 +1,119 @@
+"""Scheduler wiring: durable consumers for tasks and nodes, queries over request-reply,
+the outbox relay, migrations on start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from faststream.asgi import AsgiFastStream
+from pydantic import Field
+
+from crater.contracts import (
+    NodeHealthReported,
+    NodesAnswer,
+    NodesQuery,
+    NodeTopologyReported,
+    QuerySubjects,
+    Subjects,
+    TaskProfiled,
+    TasksAnswer,
+    TasksQuery,
+    TaskStatusReported,
+)
+from crater.runtime.bus import durable
+from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
+from crater.runtime.outbox import OutboxRelay
+from crater.runtime.service import Service, create_service, serve
+from crater.runtime.settings import ServiceSettings
+from crater.scheduler.adapters.orm import outbox
+from crater.scheduler.domain.core import SchedulerConfig
+from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
+
+MIGRATIONS = Path(__file__).parent / "adapters" / "migrations"
+
+
+class SchedulerSettings(ServiceSettings):
+    reservation_seconds: int = Field(default=30, ge=1, description="Reservation lifetime.")
+    heartbeat_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="A node silent this long is NotReady."
+    )
+    token_secret: str = Field(
+        default="crater-development-only", description="Signs reservation tokens. Set it!"
+    )
+    checkpoint_root: str = Field(default="/var/lib/crater/checkpoints")
+
+
+def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastStream]:
+    settings = settings or SchedulerSettings()
+    service = create_service("scheduler", settings)
+    engine = make_engine(settings.database_url)
+    sessions = make_session_factory(engine)
+    relay = OutboxRelay(sessions, outbox, service.broker)
+    core = SchedulerService(
+        sessions,
+        relay,
+        SchedulerConfig(
+            reservation_seconds=settings.reservation_seconds,
+            heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
+            token_secret=settings.token_secret.encode(),
+            checkpoint_root=settings.checkpoint_root,
+        ),
+        SchedulerMetrics(service.registry),
+    )
+    broker, name, batch = service.broker, service.name, settings.consumer_batch
+
+    @durable(broker, Subjects.TASK_PROFILED, name, batch=batch)
+    async def on_task_profiled(event: TaskProfiled) -> None:
+        await core.handle(event, "task-profiled")
+
+    @durable(broker, Subjects.TASK_STATUS, name, batch=batch)
+    async def on_task_status(event: TaskStatusReported) -> None:
+        await core.handle(event, "task-status")
+
+    @durable(broker, Subjects.NODE_TOPOLOGY, name, batch=batch)
+    async def on_node_topology(event: NodeTopologyReported) -> None:
+        await core.handle(event, "node-topology")
+
+    @durable(broker, Subjects.NODE_HEALTH, name, batch=batch)
+    async def on_node_health(event: NodeHealthReported) -> None:
+        await core.handle(event, "node-health")
+
+    @broker.subscriber(QuerySubjects.NODES, title="scheduler-query-nodes")
+    async def on_nodes_query(event: NodesQuery) -> NodesAnswer:
+        return NodesAnswer(nodes=core.nodes(event.pool))
+
+    @broker.subscriber(QuerySubjects.TASKS, title="scheduler-query-tasks")
+    async def on_tasks_query(event: TasksQuery) -> TasksAnswer:
+        return TasksAnswer(tasks=await core.tasks(event))
+
+    async def prepare() -> None:
+        if settings.migrate_on_start:
+            await upgrade_to_head_async(settings.database_url, MIGRATIONS)
+        await core.load()
+
+    async def start_relay() -> None:
+        relay.start()
+
+    async def stop() -> None:
+        await relay.stop()
+        await engine.dispose()
+
+    service.on_startup.append(prepare)
+    service.after_startup.append(start_relay)
+    service.on_shutdown.append(stop)
+    service.state = core
+    return service, service.asgi()
+
+
+def create_app() -> AsgiFastStream:
+    """For `faststream run --factory crater.scheduler.app:create_app`."""
+    return build()[1]
+
+
+def main() -> None:
+    service, app = build()
+    serve(app, service)
+
+
+if __name__ == "__main__":
+    main()

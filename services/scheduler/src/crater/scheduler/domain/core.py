@@ -1,0 +1,428 @@
+"""`Scheduler.handle(event) -> decisions`: the one scheduling core.
+
+The service, tests and any replay feed it the same events in the same order and get the same
+decisions back, bit for bit: every emitted event takes its id from the event that caused it
+and its time from that event's `occurred_at`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import numpy as np
+
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Event,
+    FieldError,
+    FilterReason,
+    NodeCondition,
+    NodeHealthReported,
+    NodeTopology,
+    NodeTopologyReported,
+    Priority,
+    ReleaseReason,
+    ResourcePrediction,
+    ScoreDetail,
+    TaskPending,
+    TaskProfiled,
+    TaskRejected,
+    TaskRequest,
+    TaskStatus,
+    TaskStatusReported,
+    derived_event_id,
+)
+from crater.scheduler.domain.cluster import BoolArray, ClusterArrays, Node
+from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.placement import Selection, select
+from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
+
+# (node row, total score, per-plugin scores)
+Ranked = tuple[int, float, list[ScoreDetail]]
+
+PRIORITY_RANK = {Priority.HIGH: 0, Priority.MEDIUM: 1, Priority.LOW: 2}
+
+# Which request field a filter judges: named in a rejection.
+FILTER_FIELDS = {
+    "Pool": "pool",
+    "GpuCount": "resource_requirements.gpu.count",
+    "GpuModel": "resource_requirements.gpu.type",
+    "GpuMemory": "resource_requirements.gpu.memory_mb",
+    "CpuCores": "resource_requirements.cpu.cores",
+    "Memory": "resource_requirements.memory.capacity_mb",
+    "DiskCapacity": "resource_requirements.ssd.capacity_gb",
+    "AvxSupport": "resource_requirements.cpu.avx_support",
+}
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    pipeline: Pipeline = DEFAULT_PIPELINE
+    reservation_seconds: int = 30
+    heartbeat_timeout_seconds: float = 30.0
+    token_secret: bytes = b"crater-development-only"
+    checkpoint_root: str = "/var/lib/crater/checkpoints"
+
+
+@dataclass
+class PendingTask:
+    request: TaskRequest
+    prediction: ResourcePrediction | None
+    demand: Demand
+    seq: int
+    last_summary: str | None = None
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return PRIORITY_RANK[self.request.priority], self.seq
+
+
+@dataclass
+class Allocation:
+    allocation_id: str
+    task_id: str
+    node: str
+    gpu_ids: tuple[int, ...]
+    cpu_cores: tuple[int, ...]
+    memory_mb: int
+    running: bool = False
+
+
+@dataclass
+class Scheduler:
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cluster: ClusterArrays = field(default_factory=ClusterArrays)
+    pending: dict[str, PendingTask] = field(default_factory=dict)
+    allocations: dict[str, Allocation] = field(default_factory=dict)
+    next_seq: int = 0
+
+    # -- entry point -------------------------------------------------------------------------
+
+    def restore(
+        self,
+        nodes: list[tuple[NodeTopology, NodeCondition, float | None]],
+        allocations: list[Allocation],
+        pending: list[PendingTask],
+        next_seq: int,
+    ) -> None:
+        """Load persisted state (service start): nodes, their live allocations, the queue."""
+        for topology, condition, heartbeat in nodes:
+            node = Node.empty(topology)
+            node.condition = condition
+            node.last_heartbeat_at = heartbeat
+            self.cluster.upsert(node)
+        for allocation in allocations:
+            self.allocations[allocation.task_id] = allocation
+            held = self.cluster.get(allocation.node)
+            if held is not None:
+                self._take(held, allocation.gpu_ids, allocation.cpu_cores, allocation.memory_mb)
+                self.cluster.refresh(held.name)
+        self.pending = {task.request.task_id: task for task in pending}
+        self.next_seq = next_seq
+
+    def handle(self, event: Event) -> list[Event]:
+        now = event.occurred_at
+        decisions: list[Event] = []
+        changed = self._expire_heartbeats(now)
+        if isinstance(event, TaskProfiled):
+            decisions += self._on_profiled(event)
+        elif isinstance(event, TaskStatusReported):
+            decisions += self._on_status(event)
+            changed = changed or any(isinstance(d, AllocationReleased) for d in decisions)
+        elif isinstance(event, NodeTopologyReported):
+            self._on_topology(event)
+            changed = True
+        elif isinstance(event, NodeHealthReported):
+            changed = self._on_health(event) or changed
+        if changed:
+            decisions += self._retry_pending(event)
+        return decisions
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    def _on_profiled(self, event: TaskProfiled) -> list[Event]:
+        request = event.task
+        if request.task_id in self.pending or request.task_id in self.allocations:
+            return []  # already known: a redelivery
+        seq = self.next_seq
+        self.next_seq += 1
+        if request.gang_size > 1:
+            return [
+                self._reject(
+                    event,
+                    request.task_id,
+                    [FieldError(field="gang_size", reason="gang scheduling is not supported yet")],
+                )
+            ]
+        demand = Demand.of(request, event.prediction)
+        if len(self.cluster):
+            fits_ever, reasons = self.diagnose(demand, free=False)
+            if not fits_ever.any():
+                errors = [
+                    FieldError(
+                        field=FILTER_FIELDS.get(r.filter, r.filter),
+                        reason=f"no node can ever fit: {r.nodes} nodes {r.message}",
+                    )
+                    for r in reasons
+                ]
+                return [self._reject(event, request.task_id, errors)]
+        task = PendingTask(request, event.prediction, demand, seq)
+        granted = self._try_place(task, event)
+        if granted is not None:
+            return [granted]
+        self.pending[request.task_id] = task
+        return [self._pending_event(task, event)]
+
+    def _on_status(self, event: TaskStatusReported) -> list[Event]:
+        allocation = self.allocations.get(event.task_id)
+        if allocation is None:
+            if event.status is not TaskStatus.RUNNING:
+                self.pending.pop(event.task_id, None)  # cancelled before it was placed
+            return []
+        if event.status is TaskStatus.RUNNING:
+            allocation.running = True
+            return []
+        return [self._release(allocation, ReleaseReason(event.status.value), event)]
+
+    def _retry_pending(self, cause: Event) -> list[Event]:
+        decisions: list[Event] = []
+        for task in sorted(self.pending.values(), key=lambda t: t.order):
+            granted = self._try_place(task, cause)
+            if granted is not None:
+                del self.pending[task.request.task_id]
+                decisions.append(granted)
+            else:
+                pending = self._pending_event(task, cause)
+                if pending.summary != task.last_summary:
+                    decisions.append(pending)
+        return decisions
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def _on_topology(self, event: NodeTopologyReported) -> None:
+        existing = self.cluster.get(event.node.node_id)
+        node = Node.empty(event.node)
+        if existing is not None:
+            node.condition = existing.condition
+            node.last_heartbeat_at = existing.last_heartbeat_at
+        node.last_heartbeat_at = node.last_heartbeat_at or event.occurred_at.timestamp()
+        self.cluster.upsert(node)
+        for allocation in self.allocations.values():
+            if allocation.node == node.name:
+                self._take(node, allocation.gpu_ids, allocation.cpu_cores, allocation.memory_mb)
+        self.cluster.refresh(node.name)
+
+    def _on_health(self, event: NodeHealthReported) -> bool:
+        node = self.cluster.get(event.node_id)
+        if node is None:
+            return False  # health before topology: wait for the topology
+        node.last_heartbeat_at = event.occurred_at.timestamp()
+        was = node.condition
+        node.condition = event.condition
+        self.cluster.refresh(node.name)
+        return was is not event.condition
+
+    def _expire_heartbeats(self, now: datetime) -> bool:
+        deadline = now.timestamp() - self.config.heartbeat_timeout_seconds
+        changed = False
+        for node in self.cluster.nodes:
+            silent = node.last_heartbeat_at is not None and node.last_heartbeat_at < deadline
+            if silent and node.condition is not NodeCondition.NOT_READY:
+                node.condition = NodeCondition.NOT_READY
+                self.cluster.refresh(node.name)
+                changed = True
+        return changed
+
+    # -- placement ---------------------------------------------------------------------------
+
+    def diagnose(self, demand: Demand, free: bool = True) -> tuple[BoolArray, list[FilterReason]]:
+        """Run the filters; each node is charged to the first filter that excludes it."""
+        alive = np.ones(len(self.cluster), np.bool_)
+        reasons: list[FilterReason] = []
+        for f in self.config.pipeline.filters:
+            passes = f.passes(self.cluster, demand, free)
+            excluded = int(np.count_nonzero(alive & ~passes))
+            if excluded:
+                reasons.append(
+                    FilterReason(
+                        filter=f.name, code=f.code, nodes=excluded, message=f.explain(demand)
+                    )
+                )
+            alive &= passes
+        return alive, reasons
+
+    def rank(
+        self, demand: Demand, candidates: np.ndarray
+    ) -> list[tuple[int, float, list[ScoreDetail]]]:
+        """Candidates best first: weighted score, ties to the smallest node name."""
+        idx = np.flatnonzero(candidates)
+        if not len(idx):
+            return []
+        total = np.zeros(len(idx))
+        parts: list[tuple[str, np.ndarray]] = []
+        for score in self.config.pipeline.scores:
+            values = np.clip(score.rate(self.cluster, demand, idx), 0.0, 1.0)
+            parts.append((score.name, values))
+            total += score.weight * values
+        total = np.round(total, 9)  # equal scores must compare equal on every machine
+        order = np.lexsort((self.cluster.name_rank[idx], -total))
+        return [
+            (
+                int(idx[k]),
+                float(total[k]),
+                [ScoreDetail(plugin=name, score=round(float(v[k]), 4)) for name, v in parts],
+            )
+            for k in order
+        ]
+
+    def _try_place(self, task: PendingTask, cause: Event) -> AllocationGranted | None:
+        candidates, _ = self.diagnose(task.demand)
+        for i, score, details in self.rank(task.demand, candidates):
+            node = self.cluster.nodes[i]
+            selection = select(node, task.demand)
+            if selection is not None:
+                return self._grant(task, node, selection, score, details, cause)
+        return None
+
+    def _grant(
+        self,
+        task: PendingTask,
+        node: Node,
+        selection: Selection,
+        score: float,
+        details: list[ScoreDetail],
+        cause: Event,
+    ) -> AllocationGranted:
+        request = task.request
+        event_id = derived_event_id(cause.event_id, f"granted:{request.task_id}")
+        allocation_id = f"alloc-{event_id.hex[:16]}"
+        allocation = Allocation(
+            allocation_id,
+            request.task_id,
+            node.name,
+            selection.gpu_ids,
+            selection.cpu_cores,
+            task.demand.memory_mb,
+        )
+        self._take(node, selection.gpu_ids, selection.cpu_cores, task.demand.memory_mb)
+        self.cluster.refresh(node.name)
+        self.allocations[request.task_id] = allocation
+        expires = cause.occurred_at + timedelta(seconds=self.config.reservation_seconds)
+        checkpoint = self._checkpoint_path(node, request.task_id)
+        best = max(details, key=lambda d: d.score).plugin if details else "only fit"
+        return AllocationGranted(
+            event_id=event_id,
+            occurred_at=cause.occurred_at,
+            allocation_id=allocation_id,
+            task_id=request.task_id,
+            node=node.name,
+            pool=request.pool,
+            tenant=request.tenant,
+            gpu_ids=list(selection.gpu_ids),
+            gpu_memory_mb=task.demand.gpu_memory_mb,
+            cpu_cores=list(selection.cpu_cores),
+            numa_node=selection.numa_node,
+            memory_mb=task.demand.memory_mb,
+            checkpoint_path=checkpoint,
+            reservation_token=self._token(allocation_id, request.task_id, node.name, expires),
+            reservation_expires_at=expires,
+            score=round(score, 4),
+            scores=details,
+            explanation=(
+                f"{node.name}: score {score:.3f} (strongest: {best}); "
+                f"GPU memory {task.demand.gpu_memory_mb} MiB per card "
+                f"({task.demand.gpu_memory_source}); numa {selection.numa_node}"
+            ),
+            environment=self._environment(task, selection, checkpoint),
+        )
+
+    def _release(
+        self, allocation: Allocation, reason: ReleaseReason, cause: Event
+    ) -> AllocationReleased:
+        node = self.cluster.get(allocation.node)
+        if node is not None:
+            for gpu in allocation.gpu_ids:
+                node.gpu_free[gpu] = True
+            node.cpu_free |= set(allocation.cpu_cores)
+            node.memory_free_mb += allocation.memory_mb
+            self.cluster.refresh(node.name)
+        del self.allocations[allocation.task_id]
+        return AllocationReleased(
+            event_id=derived_event_id(cause.event_id, f"released:{allocation.task_id}"),
+            occurred_at=cause.occurred_at,
+            allocation_id=allocation.allocation_id,
+            task_id=allocation.task_id,
+            node=allocation.node,
+            gpu_ids=list(allocation.gpu_ids),
+            cpu_cores=list(allocation.cpu_cores),
+            reason=reason,
+        )
+
+    @staticmethod
+    def _take(node: Node, gpu_ids: tuple[int, ...], cores: tuple[int, ...], memory_mb: int) -> None:
+        for gpu in gpu_ids:
+            node.gpu_free[gpu] = False
+        node.cpu_free -= set(cores)
+        node.memory_free_mb -= memory_mb
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _pending_event(self, task: PendingTask, cause: Event) -> TaskPending:
+        _, reasons = self.diagnose(task.demand)
+        total = len(self.cluster)
+        if reasons:
+            detail = ", ".join(f"{r.nodes} {r.message}" for r in reasons)
+        elif total:
+            detail = "no node has the GPUs and CPU cores together on one NUMA node"
+        else:
+            detail = "no nodes yet"
+        summary = f"0/{total} nodes available: {detail}"
+        task.last_summary = summary
+        return TaskPending(
+            event_id=derived_event_id(cause.event_id, f"pending:{task.request.task_id}"),
+            occurred_at=cause.occurred_at,
+            task_id=task.request.task_id,
+            nodes_total=total,
+            reasons=reasons,
+            summary=summary,
+        )
+
+    @staticmethod
+    def _reject(cause: Event, task_id: str, errors: list[FieldError]) -> TaskRejected:
+        return TaskRejected(
+            event_id=derived_event_id(cause.event_id, f"rejected:{task_id}"),
+            occurred_at=cause.occurred_at,
+            task_id=task_id,
+            errors=errors,
+        )
+
+    def _checkpoint_path(self, node: Node, task_id: str) -> str:
+        mounts = [d.mount_path for d in node.topology.disks if d.nvme and d.mount_path]
+        root = f"{mounts[0].rstrip('/')}/crater/checkpoints" if mounts else None
+        return f"{root or self.config.checkpoint_root}/{task_id}"
+
+    def _token(self, allocation_id: str, task_id: str, node: str, expires: datetime) -> str:
+        expiry = int(expires.timestamp())
+        claim = f"{allocation_id}.{task_id}.{node}.{expiry}"
+        signature = hmac.new(self.config.token_secret, claim.encode(), hashlib.sha256)
+        return f"v1.{allocation_id}.{expiry}.{signature.hexdigest()}"
+
+    @staticmethod
+    def _environment(task: PendingTask, selection: Selection, checkpoint: str) -> dict[str, str]:
+        env = {
+            "CRATER_GPU_IDS": ",".join(map(str, selection.gpu_ids)),
+            "CRATER_CPU_CORES": ",".join(map(str, selection.cpu_cores)),
+            "CRATER_NUMA_NODE": "" if selection.numa_node is None else str(selection.numa_node),
+            "CRATER_CHECKPOINT_PATH": checkpoint,
+            "CRATER_PRECISION": task.request.model_spec.precision.value,
+        }
+        if task.prediction is not None:
+            env["CRATER_DATALOADER_NUM_WORKERS"] = str(task.prediction.dataloader_num_workers)
+            env["CRATER_DATALOADER_PREFETCH_FACTOR"] = str(
+                task.prediction.dataloader_prefetch_factor
+            )
+        return env

@@ -1,0 +1,41 @@
+"""What a task needs, reduced to the numbers the filters compare."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from crater.contracts import ResourcePrediction, TaskRequest
+
+
+@dataclass(frozen=True)
+class Demand:
+    pool: str
+    gpus: int
+    gpu_memory_mb: int
+    gpu_model: str | None
+    cpu_cores: int
+    memory_mb: int
+    disk_gb: int
+    avx: str | None
+    numa_strict: bool
+    gpu_memory_source: str
+
+    @classmethod
+    def of(cls, request: TaskRequest, prediction: ResourcePrediction | None) -> Demand:
+        needs = request.resource_requirements
+        gpu_memory, source = needs.gpu.memory_mb, "requested"
+        # Nothing asked per card: place on the predicted peak rather than on nothing.
+        if needs.gpu.count and not gpu_memory and prediction is not None:
+            gpu_memory, source = prediction.gpu_memory_per_gpu_mb, "predicted"
+        return cls(
+            pool=request.pool,
+            gpus=needs.gpu.count,
+            gpu_memory_mb=gpu_memory,
+            gpu_model=needs.gpu.type,
+            cpu_cores=needs.cpu.cores,
+            memory_mb=needs.memory.capacity_mb,
+            disk_gb=needs.ssd.capacity_gb,
+            avx=needs.cpu.avx_support,
+            numa_strict=request.affinity.numa == "strict",
+            gpu_memory_source=source,
+        )

@@ -1,0 +1,142 @@
+"""The scheduler's one use case: an event comes in, the core decides, the change and the events
+it causes commit together (outbox), and only then is the message acknowledged."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from crater.contracts import (
+    AllocationGranted,
+    Event,
+    NodeHealthReported,
+    NodeSummary,
+    NodeTopologyReported,
+    TaskPending,
+    TaskProfiled,
+    TaskRejected,
+    TasksQuery,
+    TaskSummary,
+)
+from crater.runtime.outbox import OutboxRelay, first_delivery, stage
+from crater.scheduler.adapters.orm import inbox, outbox
+from crater.scheduler.adapters.repository import SchedulerRepository
+from crater.scheduler.domain.core import Scheduler, SchedulerConfig
+from crater.scheduler.domain.views import node_summaries
+
+log = logging.getLogger("crater.scheduler")
+
+# Telemetry repeats itself by nature and applying it twice changes nothing: no inbox for it.
+IDEMPOTENT_BY_NATURE = (NodeTopologyReported, NodeHealthReported)
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.decision_seconds = Histogram(
+            "crater_scheduler_decision_seconds",
+            "Time the scheduling core took to decide on one event.",
+            buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+            registry=registry,
+        )
+        self.decisions = Counter(
+            "crater_scheduler_decisions",
+            "Decisions taken, by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.pending = Gauge(
+            "crater_scheduler_pending_tasks", "Tasks waiting for resources.", registry=registry
+        )
+        self.allocations = Gauge(
+            "crater_scheduler_active_allocations", "Allocations held now.", registry=registry
+        )
+        self.nodes = Gauge("crater_scheduler_nodes", "Nodes known.", registry=registry)
+
+
+class SchedulerService:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[Any],
+        relay: OutboxRelay,
+        config: SchedulerConfig,
+        metrics: SchedulerMetrics,
+    ) -> None:
+        self.sessions = sessions
+        self.relay = relay
+        self.config = config
+        self.metrics = metrics
+        self.scheduler = Scheduler(config=config)
+        # One decision at a time: the core is single-threaded by design (determinism).
+        self.lock = asyncio.Lock()
+
+    async def load(self) -> None:
+        async with self.sessions() as session:
+            self.scheduler = await SchedulerRepository(session).load(self.config)
+        self._observe()
+        log.info(
+            "state loaded: %d nodes, %d allocations, %d pending",
+            len(self.scheduler.cluster),
+            len(self.scheduler.allocations),
+            len(self.scheduler.pending),
+        )
+
+    async def handle(self, event: Event, consumer: str) -> list[Event]:
+        async with self.lock:
+            try:
+                decisions = await self._decide_and_commit(event, consumer)
+            except Exception:
+                # The commit failed after the core changed its mind: go back to what is stored,
+                # and let the message be redelivered.
+                await self.load()
+                raise
+        if decisions:
+            self.relay.wake()
+            self._log(decisions)
+        self._observe()
+        return decisions
+
+    async def _decide_and_commit(self, event: Event, consumer: str) -> list[Event]:
+        async with self.sessions() as session, session.begin():
+            repository = SchedulerRepository(session)
+            if not isinstance(event, IDEMPOTENT_BY_NATURE) and not await first_delivery(
+                session, inbox, consumer, event.event_id
+            ):
+                return []
+            if isinstance(event, TaskProfiled) and await repository.task_known(event.task.task_id):
+                return []  # the same task submitted again under a new event id
+            seq = self.scheduler.next_seq
+            started = time.perf_counter()
+            decisions = self.scheduler.handle(event)
+            self.metrics.decision_seconds.observe(time.perf_counter() - started)
+            if isinstance(event, NodeHealthReported) and not decisions:
+                return []  # a heartbeat like the last one: nothing to store
+            await repository.record(event, decisions, seq)
+            await stage(session, outbox, *decisions)
+        return decisions
+
+    async def tasks(self, query: TasksQuery) -> list[TaskSummary]:
+        async with self.sessions() as session:
+            return await SchedulerRepository(session).task_summaries(query)
+
+    def nodes(self, pool: str | None) -> list[NodeSummary]:
+        return node_summaries(self.scheduler.cluster, pool)
+
+    def _observe(self) -> None:
+        self.metrics.pending.set(len(self.scheduler.pending))
+        self.metrics.allocations.set(len(self.scheduler.allocations))
+        self.metrics.nodes.set(len(self.scheduler.cluster))
+
+    def _log(self, decisions: list[Event]) -> None:
+        for d in decisions:
+            self.metrics.decisions.labels(kind=type(d).__name__).inc()
+            if isinstance(d, AllocationGranted):
+                log.info("placed %s on %s gpus=%s: %s", d.task_id, d.node, d.gpu_ids, d.explanation)
+            elif isinstance(d, TaskPending):
+                log.info("pending %s: %s", d.task_id, d.summary)
+            elif isinstance(d, TaskRejected):
+                log.info("rejected %s: %s", d.task_id, d.errors)

@@ -1,0 +1,142 @@
+"""The scheduler as it runs: real nats-server, real database (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import nats
+from faststream import TestApp
+
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Confidence,
+    MessageRejected,
+    NodesAnswer,
+    NodesQuery,
+    NodeTopologyReported,
+    QuerySubjects,
+    ResourcePrediction,
+    TaskPending,
+    TaskProfiled,
+    TaskRejected,
+    TaskRequest,
+    TasksAnswer,
+    TasksQuery,
+    TaskStatus,
+    TaskStatusReported,
+)
+from crater.runtime.bus import publish
+from crater.runtime.nats_server import NatsServer
+from crater.scheduler.app import SchedulerSettings, build
+from tests.support.events import EventTap, publish_raw
+from tests.support.topologies import node
+
+PREDICTION = ResourcePrediction(
+    gpu_memory_per_gpu_mb=20000,
+    host_memory_mb=8000,
+    confidence=Confidence.MEDIUM,
+    method="test",
+    dataloader_num_workers=2,
+    dataloader_prefetch_factor=2,
+)
+
+
+def profiled(task_id: str, gpus: int, gpu_mb: int = 40000) -> TaskProfiled:
+    request = TaskRequest.model_validate(
+        {
+            "task_id": task_id,
+            "task_type": "training",
+            "model_config": {"name": "m"},
+            "resource_requirements": {
+                "gpu": {"count": gpus, "memory_mb": gpu_mb},
+                "cpu": {"cores": 4},
+                "memory": {"capacity_mb": 8000},
+            },
+        }
+    )
+    return TaskProfiled(task=request, prediction=PREDICTION)
+
+
+async def query(nats_url: str, subject: str, body: bytes) -> bytes:
+    connection = await nats.connect(nats_url)
+    try:
+        return (await connection.request(subject, body, timeout=5)).data
+    finally:
+        await connection.close()
+
+
+async def test_places_persists_releases_and_survives_a_restart(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str
+) -> None:
+    settings = SchedulerSettings(nats_url=fresh_nats.url, database_url=database_url)
+    service, app = build(settings)
+    async with TestApp(app):
+        for topology in (node("a100-01", gpus=4), node("v100-01", gpus=2, gpu_memory_mb=16384)):
+            await publish(service.broker, NodeTopologyReported(node=topology))
+        await publish(service.broker, profiled("train-1", gpus=4))
+        [granted] = await tap.wait_for(AllocationGranted)
+        assert (granted.task_id, granted.node, granted.gpu_ids) == (
+            "train-1",
+            "a100-01",
+            [0, 1, 2, 3],
+        )
+
+        await publish(service.broker, profiled("train-2", gpus=2))
+        [pending] = await tap.wait_for(TaskPending)
+        assert "0/2 nodes available" in pending.summary
+
+        await publish(service.broker, profiled("never", gpus=64))
+        [rejected] = await tap.wait_for(TaskRejected)
+        assert rejected.errors[0].field == "resource_requirements.gpu.count"
+
+        answer = NodesAnswer.model_validate_json(
+            await query(
+                fresh_nats.url, QuerySubjects.NODES, NodesQuery().model_dump_json().encode()
+            )
+        )
+        assert [(n.node_id, n.gpus_free) for n in answer.nodes] == [("a100-01", 0), ("v100-01", 2)]
+
+    # a new process: state comes back from the database, the queue goes on
+    service, app = build(settings)
+    async with TestApp(app):
+        assert "train-2" in service.state.scheduler.pending
+        done = TaskStatusReported(task_id="train-1", status=TaskStatus.SUCCEEDED)
+        await publish(service.broker, done)
+        await tap.wait_for(AllocationReleased)
+        [_, second] = await tap.wait_for(AllocationGranted, count=2)
+        assert (second.task_id, second.node) == ("train-2", "a100-01")
+
+        tasks = TasksAnswer.model_validate_json(
+            await query(
+                fresh_nats.url, QuerySubjects.TASKS, TasksQuery().model_dump_json().encode()
+            )
+        )
+        statuses = {t.task_id: t.status for t in tasks.tasks}
+        assert statuses == {
+            "train-1": TaskStatus.SUCCEEDED,
+            "train-2": TaskStatus.SCHEDULED,
+            "never": TaskStatus.REJECTED,
+        }
+
+
+async def test_redelivered_and_malformed_input_changes_nothing(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str
+) -> None:
+    settings = SchedulerSettings(nats_url=fresh_nats.url, database_url=database_url)
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, NodeTopologyReported(node=node("a100-01", gpus=8)))
+        event = profiled("once", gpus=1)
+        # the same event under another Nats-Msg-Id: past JetStream's de-duplication
+        await publish_raw(
+            fresh_nats.url, "crater.v1.task.profiled", event.model_dump_json().encode()
+        )
+        await publish_raw(
+            fresh_nats.url, "crater.v1.task.profiled", event.model_dump_json().encode()
+        )
+        await publish_raw(fresh_nats.url, "crater.v1.task.profiled", b'{"task": 42}')
+        await publish_raw(fresh_nats.url, "crater.v1.node.topology.x", b"\xff\xfe")
+        await publish(service.broker, profiled("after", gpus=1))
+        await tap.wait_for(MessageRejected, count=2)
+        granted = await tap.wait_for(AllocationGranted, count=2)
+        assert sorted(g.task_id for g in granted) == ["after", "once"]
+        assert len(tap.of(AllocationGranted)) == 2

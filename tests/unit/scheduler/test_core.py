@@ -1,0 +1,186 @@
+"""The scheduling core alone: pure, deterministic, explained."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Confidence,
+    Event,
+    NodeCondition,
+    NodeHealthReported,
+    NodeTopologyReported,
+    ResourcePrediction,
+    TaskPending,
+    TaskProfiled,
+    TaskRejected,
+    TaskRequest,
+    TaskStatus,
+    TaskStatusReported,
+)
+from crater.scheduler.domain.core import Scheduler
+from tests.support.topologies import node
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def profiled(task_id: str, when: float = 1, **needs: Any) -> TaskProfiled:
+    body: dict[str, Any] = {
+        "task_id": task_id,
+        "task_type": "training",
+        "model_config": {"name": "m"},
+        "resource_requirements": {
+            "gpu": {"count": needs.get("gpus", 1), "memory_mb": needs.get("gpu_mb", 40000)},
+            "cpu": {"cores": needs.get("cores", 4)},
+            "memory": {"capacity_mb": needs.get("mem", 16000)},
+        },
+    }
+    for key in ("pool", "affinity", "priority", "gang_size"):
+        if key in needs:
+            body[key] = needs[key]
+    if "type" in needs:
+        body["resource_requirements"]["gpu"]["type"] = needs["type"]
+    prediction = ResourcePrediction(
+        gpu_memory_per_gpu_mb=30000,
+        host_memory_mb=16000,
+        confidence=Confidence.MEDIUM,
+        method="test",
+        dataloader_num_workers=3,
+        dataloader_prefetch_factor=2,
+    )
+    return TaskProfiled(
+        occurred_at=at(when), task=TaskRequest.model_validate(body), prediction=prediction
+    )
+
+
+def cluster(*topologies: Any) -> tuple[Scheduler, list[Event]]:
+    scheduler = Scheduler()
+    log: list[Event] = []
+    for t in topologies:
+        event = NodeTopologyReported(occurred_at=at(0), node=t)
+        log.append(event)
+        scheduler.handle(event)
+    return scheduler, log
+
+
+def test_places_on_fitting_node_with_gpus_and_cores_on_one_numa_node() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=8), node("cpu-01"))
+    [granted] = scheduler.handle(profiled("t1", gpus=2, cores=8))
+    assert isinstance(granted, AllocationGranted)
+    assert granted.node == "a100-01"
+    assert granted.gpu_ids == [0, 1]
+    assert granted.numa_node == 0
+    assert set(granted.cpu_cores) <= set(range(16))  # NUMA node 0's CPUs
+    assert granted.environment["CRATER_GPU_IDS"] == "0,1"
+    assert granted.environment["CRATER_CHECKPOINT_PATH"] == "/mnt/nvme0/crater/checkpoints/t1"
+    assert granted.reservation_token.startswith(f"v1.{granted.allocation_id}.")
+
+
+def test_cpu_only_task_prefers_a_node_without_gpus() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=8), node("cpu-01"))
+    [granted] = scheduler.handle(profiled("cpu", gpus=0, gpu_mb=0))
+    assert isinstance(granted, AllocationGranted)
+    assert granted.node == "cpu-01"
+
+
+def test_ties_go_to_the_smallest_node_name() -> None:
+    scheduler, _ = cluster(node("b-node", gpus=4), node("a-node", gpus=4))
+    [granted] = scheduler.handle(profiled("t"))
+    assert isinstance(granted, AllocationGranted)
+    assert granted.node == "a-node"
+
+
+def test_pending_task_says_why_per_filter_and_is_placed_when_resources_free() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=2), node("v100-01", gpus=4, gpu_memory_mb=16384))
+    [first] = scheduler.handle(profiled("big-1", gpus=2, gpu_mb=40000))
+    assert isinstance(first, AllocationGranted)
+    [pending] = scheduler.handle(profiled("big-2", when=2, gpus=2, gpu_mb=40000))
+    assert isinstance(pending, TaskPending)
+    assert pending.summary == (
+        "0/2 nodes available: 1 fewer than 2 GPUs, 1 GPU memory per card < 40000 MiB"
+    )
+    assert {r.code: r.nodes for r in pending.reasons} == {
+        "InsufficientGpus": 1,
+        "InsufficientGpuMemory": 1,
+    }
+    done = TaskStatusReported(occurred_at=at(3), task_id="big-1", status=TaskStatus.SUCCEEDED)
+    released, granted = scheduler.handle(done)
+    assert isinstance(released, AllocationReleased)
+    assert isinstance(granted, AllocationGranted)
+    assert granted.task_id == "big-2"
+    assert granted.node == "a100-01"
+
+
+def test_a_task_that_can_never_fit_is_rejected_naming_the_field() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=8))
+    [rejected] = scheduler.handle(profiled("huge", gpus=16))
+    assert isinstance(rejected, TaskRejected)
+    assert rejected.errors[0].field == "resource_requirements.gpu.count"
+    [unknown_pool] = scheduler.handle(profiled("elsewhere", pool="nowhere"))
+    assert isinstance(unknown_pool, TaskRejected)
+    assert unknown_pool.errors[0].field == "pool"
+    [model] = scheduler.handle(profiled("h100", type="H100"))
+    assert isinstance(model, TaskRejected)
+    assert model.errors[0].field == "resource_requirements.gpu.type"
+
+
+def test_gpu_model_filter_matches_loosely() -> None:
+    scheduler, _ = cluster(node("rtx-01", gpus=4, gpu_model="NVIDIA GeForce RTX 4090"))
+    [granted] = scheduler.handle(profiled("t", type="rtx4090", gpu_mb=20000))
+    assert isinstance(granted, AllocationGranted)
+
+
+def test_strict_numa_refuses_a_split_placement() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=4, cores=8))  # 2 GPUs and 4 cores per NUMA
+    [pending] = scheduler.handle(profiled("t", gpus=3, cores=2, affinity={"numa": "strict"}))
+    assert isinstance(pending, TaskPending)
+    [granted] = scheduler.handle(profiled("t2", gpus=3, cores=2))
+    assert isinstance(granted, AllocationGranted)
+    assert granted.numa_node is None
+
+
+def test_node_that_stops_reporting_becomes_not_ready() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=8))
+    health = NodeHealthReported(
+        occurred_at=at(1), node_id="a100-01", condition=NodeCondition.READY, score=100
+    )
+    scheduler.handle(health)
+    [pending] = scheduler.handle(profiled("late", when=100))
+    assert isinstance(pending, TaskPending)
+    assert pending.reasons[0].code == "NodeNotReady"
+    back = health.model_copy(update={"occurred_at": at(101), "event_id": health.event_id})
+    [granted] = scheduler.handle(back)
+    assert isinstance(granted, AllocationGranted)
+
+
+def test_duplicate_profiled_event_decides_nothing() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=8))
+    event = profiled("t")
+    assert len(scheduler.handle(event)) == 1
+    assert scheduler.handle(event) == []
+
+
+def test_replaying_the_same_events_gives_identical_decisions() -> None:
+    _, log = cluster(
+        node("a100-01", gpus=8), node("a100-02", gpus=8), node("v100-01", gpus=2, nvlink=False)
+    )
+    log += [profiled(f"t{i}", when=i, gpus=1 + i % 4, cores=2 + i % 8) for i in range(30)]
+    log += [
+        TaskStatusReported(occurred_at=at(40 + i), task_id=f"t{i}", status=TaskStatus.SUCCEEDED)
+        for i in range(0, 30, 3)
+    ]
+
+    def replay() -> list[str]:
+        scheduler = Scheduler()
+        return [d.model_dump_json() for e in log for d in scheduler.handle(e)]
+
+    first, second = replay(), replay()
+    assert first == second
+    assert len(first) > 30
