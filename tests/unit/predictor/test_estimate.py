@@ -53,9 +53,7 @@ def test_mixed_precision_adam_holds_16_bytes_per_parameter() -> None:
 
 def test_training_states_are_sharded_across_gpus() -> None:
     one = predict(request(task_type="training"))
-    four = predict(
-        request(task_type="training", resource_requirements={"gpu": {"count": 4}})
-    )
+    four = predict(request(task_type="training", resource_requirements={"gpu": {"count": 4}}))
     assert four.breakdown_mb["optimizer"] == pytest.approx(one.breakdown_mb["optimizer"] / 4, 1)
 
 
