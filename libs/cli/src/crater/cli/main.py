@@ -1,0 +1,199 @@
+"""`crater`: run the services, the demo, and talk to a running Crater."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Crater: an event-driven scheduler for heterogeneous AI compute.")
+console = Console()
+
+GatewayOption = Annotated[
+    str,
+    typer.Option(envvar="CRATER_GATEWAY_URL", help="The gateway's base URL."),
+]
+DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+RUNNABLE = ("probe", "predictor", "scheduler", "autoscaler", "callback", "gateway")
+
+
+@app.command()
+def run(service: Annotated[str, typer.Argument(help=f"One of: {', '.join(RUNNABLE)}")]) -> None:
+    """Run one service in the foreground, configured by CRATER_* environment variables."""
+    if service not in RUNNABLE:
+        raise typer.BadParameter(f"unknown service {service!r}; one of {', '.join(RUNNABLE)}")
+    importlib.import_module(f"crater.{service}.app").main()
+
+
+@app.command()
+def up(
+    duration: Annotated[
+        float, typer.Option(help="Stop after this many seconds (0: until Ctrl-C).")
+    ] = 0,
+    data_dir: Annotated[Path, typer.Option(help="Where the demo keeps its state.")] = Path(
+        "var/demo"
+    ),
+    rate: Annotated[float, typer.Option(help="Tasks submitted per second.")] = 0.7,
+    seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 7,
+) -> None:
+    """Crater on embedded defaults: nats-server, SQLite, every service, a simulated fleet,
+    a stand-in for AllData, and a stream of tasks. Ctrl-C stops it cleanly."""
+    from crater.cli.demo import run_demo
+
+    run_demo(data_dir=data_dir, duration=duration, rate=rate, seed=seed)
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Task request JSON.")],
+    gateway: GatewayOption = DEFAULT_GATEWAY,
+) -> None:
+    """Submit a task request (the body of POST /api/v1/schedule)."""
+    response = httpx.post(
+        f"{gateway}/api/v1/schedule",
+        content=file.read_bytes(),
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    body = response.json()
+    if response.status_code >= 400:
+        console.print(f"[red]rejected ({response.status_code})[/red]")
+        for error in body.get("detail", []):
+            if isinstance(error, dict):
+                console.print(f"  {error.get('field')}: {error.get('reason')}")
+            else:
+                console.print(f"  {error}")
+        raise typer.Exit(1)
+    console.print(f"[green]submitted[/green] {body['task_id']} (event {body['event_id']})")
+
+
+@app.command("list-nodes")
+def list_nodes(
+    pool: Annotated[str | None, typer.Option(help="Only this pool.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    gateway: GatewayOption = DEFAULT_GATEWAY,
+) -> None:
+    """Every node the scheduler knows, with what is free on it."""
+    params = {"pool": pool} if pool else {}
+    nodes = _get(f"{gateway}/api/v1/nodes", params)["nodes"]
+    if as_json:
+        console.print_json(json.dumps(nodes))
+        return
+    table = Table("node", "pool", "condition", "GPU", "GPUs free", "CPU free", "memory free GiB")
+    for n in nodes:
+        gpu = f"{n['gpu_model']} {n['gpu_memory_mb'] // 1024} GiB" if n["gpu_model"] else "-"
+        table.add_row(
+            n["node_id"],
+            n["pool"],
+            n["condition"],
+            gpu,
+            f"{n['gpus_free']}/{n['gpus_total']}",
+            f"{n['cpu_cores_free']}/{n['cpu_cores_total']}",
+            f"{n['memory_mb_free'] // 1024}/{n['memory_mb_total'] // 1024}",
+        )
+    console.print(table)
+
+
+@app.command()
+def tasks(
+    status: Annotated[str | None, typer.Option(help="Only tasks in this status.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    gateway: GatewayOption = DEFAULT_GATEWAY,
+) -> None:
+    """Tasks, newest first, with where they run or why they wait."""
+    params: dict[str, str | int] = {"limit": limit}
+    if status:
+        params["status"] = status
+    found = _get(f"{gateway}/api/v1/tasks", params)["tasks"]
+    if as_json:
+        console.print_json(json.dumps(found))
+        return
+    table = Table("task", "type", "status", "pool", "GPUs", "node", "GPU ids", "why")
+    for t in found:
+        table.add_row(
+            t["task_id"],
+            t["task_type"],
+            t["status"],
+            t["pool"],
+            str(t["gpus"]),
+            t["node"] or "-",
+            ",".join(map(str, t["gpu_ids"])) or "-",
+            (t["reason"] or "")[:80],
+        )
+    console.print(table)
+
+
+@app.command()
+def receiver(
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 9180,
+    username: Annotated[str, typer.Option(envvar="CRATER_WEBHOOK_USERNAME")] = "alldata",
+    password: Annotated[str, typer.Option(envvar="CRATER_WEBHOOK_PASSWORD")] = "change-me",
+    record_file: Annotated[Path | None, typer.Option(help="Append deliveries as JSONL.")] = None,
+) -> None:
+    """A reference webhook receiver standing in for AllData."""
+    from crater.callback.receiver import main as receiver_main
+
+    receiver_main(
+        host=host, port=port, username=username, password=password, record_file=record_file
+    )
+
+
+db_app = typer.Typer(help="The database every stateful service shares.")
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    database_url: Annotated[
+        str, typer.Option(envvar="CRATER_DATABASE_URL")
+    ] = "sqlite+aiosqlite:///var/crater.db",
+) -> None:
+    """Apply every service's Alembic migrations."""
+    from crater.cli.stack import migrate
+
+    migrate(database_url)
+    console.print(f"migrated {database_url}")
+
+
+@app.command()
+def docs(
+    check: Annotated[bool, typer.Option(help="Fail if docs/ is not current.")] = False,
+    out: Annotated[Path, typer.Option(help="The docs folder.")] = Path("docs"),
+) -> None:
+    """Generate JSON Schema, AsyncAPI and the subject table from the contracts."""
+    from crater.cli.docs import generate, stale
+
+    if check:
+        outdated = stale(out)
+        if outdated:
+            console.print(f"[red]stale:[/red] {', '.join(outdated)}; run `crater docs`")
+            raise typer.Exit(1)
+        console.print("docs are current")
+        return
+    written = generate(out)
+    console.print(f"wrote {len(written)} files under {out}/")
+
+
+def _get(url: str, params: dict[str, str | int]) -> dict[str, list[dict[str, object]]]:
+    try:
+        response = httpx.get(url, params=params, timeout=10)
+    except httpx.ConnectError:
+        console.print(f"[red]no gateway at {url}[/red]; is Crater up (make up)?")
+        raise typer.Exit(2) from None
+    if response.status_code >= 400:
+        console.print(f"[red]{response.status_code}[/red] {response.text}")
+        raise typer.Exit(1)
+    result: dict[str, list[dict[str, object]]] = response.json()
+    return result
+
+
+if __name__ == "__main__":
+    app()

@@ -137,7 +137,6 @@ class Subjects:
         "A node's load on an interval.",
         node_scoped=True,
         producers=("probe",),
-        consumers=("autoscaler",),
     )
     NODE_HEALTH = Channel(
         f"{PREFIX}.node.health",
@@ -177,7 +176,7 @@ class Subjects:
         TaskRejected,
         Streams.TASKS,
         "A task that can never be placed, or whose request is invalid.",
-        producers=("scheduler", "predictor"),
+        producers=("scheduler",),
         consumers=("callback",),
     )
     TASK_PREEMPTED = Channel(
@@ -226,7 +225,6 @@ class Subjects:
         Streams.AUTOSCALING,
         "A decision to add or remove inference replicas, with the numbers behind it.",
         producers=("autoscaler",),
-        consumers=("scheduler",),
     )
     WEBHOOK_DELIVERED = Channel(
         f"{PREFIX}.webhook.delivered",

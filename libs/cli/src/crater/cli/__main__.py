@@ -1,0 +1,3 @@
+from crater.cli.main import app
+
+app()

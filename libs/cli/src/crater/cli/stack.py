@@ -1,0 +1,178 @@
+"""Crater as a set of processes on one machine: a nats-server from the wheel, every service as
+its own process, and a reference webhook receiver standing in for AllData. Used by `crater up`
+and by the end-to-end tests, so both run Crater the same way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from crater.runtime.db import upgrade_to_head
+from crater.runtime.nats_server import NatsServer, free_port, start_nats_server
+
+SERVICES = ("scheduler", "predictor", "callback", "autoscaler", "probe", "gateway")
+WEBHOOK_USER = "alldata"
+
+
+@dataclass
+class Process:
+    name: str
+    port: int
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class Stack:
+    data_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    nats: NatsServer | None = None
+    processes: dict[str, Process] = field(default_factory=dict)
+    webhook_password: str = "demo-password"
+
+    @property
+    def database_url(self) -> str:
+        return self.env.get(
+            "CRATER_DATABASE_URL", f"sqlite+aiosqlite:///{self.data_dir / 'crater.db'}"
+        )
+
+    @property
+    def nats_url(self) -> str:
+        assert self.nats is not None
+        return self.nats.url
+
+    def url(self, name: str) -> str:
+        return self.processes[name].url
+
+    def start(
+        self, services: tuple[str, ...] = SERVICES, extra_env: dict[str, str] | None = None
+    ) -> None:
+        """nats-server, migrations, the receiver, then each service; waits for every /healthz."""
+        (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.nats = start_nats_server(
+            self.data_dir / "jetstream", log_file=self.data_dir / "logs" / "nats-server.log"
+        )
+        self.env = {
+            "CRATER_NATS_URL": self.nats.url,
+            "CRATER_DATABASE_URL": self.database_url,
+            "CRATER_TRACE_FILE": str(self.data_dir / "traces.jsonl"),
+            "CRATER_MIGRATE_ON_START": "false",
+            "CRATER_LOG_LEVEL": "INFO",
+            **(extra_env or {}),
+        }
+        migrate(self.database_url)
+        receiver_port = free_port()
+        self._spawn(
+            "receiver",
+            receiver_port,
+            [
+                "receiver",
+                "--port",
+                str(receiver_port),
+                "--username",
+                WEBHOOK_USER,
+                "--password",
+                self.webhook_password,
+                "--record-file",
+                str(self.data_dir / "webhooks.jsonl"),
+            ],
+        )
+        self.env.update(
+            {
+                "CRATER_WEBHOOK_URL": f"http://127.0.0.1:{receiver_port}/webhooks",
+                "CRATER_WEBHOOK_USERNAME": WEBHOOK_USER,
+                "CRATER_WEBHOOK_PASSWORD": self.webhook_password,
+            }
+        )
+        for name in services:
+            self._spawn(name, free_port(), ["run", name])
+        for process in self.processes.values():
+            wait_healthy(process)
+
+    def _spawn(self, name: str, port: int, args: list[str]) -> None:
+        log_path = self.data_dir / "logs" / f"{name}.log"
+        env = {**os.environ, **self.env, "CRATER_HTTP_PORT": str(port)}
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "crater.cli", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # Ctrl-C reaches us, and we stop them in order
+            )
+        self.processes[name] = Process(name, port, popen, log_path)
+
+    def kill(self, name: str) -> None:
+        """Kill a service without warning (tests of crash recovery)."""
+        process = self.processes[name]
+        process.popen.kill()
+        process.popen.wait()
+
+    def restart(self, name: str) -> None:
+        process = self.processes.pop(name)
+        if process.popen.poll() is None:
+            stop_process(process)
+        args = ["run", name] if name != "receiver" else list(map(str, process.popen.args))[3:]
+        self._spawn(name, process.port, args)
+        wait_healthy(self.processes[name])
+
+    def stop(self) -> None:
+        """SIGTERM every service (they drain and close), then the receiver, then nats-server."""
+        for name in reversed([n for n in self.processes if n != "receiver"]):
+            stop_process(self.processes[name])
+        if "receiver" in self.processes:
+            stop_process(self.processes["receiver"])
+        if self.nats is not None:
+            self.nats.stop()
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def migrate(database_url: str) -> None:
+    """Every service's Alembic history, in one database."""
+    from crater.callback.app import MIGRATIONS as CALLBACK_MIGRATIONS
+    from crater.scheduler.app import MIGRATIONS as SCHEDULER_MIGRATIONS
+
+    for migrations in (SCHEDULER_MIGRATIONS, CALLBACK_MIGRATIONS):
+        upgrade_to_head(database_url, migrations)
+
+
+def stop_process(process: Process, timeout: float = 15.0) -> None:
+    if process.popen.poll() is not None:
+        return
+    process.popen.send_signal(signal.SIGTERM)
+    try:
+        process.popen.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.popen.kill()
+        process.popen.wait()
+
+
+def wait_healthy(process: Process, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            tail = process.log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n{tail}")
+        try:
+            if httpx.get(f"{process.url}/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{process.name} not healthy on {process.url} after {timeout} s")
