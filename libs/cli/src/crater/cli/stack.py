@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +41,7 @@ class Stack:
     nats: NatsServer | None = None
     processes: dict[str, Process] = field(default_factory=dict)
     webhook_password: str = "demo-password"
+    ports: dict[str, int] = field(default_factory=dict)  # fixed ports; others are free ones
 
     @property
     def database_url(self) -> str:
@@ -96,7 +98,7 @@ class Stack:
             }
         )
         for name in services:
-            self._spawn(name, free_port(), ["run", name])
+            self._spawn(name, self.ports.get(name) or free_port(), ["run", name])
         for process in self.processes.values():
             wait_healthy(process)
 
@@ -141,6 +143,15 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def migrate(database_url: str) -> None:

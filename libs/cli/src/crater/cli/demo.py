@@ -1,0 +1,361 @@
+"""`crater up`: the whole of Crater on one machine, with a workload a person can watch.
+
+A simulated fleet reports its hardware; AllData (played by this process) submits a stream
+of training and inference tasks through the gateway and reports inference latencies; every
+decision is printed as it happens, read off the bus like any other consumer would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+from faststream.nats import NatsBroker
+from nats.aio.msg import Msg
+from rich.console import Console
+
+from crater.cli.stack import Stack, port_is_free
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Event,
+    LatencySamplesReported,
+    MessageRejected,
+    NodeTopologyReported,
+    ScaleDecided,
+    Subjects,
+    TaskPending,
+    TaskProfiled,
+    TaskRejected,
+    TaskStatusReported,
+    TaskSubmitted,
+    WebhookDeadLettered,
+    WebhookDelivered,
+)
+from crater.runtime.bus import publish
+
+console = Console(highlight=False)
+
+# (weight, role, request) — role picks a pool the fleet has.
+WORKLOAD: list[tuple[int, str, dict[str, Any]]] = [
+    (
+        4,
+        "training",
+        {
+            "task_type": "training",
+            "model_config": {"name": "meta-llama/Llama-2-7b-hf", "precision": "bf16"},
+            "data_config": {"train_dataset": "s3://alldata/corpus-v3", "io_pattern": "sequential"},
+            "resource_requirements": {
+                "gpu": {"count": 2, "memory_mb": 40960, "type": "A100"},
+                "cpu": {"cores": 16, "avx_support": "avx2"},
+                "memory": {"capacity_mb": 131072},
+                "ssd": {"capacity_gb": 500},
+            },
+            "sla": {"max_queue_time_seconds": 600},
+            "priority": "high",
+        },
+    ),
+    (
+        2,
+        "training",
+        {
+            "task_type": "training",
+            "model_config": {"name": "meta-llama/Llama-2-70b-hf", "precision": "bf16"},
+            "resource_requirements": {
+                "gpu": {"count": 8, "memory_mb": 81920},
+                "cpu": {"cores": 64},
+                "memory": {"capacity_mb": 1048576},
+            },
+            "affinity": {"gpu": "same-node", "numa": "best-effort"},
+        },
+    ),
+    (
+        4,
+        "training",
+        {
+            "task_type": "fine-tuning",
+            "model_config": {"name": "mistralai/Mistral-7B-v0.1", "precision": "bf16"},
+            "resource_requirements": {
+                "gpu": {"count": 1, "memory_mb": 22528},
+                "cpu": {"cores": 8},
+                "memory": {"capacity_mb": 65536},
+            },
+            "preemptible": True,
+            "priority": "low",
+        },
+    ),
+    (
+        5,
+        "inference",
+        {
+            "task_type": "inference",
+            "model_config": {"name": "meta-llama/Llama-3-8b-chat-hf", "precision": "fp16"},
+            "resource_requirements": {
+                "gpu": {"count": 1, "memory_mb": 20480},
+                "cpu": {"cores": 4},
+                "memory": {"capacity_mb": 32768},
+            },
+            "anti_affinity": {"group": "chat-llama3"},
+        },
+    ),
+    (
+        3,
+        "inference",
+        {
+            "task_type": "inference",
+            "model_config": {"name": "resnet-50", "precision": "int8"},
+            "resource_requirements": {
+                "gpu": {"count": 1, "memory_mb": 4096},
+                "cpu": {"cores": 2},
+                "memory": {"capacity_mb": 8192},
+            },
+        },
+    ),
+    (
+        3,
+        "default",
+        {
+            "task_type": "evaluation",
+            "model_config": {"name": "bert-base-uncased", "precision": "fp32"},
+            "resource_requirements": {"cpu": {"cores": 8}, "memory": {"capacity_mb": 16384}},
+        },
+    ),
+    (
+        1,
+        "training",
+        {
+            "task_type": "training",
+            "model_config": {"name": "meta-llama/Llama-3-70b", "precision": "bf16"},
+            "resource_requirements": {"gpu": {"count": 16, "memory_mb": 81920}},
+            "affinity": {"gpu": "same-node", "numa": "strict"},
+        },
+    ),
+]
+
+
+def run_demo(data_dir: Path, duration: float, rate: float, seed: int) -> None:
+    if data_dir.exists():
+        shutil.rmtree(data_dir)  # each demo starts from an empty cluster and database
+    gateway_port = 8080 if port_is_free(8080) else 0
+    stack = Stack(data_dir=data_dir, ports={"gateway": gateway_port} if gateway_port else {})
+    console.rule("[bold]Crater demo")
+    console.print(f"starting nats-server, SQLite and six services under {data_dir}/ ...")
+    started = time.monotonic()
+    try:
+        with stack:
+            stack.start(extra_env={"CRATER_LOG_LEVEL": "WARNING"})
+            _banner(stack, time.monotonic() - started)
+            asyncio.run(_watch_and_drive(stack, duration, rate, seed))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        console.print("stopped: services drained and closed, nats-server down.")
+
+
+def _banner(stack: Stack, seconds: float) -> None:
+    gateway = stack.url("gateway")
+    console.print(f"up in {seconds:.1f} s. nats: {stack.nats_url}  gateway: {gateway}")
+    for name, process in stack.processes.items():
+        console.print(f"  {name:<10} {process.url}/healthz  /metrics   log: {process.log_path}")
+    console.print(
+        f"try, in another shell:  CRATER_GATEWAY_URL={gateway} crater list-nodes | crater tasks"
+    )
+    console.print("Ctrl-C stops everything.")
+    console.rule()
+
+
+async def _watch_and_drive(stack: Stack, duration: float, rate: float, seed: int) -> None:
+    watcher = Watcher()
+    connection = await nats.connect(stack.nats_url)
+    await connection.subscribe("crater.v1.>", cb=watcher.on_message)
+    broker = NatsBroker(stack.nats_url, log_level=10)
+    await broker.start()
+    pools = await _fleet_pools(stack)
+    tasks = [
+        asyncio.create_task(_submit_tasks(stack, pools, rate, seed, watcher)),
+        asyncio.create_task(_report_latencies(broker, seed)),
+    ]
+    try:
+        if duration:
+            await asyncio.sleep(duration)
+        else:
+            await asyncio.Event().wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await broker.stop()
+        await connection.drain()
+        watcher.summary()
+
+
+async def _fleet_pools(stack: Stack, timeout: float = 30.0) -> set[str]:
+    """Wait until the scheduler knows the simulated fleet; return its pools."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=stack.url("gateway"), timeout=5) as client:
+        while time.monotonic() < deadline:
+            response = await client.get("/api/v1/nodes")
+            if response.status_code == 200 and (nodes := response.json()["nodes"]):
+                await asyncio.sleep(1.0)  # let the rest of the fleet arrive
+                nodes = (await client.get("/api/v1/nodes")).json()["nodes"]
+                return {n["pool"] for n in nodes}
+            await asyncio.sleep(0.5)
+    raise TimeoutError("the scheduler saw no nodes: is the probe running?")
+
+
+async def _submit_tasks(
+    stack: Stack, pools: set[str], rate: float, seed: int, watcher: Watcher
+) -> None:
+    rng = random.Random(seed)
+    weights = [w for w, _, _ in WORKLOAD]
+    async with httpx.AsyncClient(base_url=stack.url("gateway"), timeout=10) as client:
+        for n in range(1, 1_000_000):
+            _, role, template = rng.choices(WORKLOAD, weights)[0]
+            body = json.loads(json.dumps(template))
+            body["task_id"] = f"{template['task_type'][:5]}-{n:04d}"
+            body["pool"] = role if role in pools else "default"
+            body["tenant"] = rng.choice(["search", "ads", "research"])
+            response = await client.post("/api/v1/schedule", json=body)
+            if response.status_code != 202:
+                watcher.line("red", "✘", f"gateway refused {body['task_id']}: {response.text}")
+            await asyncio.sleep(rng.expovariate(rate))
+
+
+async def _report_latencies(broker: NatsBroker, seed: int) -> None:
+    """An inference service's replicas report request latencies; a burst comes at 20-40 s."""
+    rng = random.Random(seed + 1)
+    started = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - started
+        burst = 20 <= elapsed % 120 <= 40
+        base, pressure = (320.0, 0.88) if burst else (60.0, 0.2)
+        samples = [max(rng.gauss(base, base * 0.25), 1.0) for _ in range(50)]
+        await publish(
+            broker,
+            LatencySamplesReported(
+                service="chat-llama3", latencies_ms=samples, gpu_memory_pressure=pressure
+            ),
+        )
+        await asyncio.sleep(1.0)
+
+
+class Watcher:
+    """Prints decisions as they happen, read off the bus."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.counts: Counter[str] = Counter()
+        self.fleet: Counter[str] = Counter()
+        self.fleet_reported: asyncio.TimerHandle | None = None
+        self.requests: dict[str, TaskSubmitted] = {}
+
+    def line(self, style: str, icon: str, text: str) -> None:
+        elapsed = time.monotonic() - self.started
+        console.print(f"[dim]{elapsed:7.1f}s[/dim] [{style}]{icon}[/{style}] {text}")
+
+    async def on_message(self, msg: Msg) -> None:
+        channel = next(
+            (
+                c
+                for c in Subjects.ALL
+                if msg.subject == c.subject or msg.subject.startswith(c.subject + ".")
+            ),
+            None,
+        )
+        if channel is None or channel in (Subjects.NODE_METRICS, Subjects.NODE_HEALTH):
+            return
+        try:
+            event = channel.event.model_validate_json(msg.data)
+        except ValueError:
+            return
+        self.counts[type(event).__name__] += 1
+        self.show(event)
+
+    def show(self, event: Event) -> None:
+        if isinstance(event, NodeTopologyReported):
+            gpus = event.node.gpus
+            kind = f"{len(gpus)}x {gpus[0].model}" if gpus else "CPU only"
+            self.fleet[f"{kind} ({event.node.pool})"] += 1
+            loop = asyncio.get_running_loop()
+            if self.fleet_reported is not None:
+                self.fleet_reported.cancel()
+            self.fleet_reported = loop.call_later(0.5, self._show_fleet)
+        elif isinstance(event, TaskSubmitted):
+            self.requests[event.task_id] = event
+            gpu = event.resource_requirements.gpu
+            need = f"{gpu.count}x GPU {gpu.memory_mb // 1024} GiB" if gpu.count else "CPU only"
+            self.line(
+                "cyan",
+                "→",
+                f"{event.task_id} submitted: {event.task_type} {event.model_spec.name} "
+                f"({need}, {event.resource_requirements.cpu.cores} cores, pool {event.pool})",
+            )
+        elif isinstance(event, TaskProfiled):
+            p = event.prediction
+            self.line(
+                "dim",
+                "≈",
+                f"{event.task.task_id} predicted {p.gpu_memory_per_gpu_mb / 1024:.1f} GiB per GPU "
+                f"({p.confidence} confidence; DataLoader workers {p.dataloader_num_workers})",
+            )
+        elif isinstance(event, AllocationGranted):
+            cores = f"{event.cpu_cores[0]}-{event.cpu_cores[-1]}" if event.cpu_cores else "-"
+            self.line(
+                "green",
+                "✔",
+                f"{event.task_id} placed on [bold]{event.node}[/bold] GPUs {event.gpu_ids} "
+                f"cores {cores} NUMA {event.numa_node}: {event.explanation}",
+            )
+        elif isinstance(event, TaskPending):
+            self.line("yellow", "…", f"{event.task_id} waits: {event.summary}")
+        elif isinstance(event, TaskRejected):
+            why = "; ".join(f"{e.field}: {e.reason}" for e in event.errors)
+            self.line("red", "✘", f"{event.task_id} rejected: {why}")
+        elif isinstance(event, TaskStatusReported):
+            self.line("blue", "●", f"{event.task_id} {event.status}")
+        elif isinstance(event, AllocationReleased):
+            self.line("dim", "↺", f"{event.task_id} released {event.node} GPUs {event.gpu_ids}")
+        elif isinstance(event, WebhookDelivered):
+            self.line(
+                "magenta",
+                "↪",
+                f"{event.task_id} webhook '{event.task_status}' delivered to AllData: "
+                f"HTTP {event.status_code} in {event.latency_ms:.0f} ms",
+            )
+        elif isinstance(event, WebhookDeadLettered):
+            self.line("red", "↯", f"{event.task_id} webhook dead-lettered: {event.last_error}")
+        elif isinstance(event, ScaleDecided):
+            self.line(
+                "bold magenta",
+                "⇅",
+                f"scale {event.direction} {event.service} {event.current_replicas}→"
+                f"{event.desired_replicas}: {event.reason}",
+            )
+        elif isinstance(event, MessageRejected):
+            why = "; ".join(f"{e.field}: {e.reason}" for e in event.errors)
+            self.line("red", "!", f"{event.consumer} refused a message on {event.subject}: {why}")
+
+    def _show_fleet(self) -> None:
+        total = sum(self.fleet.values())
+        kinds = ", ".join(f"{n}x [{k}]" for k, n in sorted(self.fleet.items()))
+        self.line("bold", "▣", f"fleet of {total} nodes reported: {kinds}")
+
+    def summary(self) -> None:
+        console.rule("summary")
+        for name in (
+            "TaskSubmitted",
+            "AllocationGranted",
+            "TaskPending",
+            "TaskRejected",
+            "AllocationReleased",
+            "WebhookDelivered",
+            "ScaleDecided",
+        ):
+            console.print(f"  {name:<20} {self.counts.get(name, 0)}")
