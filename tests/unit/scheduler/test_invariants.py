@@ -1,0 +1,112 @@
+"""Properties of the core under random event sequences: nothing allocated twice, nothing
+over capacity, and the arrays always agree with the nodes they mirror."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crater.contracts import (
+    AllocationGranted,
+    Confidence,
+    NodeTopologyReported,
+    ResourcePrediction,
+    TaskProfiled,
+    TaskRequest,
+    TaskStatus,
+    TaskStatusReported,
+)
+from crater.scheduler.domain.core import Scheduler
+from tests.support.topologies import node
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+PREDICTION = ResourcePrediction(
+    gpu_memory_per_gpu_mb=30000,
+    host_memory_mb=1000,
+    confidence=Confidence.LOW,
+    method="test",
+    dataloader_num_workers=1,
+    dataloader_prefetch_factor=1,
+)
+
+task_shapes = st.tuples(
+    st.integers(0, 9),  # GPUs
+    st.sampled_from([0, 16000, 24000, 40000, 80000]),  # memory per card
+    st.integers(0, 40),  # CPU cores
+    st.integers(0, 600_000),  # memory MiB
+    st.sampled_from(["strict", "best-effort"]),
+)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), task_shapes),
+        st.tuples(st.just("finish"), st.integers(0, 200)),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+def profiled(i: int, shape: tuple[int, int, int, int, str]) -> TaskProfiled:
+    gpus, gpu_mb, cores, mem, numa = shape
+    request = TaskRequest.model_validate(
+        {
+            "task_id": f"t{i}",
+            "task_type": "training",
+            "model_config": {"name": "m"},
+            "resource_requirements": {
+                "gpu": {"count": gpus, "memory_mb": gpu_mb if gpus else 0},
+                "cpu": {"cores": cores},
+                "memory": {"capacity_mb": mem},
+            },
+            "affinity": {"numa": numa},
+        }
+    )
+    return TaskProfiled(occurred_at=T0 + timedelta(seconds=i), task=request, prediction=PREDICTION)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps)
+def test_no_resource_is_ever_held_twice_or_beyond_capacity(
+    script: list[tuple[str, object]],
+) -> None:
+    scheduler = Scheduler()
+    for topology in (
+        node("a100-01", gpus=8),
+        node("v100-01", gpus=2, gpu_memory_mb=16384, cores=16, memory_mb=128_000),
+        node("cpu-01", cores=64, numa_nodes=2),
+    ):
+        scheduler.handle(NodeTopologyReported(occurred_at=T0, node=topology))
+    granted: dict[str, AllocationGranted] = {}
+    for i, (kind, arg) in enumerate(script, start=1):
+        if kind == "submit":
+            decisions = scheduler.handle(profiled(i, arg))  # type: ignore[arg-type]
+        else:
+            live = sorted(granted)
+            if not live:
+                continue
+            task_id = live[int(arg) % len(live)]  # type: ignore[call-overload]
+            decisions = scheduler.handle(
+                TaskStatusReported(
+                    occurred_at=T0 + timedelta(seconds=i),
+                    task_id=task_id,
+                    status=TaskStatus.SUCCEEDED,
+                )
+            )
+            granted.pop(task_id)
+        granted.update({d.task_id: d for d in decisions if isinstance(d, AllocationGranted)})
+
+        held_gpus = [(g.node, gpu) for g in granted.values() for gpu in g.gpu_ids]
+        held_cores = [(g.node, core) for g in granted.values() for core in g.cpu_cores]
+        assert len(held_gpus) == len(set(held_gpus)), "a GPU allocated twice"
+        assert len(held_cores) == len(set(held_cores)), "a CPU core allocated twice"
+        cluster = scheduler.cluster
+        for row, n in enumerate(cluster.nodes):
+            memory = sum(g.memory_mb for g in granted.values() if g.node == n.name)
+            assert memory <= n.topology.memory_mb, "memory over capacity"
+            assert n.memory_free_mb == n.topology.memory_mb - memory
+            assert cluster.gpus_free[row] == sum(n.gpu_free)
+            assert cluster.cpu_free[row] == len(n.cpu_free)
+            for g in (g for g in granted.values() if g.node == n.name):
+                assert all(not n.gpu_free[i] for i in g.gpu_ids)
