@@ -28,7 +28,6 @@ from crater.contracts import (
     Event,
     LatencySamplesReported,
     MessageRejected,
-    NodeTopologyReported,
     ScaleDecided,
     Subjects,
     TaskPending,
@@ -140,6 +139,20 @@ WORKLOAD: list[tuple[int, str, dict[str, Any]]] = [
 ]
 
 
+SHORT_NAMES = {
+    "training": "train",
+    "fine-tuning": "tune",
+    "inference": "infer",
+    "evaluation": "eval",
+}
+# Simulated tasks run 20-90 s: long enough that the training pool fills and tasks queue.
+DEMO_ENV = {
+    "CRATER_LOG_LEVEL": "WARNING",
+    "CRATER_PROBE_TASK_SECONDS_MIN": "20",
+    "CRATER_PROBE_TASK_SECONDS_MAX": "90",
+}
+
+
 def run_demo(data_dir: Path, duration: float, rate: float, seed: int) -> None:
     if data_dir.exists():
         shutil.rmtree(data_dir)  # each demo starts from an empty cluster and database
@@ -150,7 +163,7 @@ def run_demo(data_dir: Path, duration: float, rate: float, seed: int) -> None:
     started = time.monotonic()
     try:
         with stack:
-            stack.start(extra_env={"CRATER_LOG_LEVEL": "WARNING"})
+            stack.start(extra_env=DEMO_ENV)
             _banner(stack, time.monotonic() - started)
             asyncio.run(_watch_and_drive(stack, duration, rate, seed))
     except KeyboardInterrupt:
@@ -177,7 +190,7 @@ async def _watch_and_drive(stack: Stack, duration: float, rate: float, seed: int
     await connection.subscribe("crater.v1.>", cb=watcher.on_message)
     broker = NatsBroker(stack.nats_url, log_level=10)
     await broker.start()
-    pools = await _fleet_pools(stack)
+    pools = await _fleet_pools(stack, watcher)
     tasks = [
         asyncio.create_task(_submit_tasks(stack, pools, rate, seed, watcher)),
         asyncio.create_task(_report_latencies(broker, seed)),
@@ -196,8 +209,8 @@ async def _watch_and_drive(stack: Stack, duration: float, rate: float, seed: int
         watcher.summary()
 
 
-async def _fleet_pools(stack: Stack, timeout: float = 30.0) -> set[str]:
-    """Wait until the scheduler knows the simulated fleet; return its pools."""
+async def _fleet_pools(stack: Stack, watcher: Watcher, timeout: float = 30.0) -> set[str]:
+    """Wait until the scheduler knows the simulated fleet; show it; return its pools."""
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient(base_url=stack.url("gateway"), timeout=5) as client:
         while time.monotonic() < deadline:
@@ -205,6 +218,12 @@ async def _fleet_pools(stack: Stack, timeout: float = 30.0) -> set[str]:
             if response.status_code == 200 and (nodes := response.json()["nodes"]):
                 await asyncio.sleep(1.0)  # let the rest of the fleet arrive
                 nodes = (await client.get("/api/v1/nodes")).json()["nodes"]
+                kinds = Counter(
+                    f"{n['gpus_total']}x {n['gpu_model']}" if n["gpu_model"] else "CPU only"
+                    for n in nodes
+                )
+                described = ", ".join(f"{count} [{kind}]" for kind, count in sorted(kinds.items()))
+                watcher.line("bold", "▣", f"the scheduler knows {len(nodes)} nodes: {described}")
                 return {n["pool"] for n in nodes}
             await asyncio.sleep(0.5)
     raise TimeoutError("the scheduler saw no nodes: is the probe running?")
@@ -219,7 +238,7 @@ async def _submit_tasks(
         for n in range(1, 1_000_000):
             _, role, template = rng.choices(WORKLOAD, weights)[0]
             body = json.loads(json.dumps(template))
-            body["task_id"] = f"{template['task_type'][:5]}-{n:04d}"
+            body["task_id"] = f"{SHORT_NAMES[template['task_type']]}-{n:04d}"
             body["pool"] = role if role in pools else "default"
             body["tenant"] = rng.choice(["search", "ads", "research"])
             response = await client.post("/api/v1/schedule", json=body)
@@ -252,8 +271,6 @@ class Watcher:
     def __init__(self) -> None:
         self.started = time.monotonic()
         self.counts: Counter[str] = Counter()
-        self.fleet: Counter[str] = Counter()
-        self.fleet_reported: asyncio.TimerHandle | None = None
         self.requests: dict[str, TaskSubmitted] = {}
 
     def line(self, style: str, icon: str, text: str) -> None:
@@ -269,7 +286,8 @@ class Watcher:
             ),
             None,
         )
-        if channel is None or channel in (Subjects.NODE_METRICS, Subjects.NODE_HEALTH):
+        quiet = (Subjects.NODE_METRICS, Subjects.NODE_HEALTH, Subjects.NODE_TOPOLOGY)
+        if channel is None or channel in quiet:
             return
         try:
             event = channel.event.model_validate_json(msg.data)
@@ -279,15 +297,7 @@ class Watcher:
         self.show(event)
 
     def show(self, event: Event) -> None:
-        if isinstance(event, NodeTopologyReported):
-            gpus = event.node.gpus
-            kind = f"{len(gpus)}x {gpus[0].model}" if gpus else "CPU only"
-            self.fleet[f"{kind} ({event.node.pool})"] += 1
-            loop = asyncio.get_running_loop()
-            if self.fleet_reported is not None:
-                self.fleet_reported.cancel()
-            self.fleet_reported = loop.call_later(0.5, self._show_fleet)
-        elif isinstance(event, TaskSubmitted):
+        if isinstance(event, TaskSubmitted):
             self.requests[event.task_id] = event
             gpu = event.resource_requirements.gpu
             need = f"{gpu.count}x GPU {gpu.memory_mb // 1024} GiB" if gpu.count else "CPU only"
@@ -341,11 +351,6 @@ class Watcher:
         elif isinstance(event, MessageRejected):
             why = "; ".join(f"{e.field}: {e.reason}" for e in event.errors)
             self.line("red", "!", f"{event.consumer} refused a message on {event.subject}: {why}")
-
-    def _show_fleet(self) -> None:
-        total = sum(self.fleet.values())
-        kinds = ", ".join(f"{n}x [{k}]" for k, n in sorted(self.fleet.items()))
-        self.line("bold", "▣", f"fleet of {total} nodes reported: {kinds}")
 
     def summary(self) -> None:
         console.rule("summary")

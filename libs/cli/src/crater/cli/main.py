@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,8 @@ import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from crater.contracts import NodesAnswer, TasksAnswer
 
 app = typer.Typer(help="Crater: an event-driven scheduler for heterogeneous AI compute.")
 console = Console()
@@ -39,7 +40,7 @@ def up(
     data_dir: Annotated[Path, typer.Option(help="Where the demo keeps its state.")] = Path(
         "var/demo"
     ),
-    rate: Annotated[float, typer.Option(help="Tasks submitted per second.")] = 0.7,
+    rate: Annotated[float, typer.Option(help="Tasks submitted per second.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 7,
 ) -> None:
     """Crater on embedded defaults: nats-server, SQLite, every service, a simulated fleet,
@@ -80,22 +81,22 @@ def list_nodes(
     gateway: GatewayOption = DEFAULT_GATEWAY,
 ) -> None:
     """Every node the scheduler knows, with what is free on it."""
-    params = {"pool": pool} if pool else {}
-    nodes = _get(f"{gateway}/api/v1/nodes", params)["nodes"]
+    params: dict[str, str | int] = {"pool": pool} if pool else {}
+    answer = NodesAnswer.model_validate_json(_get(f"{gateway}/api/v1/nodes", params))
     if as_json:
-        console.print_json(json.dumps(nodes))
+        console.print_json(answer.model_dump_json())
         return
     table = Table("node", "pool", "condition", "GPU", "GPUs free", "CPU free", "memory free GiB")
-    for n in nodes:
-        gpu = f"{n['gpu_model']} {n['gpu_memory_mb'] // 1024} GiB" if n["gpu_model"] else "-"
+    for n in answer.nodes:
+        gpu = f"{n.gpu_model} {n.gpu_memory_mb // 1024} GiB" if n.gpu_model else "-"
         table.add_row(
-            n["node_id"],
-            n["pool"],
-            n["condition"],
+            n.node_id,
+            n.pool,
+            n.condition.value,
             gpu,
-            f"{n['gpus_free']}/{n['gpus_total']}",
-            f"{n['cpu_cores_free']}/{n['cpu_cores_total']}",
-            f"{n['memory_mb_free'] // 1024}/{n['memory_mb_total'] // 1024}",
+            f"{n.gpus_free}/{n.gpus_total}",
+            f"{n.cpu_cores_free}/{n.cpu_cores_total}",
+            f"{n.memory_mb_free // 1024}/{n.memory_mb_total // 1024}",
         )
     console.print(table)
 
@@ -111,21 +112,21 @@ def tasks(
     params: dict[str, str | int] = {"limit": limit}
     if status:
         params["status"] = status
-    found = _get(f"{gateway}/api/v1/tasks", params)["tasks"]
+    answer = TasksAnswer.model_validate_json(_get(f"{gateway}/api/v1/tasks", params))
     if as_json:
-        console.print_json(json.dumps(found))
+        console.print_json(answer.model_dump_json())
         return
     table = Table("task", "type", "status", "pool", "GPUs", "node", "GPU ids", "why")
-    for t in found:
+    for t in answer.tasks:
         table.add_row(
-            t["task_id"],
-            t["task_type"],
-            t["status"],
-            t["pool"],
-            str(t["gpus"]),
-            t["node"] or "-",
-            ",".join(map(str, t["gpu_ids"])) or "-",
-            (t["reason"] or "")[:80],
+            t.task_id,
+            t.task_type.value,
+            t.status.value,
+            t.pool,
+            str(t.gpus),
+            t.node or "-",
+            ",".join(map(str, t.gpu_ids)) or "-",
+            (t.reason or "")[:80],
         )
     console.print(table)
 
@@ -182,7 +183,7 @@ def docs(
     console.print(f"wrote {len(written)} files under {out}/")
 
 
-def _get(url: str, params: dict[str, str | int]) -> dict[str, list[dict[str, object]]]:
+def _get(url: str, params: dict[str, str | int]) -> bytes:
     try:
         response = httpx.get(url, params=params, timeout=10)
     except httpx.ConnectError:
@@ -191,8 +192,7 @@ def _get(url: str, params: dict[str, str | int]) -> dict[str, list[dict[str, obj
     if response.status_code >= 400:
         console.print(f"[red]{response.status_code}[/red] {response.text}")
         raise typer.Exit(1)
-    result: dict[str, list[dict[str, object]]] = response.json()
-    return result
+    return response.content
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ class Process:
     port: int
     popen: subprocess.Popen[bytes]
     log_path: Path
+    args: list[str]
 
     @property
     def url(self) -> str:
@@ -71,6 +72,7 @@ class Stack:
             "CRATER_TRACE_FILE": str(self.data_dir / "traces.jsonl"),
             "CRATER_MIGRATE_ON_START": "false",
             "CRATER_LOG_LEVEL": "INFO",
+            "CRATER_PROBE_MODE": "fleet",  # a simulated fleet, and it runs what is placed
             **(extra_env or {}),
         }
         migrate(self.database_url)
@@ -113,7 +115,7 @@ class Stack:
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches us, and we stop them in order
             )
-        self.processes[name] = Process(name, port, popen, log_path)
+        self.processes[name] = Process(name, port, popen, log_path, args)
 
     def kill(self, name: str) -> None:
         """Kill a service without warning (tests of crash recovery)."""
@@ -125,8 +127,7 @@ class Stack:
         process = self.processes.pop(name)
         if process.popen.poll() is None:
             stop_process(process)
-        args = ["run", name] if name != "receiver" else list(map(str, process.popen.args))[3:]
-        self._spawn(name, process.port, args)
+        self._spawn(name, process.port, process.args)
         wait_healthy(self.processes[name])
 
     def stop(self) -> None:
@@ -156,8 +157,8 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 def migrate(database_url: str) -> None:
     """Every service's Alembic history, in one database."""
-    from crater.callback.app import MIGRATIONS as CALLBACK_MIGRATIONS
-    from crater.scheduler.app import MIGRATIONS as SCHEDULER_MIGRATIONS
+    from crater.callback.app import MIGRATIONS_DIR as CALLBACK_MIGRATIONS
+    from crater.scheduler.app import MIGRATIONS_DIR as SCHEDULER_MIGRATIONS
 
     for migrations in (SCHEDULER_MIGRATIONS, CALLBACK_MIGRATIONS):
         upgrade_to_head(database_url, migrations)
@@ -181,7 +182,7 @@ def wait_healthy(process: Process, timeout: float = 60.0) -> None:
             tail = process.log_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n{tail}")
         try:
-            if httpx.get(f"{process.url}/healthz", timeout=1.0).status_code == 200:
+            if httpx.get(f"{process.url}/healthz", timeout=1.0).is_success:
                 return
         except httpx.HTTPError:
             pass

@@ -29,7 +29,7 @@ from crater.scheduler.adapters.orm import outbox
 from crater.scheduler.domain.core import SchedulerConfig
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
 
-MIGRATIONS = Path(__file__).parent / "adapters" / "migrations"
+MIGRATIONS_DIR = Path(__file__).parent / "adapters" / "migrations"
 
 
 class SchedulerSettings(ServiceSettings):
@@ -88,7 +88,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
 
     async def prepare() -> None:
         if settings.migrate_on_start:
-            await upgrade_to_head_async(settings.database_url, MIGRATIONS)
+            await upgrade_to_head_async(settings.database_url, MIGRATIONS_DIR)
         await core.load()
 
     async def start_relay() -> None:

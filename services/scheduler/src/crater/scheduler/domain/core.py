@@ -159,23 +159,35 @@ class Scheduler:
                 )
             ]
         demand = Demand.of(request, event.prediction)
-        if len(self.cluster):
-            fits_ever, reasons = self.diagnose(demand, free=False)
-            if not fits_ever.any():
-                errors = [
-                    FieldError(
-                        field=FILTER_FIELDS.get(r.filter, r.filter),
-                        reason=f"no node can ever fit: {r.nodes} nodes {r.message}",
-                    )
-                    for r in reasons
-                ]
-                return [self._reject(event, request.task_id, errors)]
+        errors = self._never_fits(demand)
+        if errors:
+            return [self._reject(event, request.task_id, errors)]
         task = PendingTask(request, event.prediction, demand, seq)
         granted = self._try_place(task, event)
         if granted is not None:
             return [granted]
         self.pending[request.task_id] = task
         return [self._pending_event(task, event)]
+
+    def _never_fits(self, demand: Demand) -> list[FieldError]:
+        """Why no node of the task's pool could hold it even empty; [] when one could (or
+        when there are no nodes yet: they may still come)."""
+        if not len(self.cluster):
+            return []
+        in_pool = self.cluster.pool == demand.pool
+        if not in_pool.any():
+            pools = ", ".join(sorted(set(self.cluster.pool.tolist())))
+            return [FieldError(field="pool", reason=f"no node in pool {demand.pool!r} ({pools})")]
+        fits, reasons = self.diagnose(demand, free=False, among=in_pool)
+        if fits.any():
+            return []
+        return [
+            FieldError(
+                field=FILTER_FIELDS.get(r.filter, r.filter),
+                reason=f"no node in pool {demand.pool!r} can ever fit: {r.nodes} {r.message}",
+            )
+            for r in reasons
+        ]
 
     def _on_status(self, event: TaskStatusReported) -> list[Event]:
         allocation = self.allocations.get(event.task_id)
@@ -239,9 +251,11 @@ class Scheduler:
 
     # -- placement ---------------------------------------------------------------------------
 
-    def diagnose(self, demand: Demand, free: bool = True) -> tuple[BoolArray, list[FilterReason]]:
+    def diagnose(
+        self, demand: Demand, free: bool = True, among: BoolArray | None = None
+    ) -> tuple[BoolArray, list[FilterReason]]:
         """Run the filters; each node is charged to the first filter that excludes it."""
-        alive = np.ones(len(self.cluster), np.bool_)
+        alive = np.ones(len(self.cluster), np.bool_) if among is None else among.copy()
         reasons: list[FilterReason] = []
         for f in self.config.pipeline.filters:
             passes = f.passes(self.cluster, demand, free)
