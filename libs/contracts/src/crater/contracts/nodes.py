@@ -8,7 +8,8 @@ from pydantic import Field
 
 from crater.contracts.base import Contract, Event
 
-NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+# No dots: the node id is one token of a node-scoped subject (crater.v1.node.health.<id>).
+NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
 
 
 class Gpu(Contract):

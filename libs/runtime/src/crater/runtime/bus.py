@@ -12,7 +12,15 @@ import nats
 from faststream import AckPolicy
 from faststream._internal.middlewares import BaseMiddleware
 from faststream.message import StreamMessage
-from faststream.nats import JStream, NatsBroker, PullSub, RetentionPolicy, StorageType, StreamConfig
+from faststream.nats import (
+    DeliverPolicy,
+    JStream,
+    NatsBroker,
+    PullSub,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.prometheus import NatsPrometheusMiddleware
 from nats.js.errors import BadRequestError
@@ -214,6 +222,7 @@ def durable(
     *,
     batch: int = 64,
     name: str | None = None,
+    deliver_policy: DeliverPolicy | None = None,
 ) -> Callable[[Handler], Handler]:
     """A durable pull consumer for `channel`; the message is acked after the handler returns
     (so after its own commit) and redelivered if the handler raises."""
@@ -224,6 +233,7 @@ def durable(
         channel.wildcard,
         stream=JStream(channel.stream.name, declare=False),
         durable=durable_name,
+        deliver_policy=deliver_policy,
         pull_sub=PullSub(batch_size=batch, timeout=1.0),
         ack_policy=AckPolicy.NACK_ON_ERROR,
         title=f"{durable_name}:{channel.wildcard}",

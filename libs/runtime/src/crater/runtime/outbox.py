@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from crater.contracts import Event
 from crater.contracts.catalog import channel_for
 from crater.runtime.bus import encode, publish_raw, subject_of
+from crater.runtime.telemetry import current_trace_context
 
 log = logging.getLogger("crater.outbox")
 
@@ -67,6 +68,10 @@ async def stage(session: AsyncSession, outbox: Table, *events: Event) -> None:
     if not events:
         return
     now = datetime.now(UTC)
+    # The handler's span becomes the events' parent, so the relay continues the same trace.
+    context = current_trace_context()
+    if context is not None:
+        events = tuple(e if e.trace else e.model_copy(update={"trace": context}) for e in events)
     await session.execute(
         insert(outbox),
         [

@@ -191,6 +191,8 @@ class Scheduler:
 
     def _on_status(self, event: TaskStatusReported) -> list[Event]:
         allocation = self.allocations.get(event.task_id)
+        if allocation is not None and event.allocation_id not in (None, allocation.allocation_id):
+            return []  # news of an earlier allocation of the same task: not this one
         if allocation is None:
             if event.status is not TaskStatus.RUNNING:
                 self.pending.pop(event.task_id, None)  # cancelled before it was placed

@@ -1,0 +1,1 @@
+"""What the probe reads from the machine: /sys and /proc, NVML, psutil."""

@@ -1,0 +1,205 @@
+"""NVIDIA GPUs through NVML (pynvml, from nvidia-ml-py): what they are and how loaded.
+
+A machine without the driver or without cards is a normal case, not an error: discovery
+returns no GPUs and says why once. Every NVML call is made through `lib`, the pynvml module
+by default, so tests can hand in a fake driver.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from crater.contracts import Gpu, GpuMetrics
+from crater.probe.adapters.pci import pci_numa_node, sysfs_bus_id
+
+log = logging.getLogger("crater.probe.nvml")
+
+MIB = 1024 * 1024
+MAX_NVLINKS = 36  # NVML_NVLINK_MAX_LINKS in current drivers (18 on Hopper, 12 on Ampere)
+FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED
+DEVICE_TYPE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
+
+# NVML reports failures as NVMLError subclasses, and the ctypes layer underneath as OSError;
+# at this boundary either means "this fact is not available", never "stop the probe".
+NvmlFailure = Exception
+
+
+def _pynvml() -> Any:
+    import pynvml
+
+    return pynvml
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _bus_id(pci_info: Any) -> str:
+    return _text(pci_info.busId)
+
+
+def _start(lib: Any | None) -> Any | None:
+    """NVML initialised, or None with the reason logged once."""
+    try:
+        lib = lib if lib is not None else _pynvml()
+        lib.nvmlInit()
+    except NvmlFailure as error:  # ImportError included: no nvidia-ml-py at all
+        log.info("no NVIDIA GPU found (NVML: %s)", error or type(error).__name__)
+        return None
+    return lib
+
+
+def _stop(lib: Any) -> None:
+    try:
+        lib.nvmlShutdown()
+    except NvmlFailure as error:
+        log.debug("nvmlShutdown failed: %s", error)
+
+
+def _nvlinks(lib: Any, handle: Any, gpu_by_bus: dict[str, int]) -> tuple[set[int], bool]:
+    """GPUs this one reaches over NVLink directly, and whether it is on an NVSwitch fabric."""
+    peers: set[int] = set()
+    on_switch = False
+    for link in range(MAX_NVLINKS):
+        try:
+            if lib.nvmlDeviceGetNvLinkState(handle, link) != FEATURE_ENABLED:
+                continue
+            remote = sysfs_bus_id(_bus_id(lib.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)))
+        except NvmlFailure:
+            continue  # no such link, or no NVLink on this card at all
+        if remote in gpu_by_bus:
+            peers.add(gpu_by_bus[remote])
+            continue
+        try:
+            kind = lib.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+        except NvmlFailure:
+            kind = DEVICE_TYPE_SWITCH  # old drivers: a non-GPU NVLink end is an NVSwitch
+        on_switch = on_switch or kind == DEVICE_TYPE_SWITCH
+    return peers, on_switch
+
+
+def _mig_capable(lib: Any, handle: Any) -> bool:
+    try:
+        lib.nvmlDeviceGetMigMode(handle)
+    except NvmlFailure:
+        return False  # NotSupported: the card has no MIG
+    return True
+
+
+def _list_gpus(lib: Any, root: Path) -> list[Gpu]:
+    count = int(lib.nvmlDeviceGetCount())
+    if count == 0:
+        log.info("no NVIDIA GPU found (NVML: driver loaded, 0 devices)")
+        return []
+    handles = [lib.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    bus_ids = [_bus_id(lib.nvmlDeviceGetPciInfo(h)) for h in handles]
+    gpu_by_bus = {sysfs_bus_id(bus): i for i, bus in enumerate(bus_ids)}
+    links = [_nvlinks(lib, h, gpu_by_bus) for h in handles]
+    # Behind NVSwitches (DGX/HGX) every card reaches every other card on the fabric.
+    fabric = {i for i, (_, on_switch) in enumerate(links) if on_switch}
+    gpus = []
+    for index, handle in enumerate(handles):
+        peers, on_switch = links[index]
+        if on_switch:
+            peers = peers | (fabric - {index})
+        peers.discard(index)
+        gpus.append(
+            Gpu(
+                index=index,
+                uuid=_text(lib.nvmlDeviceGetUUID(handle)),
+                model=_text(lib.nvmlDeviceGetName(handle)),
+                vendor="nvidia",
+                memory_mb=int(lib.nvmlDeviceGetMemoryInfo(handle).total) // MIB,
+                pci_bus_id=bus_ids[index],
+                # The PCIe root's node, which is what a task's CPUs should share; NVML's own
+                # nvmlDeviceGetNumaNodeId names GPU memory's node on coherent (Grace) systems.
+                numa_node=pci_numa_node(root, bus_ids[index]),
+                nvlink_peers=sorted(peers),
+                mig_capable=_mig_capable(lib, handle),
+            )
+        )
+    return gpus
+
+
+def discover_gpus(lib: Any | None = None, root: Path = Path("/")) -> list[Gpu]:
+    """Every NVIDIA GPU, or [] (logged: "no NVIDIA GPU found (NVML: <reason>)")."""
+    nvml = _start(lib)
+    if nvml is None:
+        return []
+    try:
+        return _list_gpus(nvml, root)
+    except NvmlFailure as error:
+        log.warning("no NVIDIA GPU found (NVML: listing devices failed: %s)", error)
+        return []
+    finally:
+        _stop(nvml)
+
+
+def _optional(read: Callable[..., Any], *args: Any) -> float | None:
+    try:
+        return float(read(*args))
+    except NvmlFailure:
+        return None  # not every card has this sensor
+
+
+def _watts(milliwatts: float | None) -> float | None:
+    return None if milliwatts is None else milliwatts / 1000.0
+
+
+class GpuSampler:
+    """Reads GPU load through one NVML session held for the life of the probe."""
+
+    def __init__(self, lib: Any | None = None) -> None:
+        self._lib = lib
+        self._nvml: Any | None = None
+        self._handles: list[tuple[int, Any]] = []
+
+    def open(self) -> bool:
+        """True when there are GPUs to sample."""
+        self._nvml = _start(self._lib)
+        if self._nvml is None:
+            return False
+        try:
+            count = int(self._nvml.nvmlDeviceGetCount())
+            self._handles = [(i, self._nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+        except NvmlFailure as error:
+            log.warning("NVML could not list devices: %s", error)
+            self.close()
+            return False
+        return bool(self._handles)
+
+    def sample(self) -> list[GpuMetrics]:
+        """One reading per GPU that answers; a card that does not (fallen off the bus) is left
+        out, which the gpus-visible health check turns into NotReady."""
+        nvml = self._nvml
+        if nvml is None:
+            return []
+        readings = []
+        for index, handle in self._handles:
+            try:
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                utilization = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except NvmlFailure as error:
+                log.warning("GPU %d not answering NVML: %s", index, error)
+                continue
+            readings.append(
+                GpuMetrics(
+                    index=index,
+                    utilization_percent=min(max(utilization, 0.0), 100.0),
+                    memory_used_mb=int(memory.used) // MIB,
+                    memory_total_mb=int(memory.total) // MIB,
+                    temperature_c=_optional(nvml.nvmlDeviceGetTemperature, handle, TEMPERATURE_GPU),
+                    power_w=_watts(_optional(nvml.nvmlDeviceGetPowerUsage, handle)),
+                )
+            )
+        return readings
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            _stop(self._nvml)
+        self._nvml = None
+        self._handles = []

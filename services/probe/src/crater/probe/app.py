@@ -1,0 +1,527 @@
+"""Probe wiring: publish the topology, metrics and health of this machine (local mode) or of
+a simulated fleet (fleet mode), and in fleet mode run the tasks placed on simulated nodes.
+
+Topology goes out on start and again every `topology_interval_seconds` (the stream keeps the
+latest per node); metrics and health go out on their own intervals from background tasks
+started after the broker and cancelled before it stops. Big fleets publish in concurrent
+chunks: one awaited JetStream ack at a time would cap a round at a few hundred nodes a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from faststream.asgi import AsgiFastStream
+from faststream.nats import NatsBroker
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pydantic import Field, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource
+
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Event,
+    NodeCondition,
+    NodeHealthReported,
+    NodeMetricsReported,
+    NodeTopology,
+    NodeTopologyReported,
+    Subjects,
+    TaskPreempted,
+)
+from crater.contracts.nodes import NODE_ID_PATTERN
+from crater.probe.adapters.host import HostSampler
+from crater.probe.adapters.nvml import GpuSampler
+from crater.probe.adapters.sysfs import discover_local
+from crater.probe.domain.health import evaluate
+from crater.probe.domain.simulation import FleetSimulator
+from crater.probe.fleet import open_fleet
+from crater.probe.runner import TaskRunner
+from crater.runtime.bus import durable, publish
+from crater.runtime.service import Service, create_service, serve
+from crater.runtime.settings import ServiceSettings
+
+log = logging.getLogger("crater.probe")
+
+ENV_PREFIX = "CRATER_PROBE_"
+
+
+class _OnlyFields(PydanticBaseSettingsSource):
+    """Another source's values for some fields only."""
+
+    def __init__(
+        self,
+        settings_cls: type[BaseSettings],
+        source: PydanticBaseSettingsSource,
+        fields: frozenset[str],
+        keep: bool,
+    ) -> None:
+        super().__init__(settings_cls)
+        self.source, self.fields, self.keep = source, fields, keep
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.source.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.source().items() if (k in self.fields) == self.keep}
+
+
+class ProbeSettings(ServiceSettings):
+    """The shared CRATER_* settings, and the probe's own, read from CRATER_PROBE_<FIELD>
+    only (so CRATER_SEED or CRATER_MODE meant for another service never reaches the probe)."""
+
+    mode: Literal["local", "fleet"] = Field(
+        default="local",
+        description="local: this machine; fleet: a simulated fleet and its task runner.",
+    )
+    fleet_file: Path | None = Field(
+        default=None, description="Fleet YAML for fleet mode; unset: the 36-node demo fleet."
+    )
+    seed: int | None = Field(default=None, description="Simulation seed; unset: the file's.")
+    node_id: str | None = Field(
+        default=None,
+        pattern=NODE_ID_PATTERN,
+        description="Local mode: this node's id; unset: the short host name.",
+    )
+    pool: str = Field(default="default", description="Local mode: the pool this node serves.")
+    host_root: Path = Field(
+        default=Path("/"), description="Local mode: where the host's /sys and /proc are."
+    )
+    metrics_interval_seconds: float = Field(
+        default=5.0, gt=0, description="Seconds between metrics reports."
+    )
+    health_interval_seconds: float = Field(
+        default=5.0, gt=0, description="Seconds between health reports (the heartbeat)."
+    )
+    topology_interval_seconds: float = Field(
+        default=300.0, gt=0, description="Seconds between topology re-publications."
+    )
+    task_seconds_min: float = Field(
+        default=8.0, ge=0, description="Fleet mode: shortest simulated task run."
+    )
+    task_seconds_max: float = Field(
+        default=30.0, ge=0, description="Fleet mode: longest simulated task run."
+    )
+    task_start_seconds: float = Field(
+        default=1.0, ge=0, description="Fleet mode: most seconds from grant to running."
+    )
+    task_failure_rate: float = Field(
+        default=0.0, ge=0, le=1, description="Fleet mode: share of simulated tasks that fail."
+    )
+    publish_chunk: int = Field(
+        default=256, ge=1, le=10_000, description="Events published concurrently per chunk."
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        own = frozenset(cls.model_fields) - frozenset(ServiceSettings.model_fields)
+        probe_env = EnvSettingsSource(settings_cls, env_prefix=ENV_PREFIX)
+        return (
+            init_settings,
+            _OnlyFields(settings_cls, probe_env, own, keep=True),
+            _OnlyFields(settings_cls, env_settings, own, keep=False),
+            dotenv_settings,
+            file_secret_settings,
+        )
+
+    @model_validator(mode="after")
+    def _task_seconds_ordered(self) -> ProbeSettings:
+        if self.task_seconds_min > self.task_seconds_max:
+            raise ValueError("task_seconds_min exceeds task_seconds_max")
+        return self
+
+
+def chunked(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class Nodes(Protocol):
+    """What the probe reports on: this machine, or a simulated fleet."""
+
+    async def open(self) -> None: ...
+
+    async def topologies(self) -> list[NodeTopology]: ...
+
+    def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]: ...
+
+    def health(self, chunk: int) -> Iterator[list[NodeHealthReported]]: ...
+
+    async def close(self) -> None: ...
+
+
+class LocalNode:
+    """This machine: /sys and /proc, NVML and psutil. Blocking reads run in a thread."""
+
+    def __init__(self, settings: ProbeSettings) -> None:
+        self.settings = settings
+        self.topology: NodeTopology | None = None
+        self.last: NodeMetricsReported | None = None
+        self._host: HostSampler | None = None
+        self._gpus = GpuSampler()
+
+    def _discover(self) -> NodeTopology:
+        return discover_local(
+            self.settings.host_root, node_id=self.settings.node_id, pool=self.settings.pool
+        )
+
+    async def open(self) -> None:
+        self.topology = await asyncio.to_thread(self._discover)
+        self._host = HostSampler()
+        if self.topology.gpus:
+            await asyncio.to_thread(self._gpus.open)
+        log.info(
+            "local node %s: %d GPUs, %d NUMA nodes, %d threads, %d MiB, %d disks",
+            self.topology.node_id,
+            len(self.topology.gpus),
+            len(self.topology.numa_nodes),
+            self.topology.cpu.threads,
+            self.topology.memory_mb,
+            len(self.topology.disks),
+        )
+
+    async def topologies(self) -> list[NodeTopology]:
+        # Re-discovered each time: a card that fell off the bus changes the fingerprint.
+        self.topology = await asyncio.to_thread(self._discover)
+        return [self.topology]
+
+    def _sample(self) -> NodeMetricsReported:
+        assert self.topology is not None
+        assert self._host is not None
+        cpu, used, total = self._host.sample()
+        return NodeMetricsReported(
+            node_id=self.topology.node_id,
+            cpu_utilization_percent=cpu,
+            memory_used_mb=used,
+            memory_total_mb=total,
+            gpus=self._gpus.sample(),
+        )
+
+    async def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]:
+        self.last = await asyncio.to_thread(self._sample)
+        yield [self.last]
+
+    def health(self, chunk: int) -> Iterator[list[NodeHealthReported]]:
+        assert self.topology is not None
+        yield [evaluate(self.topology, self.last).report()]
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._gpus.close)
+
+
+class FleetNodes:
+    """Every node of a simulated fleet."""
+
+    def __init__(self, simulator: FleetSimulator) -> None:
+        self.simulator = simulator
+
+    async def open(self) -> None:
+        _, total = self.simulator.gpu_counts()
+        log.info("simulating %d nodes with %d GPUs", len(self.simulator), total)
+
+    async def topologies(self) -> list[NodeTopology]:
+        return self.simulator.topologies
+
+    async def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]:
+        for ids in chunked(self.simulator.node_ids, chunk):
+            yield [self.simulator.step_node(node_id) for node_id in ids]
+
+    def health(self, chunk: int) -> Iterator[list[NodeHealthReported]]:
+        sim = self.simulator
+        for ids in chunked(sim.node_ids, chunk):
+            yield [evaluate(sim.topology(n), sim.last_metrics(n)).report() for n in ids]
+
+    async def close(self) -> None:
+        pass
+
+
+class ProbeMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.nodes = Gauge("crater_probe_nodes", "Nodes this probe reports.", registry=registry)
+        self.published = Counter(
+            "crater_probe_events_published",
+            "Events published, by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.failures = Counter(
+            "crater_probe_publish_failures",
+            "Events that could not be published, by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.round_seconds = Histogram(
+            "crater_probe_round_seconds",
+            "Time to publish one round for every node, by kind.",
+            ["kind"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+        self.conditions = Gauge(
+            "crater_probe_node_condition",
+            "Nodes by last reported condition.",
+            ["condition"],
+            registry=registry,
+        )
+        self.gpus = Gauge(
+            "crater_probe_gpus",
+            "GPUs in the last metrics round: busy (utilization >= 50%) or idle.",
+            ["state"],
+            registry=registry,
+        )
+        self.gpu_utilization = Gauge(
+            "crater_probe_gpu_utilization_percent",
+            "Local GPU utilization.",
+            ["gpu"],
+            registry=registry,
+        )
+        self.gpu_memory_usage = Gauge(
+            "crater_probe_gpu_memory_usage_rate",
+            "Local GPU memory used / total.",
+            ["gpu"],
+            registry=registry,
+        )
+        self.gpu_temperature = Gauge(
+            "crater_probe_gpu_temperature_celsius",
+            "Local GPU temperature.",
+            ["gpu"],
+            registry=registry,
+        )
+        self.tasks = Gauge(
+            "crater_probe_simulated_tasks", "Simulated tasks running.", registry=registry
+        )
+        self.grants = Counter(
+            "crater_probe_grants",
+            "Allocation grants seen, by what the runner did.",
+            ["outcome"],
+            registry=registry,
+        )
+
+
+class Publisher:
+    """Publishes a round of events in concurrent chunks, counting what got through."""
+
+    def __init__(self, broker: NatsBroker, metrics: ProbeMetrics) -> None:
+        self.broker = broker
+        self.metrics = metrics
+
+    async def chunk(self, kind: str, events: Sequence[Event]) -> int:
+        """Publish one chunk concurrently; returns how many failed (logged once per chunk)."""
+        results = await asyncio.gather(
+            *(publish(self.broker, e) for e in events), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        self.metrics.published.labels(kind=kind).inc(len(events) - len(errors))
+        if errors:
+            self.metrics.failures.labels(kind=kind).inc(len(errors))
+            log.warning(
+                "%d of %d %s events not published: %r", len(errors), len(events), kind, errors[0]
+            )
+        return len(errors)
+
+
+async def _every(
+    seconds: float, job: Callable[[], Awaitable[bool]], what: str, retry_seconds: float = 5.0
+) -> None:
+    """Run `job` every `seconds` (start to start); a failed round is retried sooner."""
+    while True:
+        started = time.monotonic()
+        try:
+            ok = await job()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s round failed", what)
+            ok = False
+        wait = seconds if ok else min(seconds, retry_seconds)
+        await asyncio.sleep(max(0.0, wait - (time.monotonic() - started)))
+
+
+def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStream]:
+    settings = settings or ProbeSettings()
+    service = create_service("probe", settings)
+    metrics = ProbeMetrics(service.registry)
+    publisher = Publisher(service.broker, metrics)
+    chunk = settings.publish_chunk
+
+    nodes: Nodes
+    runner: TaskRunner | None = None
+    if settings.mode == "fleet":
+        # Loaded now, not on start: the runner's durable consumers are named after the fleet.
+        fleet = open_fleet(settings.fleet_file, settings.seed)
+        simulator = FleetSimulator(fleet.nodes, fleet.seed)
+        nodes = FleetNodes(simulator)
+        runner = TaskRunner(
+            simulator,
+            lambda event: publish(service.broker, event),
+            seed=fleet.seed,
+            seconds_min=settings.task_seconds_min,
+            seconds_max=settings.task_seconds_max,
+            start_max_seconds=settings.task_start_seconds,
+            failure_rate=settings.task_failure_rate,
+        )
+        _subscribe_runner(service, runner, metrics, f"fleet-{fleet.name}")
+    else:
+        nodes = LocalNode(settings)
+
+    async def publish_topologies() -> bool:
+        with metrics.round_seconds.labels(kind="topology").time():
+            topologies = await nodes.topologies()
+            metrics.nodes.set(len(topologies))
+            failed = 0
+            for start in range(0, len(topologies), chunk):
+                failed += await publisher.chunk(
+                    "topology",
+                    [NodeTopologyReported(node=t) for t in topologies[start : start + chunk]],
+                )
+        return failed == 0
+
+    async def publish_metrics() -> bool:
+        failed = 0
+        busy = total = 0
+        with metrics.round_seconds.labels(kind="metrics").time():
+            async for batch in nodes.metrics(chunk):
+                failed += await publisher.chunk("metrics", batch)
+                for report in batch:
+                    total += len(report.gpus)
+                    busy += sum(g.utilization_percent >= 50 for g in report.gpus)
+                    if settings.mode == "local":  # per-card series only for one node
+                        _local_gpu_gauges(metrics, report)
+        metrics.gpus.labels(state="busy").set(busy)
+        metrics.gpus.labels(state="idle").set(total - busy)
+        if runner is not None:
+            metrics.tasks.set(runner.running)
+        return failed == 0
+
+    async def publish_health() -> bool:
+        failed = 0
+        counts = dict.fromkeys(NodeCondition, 0)
+        with metrics.round_seconds.labels(kind="health").time():
+            for batch in nodes.health(chunk):
+                failed += await publisher.chunk("health", batch)
+                for report in batch:
+                    counts[report.condition] += 1
+        for condition, count in counts.items():
+            metrics.conditions.labels(condition=condition.value).set(count)
+        return failed == 0
+
+    background: list[asyncio.Task[None]] = []
+
+    async def open_nodes() -> None:
+        await nodes.open()
+
+    async def start_reporting() -> None:
+        # Topology first, so no consumer sees metrics for a node it has never heard of.
+        topology_ok = await publish_topologies()
+        await publish_metrics()
+        await publish_health()
+
+        async def topology_loop() -> None:
+            # The first round is done; a failed one is retried soon, not a whole interval on.
+            await asyncio.sleep(settings.topology_interval_seconds if topology_ok else 5.0)
+            await _every(settings.topology_interval_seconds, publish_topologies, "topology")
+
+        async def metrics_loop() -> None:
+            await asyncio.sleep(settings.metrics_interval_seconds)
+            await _every(settings.metrics_interval_seconds, publish_metrics, "metrics")
+
+        async def health_loop() -> None:
+            await asyncio.sleep(settings.health_interval_seconds)
+            await _every(settings.health_interval_seconds, publish_health, "health")
+
+        for loop in (topology_loop, metrics_loop, health_loop):
+            background.append(asyncio.create_task(loop(), name=f"probe-{loop.__name__}"))
+
+    async def stop_reporting() -> None:
+        for task in background:
+            task.cancel()
+        for task in background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        background.clear()
+        if runner is not None:
+            await runner.close()
+        await nodes.close()
+
+    service.on_startup.append(open_nodes)
+    service.after_startup.append(start_reporting)
+    service.on_shutdown.append(stop_reporting)
+    return service, service.asgi()
+
+
+def _local_gpu_gauges(metrics: ProbeMetrics, report: NodeMetricsReported) -> None:
+    for gpu in report.gpus:
+        label = str(gpu.index)
+        metrics.gpu_utilization.labels(gpu=label).set(gpu.utilization_percent)
+        metrics.gpu_memory_usage.labels(gpu=label).set(gpu.memory_pressure)
+        if gpu.temperature_c is not None:
+            metrics.gpu_temperature.labels(gpu=label).set(gpu.temperature_c)
+
+
+def _subscribe_runner(
+    service: Service, runner: TaskRunner, metrics: ProbeMetrics, consumer: str
+) -> None:
+    """Durable consumers for the runner, named per fleet: two fleets each see every grant,
+    two replicas of one fleet share the work."""
+    batch = service.settings.consumer_batch
+
+    @durable(
+        service.broker,
+        Subjects.ALLOCATION_GRANTED,
+        service.name,
+        batch=batch,
+        name=f"{consumer}-allocation-granted",
+    )
+    async def on_allocation_granted(event: AllocationGranted) -> None:
+        metrics.grants.labels(outcome=runner.granted(event).value).inc()
+        metrics.tasks.set(runner.running)
+
+    @durable(
+        service.broker,
+        Subjects.ALLOCATION_RELEASED,
+        service.name,
+        batch=batch,
+        name=f"{consumer}-allocation-released",
+    )
+    async def on_allocation_released(event: AllocationReleased) -> None:
+        runner.released(event)
+        metrics.tasks.set(runner.running)
+
+    @durable(
+        service.broker,
+        Subjects.TASK_PREEMPTED,
+        service.name,
+        batch=batch,
+        name=f"{consumer}-task-preempted",
+    )
+    async def on_task_preempted(event: TaskPreempted) -> None:
+        runner.preempted(event)
+        metrics.tasks.set(runner.running)
+
+
+def create_app() -> AsgiFastStream:
+    """For `faststream run --factory crater.probe.app:create_app`."""
+    return build()[1]
+
+
+def main() -> None:
+    service, app = build()
+    serve(app, service)
+
+
+if __name__ == "__main__":
+    main()

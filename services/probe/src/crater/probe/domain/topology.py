@@ -1,0 +1,141 @@
+"""A node's topology as the contracts describe it: labels, node id and fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode
+
+LABEL_ROLE = "crater.ai/node-role"
+LABEL_GPU_VENDOR = "crater.ai/gpu-vendor"
+LABEL_GPU_MODEL = "crater.ai/gpu-model"
+LABEL_GPU_MEMORY = "crater.ai/gpu-memory"
+LABEL_GPU_COUNT = "crater.ai/gpu-count"
+
+_NOT_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+_NOT_NODE_ID_CHARS = re.compile(r"[^a-z0-9_-]+")
+
+
+def node_id_from_hostname(hostname: str) -> str:
+    """The short host name, made a valid node id.
+
+    Dots are dropped with the domain because the node id is one NATS subject token
+    (`crater.v1.node.health.<node>`): a dot there would split it in two.
+    """
+    short = hostname.strip().split(".", 1)[0].lower()
+    cleaned = _NOT_NODE_ID_CHARS.sub("-", short).strip("-_")
+    return cleaned[:63].rstrip("-_") or "node"
+
+
+def label_value(text: str) -> str:
+    """A Kubernetes-style label value: at most 63 of [A-Za-z0-9._-], alphanumeric at both ends."""
+    cleaned = _NOT_LABEL_CHARS.sub("-", text.strip()).strip("-_.")
+    return cleaned[:63].rstrip("-_.")
+
+
+def gpu_model_label(model: str) -> str:
+    """`NVIDIA A100-SXM4-80GB` -> `A100-SXM4-80GB`: the vendor has its own label."""
+    name = model.strip()
+    if name.upper().startswith("NVIDIA "):
+        name = name[len("NVIDIA ") :]
+    return label_value(name)
+
+
+def node_labels(gpus: Sequence[Gpu], extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The compatibility labels. On a node with mixed cards the most common model names it and
+    the smallest card sets the memory, since a per-card memory filter must hold on every card."""
+    labels: dict[str, str] = {LABEL_ROLE: "gpu" if gpus else "cpu", LABEL_GPU_COUNT: str(len(gpus))}
+    if gpus:
+        labels[LABEL_GPU_VENDOR] = label_value(Counter(g.vendor for g in gpus).most_common(1)[0][0])
+        labels[LABEL_GPU_MODEL] = gpu_model_label(
+            Counter(g.model for g in gpus).most_common(1)[0][0]
+        )
+        labels[LABEL_GPU_MEMORY] = str(min(g.memory_mb for g in gpus))
+    if extra:
+        # Measured facts win over configured ones: an operator cannot relabel an A100 a 4090.
+        return {**dict(extra), **labels}
+    return labels
+
+
+def _hardware(
+    cpu: Cpu,
+    numa_nodes: Sequence[NumaNode],
+    memory_mb: int,
+    gpus: Sequence[Gpu],
+    disks: Sequence[Disk],
+) -> dict[str, Any]:
+    """The fields the fingerprint covers, in a canonical order. Mount points are not hardware."""
+    return {
+        "cpu": {**cpu.model_dump(mode="json"), "flags": sorted(set(cpu.flags))},
+        "numa_nodes": [
+            {**n.model_dump(mode="json"), "cpus": sorted(n.cpus)}
+            for n in sorted(numa_nodes, key=lambda n: n.id)
+        ],
+        "memory_mb": memory_mb,
+        "gpus": [
+            {**g.model_dump(mode="json"), "nvlink_peers": sorted(g.nvlink_peers)}
+            for g in sorted(gpus, key=lambda g: g.index)
+        ],
+        "disks": [
+            d.model_dump(mode="json", exclude={"mount_path"})
+            for d in sorted(disks, key=lambda d: d.name)
+        ],
+    }
+
+
+def fingerprint(
+    cpu: Cpu,
+    numa_nodes: Sequence[NumaNode],
+    memory_mb: int,
+    gpus: Sequence[Gpu],
+    disks: Sequence[Disk],
+) -> str:
+    """sha256 (hex) of the hardware alone: no ids, times, names, pools or labels, so a
+    re-discovery of unchanged hardware yields the same value and any card swap a new one."""
+    canonical = json.dumps(
+        _hardware(cpu, numa_nodes, memory_mb, gpus, disks),
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def fingerprint_of(node: NodeTopology) -> str:
+    """Recompute a topology's fingerprint (to check one received, or after editing)."""
+    return fingerprint(node.cpu, node.numa_nodes, node.memory_mb, node.gpus, node.disks)
+
+
+def build_topology(
+    *,
+    node_id: str,
+    hostname: str,
+    cpu: Cpu,
+    numa_nodes: Sequence[NumaNode],
+    memory_mb: int,
+    gpus: Sequence[Gpu] = (),
+    disks: Sequence[Disk] = (),
+    pool: str = "default",
+    labels: Mapping[str, str] | None = None,
+    simulated: bool = False,
+) -> NodeTopology:
+    gpus = sorted(gpus, key=lambda g: g.index)
+    disks = sorted(disks, key=lambda d: d.name)
+    numa_nodes = sorted(numa_nodes, key=lambda n: n.id)
+    return NodeTopology(
+        node_id=node_id,
+        hostname=hostname,
+        pool=pool,
+        labels=node_labels(gpus, labels),
+        cpu=cpu,
+        numa_nodes=numa_nodes,
+        memory_mb=memory_mb,
+        gpus=gpus,
+        disks=disks,
+        simulated=simulated,
+        fingerprint=fingerprint(cpu, numa_nodes, memory_mb, gpus, disks),
+    )

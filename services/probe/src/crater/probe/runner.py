@@ -1,0 +1,190 @@
+"""Simulated task runner: what a node agent would report for the tasks placed on it.
+
+A grant for a node this fleet simulates puts the task's load on the node, then, without
+holding up the consumer, reports `running` shortly after and `succeeded` (or `failed`) after
+a seeded duration. Status event ids derive from the grant's, so a redelivered grant, or a
+restarted probe re-running it inside JetStream's duplicate window, cannot double a report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Literal
+
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Event,
+    TaskPreempted,
+    TaskStatus,
+    TaskStatusReported,
+    derived_event_id,
+    utc_now,
+)
+from crater.probe.domain.simulation import FleetSimulator, Load, RunPlan, plan_run
+
+log = logging.getLogger("crater.probe.runner")
+
+Publish = Callable[[Event], Awaitable[None]]
+Reported = Literal[TaskStatus.RUNNING, TaskStatus.SUCCEEDED, TaskStatus.FAILED]
+RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
+# Allocations already run or released, remembered so that a late or redelivered grant is
+# not run again; bounded, since only recent redeliveries can happen.
+REMEMBERED = 100_000
+# A grant whose reservation ran out this long ago is history (a new consumer starts at the
+# beginning of the stream), not work. Generous, so that a scheduler working through a
+# backlog, whose grants carry the time of their cause, is still served.
+STALE_AFTER = timedelta(minutes=10)
+
+
+class GrantOutcome(StrEnum):
+    STARTED = "started"
+    NOT_OURS = "not-ours"  # a node another probe reports
+    DUPLICATE = "duplicate"  # a redelivery of a grant already running here
+    STALE = "stale"  # its reservation expired long before we saw it: history, not work
+
+
+class TaskRunner:
+    def __init__(
+        self,
+        simulator: FleetSimulator,
+        publish: Publish,
+        *,
+        seed: int,
+        seconds_min: float,
+        seconds_max: float,
+        start_max_seconds: float = 1.0,
+        failure_rate: float = 0.0,
+        clock: Callable[[], datetime] = utc_now,
+        stale_after: timedelta = STALE_AFTER,
+    ) -> None:
+        self.simulator = simulator
+        self._publish = publish
+        self._seed = seed
+        self._seconds = (seconds_min, seconds_max)
+        self._start_max = start_max_seconds
+        self._failure_rate = failure_rate
+        self._clock = clock
+        self._stale_after = stale_after
+        self._runs: dict[str, asyncio.Task[None]] = {}
+        self._done: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def running(self) -> int:
+        return len(self._runs)
+
+    def plan(self, allocation_id: str) -> RunPlan:
+        return plan_run(
+            allocation_id,
+            self._seed,
+            seconds_min=self._seconds[0],
+            seconds_max=self._seconds[1],
+            start_max_seconds=self._start_max,
+            failure_rate=self._failure_rate,
+        )
+
+    def granted(self, event: AllocationGranted) -> GrantOutcome:
+        """Start simulating a granted task; returns at once, the run goes on in a task."""
+        if event.node not in self.simulator:
+            return GrantOutcome.NOT_OURS
+        allocation = event.allocation_id
+        if allocation in self._runs or allocation in self._done:
+            return GrantOutcome.DUPLICATE
+        if event.reservation_expires_at + self._stale_after <= self._clock():
+            return GrantOutcome.STALE
+        load = Load(
+            allocation_id=allocation,
+            gpu_ids=tuple(event.gpu_ids),
+            gpu_memory_mb=event.gpu_memory_mb,
+            cpu_cores=len(event.cpu_cores),
+            memory_mb=event.memory_mb,
+        )
+        self.simulator.place(event.node, load)
+        run = asyncio.create_task(
+            self._run(event, self.plan(allocation)), name=f"task-{allocation}"
+        )
+        self._runs[allocation] = run
+        run.add_done_callback(lambda _: self._finished(allocation, run))
+        return GrantOutcome.STARTED
+
+    def released(self, event: AllocationReleased) -> bool:
+        """The scheduler took the resources back (finished, expired, node lost, ...)."""
+        return self._stop(event.allocation_id)
+
+    def preempted(self, event: TaskPreempted) -> bool:
+        """A preempted task stops: no more reports, its load leaves the node."""
+        return self._stop(event.allocation_id)
+
+    def _stop(self, allocation_id: str) -> bool:
+        run = self._runs.pop(allocation_id, None)
+        if run is not None:
+            run.cancel()
+        ours = self.simulator.release(allocation_id) or run is not None
+        if ours:
+            self._remember(allocation_id)
+        return ours
+
+    def _remember(self, allocation_id: str) -> None:
+        self._done[allocation_id] = None
+        self._done.move_to_end(allocation_id)
+        while len(self._done) > REMEMBERED:
+            self._done.popitem(last=False)
+
+    def _finished(self, allocation_id: str, run: asyncio.Task[None]) -> None:
+        if self._runs.get(allocation_id) is run:
+            del self._runs[allocation_id]
+            self._remember(allocation_id)
+        self.simulator.release(allocation_id)
+        if not run.cancelled() and run.exception() is not None:
+            log.error("simulated task %s failed: %r", allocation_id, run.exception())
+
+    async def _run(self, grant: AllocationGranted, plan: RunPlan) -> None:
+        await asyncio.sleep(plan.start_delay_seconds)
+        await self._report(grant, TaskStatus.RUNNING, f"running on {grant.node}")
+        await asyncio.sleep(plan.duration_seconds)
+        if plan.succeeds:
+            await self._report(grant, TaskStatus.SUCCEEDED, "simulated run completed")
+        else:
+            await self._report(grant, TaskStatus.FAILED, "simulated run failed (seeded fault)")
+
+    async def _report(self, grant: AllocationGranted, status: Reported, message: str) -> None:
+        event = TaskStatusReported(
+            event_id=derived_event_id(grant.event_id, status.value),
+            task_id=grant.task_id,
+            status=status,
+            allocation_id=grant.allocation_id,
+            message=message,
+        )
+        # The scheduler waits on these reports, so a broker hiccup must not lose one; the
+        # derived event id makes every retry safe.
+        attempt = 0
+        while True:
+            try:
+                await self._publish(event)
+                return
+            except Exception as error:
+                delay = RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)]
+                attempt += 1
+                log.warning(
+                    "reporting %s %s failed (%s); retrying in %ss",
+                    grant.task_id,
+                    status.value,
+                    error,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        """Stop every simulated run (on shutdown)."""
+        runs = list(self._runs.values())
+        for allocation_id in list(self._runs):
+            self._stop(allocation_id)
+        for run in runs:
+            with contextlib.suppress(asyncio.CancelledError):
+                await run

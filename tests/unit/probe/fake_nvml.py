@@ -1,0 +1,136 @@
+"""A stand-in for pynvml: the calls the probe makes, answered from a description of cards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+SWITCH_BUS = "00000000:C0:00.0"
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLErrorNotSupported(NVMLError):
+    def __str__(self) -> str:
+        return "Not Supported"
+
+
+class NVMLErrorLibraryNotFound(NVMLError):
+    def __str__(self) -> str:
+        return "NVML Shared Library Not Found"
+
+
+class NVMLErrorGpuIsLost(NVMLError):
+    def __str__(self) -> str:
+        return "GPU is lost"
+
+
+@dataclass
+class Card:
+    name: str
+    bus: str
+    memory_mb: int = 81920
+    # Per link: the remote bus id, and whether it is an NVSwitch.
+    links: list[tuple[str, bool]] = field(default_factory=list)
+    mig: bool = False
+    lost: bool = False
+    used_mb: int = 1024
+    utilization: int = 37
+    temperature: int | None = 61
+    power_mw: int | None = 250_000
+
+
+class FakeNvml:
+    MIB = 1024 * 1024
+
+    def __init__(self, cards: list[Card], *, loads: bool = True) -> None:
+        self.cards = cards
+        self.loads = loads
+        self.initialised = 0
+
+    def nvmlInit(self) -> None:
+        if not self.loads:
+            raise NVMLErrorLibraryNotFound()
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self.initialised -= 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.cards)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Card:
+        return self.cards[index]
+
+    def nvmlDeviceGetPciInfo(self, card: Card) -> Any:
+        return SimpleNamespace(busId=card.bus.encode())  # older pynvml hands back bytes
+
+    def nvmlDeviceGetUUID(self, card: Card) -> str:
+        return f"GPU-{self.cards.index(card):08d}-0000-0000-0000-000000000000"
+
+    def nvmlDeviceGetName(self, card: Card) -> str:
+        return card.name
+
+    def nvmlDeviceGetMemoryInfo(self, card: Card) -> Any:
+        if card.lost:
+            raise NVMLErrorGpuIsLost()
+        return SimpleNamespace(total=card.memory_mb * self.MIB, used=card.used_mb * self.MIB)
+
+    def nvmlDeviceGetNvLinkState(self, card: Card, link: int) -> int:
+        if not card.links:
+            raise NVMLErrorNotSupported()
+        if link >= len(card.links):
+            raise NVMLError("Invalid Argument")
+        return 1
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, card: Card, link: int) -> Any:
+        return SimpleNamespace(busId=card.links[link][0])
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, card: Card, link: int) -> int:
+        return 2 if card.links[link][1] else 0
+
+    def nvmlDeviceGetMigMode(self, card: Card) -> tuple[int, int]:
+        if not card.mig:
+            raise NVMLErrorNotSupported()
+        return (0, 0)
+
+    def nvmlDeviceGetUtilizationRates(self, card: Card) -> Any:
+        if card.lost:
+            raise NVMLErrorGpuIsLost()
+        return SimpleNamespace(gpu=card.utilization, memory=10)
+
+    def nvmlDeviceGetTemperature(self, card: Card, sensor: int) -> int:
+        if card.temperature is None:
+            raise NVMLErrorNotSupported()
+        return card.temperature
+
+    def nvmlDeviceGetPowerUsage(self, card: Card) -> int:
+        if card.power_mw is None:
+            raise NVMLErrorNotSupported()
+        return card.power_mw
+
+
+def bus(i: int) -> str:
+    return f"00000000:{0x17 + i * 0x10:02X}:00.0"
+
+
+def hgx(count: int = 8) -> list[Card]:
+    """Cards on an NVSwitch fabric: every link ends at a switch."""
+    return [
+        Card("NVIDIA H100 80GB HBM3", bus(i), 81559, [(SWITCH_BUS, True)] * 18, mig=True)
+        for i in range(count)
+    ]
+
+
+def nvlink_pair() -> list[Card]:
+    return [
+        Card("Tesla V100-SXM2-32GB", bus(0), 32768, [(bus(1), False)] * 4),
+        Card("Tesla V100-SXM2-32GB", bus(1), 32768, [(bus(0), False)] * 4),
+    ]
+
+
+def pcie_only(count: int = 4) -> list[Card]:
+    return [Card("NVIDIA GeForce RTX 4090", bus(i), 24564) for i in range(count)]
