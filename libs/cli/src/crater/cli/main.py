@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from crater.cli import hardware
 from crater.contracts import NodesAnswer, TasksAnswer
 
 app = typer.Typer(help="Crater: an event-driven scheduler for heterogeneous AI compute.")
@@ -146,6 +147,10 @@ def receiver(
         host=host, port=port, username=username, password=password, record_file=record_file
     )
 
+
+app.command()(hardware.probe)
+app.command()(hardware.diagnose)
+app.command("topology-export")(hardware.topology_export)
 
 db_app = typer.Typer(help="The database every stateful service shares.")
 app.add_typer(db_app, name="db")
