@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 
 from crater.cli.stack import Stack
-from crater.contracts import TaskSubmitted
+from crater.contracts import AllocationReleased, TaskSubmitted
 from crater.runtime.db import make_engine
 from crater.scheduler.adapters.orm import allocations, tasks
 from tests.support.events import EventTap
@@ -117,7 +117,9 @@ async def test_tasks_flow_from_gateway_to_webhooks_in_one_trace(stack: Stack) ->
         assert len(resources["cpu_cores"]) == 8
         assert resources["node"].startswith(("a100", "h100"))
 
-        # the scheduler's database holds the allocations and the final states
+        # the scheduler's database holds the allocations and the final states (the webhook for
+        # 'succeeded' comes from the node's report, which the scheduler may see a moment later)
+        await tap.wait_for(AllocationReleased, count=2, timeout=30)
         engine = make_engine(stack.database_url)
         async with engine.connect() as connection:
             rows = (await connection.execute(select(allocations))).all()

@@ -1,0 +1,100 @@
+"""A time-based sliding window of latency samples with an exact percentile.
+
+Time is whatever the caller says it is (seconds, e.g. an event's occurred_at as a POSIX
+timestamp); the window never reads a clock, so replaying the same samples gives the same
+answers.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Iterable
+
+
+def nearest_rank(sorted_values: list[float], quantile: float) -> float:
+    """The nearest-rank percentile: the smallest sample with at least `quantile` of all
+    samples at or below it. Always one of the samples, never an interpolation."""
+    if not sorted_values:
+        raise ValueError("no samples")
+    rank = max(1, math.ceil(quantile * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+class LatencyWindow:
+    """Samples from the last `window_seconds`, kept as the batches they arrived in.
+
+    Memory is bounded: beyond `max_samples`, the oldest whole batches are dropped first (a
+    batch is at most 10,000 samples by contract, so the bound is max_samples + one batch).
+    Each batch is kept sorted so that the percentile sorts pre-sorted runs, which Python's
+    sort merges in near-linear time.
+    """
+
+    def __init__(self, window_seconds: float, max_samples: int = 50_000) -> None:
+        if window_seconds <= 0:
+            raise ValueError("window_seconds must be positive")
+        if max_samples < 1:
+            raise ValueError("max_samples must be at least 1")
+        self.window_seconds = window_seconds
+        self.max_samples = max_samples
+        self._times: deque[float] = deque()
+        self._batches: deque[list[float]] = deque()
+        self._count = 0
+        self._latest = -math.inf
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def latest(self) -> float:
+        """The newest time seen: the window's 'now'."""
+        return self._latest
+
+    def advance(self, now: float) -> None:
+        """Move the window's 'now' forward (never back) and forget what fell out of it."""
+        if now > self._latest:
+            self._latest = now
+        cutoff = self._latest - self.window_seconds
+        while self._times and self._times[0] <= cutoff:
+            self._times.popleft()
+            self._count -= len(self._batches.popleft())
+
+    def add(self, at: float, latencies: Iterable[float]) -> int:
+        """Add a batch observed at `at`; returns how many samples were kept (0 when the batch
+        is already older than the window, as a late redelivery can be)."""
+        self.advance(at)
+        batch = sorted(latencies)
+        if not batch or at <= self._latest - self.window_seconds:
+            return 0
+        if not self._times or at >= self._times[-1]:
+            self._times.append(at)
+            self._batches.append(batch)
+        else:
+            # Out of order (replicas' clocks, concurrent delivery): keep the deque time-sorted
+            # so eviction from the left stays exact.
+            index = bisect_right(self._times, at)
+            self._times.insert(index, at)
+            self._batches.insert(index, batch)
+        self._count += len(batch)
+        while self._count > self.max_samples and len(self._batches) > 1:
+            self._times.popleft()
+            self._count -= len(self._batches.popleft())
+        return len(batch)
+
+    def samples(self, since: float | None = None) -> list[float]:
+        """Every sample in the window observed after `since` (all when None), sorted."""
+        values: list[float] = []
+        for at, batch in zip(reversed(self._times), reversed(self._batches), strict=True):
+            if since is not None and at <= since:
+                break
+            values.extend(batch)
+        values.sort()
+        return values
+
+    def percentile(self, quantile: float, since: float | None = None) -> tuple[float, int] | None:
+        """(nearest-rank percentile, sample count) over the window, or None when empty."""
+        values = self.samples(since)
+        if not values:
+            return None
+        return nearest_rank(values, quantile), len(values)

@@ -1,0 +1,66 @@
+"""Reading and judging request bodies: pure functions of bytes, no framework."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterable, Mapping, Sequence
+from typing import Any
+from uuid import UUID, uuid5
+
+from pydantic import ValidationError
+
+from crater.contracts import FieldError, TaskRequest
+from crater.runtime.bus import field_errors
+
+_IDEMPOTENCY_NAMESPACE = UUID("3f0c6a4e-2b8d-4c1e-9a57-0d6c2f5b8e21")
+# FastAPI's error locations start with where the value came from; ours name the field only.
+_LOCATION_ROOTS = frozenset({"body", "query", "path", "header", "cookie"})
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body is larger than the {limit}-byte limit (max_body_bytes)")
+        self.limit = limit
+
+
+async def read_limited(
+    chunks: AsyncIterable[bytes], limit: int, declared_length: str | None = None
+) -> bytes:
+    """The whole body, refused as soon as it is known to exceed `limit` bytes, so an
+    oversized upload is never held in memory."""
+    if declared_length is not None and declared_length.isdigit() and int(declared_length) > limit:
+        raise BodyTooLarge(limit)
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge(limit)
+    return bytes(body)
+
+
+def parse_task_request(body: bytes) -> TaskRequest | list[FieldError]:
+    """A valid request, or every field that is wrong and why (paths as bus rejections name
+    them: dotted, e.g. `resource_requirements.gpu.count`; `body` for the body as a whole)."""
+    try:
+        return TaskRequest.model_validate_json(body)
+    except ValidationError as error:
+        return field_errors(error)
+
+
+def request_errors(errors: Sequence[Mapping[str, Any]]) -> list[FieldError]:
+    """FastAPI's query/path validation errors in the same (field, reason) form."""
+    found = []
+    for error in errors:
+        loc = [str(p) for p in error.get("loc", ())]
+        if loc[:1] and loc[0] in _LOCATION_ROOTS:
+            loc = loc[1:]
+        found.append(FieldError(field=".".join(loc) or "request", reason=str(error.get("msg"))))
+    return found
+
+
+def submission_id(request: TaskRequest, idempotency_key: str) -> UUID:
+    """The event id for a submission under an `Idempotency-Key`: a retried identical POST gets
+    the same id, so JetStream's duplicate window drops the second copy; a changed body under
+    the same key is a new submission."""
+    digest = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+    return uuid5(_IDEMPOTENCY_NAMESPACE, f"{idempotency_key}\n{digest}")
