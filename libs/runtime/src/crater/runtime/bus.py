@@ -48,6 +48,9 @@ log = logging.getLogger("crater.bus")
 MAX_MESSAGE_BYTES = 1024 * 1024
 # Every handler names its message parameter `event`; rejections report paths below it.
 HANDLER_PARAMETER = "event"
+# How long to wait for JetStream's ack of a publish: nats-py's 0.5 s default is too short on a
+# loaded 2-core machine, and a retry is safe (the Nats-Msg-Id de-duplicates it).
+PUBLISH_ACK_TIMEOUT_SECONDS = 5.0
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
 _RETENTION = {
@@ -209,7 +212,9 @@ async def publish_raw(
     if traceparent and not otel_trace.get_current_span().get_span_context().is_valid:
         token = otel_context.attach(extract({"traceparent": traceparent}))
     try:
-        await broker.publish(payload, subject, headers=headers, stream=stream)
+        await broker.publish(
+            payload, subject, headers=headers, stream=stream, timeout=PUBLISH_ACK_TIMEOUT_SECONDS
+        )
     finally:
         if token is not None:
             otel_context.detach(token)
