@@ -125,30 +125,37 @@ class OutboxRelay:
         self.batch = batch
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def wake(self) -> None:
         self._wake.set()
 
     def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name="outbox-relay")
 
     async def stop(self) -> None:
+        """Stop after the batch in flight, then publish what is left.
+
+        Stopped by a flag, not by cancelling: on Python 3.11 `asyncio.wait_for` (which nats-py
+        uses for every publish ack) can swallow a cancel that lands as its awaitable completes
+        (CPython gh-86296), and the stop would then wait for ever.
+        """
+        self._stopping = True
+        self.wake()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
         await self.publish_pending()
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
+                async with asyncio.timeout(self.poll_seconds):
+                    await self._wake.wait()
             self._wake.clear()
             try:
-                while await self.publish_pending() == self.batch:
+                while not self._stopping and await self.publish_pending() == self.batch:
                     pass
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log.exception("outbox relay failed; retrying")
                 await asyncio.sleep(self.poll_seconds)
