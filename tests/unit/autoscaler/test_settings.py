@@ -17,8 +17,8 @@ def test_defaults_are_the_fields_rule() -> None:
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CRATER_SCALE_OUT_P95_MS", "350")
-    monkeypatch.setenv("CRATER_MAX_REPLICAS", "64")
+    monkeypatch.setenv("CRATER_AUTOSCALER_SCALE_OUT_P95_MS", "350")
+    monkeypatch.setenv("CRATER_AUTOSCALER_MAX_REPLICAS", "64")
     policy = AutoscalerSettings().policy()
     assert (policy.scale_out_p95_ms, policy.max_replicas) == (350.0, 64)
 

@@ -22,7 +22,7 @@ def test_defaults_follow_the_runtime() -> None:
 
 
 def test_settings_come_from_the_environment(monkeypatch: Any) -> None:
-    monkeypatch.setenv("CRATER_MAX_BODY_BYTES", "4096")
+    monkeypatch.setenv("CRATER_GATEWAY_MAX_BODY_BYTES", "4096")
     monkeypatch.setenv("CRATER_HTTP_PORT", "18080")
     settings = GatewaySettings()
     assert settings.max_body_bytes == 4096

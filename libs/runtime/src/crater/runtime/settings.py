@@ -1,17 +1,53 @@
-"""Configuration from the environment (CRATER_*), shared by every service."""
+"""Configuration from the environment, shared by every service.
+
+Settings every service shares read `CRATER_<FIELD>` (CRATER_NATS_URL, CRATER_DATABASE_URL,
+...); a service's own settings read `CRATER_<SERVICE>_<FIELD>` only (CRATER_SCHEDULER_TOKEN_SECRET),
+so one environment can configure every process without one's setting reaching another.
+"""
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///var/crater.db"
+SHARED_PREFIX = "CRATER_"
+
+
+class _SomeFields(PydanticBaseSettingsSource):
+    """Another source's values, for some fields only (or for all but those)."""
+
+    def __init__(
+        self,
+        settings_cls: type[BaseSettings],
+        source: PydanticBaseSettingsSource,
+        fields: frozenset[str],
+        keep: bool,
+    ) -> None:
+        super().__init__(settings_cls)
+        self.source, self.fields, self.keep = source, fields, keep
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.source.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.source().items() if (k in self.fields) == self.keep}
 
 
 class ServiceSettings(BaseSettings):
-    """What every service reads. Subclasses add their own fields, under the same prefix."""
+    """What every service reads. A subclass names its service; its own fields then come from
+    CRATER_<SERVICE>_<FIELD>."""
 
-    model_config = SettingsConfigDict(env_prefix="CRATER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=SHARED_PREFIX, extra="ignore")
+    service: ClassVar[str | None] = None
 
     nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server URL.")
     database_url: str = Field(
@@ -28,3 +64,29 @@ class ServiceSettings(BaseSettings):
         default=None, description="Append finished spans as JSON lines here (demo, tests)."
     )
     consumer_batch: int = Field(default=64, ge=1, le=10_000, description="JetStream pull batch.")
+
+    @classmethod
+    def own_prefix(cls) -> str | None:
+        return f"{SHARED_PREFIX}{cls.service.upper()}_" if cls.service else None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        prefix = cls.own_prefix()
+        if prefix is None:
+            return init_settings, env_settings, dotenv_settings, file_secret_settings
+        own = frozenset(cls.model_fields) - frozenset(ServiceSettings.model_fields)
+        own_env = EnvSettingsSource(settings_cls, env_prefix=prefix)
+        return (
+            init_settings,
+            _SomeFields(settings_cls, own_env, own, keep=True),
+            _SomeFields(settings_cls, env_settings, own, keep=False),
+            dotenv_settings,
+            file_secret_settings,
+        )

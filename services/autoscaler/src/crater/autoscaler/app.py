@@ -20,7 +20,9 @@ from crater.runtime.settings import ServiceSettings
 
 
 class AutoscalerSettings(ServiceSettings):
-    """The rule's numbers; each is read from CRATER_<NAME> (e.g. CRATER_SCALE_OUT_P95_MS)."""
+    """The rule's numbers, each from CRATER_AUTOSCALER_<NAME>."""
+
+    service = "autoscaler"
 
     scale_out_p95_ms: float = Field(default=200.0, gt=0, description="Scale out above this p95.")
     scale_out_pressure: float = Field(

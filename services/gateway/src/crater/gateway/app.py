@@ -49,7 +49,9 @@ SCHEDULER_NOT_ANSWERING = "scheduler not answering"
 
 
 class GatewaySettings(ServiceSettings):
-    """Read from CRATER_* like every service; http_port 0 means 8080."""
+    """Own settings from CRATER_GATEWAY_<NAME>; http_port 0 means 8080."""
+
+    service = "gateway"
 
     http_host: str = Field(default="127.0.0.1", description="Bind address of the HTTP API.")
     max_body_bytes: int = Field(

@@ -17,7 +17,7 @@ from crater.runtime.settings import ServiceSettings
 
 
 class PredictorSettings(ServiceSettings):
-    pass
+    service = "predictor"
 
 
 def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastStream]:

@@ -15,14 +15,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from faststream.asgi import AsgiFastStream
 from faststream.nats import NatsBroker
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import Field, model_validator
-from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource
 
 from crater.contracts import (
     AllocationGranted,
@@ -50,32 +48,11 @@ from crater.runtime.settings import ServiceSettings
 
 log = logging.getLogger("crater.probe")
 
-ENV_PREFIX = "CRATER_PROBE_"
-
-
-class _OnlyFields(PydanticBaseSettingsSource):
-    """Another source's values for some fields only."""
-
-    def __init__(
-        self,
-        settings_cls: type[BaseSettings],
-        source: PydanticBaseSettingsSource,
-        fields: frozenset[str],
-        keep: bool,
-    ) -> None:
-        super().__init__(settings_cls)
-        self.source, self.fields, self.keep = source, fields, keep
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return self.source.get_field_value(field, field_name)
-
-    def __call__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.source().items() if (k in self.fields) == self.keep}
-
 
 class ProbeSettings(ServiceSettings):
-    """The shared CRATER_* settings, and the probe's own, read from CRATER_PROBE_<FIELD>
-    only (so CRATER_SEED or CRATER_MODE meant for another service never reaches the probe)."""
+    """The shared CRATER_* settings, and the probe's own from CRATER_PROBE_<FIELD>."""
+
+    service = "probe"
 
     mode: Literal["local", "fleet"] = Field(
         default="local",
@@ -118,25 +95,6 @@ class ProbeSettings(ServiceSettings):
     publish_chunk: int = Field(
         default=256, ge=1, le=10_000, description="Events published concurrently per chunk."
     )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        own = frozenset(cls.model_fields) - frozenset(ServiceSettings.model_fields)
-        probe_env = EnvSettingsSource(settings_cls, env_prefix=ENV_PREFIX)
-        return (
-            init_settings,
-            _OnlyFields(settings_cls, probe_env, own, keep=True),
-            _OnlyFields(settings_cls, env_settings, own, keep=False),
-            dotenv_settings,
-            file_secret_settings,
-        )
 
     @model_validator(mode="after")
     def _task_seconds_ordered(self) -> ProbeSettings:

@@ -33,6 +33,8 @@ MIGRATIONS_DIR = Path(__file__).parent / "adapters" / "migrations"
 
 
 class SchedulerSettings(ServiceSettings):
+    service = "scheduler"
+
     reservation_seconds: int = Field(default=30, ge=1, description="Reservation lifetime.")
     heartbeat_timeout_seconds: float = Field(
         default=30.0, gt=0, description="A node silent this long is NotReady."

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from crater.callback.domain.payload import WebhookStatus, webhook_body
+from crater.contracts import TaskStatus
+from tests.unit.callback.factories import (
+    OCCURRED,
+    granted,
+    pending,
+    preempted,
+    rejected,
+    status,
+)
+
+
+def test_granted_allocation_is_scheduled_with_its_resources() -> None:
+    event = granted("train-1", numa_node=1, checkpoint_path=None)
+    body = json.loads(webhook_body(event).encode())
+    assert body == {
+        "task_id": "train-1",
+        "status": "scheduled",
+        "allocated_resources": {
+            "node": "gpu-01",
+            "gpu_ids": [0, 1],
+            "cpu_cores": [0, 1, 2, 3, 4, 5, 6, 7],
+            "numa_node": 1,
+            "checkpoint_path": None,
+        },
+        "event_id": str(event.event_id),
+        "occurred_at": "2025-05-01T12:00:00Z",
+        "reason": event.explanation,
+    }
+
+
+def test_pending_task_says_why_it_waits() -> None:
+    body = webhook_body(pending())
+    assert body.status is WebhookStatus.PENDING
+    assert body.reason == "0/40 nodes: 32 InsufficientGpus, 8 GpuMemoryPerCard"
+    assert body.allocated_resources is None
+    # null, not absent: AllData's schema has the key on every status
+    assert json.loads(body.encode())["allocated_resources"] is None
+
+
+def test_rejected_task_has_failed_with_every_field_error_as_reason() -> None:
+    body = webhook_body(rejected())
+    assert body.status is WebhookStatus.FAILED
+    assert body.reason == (
+        "resource_requirements.gpu.count: no node has 64 GPUs; pool: unknown pool 'x'"
+    )
+
+
+def test_preempted_task_names_the_preemptor_and_grace_period() -> None:
+    body = webhook_body(preempted())
+    assert body.status is WebhookStatus.PREEMPTED
+    assert body.reason is not None
+    assert "urgent-9" in body.reason
+    assert "30 s" in body.reason
+
+
+@pytest.mark.parametrize(
+    ("reported", "expected"),
+    [
+        (TaskStatus.RUNNING, "running"),
+        (TaskStatus.SUCCEEDED, "succeeded"),
+        (TaskStatus.FAILED, "failed"),
+        (TaskStatus.CANCELLED, "cancelled"),
+    ],
+)
+def test_reported_status_passes_through(reported: TaskStatus, expected: str) -> None:
+    body = webhook_body(status(value=reported))
+    assert body.status.value == expected
+    assert body.reason == f"{expected} on gpu-01"
+    assert body.occurred_at == OCCURRED
+
+
+def test_same_event_gives_the_same_bytes() -> None:
+    event = granted()
+    assert webhook_body(event).encode() == webhook_body(event.model_copy()).encode()
+    assert webhook_body(event).event_id == event.event_id
