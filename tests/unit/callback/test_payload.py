@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from crater.callback.domain.payload import WebhookStatus, webhook_body
-from crater.contracts import TaskStatus
-from tests.unit.callback.factories import (
+from crater.callback.domain.payload import webhook_body
+from crater.contracts import TaskStatus, WebhookStatus
+from tests.support.lifecycle import (
     OCCURRED,
     granted,
     pending,

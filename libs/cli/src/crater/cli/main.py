@@ -136,8 +136,8 @@ def tasks(
 def receiver(
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 9180,
-    username: Annotated[str, typer.Option(envvar="CRATER_WEBHOOK_USERNAME")] = "alldata",
-    password: Annotated[str, typer.Option(envvar="CRATER_WEBHOOK_PASSWORD")] = "change-me",
+    username: Annotated[str, typer.Option(envvar="CRATER_RECEIVER_USERNAME")] = "alldata",
+    password: Annotated[str, typer.Option(envvar="CRATER_RECEIVER_PASSWORD")] = "change-me",
     record_file: Annotated[Path | None, typer.Option(help="Append deliveries as JSONL.")] = None,
 ) -> None:
     """A reference webhook receiver standing in for AllData."""

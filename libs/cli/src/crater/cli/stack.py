@@ -94,9 +94,9 @@ class Stack:
         )
         self.env.update(
             {
-                "CRATER_WEBHOOK_URL": f"http://127.0.0.1:{receiver_port}/webhooks",
-                "CRATER_WEBHOOK_USERNAME": WEBHOOK_USER,
-                "CRATER_WEBHOOK_PASSWORD": self.webhook_password,
+                "CRATER_CALLBACK_WEBHOOK_URL": f"http://127.0.0.1:{receiver_port}/webhooks",
+                "CRATER_CALLBACK_WEBHOOK_USERNAME": WEBHOOK_USER,
+                "CRATER_CALLBACK_WEBHOOK_PASSWORD": self.webhook_password,
             }
         )
         for name in services:

@@ -68,12 +68,19 @@ from crater.contracts.tasks import (
     TaskSubmitted,
     TaskType,
 )
-from crater.contracts.webhooks import WebhookDeadLettered, WebhookDelivered
+from crater.contracts.webhooks import (
+    AllocatedResources,
+    WebhookBody,
+    WebhookDeadLettered,
+    WebhookDelivered,
+    WebhookStatus,
+)
 
 __all__ = [
     "FINAL_STATUSES",
     "SCHEMA_VERSION",
     "Affinity",
+    "AllocatedResources",
     "AllocationGranted",
     "AllocationReleased",
     "AntiAffinity",
@@ -133,8 +140,10 @@ __all__ = [
     "TasksAnswer",
     "TasksQuery",
     "TraceContext",
+    "WebhookBody",
     "WebhookDeadLettered",
     "WebhookDelivered",
+    "WebhookStatus",
     "channel_for",
     "derived_event_id",
     "utc_now",

@@ -1,12 +1,13 @@
-"""Webhooks: the outcome of telling AllData about a task."""
+"""Webhooks: what AllData receives about a task, and the outcome of telling it."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
-from crater.contracts.base import Event
+from crater.contracts.base import Contract, Event
 
 
 class WebhookDelivered(Event):
@@ -28,3 +29,37 @@ class WebhookDeadLettered(Event):
     endpoint: str
     attempts: int = Field(ge=1)
     last_error: str
+
+
+class WebhookStatus(StrEnum):
+    """The statuses AllData knows; `cancelled` passes through from a node's report."""
+
+    SCHEDULED = "scheduled"
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
+
+
+class AllocatedResources(Contract):
+    node: str
+    gpu_ids: list[int]
+    cpu_cores: list[int]
+    numa_node: int | None
+    checkpoint_path: str | None
+
+
+class WebhookBody(Contract):
+    """The JSON body POSTed to AllData for one lifecycle event."""
+
+    task_id: str
+    status: WebhookStatus
+    allocated_resources: AllocatedResources | None = None
+    event_id: UUID = Field(description="The source event's id; also the webhook-id header.")
+    occurred_at: AwareDatetime = Field(description="When the source event happened.")
+    reason: str | None = None
+
+    def encode(self) -> bytes:
+        return self.model_dump_json().encode()

@@ -1,0 +1,1 @@
+"""The callback's edges: its database tables and migrations, the HTTP sender."""

@@ -1,0 +1,75 @@
+"""The delivery log: the callback's own tables, in its own metadata and Alembic history."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+from crater.runtime.outbox import inbox_table, outbox_table
+
+# Named constraints, so later migrations can alter them on SQLite (batch mode) too.
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+deliveries = Table(
+    "callback_deliveries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    # The source event's id: stable across redeliveries, sent as the `webhook-id` header.
+    Column("webhook_id", String(36), nullable=False),
+    Column("endpoint", String(512), nullable=False),
+    Column("task_id", String(256), nullable=False),
+    Column("task_status", String(32), nullable=False),
+    Column("event_type", String(64), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("last_status_code", Integer, nullable=True),
+    Column("last_error", Text, nullable=True),
+    # The exact body POSTed, kept for audit and for replaying a dead letter later.
+    Column("payload", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("completed_at", DateTime(timezone=True), nullable=True),
+    UniqueConstraint("webhook_id", "endpoint"),
+    Index(None, "task_id"),
+    Index(None, "state"),
+)
+
+attempts = Table(
+    "callback_attempts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column(
+        "delivery_id",
+        Integer,
+        ForeignKey("callback_deliveries.id", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    Column("attempt", Integer, nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Column("status_code", Integer, nullable=True),
+    Column("latency_ms", Float, nullable=False),
+    Column("error", Text, nullable=True),
+    Column("attempted_at", DateTime(timezone=True), nullable=False),
+)
+
+outbox = outbox_table(metadata, "callback")
+inbox = inbox_table(metadata, "callback")

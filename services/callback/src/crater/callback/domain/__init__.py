@@ -1,0 +1,1 @@
+"""Pure callback logic: what AllData is told, and when to try again. No I/O, no clock."""
