@@ -10,6 +10,7 @@ import asyncio
 import json
 import random
 import shutil
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -161,15 +162,25 @@ def run_demo(data_dir: Path, duration: float, rate: float, seed: int) -> None:
     console.rule("[bold]Crater demo")
     console.print(f"starting nats-server, SQLite and six services under {data_dir}/ ...")
     started = time.monotonic()
+    # SIGTERM stops the demo the way Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with stack:
-            stack.start(extra_env=DEMO_ENV)
-            _banner(stack, time.monotonic() - started)
-            asyncio.run(_watch_and_drive(stack, duration, rate, seed))
+        stack.start(extra_env=DEMO_ENV)
+        _banner(stack, time.monotonic() - started)
+        asyncio.run(_watch_and_drive(stack, duration, rate, seed))
     except KeyboardInterrupt:
         pass
     finally:
-        console.print("stopped: services drained and closed, nats-server down.")
+        # A second Ctrl-C (make and uv pass it on too) must not cut the shutdown short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        console.print("stopping: services drain and close, then nats-server ...")
+        stack.stop()
+        console.print("stopped.")
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _banner(stack: Stack, seconds: float) -> None:
