@@ -184,3 +184,31 @@ def test_replaying_the_same_events_gives_identical_decisions() -> None:
     first, second = replay(), replay()
     assert first == second
     assert len(first) > 30
+
+
+def test_a_reservation_not_confirmed_in_time_is_released() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=1))
+    [granted] = scheduler.handle(profiled("silent", gpus=1, when=1))
+    [pending] = scheduler.handle(profiled("next", gpus=1, when=2))
+    assert isinstance(granted, AllocationGranted)
+    assert granted.reservation_expires_at == at(31)
+    assert isinstance(pending, TaskPending)
+    heartbeat = NodeHealthReported(
+        occurred_at=at(32), node_id="a100-01", condition=NodeCondition.READY, score=100
+    )
+    released, placed = scheduler.handle(heartbeat)
+    assert isinstance(released, AllocationReleased)
+    assert (released.task_id, released.reason) == ("silent", "expired")
+    assert isinstance(placed, AllocationGranted)
+    assert placed.task_id == "next"
+
+
+def test_a_confirmed_reservation_is_kept() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=1))
+    scheduler.handle(profiled("busy", gpus=1, when=1))
+    running = TaskStatusReported(occurred_at=at(5), task_id="busy", status=TaskStatus.RUNNING)
+    assert scheduler.handle(running) == []
+    later = NodeHealthReported(
+        occurred_at=at(100), node_id="a100-01", condition=NodeCondition.READY, score=100
+    )
+    assert scheduler.handle(later) == []

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from crater.contracts import (
     AllocationGranted,
+    AllocationReleased,
     Confidence,
     NodeTopologyReported,
     ResourcePrediction,
@@ -42,13 +43,14 @@ steps = st.lists(
     st.one_of(
         st.tuples(st.just("submit"), task_shapes),
         st.tuples(st.just("finish"), st.integers(0, 200)),
+        st.tuples(st.just("wait"), st.integers(1, 40)),
     ),
     min_size=1,
     max_size=60,
 )
 
 
-def profiled(i: int, shape: tuple[int, int, int, int, str]) -> TaskProfiled:
+def profiled(i: int, clock: int, shape: tuple[int, int, int, int, str]) -> TaskProfiled:
     gpus, gpu_mb, cores, mem, numa = shape
     request = TaskRequest.model_validate(
         {
@@ -63,7 +65,9 @@ def profiled(i: int, shape: tuple[int, int, int, int, str]) -> TaskProfiled:
             "affinity": {"numa": numa},
         }
     )
-    return TaskProfiled(occurred_at=T0 + timedelta(seconds=i), task=request, prediction=PREDICTION)
+    return TaskProfiled(
+        occurred_at=T0 + timedelta(seconds=clock), task=request, prediction=PREDICTION
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -79,9 +83,14 @@ def test_no_resource_is_ever_held_twice_or_beyond_capacity(
     ):
         scheduler.handle(NodeTopologyReported(occurred_at=T0, node=topology))
     granted: dict[str, AllocationGranted] = {}
+    clock = 0
     for i, (kind, arg) in enumerate(script, start=1):
+        clock += 1
+        if kind == "wait":
+            clock += int(arg)  # type: ignore[call-overload]
+            continue
         if kind == "submit":
-            decisions = scheduler.handle(profiled(i, arg))  # type: ignore[arg-type]
+            decisions = scheduler.handle(profiled(i, clock, arg))  # type: ignore[arg-type]
         else:
             live = sorted(granted)
             if not live:
@@ -89,12 +98,14 @@ def test_no_resource_is_ever_held_twice_or_beyond_capacity(
             task_id = live[int(arg) % len(live)]  # type: ignore[call-overload]
             decisions = scheduler.handle(
                 TaskStatusReported(
-                    occurred_at=T0 + timedelta(seconds=i),
+                    occurred_at=T0 + timedelta(seconds=clock),
                     task_id=task_id,
                     status=TaskStatus.SUCCEEDED,
                 )
             )
-            granted.pop(task_id)
+        for d in decisions:
+            if isinstance(d, AllocationReleased):
+                granted.pop(d.task_id)  # finished, or its reservation expired unconfirmed
         granted.update({d.task_id: d for d in decisions if isinstance(d, AllocationGranted)})
 
         held_gpus = [(g.node, gpu) for g in granted.values() for gpu in g.gpu_ids]

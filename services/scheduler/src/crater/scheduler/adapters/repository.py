@@ -16,6 +16,7 @@ from crater.contracts import (
     NodeHealthReported,
     NodeTopology,
     NodeTopologyReported,
+    ReleaseReason,
     ResourcePrediction,
     TaskPending,
     TaskProfiled,
@@ -107,6 +108,13 @@ class SchedulerRepository:
                 .where(allocations.c.allocation_id == decision.allocation_id)
                 .values(released_at=decision.occurred_at, release_reason=decision.reason.value)
             )
+            if decision.reason is ReleaseReason.EXPIRED:
+                await self._set_task(
+                    decision.task_id,
+                    now,
+                    status=TaskStatus.FAILED.value,
+                    reason="reservation expired: the task never reported running",
+                )
 
     async def _insert_task(self, event: TaskProfiled, seq: int, now: datetime) -> None:
         request = event.task
@@ -200,6 +208,7 @@ class SchedulerRepository:
                     tuple(r.gpu_ids),
                     tuple(r.cpu_cores),
                     r.memory_mb,
+                    _aware(r.reservation_expires_at),
                     r.running,
                 )
                 for r in alloc_rows

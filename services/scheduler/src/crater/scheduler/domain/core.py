@@ -89,6 +89,7 @@ class Allocation:
     gpu_ids: tuple[int, ...]
     cpu_cores: tuple[int, ...]
     memory_mb: int
+    expires_at: datetime
     running: bool = False
 
 
@@ -99,6 +100,9 @@ class Scheduler:
     pending: dict[str, PendingTask] = field(default_factory=dict)
     allocations: dict[str, Allocation] = field(default_factory=dict)
     next_seq: int = 0
+    # The core's clock: the latest `occurred_at` it has seen. Events arrive from many
+    # producers, a little out of order; time never runs backwards inside the core.
+    clock: datetime | None = None
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -125,9 +129,10 @@ class Scheduler:
         self.next_seq = next_seq
 
     def handle(self, event: Event) -> list[Event]:
-        now = event.occurred_at
-        decisions: list[Event] = []
-        changed = self._expire_heartbeats(now)
+        self.clock = max(self.clock or event.occurred_at, event.occurred_at)
+        now = self.clock
+        decisions: list[Event] = self._expire_reservations(now, event)
+        changed = self._expire_heartbeats(now) or bool(decisions)
         if isinstance(event, TaskProfiled):
             decisions += self._on_profiled(event)
         elif isinstance(event, TaskStatusReported):
@@ -214,6 +219,14 @@ class Scheduler:
                 if pending.summary != task.last_summary:
                     decisions.append(pending)
         return decisions
+
+    def _expire_reservations(self, now: datetime, cause: Event) -> list[Event]:
+        """Allocations whose task never confirmed it runs, past their reservation, go back."""
+        expired = [a for a in self.allocations.values() if not a.running and a.expires_at < now]
+        return [
+            self._release(a, ReleaseReason.EXPIRED, cause)
+            for a in sorted(expired, key=lambda a: a.task_id)
+        ]
 
     # -- nodes -------------------------------------------------------------------------------
 
@@ -316,6 +329,8 @@ class Scheduler:
         request = task.request
         event_id = derived_event_id(cause.event_id, f"granted:{request.task_id}")
         allocation_id = f"alloc-{event_id.hex[:16]}"
+        now = self.clock or cause.occurred_at
+        expires = now + timedelta(seconds=self.config.reservation_seconds)
         allocation = Allocation(
             allocation_id,
             request.task_id,
@@ -323,11 +338,11 @@ class Scheduler:
             selection.gpu_ids,
             selection.cpu_cores,
             task.demand.memory_mb,
+            expires,
         )
         self._take(node, selection.gpu_ids, selection.cpu_cores, task.demand.memory_mb)
         self.cluster.refresh(node.name)
         self.allocations[request.task_id] = allocation
-        expires = cause.occurred_at + timedelta(seconds=self.config.reservation_seconds)
         checkpoint = self._checkpoint_path(node, request.task_id)
         best = max(details, key=lambda d: d.score).plugin if details else "only fit"
         return AllocationGranted(
