@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ from crater.scheduler.adapters.orm import allocations, tasks
 from tests.support.events import EventTap
 
 pytestmark = pytest.mark.e2e
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def request(task_id: str, gpus: int, gpu_mb: int, pool: str, **extra: Any) -> dict[str, Any]:
@@ -67,6 +71,42 @@ async def wait_for_webhooks(stack: Stack, wanted: set[tuple[str, str]], seconds:
             return
         await asyncio.sleep(0.3)
     raise AssertionError(f"webhooks missing: {sorted(wanted - seen)}; got {sorted(seen)}")
+
+
+def crater(stack: Stack, *args: str) -> str:
+    """Run the `crater` command line against the stack, as a person would."""
+    done = subprocess.run(
+        [sys.executable, "-m", "crater.cli", *args],
+        env={**os.environ, "CRATER_GATEWAY_URL": stack.url("gateway"), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+async def check_cli(stack: Stack) -> None:
+    nodes = json.loads(crater(stack, "list-nodes", "--json"))["nodes"]
+    assert len(nodes) == 36
+    example = EXAMPLES / "infer-llama3-8b.json"
+    assert "submitted chat-llama3-replica-01" in crater(stack, "submit", str(example))
+    found = json.loads(crater(stack, "tasks", "--json"))["tasks"]
+    assert {"train-e2e", "serve-e2e", "huge-e2e"} <= {t["task_id"] for t in found}
+    placement = json.loads(
+        crater(
+            stack,
+            "schedule-test",
+            "--resource-request",
+            '{"gpu": {"count": 1, "memory_mb": 20000}}',
+            "--pool",
+            "inference",
+            "--json",
+        )
+    )
+    assert placement["fits"], placement["summary"]
+    assert all(f["node_id"].startswith("rtx4090") for f in placement["fits"])
+    assert "t4-01" in {m["node_id"] for m in placement["misfits"]}
 
 
 async def test_tasks_flow_from_gateway_to_webhooks_in_one_trace(stack: Stack) -> None:
@@ -136,6 +176,7 @@ async def test_tasks_flow_from_gateway_to_webhooks_in_one_trace(stack: Stack) ->
         # and the CLI's read APIs answer through the gateway
         listed = (await gateway.get("/api/v1/tasks/train-e2e")).json()
         assert listed["status"] == "succeeded"
+        await check_cli(stack)
 
         # one task's path through gateway, predictor, scheduler and callback is one trace
         [event] = tap.of(TaskSubmitted, lambda e: e.task_id == "train-e2e")

@@ -13,6 +13,8 @@ from crater.contracts import (
     NodesAnswer,
     NodesQuery,
     NodeTopologyReported,
+    PlacementAnswer,
+    PlacementQuery,
     QuerySubjects,
     ResourcePrediction,
     TaskPending,
@@ -94,6 +96,15 @@ async def test_places_persists_releases_and_survives_a_restart(
             )
         )
         assert [(n.node_id, n.gpus_free) for n in answer.nodes] == [("a100-01", 0), ("v100-01", 2)]
+
+        dry_run = PlacementQuery.model_validate(
+            {"resource_requirements": {"gpu": {"count": 1, "memory_mb": 8000}}}
+        )
+        placement = PlacementAnswer.model_validate_json(
+            await query(fresh_nats.url, QuerySubjects.PLACEMENT, dry_run.model_dump_json().encode())
+        )
+        assert [f.node_id for f in placement.fits] == ["v100-01"]
+        assert [(m.node_id, m.code) for m in placement.misfits] == [("a100-01", "InsufficientGpus")]
 
     # a new process: state comes back from the database, the queue goes on
     service, app = build(settings)

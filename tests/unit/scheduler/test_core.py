@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from crater.contracts import (
+    Affinity,
     AllocationGranted,
     AllocationReleased,
     Confidence,
@@ -14,6 +15,7 @@ from crater.contracts import (
     NodeHealthReported,
     NodeTopologyReported,
     ResourcePrediction,
+    ResourceRequirements,
     TaskPending,
     TaskProfiled,
     TaskRejected,
@@ -22,6 +24,7 @@ from crater.contracts import (
     TaskStatusReported,
 )
 from crater.scheduler.domain.core import Scheduler
+from crater.scheduler.domain.demand import Demand
 from tests.support.topologies import node
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -212,3 +215,24 @@ def test_a_confirmed_reservation_is_kept() -> None:
         occurred_at=at(100), node_id="a100-01", condition=NodeCondition.READY, score=100
     )
     assert scheduler.handle(later) == []
+
+
+def test_dry_run_lists_every_fit_best_first_and_every_misfit_with_its_reason() -> None:
+    scheduler, _ = cluster(
+        node("a100-01", gpus=8),
+        node("a100-02", gpus=2),
+        node("v100-01", gpus=4, gpu_memory_mb=16384),
+        node("cpu-01"),
+    )
+    needs = ResourceRequirements.model_validate(
+        {"gpu": {"count": 2, "memory_mb": 40000}, "cpu": {"cores": 4}}
+    )
+    answer = scheduler.dry_run(Demand.of_resources(needs, "default", Affinity()))
+    assert [f.node_id for f in answer.fits] == ["a100-02", "a100-01"]  # the fuller node first
+    assert answer.fits[0].gpu_ids == [0, 1]
+    assert {(m.node_id, m.code) for m in answer.misfits} == {
+        ("cpu-01", "InsufficientGpus"),
+        ("v100-01", "InsufficientGpuMemory"),
+    }
+    assert answer.summary.startswith("2/4 nodes fit")
+    assert scheduler.allocations == {}  # nothing reserved

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from crater.cli import hardware
+from crater.cli import hardware, schedule_test
 from crater.contracts import NodesAnswer, TasksAnswer
 
 app = typer.Typer(help="Crater: an event-driven scheduler for heterogeneous AI compute.")
@@ -151,6 +151,7 @@ def receiver(
 app.command()(hardware.probe)
 app.command()(hardware.diagnose)
 app.command("topology-export")(hardware.topology_export)
+app.command("schedule-test")(schedule_test.schedule_test)
 
 db_app = typer.Typer(help="The database every stateful service shares.")
 app.add_typer(db_app, name="db")

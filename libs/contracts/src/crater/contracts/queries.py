@@ -5,15 +5,23 @@ from __future__ import annotations
 
 from pydantic import AwareDatetime, Field
 
+from crater.contracts.allocations import ScoreDetail
 from crater.contracts.base import Contract
 from crater.contracts.catalog import PREFIX
 from crater.contracts.nodes import NodeCondition
-from crater.contracts.tasks import Priority, TaskStatus, TaskType
+from crater.contracts.tasks import (
+    Affinity,
+    Priority,
+    ResourceRequirements,
+    TaskStatus,
+    TaskType,
+)
 
 
 class QuerySubjects:
     NODES = f"{PREFIX}.query.nodes"
     TASKS = f"{PREFIX}.query.tasks"
+    PLACEMENT = f"{PREFIX}.query.placement"
 
 
 class NodesQuery(Contract):
@@ -62,3 +70,34 @@ class TaskSummary(Contract):
 
 class TasksAnswer(Contract):
     tasks: list[TaskSummary]
+
+
+class PlacementQuery(Contract):
+    """A dry run (`crater schedule-test`): where would these resources go, and why not
+    elsewhere? Nothing is reserved."""
+
+    resource_requirements: ResourceRequirements
+    pool: str = "default"
+    affinity: Affinity = Field(default_factory=Affinity)
+
+
+class NodeFit(Contract):
+    node_id: str
+    score: float
+    scores: list[ScoreDetail]
+    gpu_ids: list[int]
+    cpu_cores: list[int]
+    numa_node: int | None
+
+
+class NodeMisfit(Contract):
+    node_id: str
+    filter: str = Field(description="The first filter the node fails.")
+    code: str
+    reason: str
+
+
+class PlacementAnswer(Contract):
+    fits: list[NodeFit] = Field(description="Best first: the first is where it would go.")
+    misfits: list[NodeMisfit]
+    summary: str

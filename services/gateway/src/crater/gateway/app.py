@@ -23,6 +23,8 @@ from crater.contracts import Contract, FieldError, TaskRequest, TaskStatus, Task
 from crater.contracts.queries import (
     NodesAnswer,
     NodesQuery,
+    PlacementAnswer,
+    PlacementQuery,
     QuerySubjects,
     TasksAnswer,
     TasksQuery,
@@ -233,6 +235,15 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         503: {"model": Problem, "description": SCHEDULER_NOT_ANSWERING},
         502: {"model": Problem, "description": "The scheduler's answer did not validate."},
     }
+
+    @app.post(
+        "/api/v1/schedule/dry-run",
+        response_model=PlacementAnswer,
+        responses={422: {"model": FieldErrors}, **answers},
+    )
+    async def dry_run(query: PlacementQuery) -> PlacementAnswer | JSONResponse:
+        """Where would these resources go, and why not elsewhere? Nothing is reserved."""
+        return await ask(QuerySubjects.PLACEMENT, query, PlacementAnswer)
 
     @app.get("/api/v1/nodes", response_model=NodesAnswer, responses=answers)
     async def nodes(pool: str | None = None) -> NodesAnswer | JSONResponse:

@@ -13,6 +13,8 @@ from crater.contracts import (
     NodesAnswer,
     NodesQuery,
     NodeTopologyReported,
+    PlacementAnswer,
+    PlacementQuery,
     QuerySubjects,
     Subjects,
     TaskProfiled,
@@ -83,6 +85,10 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @broker.subscriber(QuerySubjects.NODES, title="scheduler-query-nodes")
     async def on_nodes_query(event: NodesQuery) -> NodesAnswer:
         return NodesAnswer(nodes=core.nodes(event.pool))
+
+    @broker.subscriber(QuerySubjects.PLACEMENT, title="scheduler-query-placement")
+    async def on_placement_query(event: PlacementQuery) -> PlacementAnswer:
+        return core.dry_run(event)
 
     @broker.subscriber(QuerySubjects.TASKS, title="scheduler-query-tasks")
     async def on_tasks_query(event: TasksQuery) -> TasksAnswer:

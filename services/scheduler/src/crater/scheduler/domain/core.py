@@ -21,9 +21,12 @@ from crater.contracts import (
     FieldError,
     FilterReason,
     NodeCondition,
+    NodeFit,
     NodeHealthReported,
+    NodeMisfit,
     NodeTopology,
     NodeTopologyReported,
+    PlacementAnswer,
     Priority,
     ReleaseReason,
     ResourcePrediction,
@@ -307,6 +310,55 @@ class Scheduler:
             )
             for k in order
         ]
+
+    def dry_run(self, demand: Demand) -> PlacementAnswer:
+        """Every node that fits, best first with its score and devices, and every node that
+        does not, with the first filter it fails. Changes nothing."""
+        alive = np.ones(len(self.cluster), np.bool_)
+        misfits: list[NodeMisfit] = []
+        for f in self.config.pipeline.filters:
+            passes = f.passes(self.cluster, demand, True)
+            for row in np.flatnonzero(alive & ~passes):
+                misfits.append(
+                    NodeMisfit(
+                        node_id=self.cluster.nodes[row].name,
+                        filter=f.name,
+                        code=f.code,
+                        reason=f.explain(demand),
+                    )
+                )
+            alive &= passes
+        fits: list[NodeFit] = []
+        for i, score, details in self.rank(demand, alive):
+            node = self.cluster.nodes[i]
+            selection = select(node, demand)
+            if selection is None:
+                misfits.append(
+                    NodeMisfit(
+                        node_id=node.name,
+                        filter="Placement",
+                        code="NoLocalPlacement",
+                        reason="the GPUs and cores cannot be had together (NUMA)",
+                    )
+                )
+                continue
+            fits.append(
+                NodeFit(
+                    node_id=node.name,
+                    score=round(score, 4),
+                    scores=details,
+                    gpu_ids=list(selection.gpu_ids),
+                    cpu_cores=list(selection.cpu_cores),
+                    numa_node=selection.numa_node,
+                )
+            )
+        counts: dict[str, int] = {}
+        for m in misfits:
+            counts[m.reason] = counts.get(m.reason, 0) + 1
+        detail = ", ".join(f"{n} {reason}" for reason, n in counts.items())
+        summary = f"{len(fits)}/{len(self.cluster)} nodes fit" + (f"; {detail}" if detail else "")
+        misfits.sort(key=lambda m: m.node_id)
+        return PlacementAnswer(fits=fits, misfits=misfits, summary=summary)
 
     def _try_place(self, task: PendingTask, cause: Event) -> AllocationGranted | None:
         candidates, _ = self.diagnose(task.demand)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crater.contracts import ResourcePrediction, TaskRequest
+from crater.contracts import Affinity, ResourcePrediction, ResourceRequirements, TaskRequest
 
 
 @dataclass(frozen=True)
@@ -22,13 +22,24 @@ class Demand:
 
     @classmethod
     def of(cls, request: TaskRequest, prediction: ResourcePrediction | None) -> Demand:
-        needs = request.resource_requirements
+        return cls.of_resources(
+            request.resource_requirements, request.pool, request.affinity, prediction
+        )
+
+    @classmethod
+    def of_resources(
+        cls,
+        needs: ResourceRequirements,
+        pool: str,
+        affinity: Affinity,
+        prediction: ResourcePrediction | None = None,
+    ) -> Demand:
         gpu_memory, source = needs.gpu.memory_mb, "requested"
         # Nothing asked per card: place on the predicted peak rather than on nothing.
         if needs.gpu.count and not gpu_memory and prediction is not None:
             gpu_memory, source = prediction.gpu_memory_per_gpu_mb, "predicted"
         return cls(
-            pool=request.pool,
+            pool=pool,
             gpus=needs.gpu.count,
             gpu_memory_mb=gpu_memory,
             gpu_model=needs.gpu.type,
@@ -36,6 +47,6 @@ class Demand:
             memory_mb=needs.memory.capacity_mb,
             disk_gb=needs.ssd.capacity_gb,
             avx=needs.cpu.avx_support,
-            numa_strict=request.affinity.numa == "strict",
+            numa_strict=affinity.numa == "strict",
             gpu_memory_source=source,
         )

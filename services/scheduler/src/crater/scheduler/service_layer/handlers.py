@@ -17,6 +17,8 @@ from crater.contracts import (
     NodeHealthReported,
     NodeSummary,
     NodeTopologyReported,
+    PlacementAnswer,
+    PlacementQuery,
     TaskPending,
     TaskProfiled,
     TaskRejected,
@@ -27,6 +29,7 @@ from crater.runtime.outbox import OutboxRelay, first_delivery, stage
 from crater.scheduler.adapters.orm import inbox, outbox
 from crater.scheduler.adapters.repository import SchedulerRepository
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
+from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.views import node_summaries
 
 log = logging.getLogger("crater.scheduler")
@@ -122,6 +125,10 @@ class SchedulerService:
     async def tasks(self, query: TasksQuery) -> list[TaskSummary]:
         async with self.sessions() as session:
             return await SchedulerRepository(session).task_summaries(query)
+
+    def dry_run(self, query: PlacementQuery) -> PlacementAnswer:
+        demand = Demand.of_resources(query.resource_requirements, query.pool, query.affinity)
+        return self.scheduler.dry_run(demand)
 
     def nodes(self, pool: str | None) -> list[NodeSummary]:
         return node_summaries(self.scheduler.cluster, pool)

@@ -1,0 +1,83 @@
+"""`crater schedule-test`: a dry run against the live cluster state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from crater.contracts import PlacementAnswer, PlacementQuery
+
+console = Console(highlight=False)
+
+
+def schedule_test(
+    resource_request: Annotated[
+        str,
+        typer.Option(
+            "--resource-request",
+            help="resource_requirements JSON (as in a task request), or @FILE to read it.",
+        ),
+    ],
+    pool: Annotated[str, typer.Option(help="The pool to place in.")] = "default",
+    numa: Annotated[str, typer.Option(help="strict, best-effort or none.")] = "best-effort",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    gateway: Annotated[str, typer.Option(envvar="CRATER_GATEWAY_URL")] = "http://127.0.0.1:8080",
+) -> None:
+    """Every node that fits, with its score, and every node that does not, with its reason."""
+    text = (
+        Path(resource_request[1:]).read_text()
+        if resource_request.startswith("@")
+        else (resource_request)
+    )
+    try:
+        query = PlacementQuery.model_validate(
+            {
+                "resource_requirements": json.loads(text),
+                "pool": pool,
+                "affinity": {"numa": numa},
+            }
+        )
+    except (ValueError, ValidationError) as error:
+        console.print(f"[red]invalid resource request:[/red] {error}")
+        raise typer.Exit(2) from None
+    try:
+        response = httpx.post(
+            f"{gateway}/api/v1/schedule/dry-run",
+            content=query.model_dump_json(),
+            headers={"content-type": "application/json"},
+            timeout=10,
+        )
+    except httpx.ConnectError:
+        console.print(f"[red]no gateway at {gateway}[/red]; is Crater up (make up)?")
+        raise typer.Exit(2) from None
+    if response.status_code >= 400:
+        console.print(f"[red]{response.status_code}[/red] {response.text}")
+        raise typer.Exit(1)
+    answer = PlacementAnswer.model_validate_json(response.content)
+    if as_json:
+        console.print_json(answer.model_dump_json())
+        return
+    fits = Table("rank", "node", "score", "GPUs", "cores", "NUMA", "per plugin", title="fits")
+    for rank, fit in enumerate(answer.fits, start=1):
+        fits.add_row(
+            str(rank),
+            fit.node_id,
+            f"{fit.score:.3f}",
+            ",".join(map(str, fit.gpu_ids)) or "-",
+            f"{len(fit.cpu_cores)}",
+            "-" if fit.numa_node is None else str(fit.numa_node),
+            " ".join(f"{s.plugin}={s.score:.2f}" for s in fit.scores),
+        )
+    console.print(fits)
+    misfits = Table("node", "filter", "reason", title="does not fit")
+    for misfit in answer.misfits:
+        misfits.add_row(misfit.node_id, misfit.filter, misfit.reason)
+    console.print(misfits)
+    console.print(answer.summary)
