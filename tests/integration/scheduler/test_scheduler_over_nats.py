@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nats
 from faststream import TestApp
 
@@ -151,3 +153,23 @@ async def test_redelivered_and_malformed_input_changes_nothing(
         granted = await tap.wait_for(AllocationGranted, count=2)
         assert sorted(g.task_id for g in granted) == ["after", "once"]
         assert len(tap.of(AllocationGranted)) == 2
+
+
+async def test_quota_usage_is_restored_after_a_restart(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str, tmp_path: Path
+) -> None:
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text("tenants:\n  default: {gpus: 4}\n")
+    settings = SchedulerSettings(
+        nats_url=fresh_nats.url, database_url=database_url, quotas_file=quotas
+    )
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, NodeTopologyReported(node=node("a100-01", gpus=8)))
+        await publish(service.broker, profiled("first", gpus=4))
+        await tap.wait_for(AllocationGranted)
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, profiled("second", gpus=1))
+        [pending] = await tap.wait_for(TaskPending)
+        assert pending.reasons[0].code == "QuotaExceeded"

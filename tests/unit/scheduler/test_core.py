@@ -23,8 +23,9 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
 )
-from crater.scheduler.domain.core import Scheduler
+from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.quotas import Quota
 from tests.support.topologies import node
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -45,7 +46,7 @@ def profiled(task_id: str, when: float = 1, **needs: Any) -> TaskProfiled:
             "memory": {"capacity_mb": needs.get("mem", 16000)},
         },
     }
-    for key in ("pool", "affinity", "priority", "gang_size"):
+    for key in ("pool", "affinity", "priority", "gang_size", "tenant"):
         if key in needs:
             body[key] = needs[key]
     if "type" in needs:
@@ -236,3 +237,24 @@ def test_dry_run_lists_every_fit_best_first_and_every_misfit_with_its_reason() -
     }
     assert answer.summary.startswith("2/4 nodes fit")
     assert scheduler.allocations == {}  # nothing reserved
+
+
+def test_tenant_quota_holds_tasks_back_and_refuses_what_could_never_fit() -> None:
+    scheduler = Scheduler(config=SchedulerConfig(quotas={"search": Quota(gpus=3)}))
+    scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node("a100-01", gpus=8)))
+    [first] = scheduler.handle(profiled("s1", gpus=2, tenant="search"))
+    assert isinstance(first, AllocationGranted)
+    [waits] = scheduler.handle(profiled("s2", gpus=2, when=2, tenant="search"))
+    assert isinstance(waits, TaskPending)
+    assert waits.reasons[0].code == "QuotaExceeded"
+    assert "gpus 4 > 3" in waits.summary
+    [other] = scheduler.handle(profiled("r1", gpus=2, when=3, tenant="research"))
+    assert isinstance(other, AllocationGranted)  # another tenant is not held back
+    [never] = scheduler.handle(profiled("s3", gpus=4, when=4, tenant="search"))
+    assert isinstance(never, TaskRejected)
+    assert never.errors[0].field == "resource_requirements.gpu.count"
+    done = TaskStatusReported(occurred_at=at(5), task_id="s1", status=TaskStatus.SUCCEEDED)
+    released, granted = scheduler.handle(done)
+    assert isinstance(released, AllocationReleased)
+    assert isinstance(granted, AllocationGranted)
+    assert granted.task_id == "s2"

@@ -19,7 +19,8 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
 )
-from crater.scheduler.domain.core import Scheduler
+from crater.scheduler.domain.core import Scheduler, SchedulerConfig
+from crater.scheduler.domain.quotas import Quota
 from tests.support.topologies import node
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -63,6 +64,7 @@ def profiled(i: int, clock: int, shape: tuple[int, int, int, int, str]) -> TaskP
                 "memory": {"capacity_mb": mem},
             },
             "affinity": {"numa": numa},
+            "tenant": ("search", "research")[i % 2],
         }
     )
     return TaskProfiled(
@@ -72,10 +74,11 @@ def profiled(i: int, clock: int, shape: tuple[int, int, int, int, str]) -> TaskP
 
 @settings(max_examples=150, deadline=None)
 @given(steps)
-def test_no_resource_is_ever_held_twice_or_beyond_capacity(
+def test_no_resource_is_ever_held_twice_beyond_capacity_or_beyond_quota(
     script: list[tuple[str, object]],
 ) -> None:
-    scheduler = Scheduler()
+    quotas = {"search": Quota(gpus=6, cpu_cores=48, memory_mb=700_000)}
+    scheduler = Scheduler(config=SchedulerConfig(quotas=quotas))
     for topology in (
         node("a100-01", gpus=8),
         node("v100-01", gpus=2, gpu_memory_mb=16384, cores=16, memory_mb=128_000),
@@ -112,6 +115,10 @@ def test_no_resource_is_ever_held_twice_or_beyond_capacity(
         held_cores = [(g.node, core) for g in granted.values() for core in g.cpu_cores]
         assert len(held_gpus) == len(set(held_gpus)), "a GPU allocated twice"
         assert len(held_cores) == len(set(held_cores)), "a CPU core allocated twice"
+        search = [g for g in granted.values() if g.tenant == "search"]
+        assert sum(len(g.gpu_ids) for g in search) <= 6, "GPU quota exceeded"
+        assert sum(len(g.cpu_cores) for g in search) <= 48, "CPU quota exceeded"
+        assert sum(g.memory_mb for g in search) <= 700_000, "memory quota exceeded"
         cluster = scheduler.cluster
         for row, n in enumerate(cluster.nodes):
             memory = sum(g.memory_mb for g in granted.values() if g.node == n.name)

@@ -28,6 +28,7 @@ from crater.runtime.outbox import OutboxRelay
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
 from crater.scheduler.adapters.orm import outbox
+from crater.scheduler.adapters.quotas_file import load_quotas
 from crater.scheduler.domain.core import SchedulerConfig
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
 
@@ -45,6 +46,10 @@ class SchedulerSettings(ServiceSettings):
         default="crater-development-only", description="Signs reservation tokens. Set it!"
     )
     checkpoint_root: str = Field(default="/var/lib/crater/checkpoints")
+    quotas_file: Path | None = Field(
+        default=None,
+        description="YAML: tenants: {NAME: {gpus, gpu_memory_mb, cpu_cores, memory_mb}}.",
+    )
 
 
 def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastStream]:
@@ -61,6 +66,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
             heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
             token_secret=settings.token_secret.encode(),
             checkpoint_root=settings.checkpoint_root,
+            quotas=load_quotas(settings.quotas_file) if settings.quotas_file else {},
         ),
         SchedulerMetrics(service.registry),
     )

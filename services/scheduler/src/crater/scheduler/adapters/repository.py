@@ -30,6 +30,7 @@ from crater.contracts import (
 from crater.scheduler.adapters.orm import allocations, nodes, tasks
 from crater.scheduler.domain.core import Allocation, PendingTask, Scheduler, SchedulerConfig
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.quotas import Usage
 
 
 class SchedulerRepository:
@@ -182,7 +183,9 @@ class SchedulerRepository:
         node_rows = (await self.session.execute(select(nodes).order_by(nodes.c.node_id))).all()
         alloc_rows = (
             await self.session.execute(
-                select(allocations).where(allocations.c.released_at.is_(None))
+                select(allocations, tasks.c.request, tasks.c.prediction, tasks.c.tenant)
+                .join(tasks, tasks.c.task_id == allocations.c.task_id)
+                .where(allocations.c.released_at.is_(None))
             )
         ).all()
         pending_rows = (
@@ -210,6 +213,8 @@ class SchedulerRepository:
                     r.memory_mb,
                     _aware(r.reservation_expires_at),
                     r.running,
+                    tenant=r.tenant,
+                    usage=Usage.of(_pending(r).demand),
                 )
                 for r in alloc_rows
             ],
@@ -247,7 +252,8 @@ class SchedulerRepository:
 def _pending(row: Any) -> PendingTask:
     request = TaskRequest.model_validate(row.request)
     prediction = ResourcePrediction.model_validate(row.prediction) if row.prediction else None
-    return PendingTask(request, prediction, Demand.of(request, prediction), row.seq, row.reason)
+    seq, reason = getattr(row, "seq", 0), getattr(row, "reason", None)
+    return PendingTask(request, prediction, Demand.of(request, prediction), seq, reason)
 
 
 def _aware(moment: datetime) -> datetime:

@@ -43,6 +43,7 @@ from crater.scheduler.domain.cluster import BoolArray, ClusterArrays, Node
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.placement import Selection, select
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
+from crater.scheduler.domain.quotas import QUOTA_FIELDS, Quota, Quotas, Usage
 
 # (node row, total score, per-plugin scores)
 Ranked = tuple[int, float, list[ScoreDetail]]
@@ -69,6 +70,7 @@ class SchedulerConfig:
     heartbeat_timeout_seconds: float = 30.0
     token_secret: bytes = b"crater-development-only"
     checkpoint_root: str = "/var/lib/crater/checkpoints"
+    quotas: dict[str, Quota] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,6 +96,8 @@ class Allocation:
     memory_mb: int
     expires_at: datetime
     running: bool = False
+    tenant: str = "default"
+    usage: Usage = field(default_factory=Usage)
 
 
 @dataclass
@@ -106,6 +110,10 @@ class Scheduler:
     # The core's clock: the latest `occurred_at` it has seen. Events arrive from many
     # producers, a little out of order; time never runs backwards inside the core.
     clock: datetime | None = None
+    quotas: Quotas = field(default_factory=Quotas)
+
+    def __post_init__(self) -> None:
+        self.quotas.limits = dict(self.config.quotas)
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -124,6 +132,7 @@ class Scheduler:
             self.cluster.upsert(node)
         for allocation in allocations:
             self.allocations[allocation.task_id] = allocation
+            self.quotas.take(allocation.tenant, allocation.usage)
             held = self.cluster.get(allocation.node)
             if held is not None:
                 self._take(held, allocation.gpu_ids, allocation.cpu_cores, allocation.memory_mb)
@@ -167,7 +176,13 @@ class Scheduler:
                 )
             ]
         demand = Demand.of(request, event.prediction)
-        errors = self._never_fits(demand)
+        errors = [
+            FieldError(
+                field=QUOTA_FIELDS[resource],
+                reason=f"tenant {request.tenant!r} quota is {limit}, the task alone asks {wanted}",
+            )
+            for resource, wanted, limit in self.quotas.never(request.tenant, demand)
+        ] or self._never_fits(demand)
         if errors:
             return [self._reject(event, request.task_id, errors)]
         task = PendingTask(request, event.prediction, demand, seq)
@@ -361,6 +376,8 @@ class Scheduler:
         return PlacementAnswer(fits=fits, misfits=misfits, summary=summary)
 
     def _try_place(self, task: PendingTask, cause: Event) -> AllocationGranted | None:
+        if self.quotas.blocking(task.request.tenant, task.demand):
+            return None
         candidates, _ = self.diagnose(task.demand)
         for i, score, details in self.rank(task.demand, candidates):
             node = self.cluster.nodes[i]
@@ -391,7 +408,10 @@ class Scheduler:
             selection.cpu_cores,
             task.demand.memory_mb,
             expires,
+            tenant=request.tenant,
+            usage=Usage.of(task.demand),
         )
+        self.quotas.take(request.tenant, allocation.usage)
         self._take(node, selection.gpu_ids, selection.cpu_cores, task.demand.memory_mb)
         self.cluster.refresh(node.name)
         self.allocations[request.task_id] = allocation
@@ -434,6 +454,7 @@ class Scheduler:
             node.memory_free_mb += allocation.memory_mb
             self.cluster.refresh(node.name)
         del self.allocations[allocation.task_id]
+        self.quotas.give_back(allocation.tenant, allocation.usage)
         return AllocationReleased(
             event_id=derived_event_id(cause.event_id, f"released:{allocation.task_id}"),
             occurred_at=cause.occurred_at,
@@ -455,8 +476,23 @@ class Scheduler:
     # -- events ------------------------------------------------------------------------------
 
     def _pending_event(self, task: PendingTask, cause: Event) -> TaskPending:
-        _, reasons = self.diagnose(task.demand)
         total = len(self.cluster)
+        over = self.quotas.blocking(task.request.tenant, task.demand)
+        _, reasons = self.diagnose(task.demand)
+        if over:
+            reasons = [
+                FilterReason(
+                    filter="TenantQuota",
+                    code="QuotaExceeded",
+                    nodes=total,
+                    message=(
+                        f"tenant {task.request.tenant!r} quota: "
+                        + ", ".join(
+                            f"{resource} {wanted} > {limit}" for resource, wanted, limit in over
+                        )
+                    ),
+                )
+            ]
         if reasons:
             detail = ", ".join(f"{r.nodes} {r.message}" for r in reasons)
         elif total:

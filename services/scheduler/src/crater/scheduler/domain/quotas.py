@@ -1,0 +1,93 @@
+"""Tenant quotas: how much of the cluster a tenant may hold at once, across its tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from crater.scheduler.domain.demand import Demand
+
+
+@dataclass(frozen=True)
+class Usage:
+    gpus: int = 0
+    gpu_memory_mb: int = 0
+    cpu_cores: int = 0
+    memory_mb: int = 0
+
+    @classmethod
+    def of(cls, demand: Demand) -> Usage:
+        return cls(
+            gpus=demand.gpus,
+            gpu_memory_mb=demand.gpus * demand.gpu_memory_mb,
+            cpu_cores=demand.cpu_cores,
+            memory_mb=demand.memory_mb,
+        )
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.gpus + other.gpus,
+            self.gpu_memory_mb + other.gpu_memory_mb,
+            self.cpu_cores + other.cpu_cores,
+            self.memory_mb + other.memory_mb,
+        )
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(
+            self.gpus - other.gpus,
+            self.gpu_memory_mb - other.gpu_memory_mb,
+            self.cpu_cores - other.cpu_cores,
+            self.memory_mb - other.memory_mb,
+        )
+
+
+# The request field each quota limits, named when a task is refused or waits on it.
+QUOTA_FIELDS = {
+    "gpus": "resource_requirements.gpu.count",
+    "gpu_memory_mb": "resource_requirements.gpu.memory_mb",
+    "cpu_cores": "resource_requirements.cpu.cores",
+    "memory_mb": "resource_requirements.memory.capacity_mb",
+}
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Limits for one tenant; None means unlimited."""
+
+    gpus: int | None = None
+    gpu_memory_mb: int | None = None
+    cpu_cores: int | None = None
+    memory_mb: int | None = None
+
+    def excess(self, usage: Usage) -> list[tuple[str, int, int]]:
+        """(resource, wanted, limit) for every limit `usage` would pass."""
+        over = []
+        for resource in QUOTA_FIELDS:
+            limit = getattr(self, resource)
+            wanted = getattr(usage, resource)
+            if limit is not None and wanted > limit:
+                over.append((resource, wanted, limit))
+        return over
+
+
+@dataclass
+class Quotas:
+    limits: dict[str, Quota] = field(default_factory=dict)
+    used: dict[str, Usage] = field(default_factory=dict)
+
+    def blocking(self, tenant: str, demand: Demand) -> list[tuple[str, int, int]]:
+        """What stops `tenant` taking `demand` now, given what it holds."""
+        quota = self.limits.get(tenant)
+        if quota is None:
+            return []
+        return quota.excess(self.used.get(tenant, Usage()) + Usage.of(demand))
+
+    def never(self, tenant: str, demand: Demand) -> list[tuple[str, int, int]]:
+        """What `demand` alone exceeds: it could never run for this tenant."""
+        quota = self.limits.get(tenant)
+        return [] if quota is None else quota.excess(Usage.of(demand))
+
+    def take(self, tenant: str, usage: Usage) -> None:
+        self.used[tenant] = self.used.get(tenant, Usage()) + usage
+
+    def give_back(self, tenant: str, usage: Usage) -> None:
+        self.used[tenant] = self.used.get(tenant, Usage()) - usage
