@@ -17,9 +17,11 @@ from crater.contracts import (
     NodeTopologyReported,
     PlacementAnswer,
     PlacementQuery,
+    Priority,
     QuerySubjects,
     ResourcePrediction,
     TaskPending,
+    TaskPreempted,
     TaskProfiled,
     TaskRejected,
     TaskRequest,
@@ -173,3 +175,42 @@ async def test_quota_usage_is_restored_after_a_restart(
         await publish(service.broker, profiled("second", gpus=1))
         [pending] = await tap.wait_for(TaskPending)
         assert pending.reasons[0].code == "QuotaExceeded"
+
+
+async def test_preemption_over_nats_with_the_victim_recorded_as_preempted(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str
+) -> None:
+    settings = SchedulerSettings(nats_url=fresh_nats.url, database_url=database_url)
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, NodeTopologyReported(node=node("a100-01", gpus=2)))
+        low = profiled("low", gpus=2)
+        low = low.model_copy(
+            update={
+                "task": low.task.model_copy(update={"priority": Priority.LOW, "preemptible": True})
+            }
+        )
+        await publish(service.broker, low)
+        await tap.wait_for(AllocationGranted)
+        await publish(service.broker, TaskStatusReported(task_id="low", status=TaskStatus.RUNNING))
+        urgent = profiled("urgent", gpus=2)
+        urgent = urgent.model_copy(
+            update={"task": urgent.task.model_copy(update={"priority": Priority.HIGH})}
+        )
+        await publish(service.broker, urgent)
+        [preempted] = await tap.wait_for(TaskPreempted)
+        assert (preempted.task_id, preempted.preempted_by) == ("low", "urgent")
+        await publish(
+            service.broker, TaskStatusReported(task_id="low", status=TaskStatus.CANCELLED)
+        )
+        [_, granted] = await tap.wait_for(AllocationGranted, count=2)
+        assert granted.task_id == "urgent"
+        answer = TasksAnswer.model_validate_json(
+            await query(
+                fresh_nats.url, QuerySubjects.TASKS, TasksQuery().model_dump_json().encode()
+            )
+        )
+        assert {t.task_id: t.status for t in answer.tasks} == {
+            "low": TaskStatus.PREEMPTED,
+            "urgent": TaskStatus.SCHEDULED,
+        }

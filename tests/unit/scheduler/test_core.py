@@ -17,6 +17,7 @@ from crater.contracts import (
     ResourcePrediction,
     ResourceRequirements,
     TaskPending,
+    TaskPreempted,
     TaskProfiled,
     TaskRejected,
     TaskRequest,
@@ -46,7 +47,7 @@ def profiled(task_id: str, when: float = 1, **needs: Any) -> TaskProfiled:
             "memory": {"capacity_mb": needs.get("mem", 16000)},
         },
     }
-    for key in ("pool", "affinity", "priority", "gang_size", "tenant"):
+    for key in ("pool", "affinity", "priority", "gang_size", "tenant", "preemptible"):
         if key in needs:
             body[key] = needs[key]
     if "type" in needs:
@@ -258,3 +259,49 @@ def test_tenant_quota_holds_tasks_back_and_refuses_what_could_never_fit() -> Non
     assert isinstance(released, AllocationReleased)
     assert isinstance(granted, AllocationGranted)
     assert granted.task_id == "s2"
+
+
+def running(task_id: str, when: float) -> TaskStatusReported:
+    return TaskStatusReported(occurred_at=at(when), task_id=task_id, status=TaskStatus.RUNNING)
+
+
+def test_a_high_priority_task_preempts_the_fewest_least_progressed_preemptible_tasks() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=4), node("a100-02", gpus=4))
+    low = {"priority": "low", "preemptible": True}
+    for i, (gpus, when) in enumerate([(2, 1), (2, 2), (4, 3)]):
+        [granted] = scheduler.handle(profiled(f"low-{i}", gpus=gpus, when=when, **low))
+        assert isinstance(granted, AllocationGranted)
+        scheduler.handle(running(f"low-{i}", when + 0.5))
+    [kept] = scheduler.handle(profiled("mine", gpus=2, when=4, priority="low"))
+    assert isinstance(kept, TaskPending)  # the same priority never preempts
+
+    decisions = scheduler.handle(profiled("urgent", gpus=4, when=5, priority="high"))
+    pending, preempted = decisions
+    assert isinstance(pending, TaskPending)
+    # one victim (low-2, all of a100-02) rather than two on a100-01
+    assert isinstance(preempted, TaskPreempted)
+    assert (preempted.task_id, preempted.preempted_by) == ("low-2", "urgent")
+    assert preempted.grace_period_seconds == 30
+
+    # the victim stops within its grace period: its GPUs go to the urgent task
+    stopped = TaskStatusReported(occurred_at=at(10), task_id="low-2", status=TaskStatus.CANCELLED)
+    released, granted = scheduler.handle(stopped)[:2]
+    assert isinstance(released, AllocationReleased)
+    assert released.reason == "preempted"
+    assert isinstance(granted, AllocationGranted)
+    assert (granted.task_id, granted.node) == ("urgent", "a100-02")
+
+
+def test_a_victim_that_ignores_preemption_is_released_after_its_grace_period() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=2))
+    scheduler.handle(profiled("low", gpus=2, when=1, priority="low", preemptible=True))
+    scheduler.handle(running("low", 2))
+    scheduler.handle(profiled("urgent", gpus=2, when=3, priority="high"))
+    late = NodeHealthReported(
+        occurred_at=at(40), node_id="a100-01", condition=NodeCondition.READY, score=100
+    )
+    released, granted = scheduler.handle(late)
+    assert isinstance(released, AllocationReleased)
+    assert (released.task_id, released.reason) == ("low", "preempted")
+    assert isinstance(granted, AllocationGranted)
+    assert granted.task_id == "urgent"

@@ -39,6 +39,8 @@ task_shapes = st.tuples(
     st.integers(0, 40),  # CPU cores
     st.integers(0, 600_000),  # memory MiB
     st.sampled_from(["strict", "best-effort"]),
+    st.sampled_from(["high", "medium", "low"]),
+    st.booleans(),  # preemptible
 )
 steps = st.lists(
     st.one_of(
@@ -51,8 +53,8 @@ steps = st.lists(
 )
 
 
-def profiled(i: int, clock: int, shape: tuple[int, int, int, int, str]) -> TaskProfiled:
-    gpus, gpu_mb, cores, mem, numa = shape
+def profiled(i: int, clock: int, shape: tuple[int, int, int, int, str, str, bool]) -> TaskProfiled:
+    gpus, gpu_mb, cores, mem, numa, priority, preemptible = shape
     request = TaskRequest.model_validate(
         {
             "task_id": f"t{i}",
@@ -64,6 +66,8 @@ def profiled(i: int, clock: int, shape: tuple[int, int, int, int, str]) -> TaskP
                 "memory": {"capacity_mb": mem},
             },
             "affinity": {"numa": numa},
+            "priority": priority,
+            "preemptible": preemptible,
             "tenant": ("search", "research")[i % 2],
         }
     )

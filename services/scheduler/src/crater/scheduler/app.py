@@ -46,6 +46,9 @@ class SchedulerSettings(ServiceSettings):
         default="crater-development-only", description="Signs reservation tokens. Set it!"
     )
     checkpoint_root: str = Field(default="/var/lib/crater/checkpoints")
+    grace_period_seconds: int = Field(
+        default=30, ge=0, description="Time a preempted task has to checkpoint and stop."
+    )
     quotas_file: Path | None = Field(
         default=None,
         description="YAML: tenants: {NAME: {gpus, gpu_memory_mb, cpu_cores, memory_mb}}.",
@@ -67,6 +70,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
             token_secret=settings.token_secret.encode(),
             checkpoint_root=settings.checkpoint_root,
             quotas=load_quotas(settings.quotas_file) if settings.quotas_file else {},
+            grace_period_seconds=settings.grace_period_seconds,
         ),
         SchedulerMetrics(service.registry),
     )

@@ -16,9 +16,11 @@ from crater.contracts import (
     NodeHealthReported,
     NodeTopology,
     NodeTopologyReported,
+    Priority,
     ReleaseReason,
     ResourcePrediction,
     TaskPending,
+    TaskPreempted,
     TaskProfiled,
     TaskRejected,
     TaskRequest,
@@ -28,7 +30,13 @@ from crater.contracts import (
     TaskSummary,
 )
 from crater.scheduler.adapters.orm import allocations, nodes, tasks
-from crater.scheduler.domain.core import Allocation, PendingTask, Scheduler, SchedulerConfig
+from crater.scheduler.domain.core import (
+    PRIORITY_RANK,
+    Allocation,
+    PendingTask,
+    Scheduler,
+    SchedulerConfig,
+)
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.quotas import Usage
 
@@ -103,12 +111,23 @@ class SchedulerRepository:
             await self._set_task(
                 decision.task_id, now, status=TaskStatus.REJECTED.value, reason=reason
             )
+        elif isinstance(decision, TaskPreempted):
+            await self._set_task(
+                decision.task_id,
+                now,
+                reason=(
+                    f"preempted by {decision.preempted_by}: "
+                    f"{decision.grace_period_seconds} s to checkpoint"
+                ),
+            )
         elif isinstance(decision, AllocationReleased):
             await self.session.execute(
                 update(allocations)
                 .where(allocations.c.allocation_id == decision.allocation_id)
                 .values(released_at=decision.occurred_at, release_reason=decision.reason.value)
             )
+            if decision.reason is ReleaseReason.PREEMPTED:
+                await self._set_task(decision.task_id, now, status=TaskStatus.PREEMPTED.value)
             if decision.reason is ReleaseReason.EXPIRED:
                 await self._set_task(
                     decision.task_id,
@@ -183,7 +202,13 @@ class SchedulerRepository:
         node_rows = (await self.session.execute(select(nodes).order_by(nodes.c.node_id))).all()
         alloc_rows = (
             await self.session.execute(
-                select(allocations, tasks.c.request, tasks.c.prediction, tasks.c.tenant)
+                select(
+                    allocations,
+                    tasks.c.request,
+                    tasks.c.prediction,
+                    tasks.c.tenant,
+                    tasks.c.seq,
+                )
                 .join(tasks, tasks.c.task_id == allocations.c.task_id)
                 .where(allocations.c.released_at.is_(None))
             )
@@ -215,6 +240,9 @@ class SchedulerRepository:
                     r.running,
                     tenant=r.tenant,
                     usage=Usage.of(_pending(r).demand),
+                    priority_rank=PRIORITY_RANK[Priority(r.request["priority"])],
+                    preemptible=bool(r.request["preemptible"]),
+                    granted_seq=r.seq,
                 )
                 for r in alloc_rows
             ],

@@ -32,6 +32,7 @@ from crater.contracts import (
     ResourcePrediction,
     ScoreDetail,
     TaskPending,
+    TaskPreempted,
     TaskProfiled,
     TaskRejected,
     TaskRequest,
@@ -43,6 +44,7 @@ from crater.scheduler.domain.cluster import BoolArray, ClusterArrays, Node
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.placement import Selection, select
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
+from crater.scheduler.domain.preemption import Candidate, plan
 from crater.scheduler.domain.quotas import QUOTA_FIELDS, Quota, Quotas, Usage
 
 # (node row, total score, per-plugin scores)
@@ -71,6 +73,7 @@ class SchedulerConfig:
     token_secret: bytes = b"crater-development-only"
     checkpoint_root: str = "/var/lib/crater/checkpoints"
     quotas: dict[str, Quota] = field(default_factory=dict)
+    grace_period_seconds: int = 30
 
 
 @dataclass
@@ -80,6 +83,7 @@ class PendingTask:
     demand: Demand
     seq: int
     last_summary: str | None = None
+    nominated_node: str | None = None  # where victims are yielding for it
 
     @property
     def order(self) -> tuple[int, int]:
@@ -98,6 +102,10 @@ class Allocation:
     running: bool = False
     tenant: str = "default"
     usage: Usage = field(default_factory=Usage)
+    priority_rank: int = PRIORITY_RANK[Priority.MEDIUM]
+    preemptible: bool = False
+    granted_seq: int = 0
+    yield_by: datetime | None = None  # preempted: released at this time at the latest
 
 
 @dataclass
@@ -190,7 +198,7 @@ class Scheduler:
         if granted is not None:
             return [granted]
         self.pending[request.task_id] = task
-        return [self._pending_event(task, event)]
+        return [self._pending_event(task, event), *self._preempt_for(task, event)]
 
     def _never_fits(self, demand: Demand) -> list[FieldError]:
         """Why no node of the task's pool could hold it even empty; [] when one could (or
@@ -223,6 +231,8 @@ class Scheduler:
         if event.status is TaskStatus.RUNNING:
             allocation.running = True
             return []
+        if allocation.yield_by is not None:
+            return [self._release(allocation, ReleaseReason.PREEMPTED, event)]
         return [self._release(allocation, ReleaseReason(event.status.value), event)]
 
     def _retry_pending(self, cause: Event) -> list[Event]:
@@ -236,14 +246,75 @@ class Scheduler:
                 pending = self._pending_event(task, cause)
                 if pending.summary != task.last_summary:
                     decisions.append(pending)
+                decisions += self._preempt_for(task, cause)
+        return decisions
+
+    def _preempt_for(self, task: PendingTask, cause: Event) -> list[Event]:
+        """Ask lower-priority preemptible tasks to yield so `task` fits; they get a grace
+        period to checkpoint, then their resources go back (see `_expire_reservations`)."""
+        if task.nominated_node is not None or self.quotas.blocking(
+            task.request.tenant, task.demand
+        ):
+            return []
+        rank = PRIORITY_RANK[task.request.priority]
+        candidates = [
+            Candidate(
+                a.task_id,
+                a.node,
+                a.gpu_ids,
+                a.cpu_cores,
+                a.memory_mb,
+                a.priority_rank,
+                a.granted_seq,
+            )
+            for a in self.allocations.values()
+            if a.preemptible and a.priority_rank > rank and a.yield_by is None
+        ]
+        if not candidates:
+            return []
+        # Nodes the task could use if they were emptier: every filter but free amounts.
+        fits_empty, _ = self.diagnose(task.demand, free=False)
+        ready = fits_empty & self.cluster.ready
+        nodes = [self.cluster.nodes[i] for i in np.flatnonzero(ready)]
+        chosen = plan(nodes, task.demand, candidates)
+        if chosen is None:
+            return []
+        task.nominated_node = chosen.node
+        now = self.clock or cause.occurred_at
+        grace = self.config.grace_period_seconds
+        decisions: list[Event] = []
+        for victim in chosen.victims:
+            allocation = self.allocations[victim.task_id]
+            allocation.yield_by = now + timedelta(seconds=grace)
+            decisions.append(
+                TaskPreempted(
+                    event_id=derived_event_id(cause.event_id, f"preempted:{victim.task_id}"),
+                    occurred_at=cause.occurred_at,
+                    task_id=victim.task_id,
+                    allocation_id=allocation.allocation_id,
+                    node=allocation.node,
+                    preempted_by=task.request.task_id,
+                    grace_period_seconds=grace,
+                )
+            )
         return decisions
 
     def _expire_reservations(self, now: datetime, cause: Event) -> list[Event]:
-        """Allocations whose task never confirmed it runs, past their reservation, go back."""
+        """Allocations whose task never confirmed it runs, past their reservation, and
+        preempted ones past their grace period, go back."""
         expired = [a for a in self.allocations.values() if not a.running and a.expires_at < now]
-        return [
+        yielded = [
+            a
+            for a in self.allocations.values()
+            if a.yield_by is not None and a.yield_by < now and a not in expired
+        ]
+        released: list[Event] = [
             self._release(a, ReleaseReason.EXPIRED, cause)
             for a in sorted(expired, key=lambda a: a.task_id)
+        ]
+        return released + [
+            self._release(a, ReleaseReason.PREEMPTED, cause)
+            for a in sorted(yielded, key=lambda a: a.task_id)
         ]
 
     # -- nodes -------------------------------------------------------------------------------
@@ -410,6 +481,9 @@ class Scheduler:
             expires,
             tenant=request.tenant,
             usage=Usage.of(task.demand),
+            priority_rank=PRIORITY_RANK[request.priority],
+            preemptible=request.preemptible,
+            granted_seq=task.seq,
         )
         self.quotas.take(request.tenant, allocation.usage)
         self._take(node, selection.gpu_ids, selection.cpu_cores, task.demand.memory_mb)

@@ -1,0 +1,59 @@
+"""Choosing whom to preempt: on the node where the fewest lower-priority preemptible tasks
+must yield, the least progressed of them."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from crater.scheduler.domain.cluster import Node
+from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.placement import select
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A running allocation that may be asked to yield."""
+
+    task_id: str
+    node: str
+    gpu_ids: tuple[int, ...]
+    cpu_cores: tuple[int, ...]
+    memory_mb: int
+    priority_rank: int  # larger is lower priority
+    granted_seq: int  # later grant, less progress lost
+
+
+@dataclass(frozen=True)
+class Plan:
+    node: str
+    victims: tuple[Candidate, ...]
+
+
+def plan(nodes: Sequence[Node], demand: Demand, candidates: Sequence[Candidate]) -> Plan | None:
+    """The cheapest set of victims that lets `demand` fit on one of `nodes`, or None.
+
+    Cost: fewest victims, then the least progressed (latest granted), then node name."""
+    best: tuple[tuple[int, int, str], Plan] | None = None
+    for node in nodes:
+        mine = sorted(
+            (c for c in candidates if c.node == node.name),
+            key=lambda c: (-c.priority_rank, -c.granted_seq),
+        )
+        if not mine:
+            continue
+        freed = copy.deepcopy(node)
+        victims: list[Candidate] = []
+        for victim in mine:
+            victims.append(victim)
+            for gpu in victim.gpu_ids:
+                freed.gpu_free[gpu] = True
+            freed.cpu_free |= set(victim.cpu_cores)
+            freed.memory_free_mb += victim.memory_mb
+            if select(freed, demand) is not None:
+                cost = (len(victims), -min(v.granted_seq for v in victims), node.name)
+                if best is None or cost < best[0]:
+                    best = (cost, Plan(node.name, tuple(victims)))
+                break
+    return None if best is None else best[1]
