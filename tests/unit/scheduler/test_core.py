@@ -47,7 +47,8 @@ def profiled(task_id: str, when: float = 1, **needs: Any) -> TaskProfiled:
             "memory": {"capacity_mb": needs.get("mem", 16000)},
         },
     }
-    for key in ("pool", "affinity", "priority", "gang_size", "tenant", "preemptible"):
+    keys = ("pool", "affinity", "priority", "gang_size", "tenant", "preemptible", "anti_affinity")
+    for key in keys:
         if key in needs:
             body[key] = needs[key]
     if "type" in needs:
@@ -305,3 +306,18 @@ def test_a_victim_that_ignores_preemption_is_released_after_its_grace_period() -
     assert (released.task_id, released.reason) == ("low", "preempted")
     assert isinstance(granted, AllocationGranted)
     assert granted.task_id == "urgent"
+
+
+def test_replicas_of_one_group_spread_across_nodes() -> None:
+    scheduler, _ = cluster(node("rtx-01", gpus=4), node("rtx-02", gpus=4))
+    group = {"anti_affinity": {"group": "chat"}}
+    placed = [scheduler.handle(profiled(f"r{i}", gpus=1, when=i, **group))[0] for i in range(3)]
+    assert [type(p).__name__ for p in placed] == ["AllocationGranted"] * 2 + ["TaskPending"]
+    assert {p.node for p in placed[:2] if isinstance(p, AllocationGranted)} == {
+        "rtx-01",
+        "rtx-02",
+    }
+    assert isinstance(placed[2], TaskPending)
+    assert "already runs a replica of chat" in placed[2].summary
+    [other] = scheduler.handle(profiled("solo", gpus=1, when=5))
+    assert isinstance(other, AllocationGranted)  # no group: bin-packs as usual

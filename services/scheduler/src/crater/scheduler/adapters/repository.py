@@ -243,6 +243,7 @@ class SchedulerRepository:
                     priority_rank=PRIORITY_RANK[Priority(r.request["priority"])],
                     preemptible=bool(r.request["preemptible"]),
                     granted_seq=r.seq,
+                    group=r.request["anti_affinity"]["group"],
                 )
                 for r in alloc_rows
             ],

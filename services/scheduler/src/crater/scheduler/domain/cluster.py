@@ -24,6 +24,8 @@ class Node:
     gpu_free: list[bool] = field(default_factory=list)
     cpu_free: set[int] = field(default_factory=set)
     memory_free_mb: int = 0
+    # anti-affinity groups of the allocations on this node, with how many each
+    groups: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, topology: NodeTopology) -> Node:

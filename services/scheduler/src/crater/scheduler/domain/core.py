@@ -62,6 +62,7 @@ FILTER_FIELDS = {
     "Memory": "resource_requirements.memory.capacity_mb",
     "DiskCapacity": "resource_requirements.ssd.capacity_gb",
     "AvxSupport": "resource_requirements.cpu.avx_support",
+    "AntiAffinity": "anti_affinity.group",
 }
 
 
@@ -106,6 +107,7 @@ class Allocation:
     preemptible: bool = False
     granted_seq: int = 0
     yield_by: datetime | None = None  # preempted: released at this time at the latest
+    group: str | None = None  # anti-affinity group
 
 
 @dataclass
@@ -144,6 +146,7 @@ class Scheduler:
             held = self.cluster.get(allocation.node)
             if held is not None:
                 self._take(held, allocation.gpu_ids, allocation.cpu_cores, allocation.memory_mb)
+                _join(held, allocation.group)
                 self.cluster.refresh(held.name)
         self.pending = {task.request.task_id: task for task in pending}
         self.next_seq = next_seq
@@ -330,6 +333,7 @@ class Scheduler:
         for allocation in self.allocations.values():
             if allocation.node == node.name:
                 self._take(node, allocation.gpu_ids, allocation.cpu_cores, allocation.memory_mb)
+                _join(node, allocation.group)
         self.cluster.refresh(node.name)
 
     def _on_health(self, event: NodeHealthReported) -> bool:
@@ -484,9 +488,11 @@ class Scheduler:
             priority_rank=PRIORITY_RANK[request.priority],
             preemptible=request.preemptible,
             granted_seq=task.seq,
+            group=request.anti_affinity.group,
         )
         self.quotas.take(request.tenant, allocation.usage)
         self._take(node, selection.gpu_ids, selection.cpu_cores, task.demand.memory_mb)
+        _join(node, allocation.group)
         self.cluster.refresh(node.name)
         self.allocations[request.task_id] = allocation
         checkpoint = self._checkpoint_path(node, request.task_id)
@@ -526,6 +532,7 @@ class Scheduler:
                 node.gpu_free[gpu] = True
             node.cpu_free |= set(allocation.cpu_cores)
             node.memory_free_mb += allocation.memory_mb
+            _leave(node, allocation.group)
             self.cluster.refresh(node.name)
         del self.allocations[allocation.task_id]
         self.quotas.give_back(allocation.tenant, allocation.usage)
@@ -619,3 +626,15 @@ class Scheduler:
                 task.prediction.dataloader_prefetch_factor
             )
         return env
+
+
+def _join(node: Node, group: str | None) -> None:
+    if group is not None:
+        node.groups[group] = node.groups.get(group, 0) + 1
+
+
+def _leave(node: Node, group: str | None) -> None:
+    if group is not None:
+        node.groups[group] -= 1
+        if not node.groups[group]:
+            del node.groups[group]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from crater.contracts import Affinity, ResourcePrediction, ResourceRequirements, TaskRequest
 
@@ -19,12 +19,14 @@ class Demand:
     avx: str | None
     numa_strict: bool
     gpu_memory_source: str
+    anti_affinity_group: str | None = None
 
     @classmethod
     def of(cls, request: TaskRequest, prediction: ResourcePrediction | None) -> Demand:
-        return cls.of_resources(
+        demand = cls.of_resources(
             request.resource_requirements, request.pool, request.affinity, prediction
         )
+        return replace(demand, anti_affinity_group=request.anti_affinity.group)
 
     @classmethod
     def of_resources(

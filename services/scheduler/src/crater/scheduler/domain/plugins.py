@@ -83,6 +83,14 @@ def _avx(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
     return np.fromiter((n.has_flag(avx) for n in c.nodes), np.bool_, len(c))
 
 
+def _anti_affinity(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
+    """Replicas of one group spread: a node holding one already is out."""
+    group = d.anti_affinity_group
+    if group is None or not free:
+        return _all(c)
+    return np.fromiter((group not in n.groups for n in c.nodes), np.bool_, len(c))
+
+
 FILTERS: dict[str, Filter] = {
     f.name: f
     for f in (
@@ -104,6 +112,12 @@ FILTERS: dict[str, Filter] = {
         Filter("Memory", "InsufficientMemory", _memory, lambda d: f"memory < {d.memory_mb} MiB"),
         Filter("DiskCapacity", "InsufficientDisk", _disk, lambda d: f"SSD < {d.disk_gb} GB"),
         Filter("AvxSupport", "NoAvx", _avx, lambda d: f"CPU without {d.avx}"),
+        Filter(
+            "AntiAffinity",
+            "AntiAffinityConflict",
+            _anti_affinity,
+            lambda d: f"already runs a replica of {d.anti_affinity_group}",
+        ),
     )
 }
 
