@@ -42,7 +42,11 @@ def profiled(task_id: str, when: float = 1, **needs: Any) -> TaskProfiled:
         "task_type": "training",
         "model_config": {"name": "m"},
         "resource_requirements": {
-            "gpu": {"count": needs.get("gpus", 1), "memory_mb": needs.get("gpu_mb", 40000)},
+            "gpu": {
+                "count": needs.get("gpus", 1),
+                "memory_mb": needs.get("gpu_mb", 40000),
+                "milli": needs.get("milli", 1000),
+            },
             "cpu": {"cores": needs.get("cores", 4)},
             "memory": {"capacity_mb": needs.get("mem", 16000)},
         },
@@ -321,3 +325,23 @@ def test_replicas_of_one_group_spread_across_nodes() -> None:
     assert "already runs a replica of chat" in placed[2].summary
     [other] = scheduler.handle(profiled("solo", gpus=1, when=5))
     assert isinstance(other, AllocationGranted)  # no group: bin-packs as usual
+
+
+def test_gpu_sharing_packs_shares_onto_the_fullest_card_and_keeps_whole_cards_whole() -> None:
+    scheduler, _ = cluster(node("t4-01", gpus=2, gpu_memory_mb=16384))
+    shares = [
+        scheduler.handle(profiled(f"s{i}", gpus=1, gpu_mb=4000, when=i, milli=milli))[0]
+        for i, milli in enumerate([500, 300, 200])
+    ]
+    assert all(isinstance(s, AllocationGranted) for s in shares)
+    assert [s.gpu_ids for s in shares if isinstance(s, AllocationGranted)] == [[0], [0], [0]]
+    assert [s.gpu_milli for s in shares if isinstance(s, AllocationGranted)] == [500, 300, 200]
+    [whole] = scheduler.handle(profiled("whole", gpus=1, gpu_mb=4000, when=5))
+    assert isinstance(whole, AllocationGranted)
+    assert whole.gpu_ids == [1]
+    [waits] = scheduler.handle(profiled("more", gpus=1, gpu_mb=4000, when=6, milli=100))
+    assert isinstance(waits, TaskPending)
+    done = TaskStatusReported(occurred_at=at(7), task_id="s1", status=TaskStatus.SUCCEEDED)
+    _, placed = scheduler.handle(done)
+    assert isinstance(placed, AllocationGranted)
+    assert (placed.task_id, placed.gpu_ids, placed.gpu_milli) == ("more", [0], 100)

@@ -34,7 +34,8 @@ PREDICTION = ResourcePrediction(
 )
 
 task_shapes = st.tuples(
-    st.integers(0, 9),  # GPUs
+    st.sampled_from([0, 1, 1, 2, 4, 8, 9]),  # GPUs
+    st.sampled_from([1000, 1000, 100, 250, 500, 700]),  # share of a card (with 1 GPU)
     st.sampled_from([0, 16000, 24000, 40000, 80000]),  # memory per card
     st.integers(0, 40),  # CPU cores
     st.integers(0, 600_000),  # memory MiB
@@ -53,15 +54,22 @@ steps = st.lists(
 )
 
 
-def profiled(i: int, clock: int, shape: tuple[int, int, int, int, str, str, bool]) -> TaskProfiled:
-    gpus, gpu_mb, cores, mem, numa, priority, preemptible = shape
+Shape = tuple[int, int, int, int, int, str, str, bool]
+
+
+def profiled(i: int, clock: int, shape: Shape) -> TaskProfiled:
+    gpus, milli, gpu_mb, cores, mem, numa, priority, preemptible = shape
     request = TaskRequest.model_validate(
         {
             "task_id": f"t{i}",
             "task_type": "training",
             "model_config": {"name": "m"},
             "resource_requirements": {
-                "gpu": {"count": gpus, "memory_mb": gpu_mb if gpus else 0},
+                "gpu": {
+                    "count": gpus,
+                    "memory_mb": gpu_mb if gpus else 0,
+                    "milli": milli if gpus == 1 else 1000,
+                },
                 "cpu": {"cores": cores},
                 "memory": {"capacity_mb": mem},
             },
@@ -115,12 +123,15 @@ def test_no_resource_is_ever_held_twice_beyond_capacity_or_beyond_quota(
                 granted.pop(d.task_id)  # finished, or its reservation expired unconfirmed
         granted.update({d.task_id: d for d in decisions if isinstance(d, AllocationGranted)})
 
-        held_gpus = [(g.node, gpu) for g in granted.values() for gpu in g.gpu_ids]
+        held: dict[tuple[str, int], int] = {}
+        for g in granted.values():
+            for gpu in g.gpu_ids:
+                held[(g.node, gpu)] = held.get((g.node, gpu), 0) + g.gpu_milli
         held_cores = [(g.node, core) for g in granted.values() for core in g.cpu_cores]
-        assert len(held_gpus) == len(set(held_gpus)), "a GPU allocated twice"
+        assert all(share <= 1000 for share in held.values()), "a GPU allocated past whole"
         assert len(held_cores) == len(set(held_cores)), "a CPU core allocated twice"
         search = [g for g in granted.values() if g.tenant == "search"]
-        assert sum(len(g.gpu_ids) for g in search) <= 6, "GPU quota exceeded"
+        assert sum(len(g.gpu_ids) * g.gpu_milli for g in search) <= 6000, "GPU quota exceeded"
         assert sum(len(g.cpu_cores) for g in search) <= 48, "CPU quota exceeded"
         assert sum(g.memory_mb for g in search) <= 700_000, "memory quota exceeded"
         cluster = scheduler.cluster
@@ -128,7 +139,8 @@ def test_no_resource_is_ever_held_twice_beyond_capacity_or_beyond_quota(
             memory = sum(g.memory_mb for g in granted.values() if g.node == n.name)
             assert memory <= n.topology.memory_mb, "memory over capacity"
             assert n.memory_free_mb == n.topology.memory_mb - memory
-            assert cluster.gpus_free[row] == sum(n.gpu_free)
+            assert cluster.gpus_free[row] == n.whole_gpus_free
+            assert all(0 <= m <= 1000 for m in n.gpu_milli_free), "a card over-committed"
             assert cluster.cpu_free[row] == len(n.cpu_free)
             for g in (g for g in granted.values() if g.node == n.name):
-                assert all(not n.gpu_free[i] for i in g.gpu_ids)
+                assert all(n.gpu_milli_free[i] <= 1000 - g.gpu_milli for i in g.gpu_ids)

@@ -25,6 +25,7 @@ class AllocationGranted(Event):
     tenant: str
     gpu_ids: list[int]
     gpu_memory_mb: int = Field(ge=0, description="Reserved per card.")
+    gpu_milli: int = Field(default=1000, ge=1, le=1000, description="Share of each card held.")
     cpu_cores: list[int]
     numa_node: int | None
     memory_mb: int = Field(ge=0)

@@ -237,13 +237,14 @@ class SchedulerRepository:
                     tuple(r.cpu_cores),
                     r.memory_mb,
                     _aware(r.reservation_expires_at),
-                    r.running,
+                    running=r.running,
                     tenant=r.tenant,
                     usage=Usage.of(_pending(r).demand),
                     priority_rank=PRIORITY_RANK[Priority(r.request["priority"])],
                     preemptible=bool(r.request["preemptible"]),
                     granted_seq=r.seq,
                     group=r.request["anti_affinity"]["group"],
+                    gpu_milli=_pending(r).demand.gpu_milli or 1000,
                 )
                 for r in alloc_rows
             ],

@@ -11,6 +11,7 @@ import numpy.typing as npt
 from crater.contracts import NodeCondition, NodeTopology
 
 IntArray = npt.NDArray[np.int64]
+WHOLE = 1000  # a whole card, in thousandths
 BoolArray = npt.NDArray[np.bool_]
 
 
@@ -21,7 +22,8 @@ class Node:
     topology: NodeTopology
     condition: NodeCondition = NodeCondition.READY
     last_heartbeat_at: float | None = None  # event time, seconds since the epoch
-    gpu_free: list[bool] = field(default_factory=list)
+    # free thousandths of each card: 1000 is a whole free card (GPU sharing takes less)
+    gpu_milli_free: list[int] = field(default_factory=list)
     cpu_free: set[int] = field(default_factory=set)
     memory_free_mb: int = 0
     # anti-affinity groups of the allocations on this node, with how many each
@@ -31,10 +33,50 @@ class Node:
     def empty(cls, topology: NodeTopology) -> Node:
         return cls(
             topology=topology,
-            gpu_free=[True] * len(topology.gpus),
+            gpu_milli_free=[WHOLE] * len(topology.gpus),
             cpu_free={cpu for numa in topology.numa_nodes for cpu in numa.cpus},
             memory_free_mb=topology.memory_mb,
         )
+
+    @property
+    def whole_gpus_free(self) -> int:
+        return sum(1 for m in self.gpu_milli_free if m == WHOLE)
+
+    @property
+    def largest_share_free(self) -> int:
+        return max(self.gpu_milli_free, default=0)
+
+    def take(
+        self,
+        gpu_ids: tuple[int, ...],
+        milli: int,
+        cores: tuple[int, ...],
+        memory_mb: int,
+        group: str | None,
+    ) -> None:
+        for gpu in gpu_ids:
+            self.gpu_milli_free[gpu] -= milli
+        self.cpu_free -= set(cores)
+        self.memory_free_mb -= memory_mb
+        if group is not None:
+            self.groups[group] = self.groups.get(group, 0) + 1
+
+    def give_back(
+        self,
+        gpu_ids: tuple[int, ...],
+        milli: int,
+        cores: tuple[int, ...],
+        memory_mb: int,
+        group: str | None,
+    ) -> None:
+        for gpu in gpu_ids:
+            self.gpu_milli_free[gpu] += milli
+        self.cpu_free |= set(cores)
+        self.memory_free_mb += memory_mb
+        if group is not None:
+            self.groups[group] -= 1
+            if not self.groups[group]:
+                del self.groups[group]
 
     @property
     def name(self) -> str:
@@ -68,7 +110,8 @@ class ClusterArrays:
         self.nodes: list[Node] = []
         self.index: dict[str, int] = {}
         self.gpus_total: IntArray = np.zeros(0, np.int64)
-        self.gpus_free: IntArray = np.zeros(0, np.int64)
+        self.gpus_free: IntArray = np.zeros(0, np.int64)  # whole free cards
+        self.gpu_share_free: IntArray = np.zeros(0, np.int64)  # most milli free on one card
         self.gpu_memory_mb: IntArray = np.zeros(0, np.int64)
         self.cpu_total: IntArray = np.zeros(0, np.int64)
         self.cpu_free: IntArray = np.zeros(0, np.int64)
@@ -101,8 +144,9 @@ class ClusterArrays:
     def refresh(self, name: str) -> None:
         i = self.index[name]
         node = self.nodes[i]
-        self.gpus_total[i] = len(node.gpu_free)
-        self.gpus_free[i] = sum(node.gpu_free)
+        self.gpus_total[i] = len(node.gpu_milli_free)
+        self.gpus_free[i] = node.whole_gpus_free
+        self.gpu_share_free[i] = node.largest_share_free
         self.gpu_memory_mb[i] = node.gpu_memory_mb
         self.cpu_total[i] = node.cpu_total
         self.cpu_free[i] = len(node.cpu_free)
@@ -117,6 +161,7 @@ class ClusterArrays:
         for name in (
             "gpus_total",
             "gpus_free",
+            "gpu_share_free",
             "gpu_memory_mb",
             "cpu_total",
             "cpu_free",

@@ -40,7 +40,7 @@ from crater.contracts import (
     TaskStatusReported,
     derived_event_id,
 )
-from crater.scheduler.domain.cluster import BoolArray, ClusterArrays, Node
+from crater.scheduler.domain.cluster import WHOLE, BoolArray, ClusterArrays, Node
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.placement import Selection, select
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
@@ -100,6 +100,7 @@ class Allocation:
     cpu_cores: tuple[int, ...]
     memory_mb: int
     expires_at: datetime
+    gpu_milli: int = WHOLE
     running: bool = False
     tenant: str = "default"
     usage: Usage = field(default_factory=Usage)
@@ -145,8 +146,7 @@ class Scheduler:
             self.quotas.take(allocation.tenant, allocation.usage)
             held = self.cluster.get(allocation.node)
             if held is not None:
-                self._take(held, allocation.gpu_ids, allocation.cpu_cores, allocation.memory_mb)
-                _join(held, allocation.group)
+                _hold(held, allocation)
                 self.cluster.refresh(held.name)
         self.pending = {task.request.task_id: task for task in pending}
         self.next_seq = next_seq
@@ -190,7 +190,7 @@ class Scheduler:
         errors = [
             FieldError(
                 field=QUOTA_FIELDS[resource],
-                reason=f"tenant {request.tenant!r} quota is {limit}, the task alone asks {wanted}",
+                reason=f"tenant {request.tenant!r} quota is {limit}; the task alone: {wanted:g}",
             )
             for resource, wanted, limit in self.quotas.never(request.tenant, demand)
         ] or self._never_fits(demand)
@@ -265,6 +265,7 @@ class Scheduler:
                 a.task_id,
                 a.node,
                 a.gpu_ids,
+                a.gpu_milli,
                 a.cpu_cores,
                 a.memory_mb,
                 a.priority_rank,
@@ -332,8 +333,7 @@ class Scheduler:
         self.cluster.upsert(node)
         for allocation in self.allocations.values():
             if allocation.node == node.name:
-                self._take(node, allocation.gpu_ids, allocation.cpu_cores, allocation.memory_mb)
-                _join(node, allocation.group)
+                _hold(node, allocation)
         self.cluster.refresh(node.name)
 
     def _on_health(self, event: NodeHealthReported) -> bool:
@@ -489,10 +489,10 @@ class Scheduler:
             preemptible=request.preemptible,
             granted_seq=task.seq,
             group=request.anti_affinity.group,
+            gpu_milli=task.demand.gpu_milli or WHOLE,
         )
         self.quotas.take(request.tenant, allocation.usage)
-        self._take(node, selection.gpu_ids, selection.cpu_cores, task.demand.memory_mb)
-        _join(node, allocation.group)
+        _hold(node, allocation)
         self.cluster.refresh(node.name)
         self.allocations[request.task_id] = allocation
         checkpoint = self._checkpoint_path(node, request.task_id)
@@ -507,6 +507,7 @@ class Scheduler:
             tenant=request.tenant,
             gpu_ids=list(selection.gpu_ids),
             gpu_memory_mb=task.demand.gpu_memory_mb,
+            gpu_milli=allocation.gpu_milli,
             cpu_cores=list(selection.cpu_cores),
             numa_node=selection.numa_node,
             memory_mb=task.demand.memory_mb,
@@ -528,11 +529,13 @@ class Scheduler:
     ) -> AllocationReleased:
         node = self.cluster.get(allocation.node)
         if node is not None:
-            for gpu in allocation.gpu_ids:
-                node.gpu_free[gpu] = True
-            node.cpu_free |= set(allocation.cpu_cores)
-            node.memory_free_mb += allocation.memory_mb
-            _leave(node, allocation.group)
+            node.give_back(
+                allocation.gpu_ids,
+                allocation.gpu_milli,
+                allocation.cpu_cores,
+                allocation.memory_mb,
+                allocation.group,
+            )
             self.cluster.refresh(node.name)
         del self.allocations[allocation.task_id]
         self.quotas.give_back(allocation.tenant, allocation.usage)
@@ -546,13 +549,6 @@ class Scheduler:
             cpu_cores=list(allocation.cpu_cores),
             reason=reason,
         )
-
-    @staticmethod
-    def _take(node: Node, gpu_ids: tuple[int, ...], cores: tuple[int, ...], memory_mb: int) -> None:
-        for gpu in gpu_ids:
-            node.gpu_free[gpu] = False
-        node.cpu_free -= set(cores)
-        node.memory_free_mb -= memory_mb
 
     # -- events ------------------------------------------------------------------------------
 
@@ -569,7 +565,7 @@ class Scheduler:
                     message=(
                         f"tenant {task.request.tenant!r} quota: "
                         + ", ".join(
-                            f"{resource} {wanted} > {limit}" for resource, wanted, limit in over
+                            f"{resource} {wanted:g} > {limit}" for resource, wanted, limit in over
                         )
                     ),
                 )
@@ -628,13 +624,11 @@ class Scheduler:
         return env
 
 
-def _join(node: Node, group: str | None) -> None:
-    if group is not None:
-        node.groups[group] = node.groups.get(group, 0) + 1
-
-
-def _leave(node: Node, group: str | None) -> None:
-    if group is not None:
-        node.groups[group] -= 1
-        if not node.groups[group]:
-            del node.groups[group]
+def _hold(node: Node, allocation: Allocation) -> None:
+    node.take(
+        allocation.gpu_ids,
+        allocation.gpu_milli,
+        allocation.cpu_cores,
+        allocation.memory_mb,
+        allocation.group,
+    )

@@ -11,6 +11,7 @@ from crater.contracts import Affinity, ResourcePrediction, ResourceRequirements,
 class Demand:
     pool: str
     gpus: int
+    gpu_milli: int  # share of each card; below 1000 only with one card
     gpu_memory_mb: int
     gpu_model: str | None
     cpu_cores: int
@@ -43,6 +44,7 @@ class Demand:
         return cls(
             pool=pool,
             gpus=needs.gpu.count,
+            gpu_milli=needs.gpu.milli if needs.gpu.count else 0,
             gpu_memory_mb=gpu_memory,
             gpu_model=needs.gpu.type,
             cpu_cores=needs.cpu.cores,

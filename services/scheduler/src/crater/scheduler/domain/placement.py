@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crater.scheduler.domain.cluster import Node
+from crater.scheduler.domain.cluster import WHOLE, Node
 from crater.scheduler.domain.demand import Demand
 
 
@@ -36,7 +36,9 @@ def select(node: Node, demand: Demand) -> Selection | None:
 
 
 def _gpus(node: Node, demand: Demand) -> tuple[tuple[int, ...], int | None] | None:
-    free = [g for g in node.topology.gpus if node.gpu_free[g.index]]
+    if demand.gpu_milli < WHOLE:
+        return _shared_card(node, demand)
+    free = [g for g in node.topology.gpus if node.gpu_milli_free[g.index] == WHOLE]
     by_numa: dict[int, list[int]] = {}
     for gpu in free:
         by_numa.setdefault(gpu.numa_node if gpu.numa_node is not None else -1, []).append(gpu.index)
@@ -49,6 +51,19 @@ def _gpus(node: Node, demand: Demand) -> tuple[tuple[int, ...], int | None] | No
     if demand.numa_strict or len(free) < demand.gpus:
         return None
     return _nvlink_set(node, [g.index for g in free], demand.gpus), None
+
+
+def _shared_card(node: Node, demand: Demand) -> tuple[tuple[int, ...], int | None] | None:
+    """The card with the least room that still holds the share: keeps whole cards whole."""
+    fitting = [
+        (node.gpu_milli_free[g.index], g.index, g.numa_node)
+        for g in node.topology.gpus
+        if node.gpu_milli_free[g.index] >= demand.gpu_milli
+    ]
+    if not fitting:
+        return None
+    _, index, numa = min(fitting)
+    return (index,), numa
 
 
 def _nvlink_set(node: Node, candidates: list[int], count: int) -> tuple[int, ...]:

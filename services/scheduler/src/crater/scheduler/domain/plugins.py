@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from crater.scheduler.domain.cluster import BoolArray, ClusterArrays, model_key
+from crater.scheduler.domain.cluster import WHOLE, BoolArray, ClusterArrays, model_key
 from crater.scheduler.domain.demand import Demand
 
 FloatArray = npt.NDArray[np.float64]
@@ -48,6 +48,9 @@ def _pool(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
 
 
 def _gpu_count(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
+    if d.gpus == 1 and d.gpu_milli < WHOLE:  # a share of one card
+        room = c.gpu_share_free if free else np.where(c.gpus_total > 0, WHOLE, 0)
+        return np.asarray(room >= d.gpu_milli)
     return (c.gpus_free if free else c.gpus_total) >= d.gpus
 
 
@@ -133,6 +136,8 @@ def _gpu_binpack(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> Flo
     task scores best where there are no GPUs to strand."""
     if not d.gpus:
         return np.where(c.gpus_total[idx] == 0, 1.0, 0.0)
+    if d.gpu_milli < WHOLE:  # a share: the card it lands on is left fullest
+        return np.asarray(1.0 - (c.gpu_share_free[idx] - d.gpu_milli) / WHOLE, np.float64)
     return 1.0 - _leftover(c.gpus_free[idx], c.gpus_total[idx], d.gpus)
 
 

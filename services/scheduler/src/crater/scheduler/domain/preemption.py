@@ -19,6 +19,7 @@ class Candidate:
     task_id: str
     node: str
     gpu_ids: tuple[int, ...]
+    gpu_milli: int
     cpu_cores: tuple[int, ...]
     memory_mb: int
     priority_rank: int  # larger is lower priority
@@ -47,10 +48,9 @@ def plan(nodes: Sequence[Node], demand: Demand, candidates: Sequence[Candidate])
         victims: list[Candidate] = []
         for victim in mine:
             victims.append(victim)
-            for gpu in victim.gpu_ids:
-                freed.gpu_free[gpu] = True
-            freed.cpu_free |= set(victim.cpu_cores)
-            freed.memory_free_mb += victim.memory_mb
+            freed.give_back(
+                victim.gpu_ids, victim.gpu_milli, victim.cpu_cores, victim.memory_mb, None
+            )
             if select(freed, demand) is not None:
                 cost = (len(victims), -min(v.granted_seq for v in victims), node.name)
                 if best is None or cost < best[0]:

@@ -9,7 +9,7 @@ from crater.scheduler.domain.demand import Demand
 
 @dataclass(frozen=True)
 class Usage:
-    gpus: int = 0
+    gpus: float = 0  # a shared card counts its share
     gpu_memory_mb: int = 0
     cpu_cores: int = 0
     memory_mb: int = 0
@@ -17,7 +17,7 @@ class Usage:
     @classmethod
     def of(cls, demand: Demand) -> Usage:
         return cls(
-            gpus=demand.gpus,
+            gpus=demand.gpus * demand.gpu_milli / 1000,
             gpu_memory_mb=demand.gpus * demand.gpu_memory_mb,
             cpu_cores=demand.cpu_cores,
             memory_mb=demand.memory_mb,
@@ -58,7 +58,7 @@ class Quota:
     cpu_cores: int | None = None
     memory_mb: int | None = None
 
-    def excess(self, usage: Usage) -> list[tuple[str, int, int]]:
+    def excess(self, usage: Usage) -> list[tuple[str, float, int]]:
         """(resource, wanted, limit) for every limit `usage` would pass."""
         over = []
         for resource in QUOTA_FIELDS:
@@ -74,14 +74,14 @@ class Quotas:
     limits: dict[str, Quota] = field(default_factory=dict)
     used: dict[str, Usage] = field(default_factory=dict)
 
-    def blocking(self, tenant: str, demand: Demand) -> list[tuple[str, int, int]]:
+    def blocking(self, tenant: str, demand: Demand) -> list[tuple[str, float, int]]:
         """What stops `tenant` taking `demand` now, given what it holds."""
         quota = self.limits.get(tenant)
         if quota is None:
             return []
         return quota.excess(self.used.get(tenant, Usage()) + Usage.of(demand))
 
-    def never(self, tenant: str, demand: Demand) -> list[tuple[str, int, int]]:
+    def never(self, tenant: str, demand: Demand) -> list[tuple[str, float, int]]:
         """What `demand` alone exceeds: it could never run for this tenant."""
         quota = self.limits.get(tenant)
         return [] if quota is None else quota.excess(Usage.of(demand))
