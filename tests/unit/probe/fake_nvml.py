@@ -41,6 +41,13 @@ class Card:
     utilization: int = 37
     temperature: int | None = 61
     power_mw: int | None = 250_000
+    mig_enabled: bool = False
+    # PCIe link: (generation, width) the card and slot can run, and what it runs now.
+    pcie_max: tuple[int, int] | None = (4, 16)
+    pcie_now: tuple[int, int] | None = (4, 16)
+    clocks_mhz: tuple[int, int] | None = (1410, 1593)  # SM, memory
+    # ECC (corrected, uncorrected) since boot; None: no ECC on this card (GeForce).
+    ecc: tuple[int, int] | None = (0, 0)
 
 
 class FakeNvml:
@@ -95,7 +102,8 @@ class FakeNvml:
     def nvmlDeviceGetMigMode(self, card: Card) -> tuple[int, int]:
         if not card.mig:
             raise NVMLErrorNotSupported()
-        return (0, 0)
+        mode = int(card.mig_enabled)
+        return (mode, mode)
 
     def nvmlDeviceGetUtilizationRates(self, card: Card) -> Any:
         if card.lost:
@@ -111,6 +119,35 @@ class FakeNvml:
         if card.power_mw is None:
             raise NVMLErrorNotSupported()
         return card.power_mw
+
+    def _pcie(self, value: tuple[int, int] | None, which: int) -> int:
+        if value is None:
+            raise NVMLErrorNotSupported()
+        return value[which]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, card: Card) -> int:
+        return self._pcie(card.pcie_max, 0)
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, card: Card) -> int:
+        return self._pcie(card.pcie_max, 1)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, card: Card) -> int:
+        if card.lost:
+            raise NVMLErrorGpuIsLost()
+        return self._pcie(card.pcie_now, 0)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, card: Card) -> int:
+        return self._pcie(card.pcie_now, 1)
+
+    def nvmlDeviceGetClockInfo(self, card: Card, clock: int) -> int:
+        if card.clocks_mhz is None:
+            raise NVMLErrorNotSupported()
+        return card.clocks_mhz[clock - 1]  # NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2
+
+    def nvmlDeviceGetTotalEccErrors(self, card: Card, error_type: int, counter: int) -> int:
+        if card.ecc is None:
+            raise NVMLErrorNotSupported()
+        return card.ecc[error_type]  # CORRECTED = 0, UNCORRECTED = 1
 
 
 def bus(i: int) -> str:
@@ -133,4 +170,4 @@ def nvlink_pair() -> list[Card]:
 
 
 def pcie_only(count: int = 4) -> list[Card]:
-    return [Card("NVIDIA GeForce RTX 4090", bus(i), 24564) for i in range(count)]
+    return [Card("NVIDIA GeForce RTX 4090", bus(i), 24564, ecc=None) for i in range(count)]

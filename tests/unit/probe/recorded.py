@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 KB_PER_MIB = 1024
@@ -130,3 +132,82 @@ def single_socket_tree_without_numa(root: Path) -> Path:
             "sys/block/vda/queue/rotational": "1\n",
         },
     )
+
+
+def _link(root: Path, link: str, target: str) -> None:
+    """A relative symlink, as sysfs has them, so the tree resolves wherever it lies."""
+    path = root / link
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(os.path.relpath(root / target, path.parent))
+
+
+# A DGX H100-like box: per GPU its bus id and the root complex (host bridge) above it; the
+# first four on socket 0, the rest on socket 1. Two NVMe drives sit under the root complexes of
+# GPU 0 and GPU 4, the SATA boot disk under the chipset's pci0000:00.
+HGX_GPUS = (
+    ("0000:18:00.0", "pci0000:15"),
+    ("0000:2a:00.0", "pci0000:27"),
+    ("0000:3a:00.0", "pci0000:37"),
+    ("0000:5d:00.0", "pci0000:59"),
+    ("0000:9a:00.0", "pci0000:97"),
+    ("0000:ab:00.0", "pci0000:a7"),
+    ("0000:ba:00.0", "pci0000:b7"),
+    ("0000:db:00.0", "pci0000:d7"),
+)
+HGX_NVME = (("nvme0", "0000:19:00.0", "pci0000:15", 0), ("nvme1", "0000:9b:00.0", "pci0000:97", 1))
+
+
+def _pci_function(root: Path, host_bridge: str, bus_id: str, numa: int) -> str:
+    """/sys/devices/<bridge>/<port>/<function> with its numa_node, and the bus link to it."""
+    bus = host_bridge.removeprefix("pci")
+    device = f"sys/devices/{host_bridge}/{bus}:01.0/{bus_id}"
+    write_tree(root, {f"{device}/numa_node": f"{numa}\n", f"{device}/class": "0x030200\n"})
+    _link(root, f"sys/bus/pci/devices/{bus_id}", device)
+    return device
+
+
+def dual_socket_8gpu_tree(root: Path) -> Path:
+    """The dual-socket host of `dual_socket_tree` as an 8-GPU HGX box whose /sys has the
+    links a real one has: /sys/bus/pci/devices/<bdf> and /sys/block/<disk> point into
+    /sys/devices/pciDDDD:BB/..., which names each device's PCI root complex."""
+    dual_socket_tree(root)
+    shutil.rmtree(root / "sys/block")
+    shutil.rmtree(root / "sys/bus")
+    for index, (bus_id, bridge) in enumerate(HGX_GPUS):
+        _pci_function(root, bridge, bus_id, 0 if index < 4 else 1)
+    mounts = ["/dev/sda2 / ext4 rw 0 0"]
+    for controller, bus_id, bridge, numa in HGX_NVME:
+        function = _pci_function(root, bridge, bus_id, numa)
+        namespace = f"{controller}n1"
+        ctrl = f"{function}/nvme/{controller}"
+        disk = f"{ctrl}/{namespace}"
+        write_tree(
+            root,
+            {
+                f"{ctrl}/model": "SAMSUNG MZQL23T8HCLS-00A07\n",
+                f"{disk}/size": "7501476528\n",
+                f"{disk}/queue/rotational": "0\n",
+                f"{disk}/{namespace}p1/partition": "1\n",
+            },
+        )
+        _link(root, f"{ctrl}/device", function)
+        _link(root, f"{disk}/device", ctrl)
+        _link(root, f"sys/block/{namespace}", disk)
+        mounts.append(f"/dev/{namespace}p1 /raid{numa} xfs rw 0 0")
+    sata = "sys/devices/pci0000:00/0000:00:17.0/ata1/host0/target0:0:0/0:0:0:0"
+    write_tree(
+        root,
+        {
+            f"{sata}/model": "INTEL SSDSC2KG96\n",
+            f"{sata}/block/sda/size": "1875385008\n",
+            f"{sata}/block/sda/queue/rotational": "0\n",
+            f"{sata}/block/sda/sda2/partition": "2\n",
+        },
+    )
+    _link(root, f"{sata}/block/sda/device", sata)
+    _link(root, "sys/block/sda", f"{sata}/block/sda")
+    # A virtual disk: no PCI root complex above it.
+    write_tree(root, {"sys/devices/virtual/block/loop0/size": "2048\n"})
+    _link(root, "sys/block/loop0", "sys/devices/virtual/block/loop0")
+    (root / "proc/mounts").write_text("\n".join(mounts) + "\n")
+    return root

@@ -57,8 +57,11 @@ def test_healthy_node_is_ready_with_every_named_check(a100: NodeTopology) -> Non
     assert [c.name for c in assessment.checks] == [
         "gpus-visible",
         "gpu-temperature",
+        "gpu-ecc",
+        "pcie-link",
         "memory-pressure",
         "disk-present",
+        "disk-wear",
         "numa-balance",
     ]
     assert all(c.passed for c in assessment.checks)
@@ -144,4 +147,4 @@ def test_health_report_is_the_heartbeat_event(a100: NodeTopology) -> None:
     assert report.node_id == "a100-01"
     assert report.condition is NodeCondition.DEGRADED
     assert report.score == 85
-    assert len(report.checks) == 5
+    assert len(report.checks) == 8

@@ -79,3 +79,35 @@ def test_sampler_without_driver_samples_nothing() -> None:
     sampler = GpuSampler(FakeNvml([], loads=False))
     assert not sampler.open()
     assert sampler.sample() == []
+
+
+def test_discovery_reads_pcie_maximum_and_mig_mode() -> None:
+    cards = hgx(2)
+    cards[0].pcie_max = (5, 16)
+    cards[1].mig_enabled = True
+    gpus = discover_gpus(FakeNvml(cards), root=Path("/nonexistent"))
+    assert (gpus[0].pcie_generation_max, gpus[0].pcie_width_max) == (5, 16)
+    assert [g.mig_enabled for g in gpus] == [False, True]
+    assert gpus[0].pci_root is None  # no sysfs links here
+    geforce = discover_gpus(FakeNvml(pcie_only(1)), root=Path("/nonexistent"))[0]
+    assert geforce.mig_enabled is None
+    assert not geforce.mig_capable
+
+
+def test_sampler_reads_clocks_link_and_ecc_and_tolerates_their_absence() -> None:
+    cards = [*hgx(2), *pcie_only(1)]
+    cards[0].pcie_now = (1, 16)  # idle: trained down
+    cards[1].ecc = (12, 1)
+    cards[2].clocks_mhz = None
+    cards[2].pcie_now = None
+    sampler = GpuSampler(FakeNvml(cards))
+    assert sampler.open()
+    first, second, geforce = sampler.sample()
+    assert (first.sm_clock_mhz, first.memory_clock_mhz) == (1410, 1593)
+    assert (first.pcie_generation, first.pcie_width) == (1, 16)
+    assert (first.ecc_errors_corrected, first.ecc_errors_uncorrected) == (0, 0)
+    assert (second.ecc_errors_corrected, second.ecc_errors_uncorrected) == (12, 1)
+    assert geforce.sm_clock_mhz is None
+    assert geforce.pcie_generation is None
+    assert geforce.ecc_errors_uncorrected is None
+    sampler.close()

@@ -36,3 +36,19 @@ def test_defaults_and_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_inverted_task_seconds_are_refused() -> None:
     with pytest.raises(ValueError, match="task_seconds_min exceeds task_seconds_max"):
         ProbeSettings(task_seconds_min=10, task_seconds_max=5)
+
+
+def test_discovery_and_measurement_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = ProbeSettings()
+    assert defaults.discovery_interval_seconds == 60
+    assert defaults.full_measurement is False
+    monkeypatch.setenv("CRATER_PROBE_FULL_MEASUREMENT", "true")
+    monkeypatch.setenv("CRATER_PROBE_DISCOVERY_INTERVAL_SECONDS", "15")
+    monkeypatch.setenv("CRATER_PROBE_MEASURE_SECONDS", "3")
+    monkeypatch.setenv("CRATER_PROBE_MEASURE_DISK_FILE_MB", "128")
+    settings = ProbeSettings()
+    assert settings.full_measurement is True
+    assert settings.discovery_interval_seconds == 15
+    bounds = settings.bounds
+    assert (bounds.disk_seconds, bounds.memory_seconds) == (3, 1)
+    assert (bounds.disk_file_mb, bounds.memory_buffer_mb) == (128, 64)

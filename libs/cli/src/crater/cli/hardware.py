@@ -14,6 +14,8 @@ from rich.table import Table
 
 from crater.contracts import NodeCondition, NodeMetricsReported, NodeTopology
 from crater.probe.adapters.host import HostSampler
+from crater.probe.adapters.measure import Bounds, measure_node
+from crater.probe.adapters.nvme import disks_wear
 from crater.probe.adapters.nvml import GpuSampler
 from crater.probe.adapters.sysfs import discover_local
 from crater.probe.domain.dot import topology_to_dot
@@ -57,9 +59,34 @@ def _sample_local(node: NodeTopology) -> NodeMetricsReported:
         gpus.close()
 
 
-def probe(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def probe(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Also measure memory bandwidth per NUMA node and disk random-read IOPS and "
+            "latency (a few seconds; a temp file on each mounted disk).",
+        ),
+    ] = False,
+    seconds: Annotated[
+        float, typer.Option(min=0.05, max=60, help="--full: seconds per disk (memory: 1/3).")
+    ] = 1.5,
+    file_mb: Annotated[
+        int, typer.Option(min=1, max=4096, help="--full: temp file size per disk, MiB.")
+    ] = 64,
+) -> None:
     """Discover this machine: CPUs, NUMA nodes, memory, disks, GPUs (NVML)."""
     node = discover_local()
+    if full:
+        progress = Console(stderr=True, highlight=False) if as_json else console
+        bounds = Bounds(memory_seconds=seconds / 3, disk_file_mb=file_mb, disk_seconds=seconds)
+        measured = measure_node(
+            node,
+            bounds=bounds,
+            progress=lambda line: progress.print(f"[dim]measuring[/dim] {line}"),
+        )
+        node = measured.apply(node)
     if as_json:
         console.print_json(node.model_dump_json())
         return
@@ -70,21 +97,52 @@ def probe(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] =
         f"flags {', '.join(cpu.flags) or '-'}"
     )
     for numa in node.numa_nodes:
-        console.print(f"NUMA {numa.id}: {len(numa.cpus)} CPUs, {numa.memory_mb} MiB")
+        bandwidth = (
+            f", {numa.memory_bandwidth_gbps} GB/s copy (measured)"
+            if numa.memory_bandwidth_gbps is not None
+            else ""
+        )
+        console.print(f"NUMA {numa.id}: {len(numa.cpus)} CPUs, {numa.memory_mb} MiB{bandwidth}")
     console.print(f"memory {node.memory_mb} MiB")
     if not node.gpus:
         console.print("GPUs none: no NVIDIA GPU found on this machine")
     for gpu in node.gpus:
+        link = (
+            f"PCIe Gen{gpu.pcie_generation_max} x{gpu.pcie_width_max}"
+            if gpu.pcie_generation_max and gpu.pcie_width_max
+            else "PCIe ?"
+        )
+        mig = "" if gpu.mig_enabled is None else f", MIG {'on' if gpu.mig_enabled else 'off'}"
         console.print(
             f"GPU {gpu.index}: {gpu.model} {gpu.memory_mb} MiB, NUMA {gpu.numa_node}, "
-            f"NVLink peers {gpu.nvlink_peers or '-'}"
+            f"{link} under {gpu.pci_root or '?'}, NVLink peers {gpu.nvlink_peers or '-'}{mig}"
         )
     for disk in node.disks:
         kind = "NVMe" if disk.nvme else "HDD" if disk.rotational else "SSD"
         console.print(
             f"disk {disk.name}: {kind} {disk.capacity_gb} GB {disk.model or ''} "
-            f"NUMA {disk.numa_node} at {disk.mount_path or '-'}"
+            f"NUMA {disk.numa_node} under {disk.pci_root or '-'} at {disk.mount_path or '-'}"
         )
+        if disk.random_read_iops is not None:
+            console.print(
+                f"  measured: {disk.random_read_iops:,.0f} random 4 KiB reads/s (QD1), "
+                f"latency p50 {disk.read_latency_us_p50} us, p99 {disk.read_latency_us_p99} us"
+            )
+    shared = _shared_roots(node)
+    if shared:
+        console.print(f"PCIe root complexes: {shared}")
+
+
+def _shared_roots(node: NodeTopology) -> str:
+    """`pci0000:17: GPU 0, 1, nvme0n1; ...` for root complexes holding a GPU or a disk."""
+    roots: dict[str, list[str]] = {}
+    for gpu in node.gpus:
+        if gpu.pci_root:
+            roots.setdefault(gpu.pci_root, []).append(f"GPU {gpu.index}")
+    for disk in node.disks:
+        if disk.pci_root:
+            roots.setdefault(disk.pci_root, []).append(disk.name)
+    return "; ".join(f"{root}: {', '.join(devices)}" for root, devices in sorted(roots.items()))
 
 
 def diagnose(
@@ -93,7 +151,8 @@ def diagnose(
 ) -> None:
     """Every health check of a node, passed or failed, with the reason."""
     topology, metrics = _find(node, fleet)
-    assessment = evaluate(topology, metrics)
+    wear = None if topology.simulated else disks_wear(topology.disks)
+    assessment = evaluate(topology, metrics, disk_wear=wear)
     table = Table("check", "result", "detail")
     for result in assessment.results:
         verdict = "[green]pass[/green]" if result.passed else f"[red]{result.severity}[/red]"

@@ -22,12 +22,27 @@ class Gpu(Contract):
     numa_node: int | None = None
     nvlink_peers: list[int] = Field(default_factory=list, description="GPU indexes over NVLink.")
     mig_capable: bool = False
+    mig_enabled: bool | None = Field(default=None, description="MIG mode (current); None: no MIG.")
+    pcie_generation_max: int | None = Field(
+        default=None, ge=1, description="PCIe gen the link can run."
+    )
+    pcie_width_max: int | None = Field(
+        default=None, ge=1, description="PCIe lanes the link can run."
+    )
+    pci_root: str | None = Field(
+        default=None,
+        description="PCI root complex (host bridge, e.g. pci0000:17): devices sharing one "
+        "share the upstream PCIe path.",
+    )
 
 
 class NumaNode(Contract):
     id: int = Field(ge=0)
     cpus: list[int]
     memory_mb: int = Field(ge=0)
+    memory_bandwidth_gbps: float | None = Field(
+        default=None, ge=0, description="Measured copy bandwidth (GB/s), pinned to this node."
+    )
 
 
 class Cpu(Contract):
@@ -46,6 +61,12 @@ class Disk(Contract):
     nvme: bool
     numa_node: int | None = None
     mount_path: str | None = None
+    pci_root: str | None = Field(default=None, description="PCI root complex of its controller.")
+    random_read_iops: float | None = Field(
+        default=None, ge=0, description="Measured 4 KiB random reads per second, queue depth 1."
+    )
+    read_latency_us_p50: float | None = Field(default=None, ge=0, description="Measured.")
+    read_latency_us_p99: float | None = Field(default=None, ge=0, description="Measured.")
 
 
 class NodeTopology(Contract):
@@ -75,6 +96,12 @@ class GpuMetrics(Contract):
     memory_total_mb: int = Field(ge=0)
     temperature_c: float | None = None
     power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    memory_clock_mhz: float | None = None
+    pcie_generation: int | None = Field(default=None, description="Current PCIe link gen.")
+    pcie_width: int | None = Field(default=None, description="Current PCIe link width.")
+    ecc_errors_corrected: int | None = Field(default=None, ge=0, description="Since boot.")
+    ecc_errors_uncorrected: int | None = Field(default=None, ge=0, description="Since boot.")
 
     @property
     def memory_pressure(self) -> float:

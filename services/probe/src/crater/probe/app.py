@@ -1,10 +1,14 @@
 """Probe wiring: publish the topology, metrics and health of this machine (local mode) or of
 a simulated fleet (fleet mode), and in fleet mode run the tasks placed on simulated nodes.
 
-Topology goes out on start and again every `topology_interval_seconds` (the stream keeps the
-latest per node); metrics and health go out on their own intervals from background tasks
-started after the broker and cancelled before it stops. Big fleets publish in concurrent
-chunks: one awaited JetStream ack at a time would cap a round at a few hundred nodes a second.
+Topology goes out on start, again at once when a re-discovery (every
+`discovery_interval_seconds`) finds a node's fingerprint changed, and in full every
+`topology_interval_seconds` (the stream keeps the latest per node). With `full_measurement`
+the local node's memory bandwidth and disk random reads are measured once, in a thread, after
+start, and the topology is published again carrying them. Metrics and health go out on their
+own intervals. Every loop is a background task started after the broker and cancelled before
+it stops. Big fleets publish in concurrent chunks: one awaited JetStream ack at a time would
+cap a round at a few hundred nodes a second.
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from crater.contracts import (
 )
 from crater.contracts.nodes import NODE_ID_PATTERN
 from crater.probe.adapters.host import HostSampler
+from crater.probe.adapters.measure import Bounds, Measurements, measure_node
+from crater.probe.adapters.nvme import disks_wear
 from crater.probe.adapters.nvml import GpuSampler
 from crater.probe.adapters.sysfs import discover_local
-from crater.probe.domain.health import evaluate
+from crater.probe.domain.health import DiskWear, evaluate
 from crater.probe.domain.simulation import FleetSimulator
 from crater.probe.fleet import open_fleet
 from crater.probe.runner import TaskRunner
@@ -80,6 +86,25 @@ class ProbeSettings(ServiceSettings):
     topology_interval_seconds: float = Field(
         default=300.0, gt=0, description="Seconds between topology re-publications."
     )
+    discovery_interval_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds between re-discoveries; a changed fingerprint is published at once.",
+    )
+    full_measurement: bool = Field(
+        default=False,
+        description="Local mode: measure memory bandwidth per NUMA node and disk random reads "
+        "once after start (a few seconds), and publish them with the topology.",
+    )
+    measure_seconds: float = Field(
+        default=1.5, gt=0, le=60, description="Full measurement: seconds per disk (memory: 1/3)."
+    )
+    measure_disk_file_mb: int = Field(
+        default=64, ge=1, le=4096, description="Full measurement: temp file size per disk (MiB)."
+    )
+    measure_memory_mb: int = Field(
+        default=64, ge=1, le=4096, description="Full measurement: copy buffer size (MiB)."
+    )
     task_seconds_min: float = Field(
         default=8.0, ge=0, description="Fleet mode: shortest simulated task run."
     )
@@ -102,6 +127,15 @@ class ProbeSettings(ServiceSettings):
             raise ValueError("task_seconds_min exceeds task_seconds_max")
         return self
 
+    @property
+    def bounds(self) -> Bounds:
+        return Bounds(
+            memory_buffer_mb=self.measure_memory_mb,
+            memory_seconds=self.measure_seconds / 3,
+            disk_file_mb=self.measure_disk_file_mb,
+            disk_seconds=self.measure_seconds,
+        )
+
 
 def chunked(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
     for start in range(0, len(items), size):
@@ -114,6 +148,8 @@ class Nodes(Protocol):
     async def open(self) -> None: ...
 
     async def topologies(self) -> list[NodeTopology]: ...
+
+    async def measure(self) -> bool: ...
 
     def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]: ...
 
@@ -129,13 +165,34 @@ class LocalNode:
         self.settings = settings
         self.topology: NodeTopology | None = None
         self.last: NodeMetricsReported | None = None
+        self.measured: Measurements | None = None
+        self.wear: list[DiskWear] = []
         self._host: HostSampler | None = None
         self._gpus = GpuSampler()
 
     def _discover(self) -> NodeTopology:
-        return discover_local(
-            self.settings.host_root, node_id=self.settings.node_id, pool=self.settings.pool
+        root = self.settings.host_root
+        node = discover_local(root, node_id=self.settings.node_id, pool=self.settings.pool)
+        # Wear moves slowly: read with each discovery, not each heartbeat.
+        self.wear = disks_wear(node.disks, root / "dev")
+        return node if self.measured is None else self.measured.apply(node)
+
+    async def measure(self) -> bool:
+        """Measure memory and disks once (blocking work in a thread); True when done."""
+        assert self.topology is not None
+        node = self.topology
+        measured = await asyncio.to_thread(
+            measure_node,
+            node,
+            root=self.settings.host_root,
+            bounds=self.settings.bounds,
+            progress=lambda line: log.info("measuring %s", line),
         )
+        self.measured = measured
+        self.topology = measured.apply(node)
+        for what, why in measured.skipped.items():
+            log.info("not measured: %s (%s)", what, why)
+        return True
 
     async def open(self) -> None:
         self.topology = await asyncio.to_thread(self._discover)
@@ -175,7 +232,7 @@ class LocalNode:
 
     def health(self, chunk: int) -> Iterator[list[NodeHealthReported]]:
         assert self.topology is not None
-        yield [evaluate(self.topology, self.last).report()]
+        yield [evaluate(self.topology, self.last, disk_wear=self.wear).report()]
 
     async def close(self) -> None:
         await asyncio.to_thread(self._gpus.close)
@@ -193,6 +250,10 @@ class FleetNodes:
 
     async def topologies(self) -> list[NodeTopology]:
         return self.simulator.topologies
+
+    async def measure(self) -> bool:
+        log.info("full measurement skipped: the fleet is simulated")
+        return False
 
     async def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]:
         for ids in chunked(self.simulator.node_ids, chunk):
@@ -336,17 +397,47 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
     else:
         nodes = LocalNode(settings)
 
-    async def publish_topologies() -> bool:
-        with metrics.round_seconds.labels(kind="topology").time():
+    published: dict[str, str] = {}  # node id -> fingerprint last published
+
+    async def publish_topologies(changed_only: bool = False) -> bool:
+        """Every node's topology, or (a re-discovery) those whose fingerprint changed."""
+        kind = "discovery" if changed_only else "topology"
+        with metrics.round_seconds.labels(kind=kind).time():
             topologies = await nodes.topologies()
             metrics.nodes.set(len(topologies))
+            if changed_only:
+                topologies = [t for t in topologies if published.get(t.node_id) != t.fingerprint]
+                for t in topologies:
+                    if t.node_id in published:
+                        log.info(
+                            "topology of %s changed: fingerprint %s -> %s",
+                            t.node_id,
+                            published[t.node_id][:12],
+                            t.fingerprint[:12],
+                        )
             failed = 0
             for start in range(0, len(topologies), chunk):
-                failed += await publisher.chunk(
-                    "topology",
-                    [NodeTopologyReported(node=t) for t in topologies[start : start + chunk]],
+                part = topologies[start : start + chunk]
+                errors = await publisher.chunk(
+                    "topology", [NodeTopologyReported(node=t) for t in part]
                 )
+                failed += errors
+                if not errors:  # a failed chunk stays "changed": the next round retries it
+                    published.update((t.node_id, t.fingerprint) for t in part)
         return failed == 0
+
+    async def rediscover() -> bool:
+        return await publish_topologies(changed_only=True)
+
+    async def measure_and_publish() -> None:
+        try:
+            if await nodes.measure():
+                # Same fingerprint (measurements are not hardware), so published outright.
+                await publish_topologies()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("full measurement failed; the topology goes out without it")
 
     async def publish_metrics() -> bool:
         failed = 0
@@ -401,7 +492,14 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
             await asyncio.sleep(settings.health_interval_seconds)
             await _every(settings.health_interval_seconds, publish_health, "health")
 
-        for loop in (topology_loop, metrics_loop, health_loop):
+        async def discovery_loop() -> None:
+            await asyncio.sleep(settings.discovery_interval_seconds)
+            await _every(settings.discovery_interval_seconds, rediscover, "discovery")
+
+        loops = [topology_loop, metrics_loop, health_loop, discovery_loop]
+        if settings.full_measurement:
+            loops.append(measure_and_publish)
+        for loop in loops:
             background.append(asyncio.create_task(loop(), name=f"probe-{loop.__name__}"))
 
     async def stop_reporting() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from crater.contracts import Gpu, GpuMetrics
-from crater.probe.adapters.pci import pci_numa_node, sysfs_bus_id
+from crater.probe.adapters.pci import pci_numa_node, pci_root, sysfs_bus_id
 
 log = logging.getLogger("crater.probe.nvml")
 
@@ -22,6 +22,11 @@ MAX_NVLINKS = 36  # NVML_NVLINK_MAX_LINKS in current drivers (18 on Hopper, 12 o
 FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED
 DEVICE_TYPE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
 TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
+CLOCK_SM = 1  # NVML_CLOCK_SM
+CLOCK_MEM = 2  # NVML_CLOCK_MEM
+ECC_CORRECTED = 0  # NVML_MEMORY_ERROR_TYPE_CORRECTED
+ECC_UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+ECC_VOLATILE = 0  # NVML_VOLATILE_ECC: since the driver last loaded (boot, or a GPU reset)
 
 # NVML reports failures as NVMLError subclasses, and the ctypes layer underneath as OSError;
 # at this boundary either means "this fact is not available", never "stop the probe".
@@ -82,12 +87,21 @@ def _nvlinks(lib: Any, handle: Any, gpu_by_bus: dict[str, int]) -> tuple[set[int
     return peers, on_switch
 
 
-def _mig_capable(lib: Any, handle: Any) -> bool:
+def _mig_mode(lib: Any, handle: Any) -> bool | None:
+    """Whether MIG is on now; None when the card has no MIG (NotSupported)."""
     try:
-        lib.nvmlDeviceGetMigMode(handle)
+        current, _pending = lib.nvmlDeviceGetMigMode(handle)
     except NvmlFailure:
-        return False  # NotSupported: the card has no MIG
-    return True
+        return None
+    return int(current) == FEATURE_ENABLED
+
+
+def _optional_int(read: Callable[..., Any], *args: Any) -> int | None:
+    try:
+        value = int(read(*args))
+    except NvmlFailure:
+        return None  # NotSupported on this card or driver
+    return value if value > 0 else None
 
 
 def _list_gpus(lib: Any, root: Path) -> list[Gpu]:
@@ -107,6 +121,7 @@ def _list_gpus(lib: Any, root: Path) -> list[Gpu]:
         if on_switch:
             peers = peers | (fabric - {index})
         peers.discard(index)
+        mig = _mig_mode(lib, handle)
         gpus.append(
             Gpu(
                 index=index,
@@ -119,7 +134,12 @@ def _list_gpus(lib: Any, root: Path) -> list[Gpu]:
                 # nvmlDeviceGetNumaNodeId names GPU memory's node on coherent (Grace) systems.
                 numa_node=pci_numa_node(root, bus_ids[index]),
                 nvlink_peers=sorted(peers),
-                mig_capable=_mig_capable(lib, handle),
+                mig_capable=mig is not None,
+                mig_enabled=mig,
+                # The most the card and its slot can run; the link trains down when idle.
+                pcie_generation_max=_optional_int(lib.nvmlDeviceGetMaxPcieLinkGeneration, handle),
+                pcie_width_max=_optional_int(lib.nvmlDeviceGetMaxPcieLinkWidth, handle),
+                pci_root=pci_root(root, bus_ids[index]),
             )
         )
     return gpus
@@ -148,6 +168,14 @@ def _optional(read: Callable[..., Any], *args: Any) -> float | None:
 
 def _watts(milliwatts: float | None) -> float | None:
     return None if milliwatts is None else milliwatts / 1000.0
+
+
+def _ecc(lib: Any, handle: Any, kind: int) -> int | None:
+    """Volatile ECC error count; None on cards without ECC or with ECC off."""
+    try:
+        return max(0, int(lib.nvmlDeviceGetTotalEccErrors(handle, kind, ECC_VOLATILE)))
+    except NvmlFailure:
+        return None
 
 
 class GpuSampler:
@@ -194,6 +222,12 @@ class GpuSampler:
                     memory_total_mb=int(memory.total) // MIB,
                     temperature_c=_optional(nvml.nvmlDeviceGetTemperature, handle, TEMPERATURE_GPU),
                     power_w=_watts(_optional(nvml.nvmlDeviceGetPowerUsage, handle)),
+                    sm_clock_mhz=_optional(nvml.nvmlDeviceGetClockInfo, handle, CLOCK_SM),
+                    memory_clock_mhz=_optional(nvml.nvmlDeviceGetClockInfo, handle, CLOCK_MEM),
+                    pcie_generation=_optional_int(nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle),
+                    pcie_width=_optional_int(nvml.nvmlDeviceGetCurrPcieLinkWidth, handle),
+                    ecc_errors_corrected=_ecc(nvml, handle, ECC_CORRECTED),
+                    ecc_errors_uncorrected=_ecc(nvml, handle, ECC_UNCORRECTED),
                 )
             )
         return readings

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
+
+# A host bridge directory under /sys/devices: `pci0000:17` (domain 0000, root bus 17).
+_ROOT_COMPLEX = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 
 
 def sysfs_bus_id(bus_id: str) -> str:
@@ -19,3 +24,23 @@ def pci_numa_node(root: Path, bus_id: str) -> int | None:
     except (OSError, ValueError):
         return None
     return value if value >= 0 else None
+
+
+def root_complex_of(path: Path) -> str | None:
+    """The PCI root complex above a sysfs device: the `pciDDDD:BB` host bridge in its real
+    path (`/sys/bus/pci/devices/0000:18:00.0` -> `/sys/devices/pci0000:17/0000:17:01.0/
+    0000:18:00.0` -> `pci0000:17`); None when the path does not resolve under one (a
+    virtual device, or a recorded tree without the links)."""
+    try:
+        real = Path(os.path.realpath(path, strict=True))
+    except OSError:
+        return None
+    for part in real.parts:
+        if _ROOT_COMPLEX.match(part):
+            return part
+    return None
+
+
+def pci_root(root: Path, bus_id: str) -> str | None:
+    """The root complex of a PCI device named by its bus id."""
+    return root_complex_of(root / "sys/bus/pci/devices" / sysfs_bus_id(bus_id))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode
 from crater.probe.adapters.nvml import discover_gpus
+from crater.probe.adapters.pci import root_complex_of
 from crater.probe.domain.cpulist import parse_cpulist
 from crater.probe.domain.topology import build_topology, node_id_from_hostname
 
@@ -230,6 +231,9 @@ def discover_disks(root: Path) -> list[Disk]:
                 nvme=name.startswith("nvme"),
                 numa_node=_numa_of(entry / "device"),
                 mount_path=mounts.get(name),
+                # /sys/block/<disk> links into /sys/devices/pciDDDD:BB/...; virtio and
+                # platform disks have no PCI root complex.
+                pci_root=root_complex_of(entry),
             )
         )
     return disks

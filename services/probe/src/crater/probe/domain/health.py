@@ -7,6 +7,7 @@ per failure, so a scheduler can prefer the healthier of two otherwise equal node
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from uuid import UUID, uuid4
@@ -24,6 +25,9 @@ CHECK_GPU_TEMPERATURE = "gpu-temperature"
 CHECK_MEMORY_PRESSURE = "memory-pressure"
 CHECK_DISK_PRESENT = "disk-present"
 CHECK_NUMA_BALANCE = "numa-balance"
+CHECK_GPU_ECC = "gpu-ecc"
+CHECK_PCIE_LINK = "pcie-link"
+CHECK_DISK_WEAR = "disk-wear"
 
 
 class Severity(StrEnum):
@@ -43,6 +47,28 @@ class HealthLimits:
     memory_pressure_critical: float = 0.99
     # A NUMA node with less than half the memory of another usually means a failed DIMM.
     numa_imbalance_ratio: float = 2.0
+    # Uncorrectable errors mean lost data and a pending row remap: no new work until a reset.
+    # Corrected ones are routine in small numbers; a steady stream predicts a failing card.
+    ecc_corrected_warn: int = 1000
+    # A link that trained down only shows under load: idle cards drop their PCIe gen to save
+    # power, so the generation counts only at or above this utilization.
+    pcie_busy_utilization: float = 50.0
+    disk_wear_warn_percent: int = 90  # NVMe "percentage used" of rated endurance
+
+
+@dataclass(frozen=True)
+class DiskWear:
+    """A disk's wear as its SMART health log reports it, or why it could not be read."""
+
+    disk: str
+    percentage_used: int | None = None
+    available_spare: int | None = None
+    critical_warning: int | None = None
+    reason: str = ""
+
+    @property
+    def readable(self) -> bool:
+        return self.percentage_used is not None
 
 
 @dataclass(frozen=True)
@@ -180,18 +206,115 @@ def check_numa_balance(node: NodeTopology, limits: HealthLimits) -> CheckResult:
     return _ok(CHECK_NUMA_BALANCE, detail)
 
 
+def check_gpu_ecc(metrics: NodeMetricsReported | None, limits: HealthLimits) -> CheckResult:
+    gpus = [g for g in (metrics.gpus if metrics else []) if g.ecc_errors_uncorrected is not None]
+    if not gpus:
+        return _ok(CHECK_GPU_ECC, "no ECC counters reported (no ECC, or ECC off)")
+    uncorrected = [(g.index, g.ecc_errors_uncorrected or 0) for g in gpus]
+    bad = [f"GPU {i}: {n}" for i, n in uncorrected if n > 0]
+    if bad:
+        return _fail(
+            CHECK_GPU_ECC,
+            f"uncorrectable ECC errors since boot ({', '.join(bad)})",
+            Severity.CRITICAL,
+        )
+    corrected = [(g.index, g.ecc_errors_corrected or 0) for g in gpus]
+    noisy = [f"GPU {i}: {n}" for i, n in corrected if n >= limits.ecc_corrected_warn]
+    if noisy:
+        return _fail(
+            CHECK_GPU_ECC,
+            f"corrected ECC errors >= {limits.ecc_corrected_warn} ({', '.join(noisy)})",
+            Severity.WARNING,
+        )
+    total = sum(n for _, n in corrected)
+    return _ok(CHECK_GPU_ECC, f"{len(gpus)} GPUs: 0 uncorrectable, {total} corrected ECC errors")
+
+
+def check_pcie_link(
+    node: NodeTopology, metrics: NodeMetricsReported | None, limits: HealthLimits
+) -> CheckResult:
+    maxima = {g.index: g for g in node.gpus}
+    degraded: list[str] = []
+    idle_downshift = 0
+    compared = 0
+    for reading in metrics.gpus if metrics else []:
+        gpu = maxima.get(reading.index)
+        if gpu is None:
+            continue
+        if gpu.pcie_width_max and reading.pcie_width:
+            compared += 1
+            if reading.pcie_width < gpu.pcie_width_max:
+                degraded.append(
+                    f"GPU {reading.index} x{reading.pcie_width} of x{gpu.pcie_width_max}"
+                )
+        if gpu.pcie_generation_max and reading.pcie_generation:
+            compared += 1
+            if reading.pcie_generation < gpu.pcie_generation_max:
+                if reading.utilization_percent >= limits.pcie_busy_utilization:
+                    degraded.append(
+                        f"GPU {reading.index} Gen{reading.pcie_generation} of "
+                        f"Gen{gpu.pcie_generation_max} under load"
+                    )
+                else:
+                    idle_downshift += 1
+    if not compared:
+        return _ok(CHECK_PCIE_LINK, "no PCIe link state reported")
+    if degraded:
+        return _fail(
+            CHECK_PCIE_LINK, f"degraded PCIe link: {'; '.join(degraded)}", Severity.WARNING
+        )
+    detail = "every GPU link at its maximum width"
+    if idle_downshift:
+        detail += f" ({idle_downshift} idle at a lower generation, power saving)"
+    return _ok(CHECK_PCIE_LINK, detail)
+
+
+def check_disk_wear(
+    node: NodeTopology, wear: Sequence[DiskWear] | None, limits: HealthLimits
+) -> CheckResult:
+    if not node.disks:
+        return _ok(CHECK_DISK_WEAR, "no local disk")
+    if not wear:
+        return _ok(CHECK_DISK_WEAR, "disk wear not readable here")
+    readable = [w for w in wear if w.readable]
+    if not readable:
+        reasons = "; ".join(f"{w.disk}: {w.reason}" for w in wear)
+        return _ok(CHECK_DISK_WEAR, f"disk wear not readable ({reasons})")
+    critical = [
+        f"{w.disk} critical warning 0x{w.critical_warning:02x}"
+        for w in readable
+        if w.critical_warning
+    ]
+    if critical:
+        return _fail(CHECK_DISK_WEAR, "; ".join(critical), Severity.CRITICAL)
+    worn = [
+        f"{w.disk} {w.percentage_used}% of rated endurance used"
+        for w in readable
+        if (w.percentage_used or 0) >= limits.disk_wear_warn_percent
+    ]
+    if worn:
+        return _fail(CHECK_DISK_WEAR, "; ".join(worn), Severity.WARNING)
+    figures = ", ".join(f"{w.disk} {w.percentage_used}% used" for w in readable)
+    unread = len(wear) - len(readable)
+    return _ok(CHECK_DISK_WEAR, figures + (f"; {unread} not readable" if unread else ""))
+
+
 def evaluate(
     node: NodeTopology,
     metrics: NodeMetricsReported | None = None,
     limits: HealthLimits | None = None,
+    disk_wear: Sequence[DiskWear] | None = None,
 ) -> Assessment:
     """Every check, the node's condition and its score: what `crater diagnose --node` shows."""
     limits = limits or HealthLimits()
     results = (
         check_gpus_visible(node, metrics),
         check_gpu_temperature(metrics, limits),
+        check_gpu_ecc(metrics, limits),
+        check_pcie_link(node, metrics, limits),
         check_memory_pressure(metrics, limits),
         check_disk_present(node),
+        check_disk_wear(node, disk_wear, limits),
         check_numa_balance(node, limits),
     )
     failed = [r.severity for r in results if not r.passed and r.severity is not None]

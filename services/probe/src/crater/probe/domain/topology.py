@@ -62,6 +62,25 @@ def node_labels(gpus: Sequence[Gpu], extra: Mapping[str, str] | None = None) -> 
     return labels
 
 
+# Measured figures vary run to run: they travel with the topology but are not hardware.
+MEASURED_FIELDS = {
+    "numa_nodes": frozenset({"memory_bandwidth_gbps"}),
+    "disks": frozenset({"random_read_iops", "read_latency_us_p50", "read_latency_us_p99"}),
+}
+# Fields added after the first release, left out of the fingerprint while unknown (None), so
+# an upgraded probe reports the same fingerprint for the same machine.
+LATER_FIELDS = {
+    "gpus": frozenset({"mig_enabled", "pcie_generation_max", "pcie_width_max", "pci_root"}),
+    "disks": frozenset({"pci_root"}),
+}
+
+
+def _part(kind: str, dumped: dict[str, Any]) -> dict[str, Any]:
+    measured = MEASURED_FIELDS.get(kind, frozenset())
+    later = LATER_FIELDS.get(kind, frozenset())
+    return {k: v for k, v in dumped.items() if k not in measured and not (k in later and v is None)}
+
+
 def _hardware(
     cpu: Cpu,
     numa_nodes: Sequence[NumaNode],
@@ -69,20 +88,21 @@ def _hardware(
     gpus: Sequence[Gpu],
     disks: Sequence[Disk],
 ) -> dict[str, Any]:
-    """The fields the fingerprint covers, in a canonical order. Mount points are not hardware."""
+    """The fields the fingerprint covers, in a canonical order. Mount points and measured
+    figures are not hardware."""
     return {
         "cpu": {**cpu.model_dump(mode="json"), "flags": sorted(set(cpu.flags))},
         "numa_nodes": [
-            {**n.model_dump(mode="json"), "cpus": sorted(n.cpus)}
+            _part("numa_nodes", {**n.model_dump(mode="json"), "cpus": sorted(n.cpus)})
             for n in sorted(numa_nodes, key=lambda n: n.id)
         ],
         "memory_mb": memory_mb,
         "gpus": [
-            {**g.model_dump(mode="json"), "nvlink_peers": sorted(g.nvlink_peers)}
+            _part("gpus", {**g.model_dump(mode="json"), "nvlink_peers": sorted(g.nvlink_peers)})
             for g in sorted(gpus, key=lambda g: g.index)
         ],
         "disks": [
-            d.model_dump(mode="json", exclude={"mount_path"})
+            _part("disks", d.model_dump(mode="json", exclude={"mount_path"}))
             for d in sorted(disks, key=lambda d: d.name)
         ],
     }

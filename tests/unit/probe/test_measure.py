@@ -1,0 +1,85 @@
+"""The measurements on tiny bounds: structure and positivity only, never timings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from crater.contracts import Cpu, Disk, NumaNode
+from crater.probe.adapters.measure import (
+    Bounds,
+    disk_random_reads,
+    measure_node,
+    memory_bandwidth,
+)
+from crater.probe.domain.topology import build_topology, fingerprint_of
+
+TINY = Bounds(memory_buffer_mb=1, memory_seconds=0.01, disk_file_mb=1, disk_seconds=0.02)
+
+
+def test_memory_bandwidth_pinned_to_a_node_restores_the_affinity() -> None:
+    before = os.sched_getaffinity(0)
+    result = memory_bandwidth(sorted(before), buffer_mb=1, seconds=0.01, numa_node=0)
+    assert result.gbps > 0
+    assert result.copies >= 1
+    assert os.sched_getaffinity(0) == before
+
+
+def test_memory_bandwidth_refuses_a_node_whose_cpus_are_not_ours() -> None:
+    with pytest.raises(ValueError, match="NUMA node 3"):
+        memory_bandwidth([100_000], buffer_mb=1, seconds=0.01, numa_node=3)
+
+
+def test_disk_random_reads_leave_no_file_behind(tmp_path: Path) -> None:
+    result = disk_random_reads(tmp_path, file_mb=1, seconds=0.02, disk="vda")
+    assert result.reads >= 1
+    assert result.iops > 0
+    assert 0 < result.latency_us_p50 <= result.latency_us_p99
+    assert result.disk == "vda"
+    assert result.path == str(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_measure_node_fills_what_it_can_and_says_why_not_the_rest(tmp_path: Path) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    (tmp_path / "data").mkdir()
+    node = build_topology(
+        node_id="box",
+        hostname="box",
+        cpu=Cpu(model="x", sockets=1, cores=len(cpus), threads=len(cpus)),
+        numa_nodes=[
+            NumaNode(id=0, cpus=cpus, memory_mb=1024),
+            NumaNode(id=1, cpus=[], memory_mb=1024),  # CXL / HBM: memory only
+            NumaNode(id=2, cpus=[100_000], memory_mb=1024),  # outside our cpuset
+        ],
+        memory_mb=3072,
+        disks=[
+            Disk(name="nvme0n1", capacity_gb=1, rotational=False, nvme=True, mount_path="/data"),
+            Disk(name="sdb", capacity_gb=1, rotational=True, nvme=False),
+            Disk(name="sdc", capacity_gb=1, rotational=True, nvme=False, mount_path="/gone"),
+        ],
+    )
+    lines: list[str] = []
+    measured = measure_node(node, root=tmp_path, bounds=TINY, progress=lines.append)
+    assert set(measured.memory) == {0}
+    assert set(measured.disks) == {"nvme0n1"}
+    assert set(measured.skipped) == {"NUMA 1 memory", "NUMA 2 memory", "disk sdb", "disk sdc"}
+    assert measured.skipped["disk sdb"] == "not mounted"
+    assert lines
+    assert any("nvme0n1" in line and "IOPS" in line for line in lines)
+
+    filled = measured.apply(node)
+    assert filled.numa_nodes[0].memory_bandwidth_gbps is not None
+    assert filled.numa_nodes[0].memory_bandwidth_gbps > 0
+    assert filled.numa_nodes[1].memory_bandwidth_gbps is None
+    disk = filled.disks[0]
+    assert disk.random_read_iops is not None
+    assert disk.random_read_iops > 0
+    assert disk.read_latency_us_p50 is not None
+    assert disk.read_latency_us_p99 is not None
+    assert filled.disks[1].random_read_iops is None
+    # Measurements are not hardware: the fingerprint holds.
+    assert filled.fingerprint == node.fingerprint == fingerprint_of(filled)
+    assert list((tmp_path / "data").iterdir()) == []
