@@ -89,6 +89,18 @@ class GpuRequirement(Contract):
     count: int = Field(default=0, ge=0, le=1024, description="Whole GPUs.")
     memory_mb: int = Field(default=0, ge=0, le=1_048_576, description="Memory per card, MiB.")
     type: str | None = Field(default=None, max_length=64, examples=["A100", "H100", "RTX4090"])
+    milli: int = Field(
+        default=1000,
+        ge=1,
+        le=1000,
+        description="Share of each card in thousandths; below 1000 (sharing) only with count 1.",
+    )
+
+    @model_validator(mode="after")
+    def _sharing_is_one_card(self) -> GpuRequirement:
+        if self.milli < 1000 and self.count != 1:
+            raise ValueError("milli below 1000 shares one card: count must be 1")
+        return self
 
 
 class CpuRequirement(Contract):
@@ -130,6 +142,57 @@ class AntiAffinity(Contract):
     )
 
 
+class Optimizer(StrEnum):
+    ADAM = "adam"
+    ADAMW = "adamw"
+    SGD = "sgd"
+    ADAM_8BIT = "adam8bit"
+
+
+class LoraConfig(Contract):
+    """Low-rank adapters (LoRA; QLoRA when the frozen base is quantized to 4 bits)."""
+
+    rank: int = Field(default=8, ge=1, le=4096)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"],
+        min_length=1,
+        max_length=32,
+        examples=[["q_proj", "v_proj"], ["all-linear"]],
+    )
+    quantize_base: bool = Field(default=False, description="QLoRA: frozen base in 4-bit NF4.")
+
+
+class TrainingConfig(Contract):
+    """How a training or fine-tuning task runs; every field optional (defaults sensible)."""
+
+    batch_size: int = Field(default=1, ge=1, le=1_000_000, description="Micro-batch per GPU.")
+    sequence_length: int | None = Field(
+        default=None, ge=1, le=1 << 24, description="Tokens per sample; unset: model's context."
+    )
+    optimizer: Optimizer = Optimizer.ADAMW
+    gradient_checkpointing: bool = False
+    flash_attention: bool = Field(default=True, description="No s^2 attention scores kept.")
+    zero_stage: int | None = Field(
+        default=None, ge=0, le=3, description="ZeRO/FSDP stage; unset: 3 when data-parallel."
+    )
+    data_parallel: int | None = Field(default=None, ge=1, le=65_536)
+    tensor_parallel: int = Field(default=1, ge=1, le=1024)
+    lora: LoraConfig | None = None
+    checkpoint_interval_steps: int = Field(default=1000, ge=1, le=10_000_000)
+    sample_bytes: int | None = Field(
+        default=None, ge=1, le=1 << 34, description="Bytes read from disk per sample."
+    )
+
+
+class InferenceConfig(Contract):
+    batch_size: int = Field(default=1, ge=1, le=1_000_000, description="Concurrent sequences.")
+    context_length: int | None = Field(
+        default=None, ge=1, le=1 << 24, description="Prompt + generated tokens; unset: model's."
+    )
+    kv_cache_dtype: Literal["auto", "fp32", "fp16", "bf16", "fp8", "int8", "int4"] = "auto"
+    tensor_parallel: int = Field(default=1, ge=1, le=1024)
+
+
 class TaskRequest(Contract):
     """The body of `POST /api/v1/schedule`, and of the task-submitted event."""
 
@@ -146,6 +209,8 @@ class TaskRequest(Contract):
     affinity: Affinity = Field(default_factory=Affinity)
     anti_affinity: AntiAffinity = Field(default_factory=AntiAffinity)
     gang_size: int = Field(default=1, ge=1, le=1024)
+    training_config: TrainingConfig | None = None
+    inference_config: InferenceConfig | None = None
 
     @model_validator(mode="after")
     def _gpu_memory_needs_gpus(self) -> TaskRequest:
@@ -174,6 +239,28 @@ class Confidence(StrEnum):
     LOW = "low"
 
 
+class TimelinePoint(Contract):
+    """GPU memory at one moment of a training step, per card."""
+
+    step: int = Field(ge=0)
+    phase: str = Field(examples=["forward", "backward", "optimizer", "checkpoint"])
+    seconds: float = Field(ge=0, description="Since the first step began.")
+    gpu_memory_mb: int = Field(ge=0)
+
+
+class TrainingTimeline(Contract):
+    """Memory through forward, backward and the optimizer step; checkpoints; data read."""
+
+    step_seconds: float = Field(ge=0)
+    samples_per_second: float = Field(ge=0, description="Per node.")
+    dataset_read_mb_per_s: float = Field(ge=0, description="Per node, to keep the GPUs fed.")
+    checkpoint_size_mb: int = Field(ge=0, description="Written by the node per checkpoint.")
+    checkpoint_write_mb_per_s: float = Field(gt=0)
+    checkpoint_seconds: float = Field(ge=0)
+    checkpoint_interval_steps: int = Field(ge=1)
+    points: list[TimelinePoint] = Field(default_factory=list)
+
+
 class ResourcePrediction(Contract):
     gpu_memory_per_gpu_mb: int = Field(ge=0, description="Predicted peak per card.")
     host_memory_mb: int = Field(ge=0)
@@ -182,6 +269,13 @@ class ResourcePrediction(Contract):
     method: str = Field(description="How the figure was obtained.")
     dataloader_num_workers: int = Field(ge=0)
     dataloader_prefetch_factor: int = Field(ge=1)
+    model_family: str | None = None
+    parameters: int | None = Field(default=None, ge=0)
+    trainable_parameters: int | None = Field(default=None, ge=0)
+    correction_factor: float | None = Field(
+        default=None, gt=0, description="Learned from observed peaks, applied."
+    )
+    timeline: TrainingTimeline | None = None
 
 
 class TaskProfiled(Event):

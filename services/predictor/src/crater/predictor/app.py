@@ -1,56 +1,210 @@
-"""Predictor wiring: task submitted -> task profiled.
+"""Predictor wiring: task submitted -> task profiled (or task rejected), and learning.
 
-Stateless, so idempotent by construction: the profiled event's id is derived from the
-submitted one, and JetStream drops a re-publish after a redelivery.
+Profiling stays idempotent by construction: the profiled (or rejected) event's id is derived
+from the submitted one, so JetStream drops a re-publish after a redelivery, and the recorded
+prediction keeps its first row.
+
+Learning: `allocation.granted` and `allocation.released` say which task holds which GPUs of
+which node; `node.metrics.*` gives each GPU's memory in use, so each running task's observed
+peak is the highest reading on its cards. On release the peak is folded into a correction
+per (model family, task type), persisted, applied to later predictions, and the error of the
+published predictions is exported as `crater_predictor_mape{family,task_type}`.
 """
 
 from __future__ import annotations
 
-from faststream.asgi import AsgiFastStream
-from prometheus_client import Counter, Histogram
+import logging
+from pathlib import Path
 
-from crater.contracts import Subjects, TaskProfiled, TaskSubmitted, derived_event_id
-from crater.predictor.domain.estimate import predict
+from faststream.asgi import AsgiFastStream
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import Field
+
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    NodeMetricsReported,
+    Subjects,
+    TaskProfiled,
+    TaskRejected,
+    TaskSubmitted,
+    derived_event_id,
+)
+from crater.predictor.adapters.store import LearningStore
+from crater.predictor.domain.estimate import Assumptions, Correction, Refused, predict
+from crater.predictor.domain.estimate import family as model_family
+from crater.predictor.domain.learning import Rule, Track
 from crater.runtime.bus import durable, publish
+from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
 
+MIGRATIONS_DIR = Path(__file__).parent / "adapters" / "migrations"
+
+log = logging.getLogger("crater.predictor")
+
 
 class PredictorSettings(ServiceSettings):
+    """Own settings from CRATER_PREDICTOR_<NAME> (CRATER_PREDICTOR_CUDA_CONTEXT_MB, ...)."""
+
     service = "predictor"
+
+    cuda_context_mb: int = Field(
+        default=1024, ge=0, le=16_384, description="CUDA context and kernels per GPU, MiB."
+    )
+    allocator_overhead: float = Field(
+        default=0.05, ge=0, le=1, description="Caching-allocator fragmentation, share of tensors."
+    )
+    max_sequence_length: int = Field(
+        default=1 << 20, ge=1, le=1 << 24, description="Longer sequences are refused."
+    )
+    model_flops_utilisation: float = Field(
+        default=0.4, gt=0, le=1, description="Achieved share of the GPU's peak, for step time."
+    )
+    checkpoint_write_mb_per_s: float = Field(
+        default=2000.0, gt=0, le=1_000_000, description="Checkpoint disk write rate, MB/s."
+    )
+    disk_read_mb_per_s: float = Field(
+        default=3000.0, gt=0, le=1_000_000, description="Dataset disk read rate, MB/s."
+    )
+    correction_alpha: float = Field(
+        default=0.3, gt=0, le=1, description="Weight of the newest observed peak in a correction."
+    )
+    correction_min: float = Field(default=0.25, gt=0, le=1, description="Lowest correction.")
+    correction_max: float = Field(default=4.0, ge=1, le=100, description="Highest correction.")
+
+    def assumptions(self) -> Assumptions:
+        return Assumptions(
+            cuda_context_mb=self.cuda_context_mb,
+            allocator_overhead=self.allocator_overhead,
+            max_sequence_length=self.max_sequence_length,
+            model_flops_utilisation=self.model_flops_utilisation,
+            checkpoint_write_mb_per_s=self.checkpoint_write_mb_per_s,
+            disk_read_mb_per_s=self.disk_read_mb_per_s,
+        )
+
+    def rule(self) -> Rule:
+        return Rule(self.correction_alpha, self.correction_min, self.correction_max)
+
+
+class PredictorMetrics:
+    def __init__(self, service: Service) -> None:
+        registry = service.registry
+        self.predictions = Counter(
+            "crater_predictor_predictions",
+            "Tasks profiled, by confidence.",
+            ["confidence"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "crater_predictor_rejected", "Tasks refused as absurd or unknown.", registry=registry
+        )
+        self.predicted_mb = Histogram(
+            "crater_predictor_gpu_memory_per_gpu_mb",
+            "Predicted peak GPU memory per card.",
+            buckets=(1024, 4096, 8192, 16384, 24576, 40960, 81920, 163840),
+            registry=registry,
+        )
+        self.mape = Gauge(
+            "crater_predictor_mape",
+            "Mean absolute percentage error of published peak predictions (0.1 = 10%).",
+            ["family", "task_type"],
+            registry=registry,
+        )
+        self.factor = Gauge(
+            "crater_predictor_correction_factor",
+            "Learned multiplier applied to the modelled peak.",
+            ["family", "task_type"],
+            registry=registry,
+        )
+        self.observations = Counter(
+            "crater_predictor_observations",
+            "Observed peaks folded into a correction.",
+            ["family", "task_type"],
+            registry=registry,
+        )
+
+    def show(self, family: str, task_type: str, track: Track) -> None:
+        if track.mape is not None:
+            self.mape.labels(family=family, task_type=task_type).set(track.mape)
+        self.factor.labels(family=family, task_type=task_type).set(track.factor)
 
 
 def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastStream]:
     settings = settings or PredictorSettings()
     service = create_service("predictor", settings)
-    predictions = Counter(
-        "crater_predictor_predictions",
-        "Tasks profiled, by confidence.",
-        ["confidence"],
-        registry=service.registry,
-    )
-    predicted_mb = Histogram(
-        "crater_predictor_gpu_memory_per_gpu_mb",
-        "Predicted peak GPU memory per card.",
-        buckets=(1024, 4096, 8192, 16384, 24576, 40960, 81920, 163840),
-        registry=service.registry,
-    )
+    metrics = PredictorMetrics(service)
+    assumptions = settings.assumptions()
+    engine = make_engine(settings.database_url)
+    store = LearningStore(make_session_factory(engine), settings.rule(), service.name)
+    service.state = store
+    broker, name, batch = service.broker, service.name, settings.consumer_batch
 
-    @durable(service.broker, Subjects.TASK_SUBMITTED, service.name, batch=settings.consumer_batch)
+    # Handlers name their message `event` (rejections report field paths below it).
+    @durable(broker, Subjects.TASK_SUBMITTED, name, batch=batch)
     async def on_task_submitted(event: TaskSubmitted) -> None:
-        prediction = predict(event)
-        predictions.labels(confidence=prediction.confidence.value).inc()
-        predicted_mb.observe(prediction.gpu_memory_per_gpu_mb)
+        request = event.request()
+        try:
+            family = model_family(request)
+            track = await store.track(family, request.task_type.value)
+            correction = Correction(track.factor, track.samples, track.mape)
+            prediction = predict(request, assumptions, correction)
+        except Refused as refused:
+            metrics.rejected.inc()
+            await publish(
+                broker,
+                TaskRejected(
+                    event_id=derived_event_id(event.event_id, "rejected"),
+                    task_id=request.task_id,
+                    errors=refused.errors,
+                ),
+            )
+            return
+        metrics.predictions.labels(confidence=prediction.confidence.value).inc()
+        metrics.predicted_mb.observe(prediction.gpu_memory_per_gpu_mb)
+        learned = prediction.breakdown_mb.get("learned_correction", 0)
+        await store.record_prediction(
+            request.task_id,
+            family,
+            request.task_type.value,
+            raw_mb=prediction.gpu_memory_per_gpu_mb - learned,
+            predicted_mb=prediction.gpu_memory_per_gpu_mb,
+        )
         await publish(
-            service.broker,
+            broker,
             TaskProfiled(
                 event_id=derived_event_id(event.event_id, "profiled"),
-                task=event.request(),
+                task=request,
                 prediction=prediction,
             ),
         )
 
-    return service, service.asgi()
+    @durable(broker, Subjects.ALLOCATION_GRANTED, name, batch=batch)
+    async def on_allocation_granted(event: AllocationGranted) -> None:
+        await store.granted(event)
+
+    @durable(broker, Subjects.NODE_METRICS, name, batch=batch)
+    async def on_node_metrics(event: NodeMetricsReported) -> None:
+        await store.observe(event)
+
+    @durable(broker, Subjects.ALLOCATION_RELEASED, name, batch=batch)
+    async def on_allocation_released(event: AllocationReleased) -> None:
+        learned = await store.released(event)
+        if learned is not None:
+            (family, task_type), track = learned
+            metrics.observations.labels(family=family, task_type=task_type).inc()
+            metrics.show(family, task_type, track)
+
+    async def migrate() -> None:
+        if settings.migrate_on_start:
+            await upgrade_to_head_async(settings.database_url, MIGRATIONS_DIR)
+        for (family, task_type), track in (await store.tracks()).items():
+            metrics.show(family, task_type, track)
+
+    service.on_startup.append(migrate)
+    app = service.asgi()
+    app.after_shutdown(engine.dispose)  # after the consumers stop: none still needs it
+    return service, app
 
 
 def create_app() -> AsgiFastStream:

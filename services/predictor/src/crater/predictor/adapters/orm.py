@@ -1,0 +1,66 @@
+"""The predictor's tables. Schema changes go through Alembic (adapters/migrations)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+)
+
+from crater.runtime.outbox import inbox_table
+
+# Named constraints, so later migrations can alter them on SQLite (batch mode) too.
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# What was predicted for each task: the raw model figure and the corrected one published.
+predictions = Table(
+    "predictor_predictions",
+    metadata,
+    Column("task_id", String(128), primary_key=True),
+    Column("family", String(64), nullable=False),
+    Column("task_type", String(32), nullable=False),
+    Column("raw_mb", Integer, nullable=False),
+    Column("predicted_mb", Integer, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+# Which task holds which GPUs of which node, and the highest memory seen on them.
+allocations = Table(
+    "predictor_allocations",
+    metadata,
+    Column("allocation_id", String(64), primary_key=True),
+    Column("task_id", String(128), nullable=False, index=True),
+    Column("node", String(63), nullable=False, index=True),
+    Column("gpu_ids", JSON, nullable=False),
+    Column("observed_peak_mb", Integer, nullable=False, default=0),
+    Column("active", Boolean, nullable=False, default=True, index=True),
+    Column("granted_at", DateTime(timezone=True), nullable=False),
+    Column("released_at", DateTime(timezone=True), nullable=True),
+)
+
+# A learned multiplier per (model family, task type), and its error so far.
+corrections = Table(
+    "predictor_corrections",
+    metadata,
+    Column("family", String(64), primary_key=True),
+    Column("task_type", String(32), primary_key=True),
+    Column("factor", Float, nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("abs_pct_error_sum", Float, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+inbox = inbox_table(metadata, "predictor")
