@@ -29,10 +29,13 @@ def settings(
         "webhook_url": url,
         "webhook_username": USERNAME,
         "webhook_password": PASSWORD,
-        "webhook_timeout_seconds": 5.0,
+        "webhook_timeout_seconds": 2.0,
         "initial_backoff_seconds": 0.05,
         "max_backoff_seconds": 0.2,
         "retry_seed": 1,
+        "poll_seconds": 0.05,
+        "claim_seconds": 3.0,
+        "breaker_cooldown_seconds": 0.3,
     }
     fields.update(overrides)
     return CallbackSettings.model_validate(fields)

@@ -3,9 +3,11 @@ the HTTP side played by httpx's mock transport."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -13,7 +15,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from prometheus_client import CollectorRegistry
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -21,9 +23,11 @@ from crater.callback.adapters import tables
 from crater.callback.adapters.sender import WebhookSender
 from crater.callback.adapters.store import DeliveryLog
 from crater.callback.app import MIGRATIONS_DIR
-from crater.callback.delivery import Deliverer, WebhookMetrics
-from crater.callback.domain.retry import DeliveryState, RetryPolicy
-from crater.contracts import WebhookDeadLettered, WebhookDelivered
+from crater.callback.delivery import Dispatcher, Route, WebhookMetrics
+from crater.callback.domain.breaker import CircuitBreaker
+from crater.callback.domain.payload import webhook_body
+from crater.callback.domain.retry import RetryPolicy
+from crater.contracts import Event, WebhookDeadLettered, WebhookDelivered
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from tests.support.lifecycle import granted, pending
 
@@ -39,33 +43,61 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 class Harness:
-    def __init__(self, engine: AsyncEngine, replies: list[Reply] | None, max_attempts: int):
+    """The delivery loop on a real database, HTTP answered by a mock transport."""
+
+    def __init__(self, engine: AsyncEngine, replies: list[Reply], max_attempts: int = 5):
         self.engine = engine
         self.requests: list[httpx.Request] = []
-        self.sleeps: list[float] = []
         self.replies = replies
         self.registry = CollectorRegistry()
-        sender = None
-        if replies is not None:
-            sender = WebhookSender(
-                "http://alldata/hooks", "alldata", "s3cret", 1.0, httpx.MockTransport(self.reply)
-            )
-        self.deliverer = Deliverer(
-            delivery_log=DeliveryLog(make_session_factory(engine)),
-            sender=sender,
+        self.log = DeliveryLog(make_session_factory(engine))
+        sender = WebhookSender(
+            "http://alldata/hooks", "alldata", "s3cret", 1.0, httpx.MockTransport(self.reply)
+        )
+        self.dispatcher = Dispatcher(
+            delivery_log=self.log,
+            routes=[Route(sender, CircuitBreaker(failure_threshold=100), 8)],
             policy=RetryPolicy(max_attempts=max_attempts, initial_backoff_seconds=0.2),
             rng=random.Random(3),
             metrics=WebhookMetrics(self.registry),
-            sleep=self.sleep,
+            claim_seconds=5.0,
         )
 
     def reply(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
-        assert self.replies is not None
         return self.replies[min(len(self.requests), len(self.replies)) - 1](request)
 
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)  # recorded, not waited: the test stays fast
+    async def record(self, event: Any) -> int | None:
+        body = webhook_body(event)
+        return await self.log.enqueue(
+            source_event_id=event.event_id,
+            endpoints=["http://alldata/hooks"],
+            task_id=body.task_id,
+            task_status=body.status.value,
+            event_type=type(event).__name__,
+            payload=body.encode().decode(),
+        )
+
+    async def run(self) -> None:
+        """Dispatch until nothing is pending; retries are made due at once (no waiting)."""
+        for _ in range(50):
+            await self.dispatcher.dispatch()
+            tasks = [t for r in self.dispatcher.routes.values() for t in r.in_flight.values()]
+            if tasks:
+                await asyncio.gather(*tasks)
+                continue
+            if not await self.make_due():
+                return
+
+    async def make_due(self) -> int:
+        """Every pending delivery's next attempt is due now (a test does not wait for it)."""
+        async with self.engine.begin() as connection:
+            result = await connection.execute(
+                update(tables.deliveries)
+                .where(tables.deliveries.c.state == "pending")
+                .values(next_attempt_at=datetime.now(UTC) - timedelta(seconds=1))
+            )
+            return int(result.rowcount)
 
     async def rows(self, table: Any) -> list[Any]:
         async with self.engine.connect() as connection:
@@ -103,108 +135,129 @@ async def test_migrations_create_exactly_the_tables_the_code_uses(engine: AsyncE
 async def test_delivered_on_first_attempt_and_settled_with_outbox_event(
     engine: AsyncEngine,
 ) -> None:
-    harness = Harness(engine, [status(200)], max_attempts=5)
+    harness = Harness(engine, [status(200)])
     event = granted("train-1")
-    assert await harness.deliverer.deliver(event) is DeliveryState.DELIVERED
+    assert await harness.record(event) == 1
+    assert await harness.record(event) is None  # a redelivery records nothing
+    await harness.run()
 
     [request] = harness.requests
     assert request.headers["webhook-id"] == str(event.event_id)
     assert json.loads(request.content)["status"] == "scheduled"
     [delivery] = await harness.rows(tables.deliveries)
-    assert (delivery.webhook_id, delivery.task_id, delivery.task_status) == (
-        str(event.event_id),
-        "train-1",
-        "scheduled",
-    )
     assert (delivery.state, delivery.attempts, delivery.last_status_code) == ("delivered", 1, 200)
-    assert delivery.event_type == "AllocationGranted"
+    assert delivery.claimed_by is None
     assert json.loads(delivery.payload) == json.loads(request.content)
     [attempt] = await harness.rows(tables.attempts)
     assert (attempt.attempt, attempt.outcome, attempt.status_code) == (1, "delivered", 200)
     [outbox] = await harness.rows(tables.outbox)
     published = WebhookDelivered.model_validate_json(outbox.payload)
-    assert published.webhook_id == str(event.event_id)
-    assert (published.status_code, published.attempts, published.endpoint) == (
-        200,
-        1,
-        "http://alldata/hooks",
-    )
-    assert outbox.subject == "crater.v1.webhook.delivered"
+    assert (published.webhook_id, published.attempts) == (str(event.event_id), 1)
     assert [row.event_id for row in await harness.rows(tables.inbox)] == [str(event.event_id)]
     labels = {"endpoint": "http://alldata/hooks"}
     assert harness.metric("crater_webhook_attempts_total", outcome="delivered", **labels) == 1
-    assert harness.metric("crater_webhook_latency_seconds_count") == 1
-
-    # The same event again (a redelivery): settled already, nothing is POSTed.
-    assert await harness.deliverer.deliver(event) is None
-    assert len(harness.requests) == 1
-    assert len(await harness.rows(tables.outbox)) == 1
+    assert harness.metric("crater_webhook_latency_seconds_count", **labels) == 1
 
 
-async def test_retryable_failures_back_off_then_deliver(engine: AsyncEngine) -> None:
-    harness = Harness(
-        engine, [timeout, status(503, **{"Retry-After": "3"}), status(202)], max_attempts=5
-    )
-    assert await harness.deliverer.deliver(pending("wait-1")) is DeliveryState.DELIVERED
+async def test_retries_are_scheduled_in_the_log_and_keep_the_webhook_id(
+    engine: AsyncEngine,
+) -> None:
+    harness = Harness(engine, [timeout, status(503, **{"Retry-After": "3600"}), status(202)])
+    await harness.record(pending("wait-1"))
+    await harness.dispatcher.dispatch()
+    await asyncio.gather(*harness.dispatcher.routes["http://alldata/hooks"].in_flight.values())
+    [delivery] = await harness.rows(tables.deliveries)
+    assert (delivery.state, delivery.attempts) == ("pending", 1)
+    assert delivery.next_attempt_at is not None  # waits in the log, nobody sleeps on it
+    assert await harness.dispatcher.dispatch() == 0  # not due yet
+    await harness.run()
     assert len(harness.requests) == 3
-    assert {r.headers["webhook-id"] for r in harness.requests} == {
-        harness.requests[0].headers["webhook-id"]
-    }
-    assert harness.sleeps[1] == 3.0  # Retry-After outweighs the 0.2-0.4 s backoff
-    assert 0.1 <= harness.sleeps[0] <= 0.2
+    assert len({r.headers["webhook-id"] for r in harness.requests}) == 1
     attempts = await harness.rows(tables.attempts)
     assert [(a.outcome, a.status_code) for a in attempts] == [
         ("retry", None),
         ("retry", 503),
         ("delivered", 202),
     ]
-    assert attempts[0].error == "timeout: ReadTimeout"
-    [delivery] = await harness.rows(tables.deliveries)
-    assert (delivery.state, delivery.attempts) == ("delivered", 3)
+    labels = {"endpoint": "http://alldata/hooks"}
+    assert harness.metric("crater_webhook_failures_total", reason="timeout", **labels) == 1
+    assert harness.metric("crater_webhook_failures_total", reason="http_503", **labels) == 1
 
 
-async def test_exhausted_retries_dead_letter(engine: AsyncEngine) -> None:
-    harness = Harness(engine, [status(500)], max_attempts=3)
-    assert await harness.deliverer.deliver(granted("doomed")) is DeliveryState.DEAD
-    assert len(harness.requests) == 3
-    assert len(harness.sleeps) == 2
+async def test_exhausted_retries_dead_letter_and_an_operator_retry_starts_a_round(
+    engine: AsyncEngine,
+) -> None:
+    harness = Harness(engine, [status(500), status(500), status(500), status(200)], 3)
+    await harness.record(granted("doomed"))
+    await harness.run()
     [delivery] = await harness.rows(tables.deliveries)
     assert (delivery.state, delivery.attempts, delivery.last_status_code) == ("dead", 3, 500)
     [outbox] = await harness.rows(tables.outbox)
     dead = WebhookDeadLettered.model_validate_json(outbox.payload)
     assert (dead.task_id, dead.attempts, dead.last_error) == ("doomed", 3, "HTTP 500: status 500")
 
+    assert await harness.log.retry(delivery.id, max_attempts=2)
+    assert not await harness.log.retry(delivery.id + 100, max_attempts=2)
+    await harness.run()
+    [delivery] = await harness.rows(tables.deliveries)
+    assert (delivery.state, delivery.attempts, delivery.round) == ("delivered", 4, 1)
+    outcomes = [row.subject for row in await harness.rows(tables.outbox)]
+    assert outcomes == ["crater.v1.webhook.dead_lettered", "crater.v1.webhook.delivered"]
+
 
 async def test_client_errors_dead_letter_at_once(engine: AsyncEngine) -> None:
-    harness = Harness(engine, [status(422)], max_attempts=5)
-    assert await harness.deliverer.deliver(granted("bad")) is DeliveryState.DEAD
+    harness = Harness(engine, [status(422)])
+    await harness.record(granted("bad"))
+    await harness.run()
     assert len(harness.requests) == 1
-    assert harness.sleeps == []
+    [delivery] = await harness.rows(tables.deliveries)
+    assert delivery.state == "dead"
 
 
-async def test_redelivery_after_a_crash_continues_the_attempt_count(engine: AsyncEngine) -> None:
-    first = Harness(engine, [status(503)], max_attempts=2)
+async def test_a_tasks_later_delivery_waits_for_the_earlier_one(engine: AsyncEngine) -> None:
+    harness = Harness(engine, [status(503), status(200)])
+    first, second, other = pending("t1"), granted("t1"), granted("t2")
+    for event in (first, second, other):
+        await harness.record(event)
+    await harness.run()
+    ids = [r.headers["webhook-id"] for r in harness.requests]
+    # t1's grant waits for its pending (which failed once); t2 went meanwhile.
+    assert ids.index(str(first.event_id)) < ids.index(str(other.event_id))
+    assert ids[-1] == str(second.event_id)
+    assert ids.count(str(first.event_id)) == 2
+
+
+async def test_a_lapsed_claim_is_taken_over_and_sent_with_the_same_id(
+    engine: AsyncEngine,
+) -> None:
+    crashed = Harness(engine, [status(200)])
     event = granted("crashy")
-    # The first attempt is committed, then the process "dies" during the backoff.
-    first.deliverer.sleep = crash  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError, match="crash"):
-        await first.deliverer.deliver(event)
-
-    second = Harness(engine, [status(503)], max_attempts=2)
-    assert await second.deliverer.deliver(event) is DeliveryState.DEAD
-    assert len(second.requests) == 1  # the second and last attempt of two
-    [delivery] = await second.rows(tables.deliveries)
-    assert delivery.attempts == 2
+    await crashed.record(event)
+    # A replica claims the delivery, then dies before recording an attempt.
+    now = datetime.now(UTC)
+    [due] = await crashed.log.due("http://alldata/hooks", now, 10)
+    assert await crashed.log.claim([due.id], "dead-replica", now, now + timedelta(seconds=0.3))
+    survivor = Harness(engine, [status(200)])
+    assert await survivor.dispatcher.dispatch() == 0  # the claim still holds
+    await asyncio.sleep(0.4)
+    await survivor.run()
+    [request] = survivor.requests
+    assert request.headers["webhook-id"] == str(event.event_id)
 
 
 async def test_no_endpoint_records_skipped(engine: AsyncEngine) -> None:
-    harness = Harness(engine, None, max_attempts=5)
-    assert await harness.deliverer.deliver(granted("quiet")) is DeliveryState.SKIPPED
-    [delivery] = await harness.rows(tables.deliveries)
-    assert (delivery.state, delivery.attempts, delivery.endpoint) == ("skipped", 0, "")
-    assert await harness.rows(tables.outbox) == []
-    assert await harness.deliverer.deliver(granted("quiet")) is DeliveryState.SKIPPED  # new id
-
-
-async def crash(seconds: float) -> None:
-    raise RuntimeError("crash")
+    log = DeliveryLog(make_session_factory(engine))
+    event: Event = granted("quiet")
+    body = webhook_body(granted("quiet"))
+    created = await log.enqueue(
+        source_event_id=event.event_id,
+        endpoints=[],
+        task_id="quiet",
+        task_status=body.status.value,
+        event_type="AllocationGranted",
+        payload=body.encode().decode(),
+        configured=False,
+    )
+    assert created == 1
+    [row] = await log.list()
+    assert (row.state, row.endpoint) == ("skipped", "")

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from crater.callback.domain.signing import generate_secret, sign
 from crater.callback.receiver import ReceivedWebhook, Receiver, create_receiver, describe
 
 BODY = {
@@ -117,3 +119,34 @@ def test_describe_pending() -> None:
     body = {"task_id": "t", "status": "pending", "reason": "0/4 nodes"}
     line = describe(ReceivedWebhook("abcdef123456", None, "now", "/", body))
     assert line == "task t -> pending: 0/4 nodes  (webhook abcdef12)"
+
+
+async def test_signatures_are_checked_and_replays_refused() -> None:
+    secret = generate_secret()
+    state = Receiver("alldata", "secret", echo=False, secret=secret)
+    body = json.dumps(BODY).encode()
+    now = int(time.time())
+
+    def headers(webhook_id: str, timestamp: int, key: str = secret) -> dict[str, str]:
+        return {
+            "content-type": "application/json",
+            "webhook-id": webhook_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign(key, webhook_id, timestamp, body),
+        }
+
+    async with await client_for(state) as client:
+        good = await client.post("/", content=body, headers=headers("wh-1", now))
+        forged = await client.post(
+            "/", content=body, headers=headers("wh-2", now, generate_secret())
+        )
+        stale = await client.post("/", content=body, headers=headers("wh-3", now - 301))
+        tampered = await client.post(
+            "/", content=body.replace(b"train-1", b"train-2"), headers=headers("wh-4", now)
+        )
+    assert good.status_code == 200
+    assert forged.status_code == 401
+    assert stale.status_code == 400
+    assert tampered.status_code == 401
+    assert [d.webhook_id for d in state.deliveries] == ["wh-1"]
+    assert (state.bad_signatures, state.replays_refused) == (2, 1)

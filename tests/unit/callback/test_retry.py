@@ -14,6 +14,7 @@ from crater.callback.domain.retry import (
     classify,
     delay_before_retry,
     parse_retry_after,
+    schedule,
     state_after,
 )
 
@@ -68,12 +69,29 @@ def test_backoff_without_jitter_is_exact_and_with_a_seed_is_reproducible() -> No
     assert first == again
 
 
-def test_retry_after_lengthens_the_wait_but_never_past_the_cap() -> None:
+def test_retry_after_lengthens_the_wait_even_past_the_cap_up_to_a_day() -> None:
     policy = RetryPolicy(initial_backoff_seconds=0.1, max_backoff_seconds=5.0, jitter=0.0)
     rng = random.Random(0)
     assert delay_before_retry(policy, 1, Verdict(Outcome.RETRY, 2.0), rng) == 2.0
     assert delay_before_retry(policy, 1, Verdict(Outcome.RETRY, 0.0), rng) == 0.1
-    assert delay_before_retry(policy, 1, Verdict(Outcome.RETRY, 3600.0), rng) == 5.0
+    assert delay_before_retry(policy, 1, Verdict(Outcome.RETRY, 3600.0), rng) == 3600.0
+    assert delay_before_retry(policy, 1, Verdict(Outcome.RETRY, 1e9), rng) == 86400.0
+
+
+def test_the_default_schedule_reaches_hours() -> None:
+    policy = RetryPolicy(max_attempts=20, initial_backoff_seconds=1.0, max_backoff_seconds=3600)
+    waits = schedule(policy)
+    assert waits[:4] == [1.0, 2.0, 4.0, 8.0]
+    assert max(waits) == 3600.0
+    assert sum(waits) > 8 * 3600  # retried for more than eight hours before a dead letter
+
+
+def test_an_operator_limit_overrides_max_attempts() -> None:
+    policy = RetryPolicy(max_attempts=3)
+    retry = Verdict(Outcome.RETRY)
+    assert state_after(policy, retry, 3) is DeliveryState.DEAD
+    assert state_after(policy, retry, 3, limit=6) is DeliveryState.PENDING
+    assert state_after(policy, retry, 6, limit=6) is DeliveryState.DEAD
 
 
 def test_state_after_each_attempt() -> None:

@@ -1,7 +1,10 @@
-"""Delivering one lifecycle event to AllData: in order per task, retried, logged, settled.
+"""The delivery loop: sends due deliveries from the log, in order per task and endpoint,
+concurrently across tasks and endpoints, with retries scheduled in the log (never slept on
+in a consumer), a circuit breaker per endpoint, and every attempt recorded.
 
-The consumer handlers call `Deliverer.deliver`; it returns once the outcome is committed, so
-the message is acked only after the delivery log knows what happened.
+Per endpoint at most `max_in_flight` POSTs run at once; a task's next delivery to an endpoint
+only becomes due once the earlier one is settled (delivered or dead-lettered), which the log's
+`due` query enforces, so order holds across replicas and restarts too.
 """
 
 from __future__ import annotations
@@ -10,55 +13,30 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from crater.callback.adapters.sender import Response, WebhookSender
-from crater.callback.adapters.store import Attempt, Delivery, DeliveryLog
-from crater.callback.domain.payload import LifecycleEvent, webhook_body
+from crater.callback.adapters.store import Attempt, DeliveryLog, Due
+from crater.callback.domain.breaker import CircuitBreaker
 from crater.callback.domain.retry import (
     DeliveryState,
+    Outcome,
     RetryPolicy,
     classify,
     delay_before_retry,
     state_after,
 )
-from crater.contracts import WebhookBody, WebhookDeadLettered, WebhookDelivered, derived_event_id
+from crater.contracts import WebhookDeadLettered, WebhookDelivered, derived_event_id
 from crater.runtime.telemetry import current_trace_context
 
 log = logging.getLogger("crater.callback")
-
-NO_ENDPOINT = ""  # the endpoint recorded for deliveries skipped because none is configured
-
-
-class TaskLocks:
-    """One asyncio.Lock per task id, dropped when nobody holds or waits for it.
-
-    asyncio.Lock wakes waiters first come, first served, so events of one task that reach
-    `hold` in consumption order are delivered in that order.
-    """
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, task_id: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(task_id, (asyncio.Lock(), 0))
-        self._locks[task_id] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[task_id]
-            if users == 1:
-                del self._locks[task_id]
-            else:
-                self._locks[task_id] = (lock, users - 1)
-
-    def __len__(self) -> int:
-        return len(self._locks)
 
 
 class WebhookMetrics:
@@ -69,9 +47,16 @@ class WebhookMetrics:
             ["endpoint", "outcome"],
             registry=registry,
         )
+        self.failures = Counter(
+            "crater_webhook_failures",
+            "Failed webhook POSTs, by endpoint and reason (timeout, connection, http_<code>).",
+            ["endpoint", "reason"],
+            registry=registry,
+        )
         self.latency = Histogram(
             "crater_webhook_latency_seconds",
-            "Time from sending a webhook to its response (or timeout).",
+            "Time from sending a webhook to its response (or timeout), by endpoint.",
+            ["endpoint"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
             registry=registry,
         )
@@ -81,154 +66,272 @@ class WebhookMetrics:
             ["endpoint", "state"],
             registry=registry,
         )
+        self.backlog = Gauge(
+            "crater_webhook_backlog",
+            "Deliveries pending (due or waiting for a retry), by endpoint.",
+            ["endpoint"],
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "crater_webhook_in_flight",
+            "Webhook POSTs under way, by endpoint.",
+            ["endpoint"],
+            registry=registry,
+        )
+        self.circuit_open = Gauge(
+            "crater_webhook_circuit_open",
+            "1 while the endpoint's circuit breaker holds deliveries back.",
+            ["endpoint"],
+            registry=registry,
+        )
 
 
-class Deliverer:
+@dataclass
+class Route:
+    """One endpoint as the loop drives it."""
+
+    sender: WebhookSender
+    breaker: CircuitBreaker
+    max_in_flight: int
+    in_flight: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.sender.endpoint
+
+
+class Dispatcher:
     def __init__(
         self,
         *,
         delivery_log: DeliveryLog,
-        sender: WebhookSender | None,
+        routes: Sequence[Route],
         policy: RetryPolicy,
         rng: random.Random,
         metrics: WebhookMetrics,
+        claim_seconds: float,
+        poll_seconds: float = 1.0,
+        backlog_seconds: float = 5.0,
         on_commit: Callable[[], None] = lambda: None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.log = delivery_log
-        self.sender = sender
+        self.routes = {route.name: route for route in routes}
         self.policy = policy
         self.rng = rng
         self.metrics = metrics
+        self.claim_seconds = claim_seconds
+        self.poll_seconds = poll_seconds
+        self.backlog_seconds = backlog_seconds
         self.on_commit = on_commit  # wakes the outbox relay
-        self.sleep = sleep
-        self.locks = TaskLocks()
+        self.clock = clock
+        self.owner = str(uuid.uuid4())  # this replica's claims
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._backlog_at = float("-inf")
+        for route in routes:
+            metrics.circuit_open.labels(endpoint=route.name).set(0)
+            metrics.in_flight.labels(endpoint=route.name).set(0)
 
-    async def deliver(self, event: LifecycleEvent) -> DeliveryState | None:
-        """Deliver `event`'s webhook; the final state, or None if it was settled before."""
-        body = webhook_body(event)
-        # Serialise per task: the consumers of different subjects run side by side.
-        async with self.locks.hold(body.task_id):
-            endpoint = self.sender.endpoint if self.sender else NO_ENDPOINT
-            delivery = await self.log.open(
-                webhook_id=str(event.event_id),
-                endpoint=endpoint,
-                task_id=body.task_id,
-                task_status=body.status.value,
-                event_type=type(event).__name__,
-                payload=body.encode().decode(),
-            )
-            if delivery.state.is_final:
-                log.debug("webhook %s already %s", event.event_id, delivery.state)
-                return None
-            if self.sender is None:
-                return await self._skip(event, delivery)
-            return await self._attempt_until_settled(event, body, delivery, self.sender)
+    def wake(self) -> None:
+        self._wake.set()
 
-    async def _skip(self, event: LifecycleEvent, delivery: Delivery) -> DeliveryState | None:
-        if not await self.log.finish(delivery.id, event.event_id, DeliveryState.SKIPPED):
-            return None
-        self.metrics.deliveries.labels(endpoint=NO_ENDPOINT, state="skipped").inc()
-        return DeliveryState.SKIPPED
+    def start(self) -> None:
+        self._stopping = False
+        self._task = asyncio.create_task(self._run(), name="webhook-dispatcher")
 
-    async def _attempt_until_settled(
-        self, event: LifecycleEvent, body: WebhookBody, delivery: Delivery, sender: WebhookSender
-    ) -> DeliveryState | None:
-        payload = body.encode()
-        webhook_id = str(event.event_id)
-        number = delivery.attempts
-        if number >= self.policy.max_attempts:
-            # Redelivered after a crash that followed the last attempt: settle, do not POST.
-            last_error = delivery.last_error or "attempts exhausted"
-            dead = dead_lettered(event, body, sender.endpoint, number, last_error)
-            return await self._settle(event, delivery, DeliveryState.DEAD, None, dead)
-        while True:
-            number += 1
-            response = await sender.post(payload, webhook_id)
-            verdict = classify(response.status_code, response.retry_after, datetime.now(UTC))
-            outcome = verdict.outcome.value
-            self.metrics.attempts.labels(endpoint=sender.endpoint, outcome=outcome).inc()
-            self.metrics.latency.observe(response.latency_ms / 1000.0)
-            attempt = Attempt(
-                number, verdict.outcome, response.status_code, response.latency_ms, response.error
-            )
-            state = state_after(self.policy, verdict, number)
-            if state is DeliveryState.PENDING:
-                await self.log.record_attempt(delivery.id, attempt)
-                delay = delay_before_retry(self.policy, number, verdict, self.rng)
-                log.info(
-                    "webhook %s for %s: attempt %d failed (%s); retrying in %.2f s",
-                    webhook_id,
-                    body.task_id,
-                    number,
-                    response.error,
-                    delay,
-                )
-                await self.sleep(delay)
+    async def stop(self, grace_seconds: float = 5.0) -> None:
+        """Start nothing more; let POSTs under way finish for `grace_seconds`, then abandon
+        the rest and release their claims (they go again, same webhook-id, on restart)."""
+        self._stopping = True
+        self.wake()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        pending = [t for route in self.routes.values() for t in route.in_flight.values()]
+        if pending:
+            await asyncio.wait(pending, timeout=grace_seconds)
+        await self.abandon()
+
+    async def abandon(self) -> None:
+        """Cancel every POST under way without recording it, then release the claims."""
+        for route in self.routes.values():
+            ids = list(route.in_flight)
+            tasks = list(route.in_flight.values())
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            with contextlib.suppress(Exception):
+                await self.log.release(ids, self.owner)
+
+    async def aclose(self) -> None:
+        for route in self.routes.values():
+            await route.sender.aclose()
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                await self.dispatch()
+                await self._refresh_backlog()
+            except Exception:
+                log.exception("webhook dispatch failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_seconds):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    async def _refresh_backlog(self) -> None:
+        if self.clock() - self._backlog_at < self.backlog_seconds:
+            return
+        self._backlog_at = self.clock()
+        backlog = await self.log.backlog()
+        for name in self.routes:
+            self.metrics.backlog.labels(endpoint=name).set(backlog.get(name, 0))
+
+    async def dispatch(self) -> int:
+        """Start every delivery that may go now; how many were started."""
+        started = 0
+        now = datetime.now(UTC)
+        until = now + timedelta(seconds=self.claim_seconds)
+        for route in self.routes.values():
+            free = route.max_in_flight - len(route.in_flight)
+            allowance = route.breaker.allowance(self.clock())
+            self.metrics.circuit_open.labels(endpoint=route.name).set(int(allowance == 0))
+            if allowance is not None:
+                free = min(free, allowance)
+            if free <= 0:
                 continue
-            settled: WebhookDelivered | WebhookDeadLettered
-            if state is DeliveryState.DELIVERED:
-                settled = delivered(event, body, sender.endpoint, number, response)
-            else:
-                error = response.error or "gave up"
-                settled = dead_lettered(event, body, sender.endpoint, number, error)
-            return await self._settle(event, delivery, state, attempt, settled)
+            due = await self.log.due(route.name, now, free, exclude=list(route.in_flight))
+            claimed = await self.log.claim([x.id for x in due], self.owner, now, until)
+            for delivery in due:
+                if delivery.id not in claimed or self._stopping:
+                    continue
+                route.breaker.started(self.clock())
+                task = asyncio.create_task(self._send(route, delivery))
+                route.in_flight[delivery.id] = task
+                started += 1
+            self.metrics.in_flight.labels(endpoint=route.name).set(len(route.in_flight))
+        return started
 
-    async def _settle(
-        self,
-        event: LifecycleEvent,
-        delivery: Delivery,
-        state: DeliveryState,
-        attempt: Attempt | None,
-        outcome: WebhookDelivered | WebhookDeadLettered,
-    ) -> DeliveryState | None:
-        if not await self.log.finish(delivery.id, event.event_id, state, attempt, (outcome,)):
-            return None
-        self.on_commit()
-        self.metrics.deliveries.labels(endpoint=outcome.endpoint, state=state.value).inc()
-        if isinstance(outcome, WebhookDeadLettered):
-            log.warning(
-                "webhook %s for %s dead-lettered after %d attempts: %s",
-                outcome.webhook_id,
-                outcome.task_id,
-                outcome.attempts,
-                outcome.last_error,
+    async def _send(self, route: Route, delivery: Due) -> None:
+        try:
+            await self._attempt(route, delivery)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("webhook %s: recording the attempt failed", delivery.webhook_id)
+        finally:
+            route.in_flight.pop(delivery.id, None)
+            self.metrics.in_flight.labels(endpoint=route.name).set(len(route.in_flight))
+            self.wake()  # the task's next delivery may be due now, and a slot is free
+
+    async def _attempt(self, route: Route, delivery: Due) -> None:
+        response = await route.sender.post(delivery.payload.encode(), delivery.webhook_id)
+        now = datetime.now(UTC)
+        number = delivery.attempts + 1
+        verdict = classify(response.status_code, response.retry_after, now)
+        endpoint = route.name
+        self.metrics.attempts.labels(endpoint=endpoint, outcome=verdict.outcome.value).inc()
+        self.metrics.latency.labels(endpoint=endpoint).observe(response.latency_ms / 1000.0)
+        if verdict.outcome is not Outcome.DELIVERED:
+            self.metrics.failures.labels(endpoint=endpoint, reason=failure_reason(response)).inc()
+        attempt = Attempt(
+            number, verdict.outcome, response.status_code, response.latency_ms, response.error
+        )
+        state = state_after(self.policy, verdict, number, delivery.attempt_limit)
+        next_at: datetime | None = None
+        events: tuple[WebhookDelivered | WebhookDeadLettered, ...] = ()
+        if state is DeliveryState.PENDING:
+            delay = delay_before_retry(self.policy, number, verdict, self.rng)
+            next_at = now + timedelta(seconds=delay)
+            log.debug(
+                "webhook %s for %s: attempt %d failed (%s); next in %.2f s",
+                delivery.webhook_id,
+                delivery.task_id,
+                number,
+                response.error,
+                delay,
             )
-        return state
+        elif state is DeliveryState.DELIVERED:
+            events = (delivered(delivery, number, response),)
+        else:
+            events = (dead_lettered(delivery, number, response.error or "gave up"),)
+        # The breaker hears of the endpoint's health: only "not now" answers count against it.
+        if verdict.outcome is Outcome.RETRY:
+            if route.breaker.failed(self.clock()):
+                log.warning(
+                    "endpoint %s: %d consecutive failures, holding deliveries for %.0f s",
+                    endpoint,
+                    route.breaker.failures,
+                    route.breaker.current_cooldown,
+                )
+                self.metrics.circuit_open.labels(endpoint=endpoint).set(1)
+        elif route.breaker.succeeded():
+            self.metrics.circuit_open.labels(endpoint=endpoint).set(0)
+            moved = await self.log.pull_forward(endpoint, now)
+            log.info("endpoint %s is back; %d waiting deliveries are due now", endpoint, moved)
+        if not await self.log.record(delivery.id, self.owner, attempt, state, next_at, events):
+            log.warning("webhook %s: claim lost before recording its attempt", delivery.webhook_id)
+            return
+        if events:
+            self.on_commit()
+            self.metrics.deliveries.labels(endpoint=endpoint, state=state.value).inc()
+        if state is DeliveryState.DEAD:
+            log.warning(
+                "webhook %s for %s to %s dead-lettered after %d attempts: %s",
+                delivery.webhook_id,
+                delivery.task_id,
+                endpoint,
+                number,
+                response.error,
+            )
 
 
-# Derived ids: settling one delivery twice publishes one outcome event (JetStream de-dup).
+def failure_reason(response: Response) -> str:
+    if response.status_code is not None:
+        return f"http_{response.status_code}"
+    if response.error and response.error.startswith("timeout"):
+        return "timeout"
+    return "connection"
 
 
-def delivered(
-    event: LifecycleEvent, body: WebhookBody, endpoint: str, attempts: int, response: Response
-) -> WebhookDelivered:
+# Derived ids: settling one delivery twice publishes one outcome event (JetStream de-dup);
+# an operator's retry or replay is another round, with ids of its own.
+
+
+def _outcome_id(delivery: Due, what: str) -> UUID:
+    suffix = f":{delivery.round}" if delivery.round else ""
+    return derived_event_id(UUID(delivery.webhook_id), f"{what}:{delivery.endpoint}{suffix}")
+
+
+def delivered(delivery: Due, attempts: int, response: Response) -> WebhookDelivered:
     assert response.status_code is not None
     return WebhookDelivered(
-        event_id=derived_event_id(event.event_id, f"webhook-delivered:{endpoint}"),
+        event_id=_outcome_id(delivery, "webhook-delivered"),
         trace=current_trace_context(),
-        webhook_id=str(event.event_id),
-        source_event_id=event.event_id,
-        task_id=body.task_id,
-        task_status=body.status.value,
-        endpoint=endpoint,
+        webhook_id=delivery.webhook_id,
+        source_event_id=UUID(delivery.webhook_id),
+        task_id=delivery.task_id,
+        task_status=delivery.task_status,
+        endpoint=delivery.endpoint,
         status_code=response.status_code,
         attempts=attempts,
         latency_ms=response.latency_ms,
     )
 
 
-def dead_lettered(
-    event: LifecycleEvent, body: WebhookBody, endpoint: str, attempts: int, last_error: str
-) -> WebhookDeadLettered:
+def dead_lettered(delivery: Due, attempts: int, last_error: str) -> WebhookDeadLettered:
     return WebhookDeadLettered(
-        event_id=derived_event_id(event.event_id, f"webhook-dead-lettered:{endpoint}"),
+        event_id=_outcome_id(delivery, "webhook-dead-lettered"),
         trace=current_trace_context(),
-        webhook_id=str(event.event_id),
-        source_event_id=event.event_id,
-        task_id=body.task_id,
-        task_status=body.status.value,
-        endpoint=endpoint,
+        webhook_id=delivery.webhook_id,
+        source_event_id=UUID(delivery.webhook_id),
+        task_id=delivery.task_id,
+        task_status=delivery.task_status,
+        endpoint=delivery.endpoint,
         attempts=attempts,
         last_error=last_error,
     )

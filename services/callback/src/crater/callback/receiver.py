@@ -1,15 +1,19 @@
 """A reference webhook receiver standing in for AllData (`crater receiver`).
 
-Checks HTTP Basic auth, records each delivery once per `webhook-id` (counting duplicates),
-prints one line per delivery, and can fail on purpose (`fail_rate`, seeded) to exercise the
-sender's retries.
+Checks HTTP Basic auth and, given the endpoint's `whsec_` secret, the Standard Webhooks
+signature (a wrong one gets 401; a timestamp more than 5 minutes from now, a replay, gets 400);
+records each delivery once per `webhook-id` (counting duplicates), prints one line per
+delivery, and can fail on purpose (`fail_rate`, seeded) or answer slowly (`delay_seconds`) to
+exercise the sender's retries.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import secrets
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +23,8 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBasic, HTTPBasicCredentials
+
+from crater.callback.domain.signing import DEFAULT_TOLERANCE_SECONDS, SignatureError, Verifier
 
 DEFAULT_PORT = 9180
 _basic = HTTPBasic(auto_error=False, realm="crater-receiver")
@@ -43,17 +49,49 @@ class Receiver:
     fail_rate: float = 0.0
     seed: int | None = None
     echo: bool = True
+    secret: str | None = None  # whsec_...: verify signatures; None: do not check them
+    tolerance_seconds: int = DEFAULT_TOLERANCE_SECONDS
+    delay_seconds: float = 0.0  # answer this much later (a slow receiver)
     deliveries: list[ReceivedWebhook] = field(default_factory=list)
     duplicates: int = 0
     unauthorized: int = 0
+    bad_signatures: int = 0
+    replays_refused: int = 0
     failures_injected: int = 0
+    requests: int = 0
     _seen: set[str] = field(default_factory=set)
     _rng: random.Random = field(init=False)
+    _verifier: Verifier | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fail_rate <= 1.0:
             raise ValueError("fail_rate must lie in [0, 1]")
         self._rng = random.Random(self.seed)
+        if self.secret:
+            self._verifier = Verifier(self.secret, self.tolerance_seconds)
+
+    def check_signature(self, request: Request, body: bytes) -> JSONResponse | None:
+        """None if the signature holds (or none is checked); else the refusal to send."""
+        if self._verifier is None:
+            return None
+        headers = request.headers
+        try:
+            self._verifier.verify(
+                headers.get("webhook-id"),
+                headers.get("webhook-timestamp"),
+                headers.get("webhook-signature"),
+                body,
+                now=time.time(),
+            )
+        except SignatureError as error:
+            if error.replay:
+                self.replays_refused += 1
+                self._say(f"refused a stale webhook: {error}")
+                return JSONResponse({"detail": str(error)}, status_code=400)
+            self.bad_signatures += 1
+            self._say(f"refused a webhook: {error}")
+            return JSONResponse({"detail": str(error)}, status_code=401)
+        return None
 
     def authorised(self, credentials: HTTPBasicCredentials | None) -> bool:
         if credentials is None:
@@ -85,7 +123,10 @@ class Receiver:
             "count": len(chosen),
             "duplicates": self.duplicates,
             "unauthorized": self.unauthorized,
+            "bad_signatures": self.bad_signatures,
+            "replays_refused": self.replays_refused,
             "failures_injected": self.failures_injected,
+            "requests": self.requests,
             "deliveries": [asdict(d) for d in chosen],
         }
 
@@ -117,6 +158,9 @@ class Receiver:
             request: Request,
             credentials: Annotated[HTTPBasicCredentials | None, Depends(_basic)],
         ) -> JSONResponse:
+            self.requests += 1
+            if self.delay_seconds > 0:
+                await asyncio.sleep(self.delay_seconds)
             if not self.authorised(credentials):
                 self.unauthorized += 1
                 return JSONResponse(
@@ -124,6 +168,10 @@ class Receiver:
                     status_code=401,
                     headers={"WWW-Authenticate": 'Basic realm="crater-receiver"'},
                 )
+            raw = await request.body()
+            refusal = self.check_signature(request, raw)
+            if refusal is not None:
+                return refusal
             if self.should_fail():
                 self.failures_injected += 1
                 return JSONResponse({"detail": "injected failure"}, status_code=503)
@@ -131,7 +179,7 @@ class Receiver:
             if not webhook_id:
                 return JSONResponse({"detail": "missing webhook-id header"}, status_code=400)
             try:
-                body = json.loads(await request.body())
+                body = json.loads(raw)
             except ValueError:
                 return JSONResponse({"detail": "body is not JSON"}, status_code=400)
             if not isinstance(body, dict):
@@ -191,10 +239,11 @@ def create_receiver(
     fail_rate: float = 0.0,
     seed: int | None = None,
     echo: bool = True,
+    secret: str | None = None,
 ) -> FastAPI:
     """The receiver's ASGI app; its state is `app.state.receiver`."""
     path = Path(record_file) if record_file is not None else None
-    return Receiver(username, password, path, fail_rate, seed, echo).app()
+    return Receiver(username, password, path, fail_rate, seed, echo, secret=secret or None).app()
 
 
 def main(
@@ -205,8 +254,14 @@ def main(
     record_file: str | Path | None = None,
     fail_rate: float = 0.0,
     seed: int | None = None,
+    secret: str | None = None,
 ) -> None:
     """Serve the receiver until interrupted (what `crater receiver` runs)."""
-    app = create_receiver(username, password, record_file, fail_rate, seed)
-    print(f"[alldata] receiving webhooks on http://{host}:{port}/ (GET /deliveries)", flush=True)
+    app = create_receiver(username, password, record_file, fail_rate, seed, secret=secret)
+    checks = "Basic auth and signatures" if secret else "Basic auth"
+    print(
+        f"[alldata] receiving webhooks on http://{host}:{port}/ (GET /deliveries), "
+        f"checking {checks}",
+        flush=True,
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -1,14 +1,25 @@
-"""POSTing a webhook body to AllData over HTTP, and nothing more: no retry policy here."""
+"""POSTing a webhook body to one endpoint over HTTP, and nothing more: no retry policy here.
+
+Each attempt carries HTTP Basic auth (when a user is configured) and the Standard Webhooks
+headers: `webhook-id` (stable per source event), `webhook-timestamp` (this attempt) and, when
+the endpoint has a secret, `webhook-signature`.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
-USER_AGENT = "crater-callback/0.1"
+from crater.callback.domain.endpoints import Endpoint, redact
+from crater.callback.domain.signing import sign
+
+USER_AGENT = "crater-callback/0.2"
 ERROR_BODY_CHARS = 200
+
+__all__ = ["Response", "WebhookSender", "redact"]
 
 
 @dataclass(frozen=True)
@@ -21,40 +32,66 @@ class Response:
     retry_after: str | None = None
 
 
-def redact(url: str) -> str:
-    """The URL without credentials or query, fit for logs and metric labels."""
-    parsed = httpx.URL(url)
-    return str(parsed.copy_with(username=None, password=None, query=None, fragment=None))
-
-
 class WebhookSender:
-    """One endpoint, HTTP Basic auth, a pooled client that is reused across deliveries."""
+    """One endpoint: its credentials, its secret, a pooled client reused across deliveries."""
 
     def __init__(
         self,
         url: str,
-        username: str,
-        password: str,
-        timeout_seconds: float,
+        username: str = "",
+        password: str = "",
+        timeout_seconds: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        secret: str | None = None,
+        name: str | None = None,
+        max_connections: int = 32,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.url = url
-        self.endpoint = redact(url)
+        self.endpoint = name or redact(url)
+        self.secret = secret
+        self.clock = clock
         self.client = httpx.AsyncClient(
-            auth=httpx.BasicAuth(username, password),
+            auth=httpx.BasicAuth(username, password) if username or password else None,
             timeout=timeout_seconds,
             headers={"user-agent": USER_AGENT},
             transport=transport,
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
         )
 
-    async def post(self, body: bytes, webhook_id: str) -> Response:
+    @classmethod
+    def for_endpoint(
+        cls, endpoint: Endpoint, transport: httpx.AsyncBaseTransport | None = None
+    ) -> WebhookSender:
+        return cls(
+            endpoint.url,
+            endpoint.username,
+            endpoint.password.get_secret_value(),
+            endpoint.timeout_seconds,
+            transport,
+            secret=endpoint.secret.get_secret_value() if endpoint.secret else None,
+            name=endpoint.name,
+            max_connections=endpoint.max_in_flight,
+        )
+
+    def headers(self, body: bytes, webhook_id: str) -> dict[str, str]:
+        timestamp = int(self.clock())
         headers = {
             "content-type": "application/json",
             # Stable per source event: a redelivery carries the same id and AllData drops it.
             "webhook-id": webhook_id,
-            # When this attempt was sent (Unix seconds), as Standard Webhooks has it.
-            "webhook-timestamp": str(int(time.time())),
+            # When this attempt was sent (Unix seconds): receivers refuse stale ones (replays).
+            "webhook-timestamp": str(timestamp),
         }
+        if self.secret:
+            headers["webhook-signature"] = sign(self.secret, webhook_id, timestamp, body)
+        return headers
+
+    async def post(self, body: bytes, webhook_id: str) -> Response:
+        headers = self.headers(body, webhook_id)
         started = time.perf_counter()
         try:
             response = await self.client.post(self.url, content=body, headers=headers)

@@ -47,9 +47,22 @@ deliveries = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("completed_at", DateTime(timezone=True), nullable=True),
+    # Revision 0002: deliveries are scheduled here and sent by the delivery loop.
+    # When the next attempt is due (pending only).
+    Column("next_attempt_at", DateTime(timezone=True), nullable=True),
+    # The replica sending it now, and until when that claim holds (a crash lets it lapse).
+    Column("claimed_by", String(36), nullable=True),
+    Column("claimed_until", DateTime(timezone=True), nullable=True),
+    # 0 for the first round of attempts; an operator's retry or replay starts another.
+    Column("round", Integer, nullable=False, default=0, server_default="0"),
+    # Attempts allowed in all (None: the service's max_attempts); raised by retry/replay.
+    Column("attempt_limit", Integer, nullable=True),
     UniqueConstraint("webhook_id", "endpoint"),
     Index(None, "task_id"),
     Index(None, "state"),
+    # The delivery loop: due heads per (task, endpoint), oldest first.
+    Index(None, "task_id", "endpoint", "state"),
+    Index(None, "state", "next_attempt_at"),
 )
 
 attempts = Table(

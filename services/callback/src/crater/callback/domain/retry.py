@@ -13,6 +13,8 @@ from enum import StrEnum
 
 # Statuses that say "not now" rather than "never": request timeout and rate limiting.
 RETRYABLE_4XX = frozenset({408, 429})
+# The longest wait a Retry-After may ask for; beyond it the header is taken as this.
+MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
 
 
 class Outcome(StrEnum):
@@ -100,19 +102,30 @@ def delay_before_retry(
 ) -> float:
     """The wait before the next attempt: the backoff, or longer if the endpoint asked for it.
 
-    A Retry-After beyond the cap is shortened to the cap: retries happen inside the consumer's
-    handler for now, which must not park a message for minutes.
+    Retries are scheduled in the delivery log, not slept on inside a consumer, so a
+    Retry-After longer than the backoff cap is honoured (up to a day).
     """
     delay = backoff(policy, failed_attempts, rng)
     if verdict.retry_after_seconds is not None:
-        delay = max(delay, verdict.retry_after_seconds)
-    return min(delay, policy.max_backoff_seconds)
+        delay = max(delay, min(verdict.retry_after_seconds, MAX_RETRY_AFTER_SECONDS))
+    return delay
 
 
-def state_after(policy: RetryPolicy, verdict: Verdict, attempts: int) -> DeliveryState:
-    """Where a delivery stands after `attempts` attempts, the last of which got `verdict`."""
+def schedule(policy: RetryPolicy) -> list[float]:
+    """The un-jittered ceilings of the waits between attempts: what the policy adds up to."""
+    return [
+        min(policy.max_backoff_seconds, policy.initial_backoff_seconds * 2.0 ** min(n, 62))
+        for n in range(policy.max_attempts - 1)
+    ]
+
+
+def state_after(
+    policy: RetryPolicy, verdict: Verdict, attempts: int, limit: int | None = None
+) -> DeliveryState:
+    """Where a delivery stands after `attempts` attempts, the last of which got `verdict`;
+    `limit` overrides the policy's attempt count (a delivery retried by an operator)."""
     if verdict.outcome is Outcome.DELIVERED:
         return DeliveryState.DELIVERED
-    if verdict.outcome is Outcome.RETRY and attempts < policy.max_attempts:
+    if verdict.outcome is Outcome.RETRY and attempts < (limit or policy.max_attempts):
         return DeliveryState.PENDING
     return DeliveryState.DEAD
