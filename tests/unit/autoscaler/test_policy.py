@@ -287,9 +287,11 @@ def test_decisions_respect_cooldown_stabilisation_and_limits(steps: list[Step]) 
         assert policy.min_replicas <= decision.desired_replicas <= policy.max_replicas
         if decision.direction is ScaleDirection.OUT:
             assert decision.desired_replicas > decision.current_replicas
-            assert last_out is None or at - last_out >= policy.cooldown_seconds
+            # Only panic goes ahead of the cooldown.
+            assert decision.panic or last_out is None or at - last_out >= policy.cooldown_seconds
             last_out = at
         else:
             assert decision.desired_replicas == decision.current_replicas - 1
             assert at - last_decision >= policy.stabilisation_seconds
+            assert last_out is None or at - last_out >= policy.panic_hold_seconds
         last_decision = at

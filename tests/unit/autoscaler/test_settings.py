@@ -32,3 +32,18 @@ def test_build_wires_the_service_on_its_port() -> None:
     service, _ = build(AutoscalerSettings())
     assert service.name == "autoscaler"
     assert service.port == 9104
+
+
+def test_the_new_policy_features_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CRATER_AUTOSCALER_WARM_POOL_SIZE", "2")
+    monkeypatch.setenv("CRATER_AUTOSCALER_MAX_SCALE_IN_STEP", "3")
+    monkeypatch.setenv("CRATER_AUTOSCALER_SCALE_IN_HEADROOM", "0.9")
+    monkeypatch.setenv("CRATER_AUTOSCALER_PANIC_P95_MS", "0")
+    policy = AutoscalerSettings().policy()
+    assert (policy.warm_pool_size, policy.max_scale_in_step) == (2, 3)
+    assert policy.scale_in_headroom == 0.9
+    assert policy.panic_p95_ms is None  # 0: panic mode off
+    defaults = AutoscalerSettings().model_copy(update={"panic_p95_ms": 400.0}).policy()
+    assert defaults.panic_p95_ms == 400.0

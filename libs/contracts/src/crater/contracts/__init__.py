@@ -6,7 +6,14 @@ from crater.contracts.allocations import (
     ReleaseReason,
     ScoreDetail,
 )
-from crater.contracts.autoscaling import LatencySamplesReported, ScaleDecided, ScaleDirection
+from crater.contracts.autoscaling import (
+    LatencySamplesReported,
+    ReplicaDrained,
+    ReplicaReleaseRequested,
+    ReplicasRequested,
+    ScaleDecided,
+    ScaleDirection,
+)
 from crater.contracts.base import (
     SCHEMA_VERSION,
     Contract,
@@ -108,9 +115,9 @@ __all__ = [
     "MessageRejected",
     "ModelSpec",
     "NodeCondition",
+    "NodeFit",
     "NodeHealthReported",
     "NodeMetricsReported",
-    "NodeFit",
     "NodeMisfit",
     "NodeSummary",
     "NodeTopology",
@@ -124,6 +131,9 @@ __all__ = [
     "Priority",
     "QuerySubjects",
     "ReleaseReason",
+    "ReplicaDrained",
+    "ReplicaReleaseRequested",
+    "ReplicasRequested",
     "ResourcePrediction",
     "ResourceRequirements",
     "Retention",

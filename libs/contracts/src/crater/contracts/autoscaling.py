@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from uuid import UUID
 
 from pydantic import Field
 
@@ -19,6 +20,13 @@ class LatencySamplesReported(Event):
         default=None, ge=0, le=1, description="Used/total GPU memory of the replica's cards."
     )
     replicas: int | None = Field(default=None, ge=0, description="Replicas serving now.")
+    task_id: str | None = Field(
+        default=None,
+        max_length=128,
+        description="The replica's own task (its allocation's task_id): the autoscaler finds the "
+        "GPUs the replica holds from allocation.granted and reads their memory pressure from "
+        "node.metrics. When absent, replica_id is tried as the task id.",
+    )
 
 
 class ScaleDirection(StrEnum):
@@ -34,4 +42,88 @@ class ScaleDecided(Event):
     p95_latency_ms: float
     gpu_memory_pressure: float | None
     samples: int = Field(ge=0, description="Samples in the window that decided.")
+    reason: str
+    panic: bool = Field(
+        default=False,
+        description="Taken in panic mode: p95 over the short panic window passed the panic "
+        "threshold, so the scale-out went ahead of the cooldown; no scale-in while panicking.",
+    )
+    proportional_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="The HPA-style count before limits: ceil(current * observed / target).",
+    )
+    limited_by: str | None = Field(
+        default=None,
+        description="The limit that capped the step (max_replicas, a per-decision or "
+        "per-period rate limit), if any.",
+    )
+    from_warm_pool: int = Field(
+        default=0,
+        ge=0,
+        description="Scale-out: how many of the added replicas are warm-pool standbys "
+        "promoted to serve (the rest are requested cold).",
+    )
+    promoted_replicas: list[str] = Field(
+        default_factory=list,
+        description="Scale-out: the task ids of the standbys promoted; each starts serving.",
+    )
+    drain_replicas: list[str] = Field(
+        default_factory=list,
+        description="Scale-in: the replicas (replica ids) to drain, i.e. take out of routing "
+        "and finish their in-flight requests, before their allocations are released.",
+    )
+    pressure_source: str | None = Field(
+        default=None,
+        description="Where the pressure came from: 'node-metrics' (the GPUs the replicas "
+        "hold), 'samples' (the replicas' own reports) or 'mixed'.",
+    )
+
+
+class ReplicasRequested(Event):
+    """The autoscaler asks the scheduler to place new replicas of an inference service.
+
+    The scheduler places one task per id in `task_ids`, each a copy of the template replica's
+    request (model, GPU model and memory, CPU, `anti_affinity.group`), and answers with
+    allocation.granted per task as usual. A redelivery carries the same ids: nothing is placed
+    twice.
+    """
+
+    service: str = Field(min_length=1, max_length=128)
+    task_ids: list[str] = Field(min_length=1, max_length=1024)
+    template_task_id: str | None = Field(
+        default=None,
+        description="A placed replica of the service whose request the new ones copy; None "
+        "when the autoscaler knows no replica's task (the scheduler then uses the service's "
+        "registered replica request, anti-affinity group = service).",
+    )
+    standby: bool = Field(
+        default=False,
+        description="Warm-pool standbys: placed and loaded, not routed to until promoted by "
+        "a scale.decided naming them in promoted_replicas.",
+    )
+    decision_id: UUID | None = Field(
+        default=None, description="The scale.decided that asked for them; None: pool refill."
+    )
+    reason: str
+
+
+class ReplicaDrained(Event):
+    """A replica (or the router in front of it) reports that it takes no new requests and
+    has finished the ones in flight: its resources may go."""
+
+    service: str = Field(min_length=1, max_length=128)
+    replica_id: str = Field(min_length=1, max_length=128)
+    in_flight: int = Field(default=0, ge=0, description="Requests still running (0: drained).")
+
+
+class ReplicaReleaseRequested(Event):
+    """After a scale-in drain (or its timeout) the autoscaler asks the scheduler to release
+    the replica's allocation, so the GPUs go back to the pool."""
+
+    service: str = Field(min_length=1, max_length=128)
+    replica_id: str
+    task_id: str | None = Field(description="The replica's task; None when unknown.")
+    drained: bool = Field(description="False: the drain timed out and requests may be cut.")
+    decision_id: UUID = Field(description="The scale-in that drained it.")
     reason: str

@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from crater.contracts.allocations import AllocationGranted, AllocationReleased
-from crater.contracts.autoscaling import LatencySamplesReported, ScaleDecided
+from crater.contracts.autoscaling import (
+    LatencySamplesReported,
+    ReplicaDrained,
+    ReplicaReleaseRequested,
+    ReplicasRequested,
+    ScaleDecided,
+)
 from crater.contracts.base import Event
 from crater.contracts.nodes import NodeHealthReported, NodeMetricsReported, NodeTopologyReported
 from crater.contracts.rejections import MessageRejected
@@ -137,6 +143,7 @@ class Subjects:
         "A node's load on an interval.",
         node_scoped=True,
         producers=("probe",),
+        consumers=("predictor", "autoscaler"),
     )
     NODE_HEALTH = Channel(
         f"{PREFIX}.node.health",
@@ -176,7 +183,7 @@ class Subjects:
         TaskRejected,
         Streams.TASKS,
         "A task that can never be placed, or whose request is invalid.",
-        producers=("scheduler",),
+        producers=("scheduler", "predictor"),
         consumers=("callback",),
     )
     TASK_PREEMPTED = Channel(
@@ -201,7 +208,7 @@ class Subjects:
         Streams.ALLOCATIONS,
         "A task was placed: node, GPUs, CPU cores, NUMA node, checkpoint path.",
         producers=("scheduler",),
-        consumers=("callback", "probe"),
+        consumers=("callback", "probe", "predictor", "autoscaler"),
     )
     ALLOCATION_RELEASED = Channel(
         f"{PREFIX}.allocation.released",
@@ -209,7 +216,7 @@ class Subjects:
         Streams.ALLOCATIONS,
         "A task's resources returned to the pool.",
         producers=("scheduler",),
-        consumers=("probe",),
+        consumers=("probe", "predictor", "autoscaler"),
     )
     INFERENCE_LATENCY = Channel(
         f"{PREFIX}.inference.latency",
@@ -225,6 +232,30 @@ class Subjects:
         Streams.AUTOSCALING,
         "A decision to add or remove inference replicas, with the numbers behind it.",
         producers=("autoscaler",),
+    )
+    SCALE_REPLICAS_REQUESTED = Channel(
+        f"{PREFIX}.scale.replicas_requested",
+        ReplicasRequested,
+        Streams.AUTOSCALING,
+        "New replicas of an inference service (cold or warm-pool standbys) to place.",
+        producers=("autoscaler",),
+        consumers=("scheduler",),
+    )
+    SCALE_REPLICA_DRAINED = Channel(
+        f"{PREFIX}.scale.replica_drained",
+        ReplicaDrained,
+        Streams.AUTOSCALING,
+        "A replica named by a scale-in takes no traffic and has finished its requests.",
+        producers=("inference replicas",),
+        consumers=("autoscaler",),
+    )
+    SCALE_RELEASE_REQUESTED = Channel(
+        f"{PREFIX}.scale.release_requested",
+        ReplicaReleaseRequested,
+        Streams.AUTOSCALING,
+        "A drained (or drain-timed-out) replica whose allocation should be released.",
+        producers=("autoscaler",),
+        consumers=("scheduler",),
     )
     WEBHOOK_DELIVERED = Channel(
         f"{PREFIX}.webhook.delivered",
@@ -262,6 +293,9 @@ class Subjects:
         ALLOCATION_RELEASED,
         INFERENCE_LATENCY,
         SCALE_DECIDED,
+        SCALE_REPLICAS_REQUESTED,
+        SCALE_REPLICA_DRAINED,
+        SCALE_RELEASE_REQUESTED,
         WEBHOOK_DELIVERED,
         WEBHOOK_DEAD_LETTERED,
         MESSAGE_REJECTED,

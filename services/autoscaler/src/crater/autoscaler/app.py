@@ -4,16 +4,35 @@ The windows live in memory: after a restart the durable consumer resumes where i
 the windows refill within `window_seconds`. A redelivered sample is recognised by its event id
 and re-publishes the decision it caused the first time, under the same derived id, so
 JetStream drops the copy.
+
+Beside the samples it consumes `allocation.granted`/`allocation.released` (which GPUs each
+replica's task holds, and when a requested standby is placed), `node.metrics.*` (those GPUs'
+memory pressure) and `scale.replica_drained` (a scale-in's drain finished). A timer releases
+replicas whose drain timed out. It publishes `scale.decided`, `scale.replicas_requested`
+and `scale.release_requested`.
 """
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
 
 from faststream.asgi import AsgiFastStream
 from prometheus_client import Counter, Gauge
 from pydantic import Field, model_validator
 
 from crater.autoscaler.domain import Autoscaler, ScalingPolicy
-from crater.contracts import LatencySamplesReported, Subjects
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Event,
+    LatencySamplesReported,
+    NodeMetricsReported,
+    ReplicaDrained,
+    Subjects,
+)
 from crater.runtime.bus import durable, publish
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -50,6 +69,47 @@ class AutoscalerSettings(ServiceSettings):
     max_scale_out_factor: float = Field(
         default=2.0, ge=1, description="A scale-out at most multiplies the replicas by this."
     )
+    scale_out_period_seconds: float = Field(
+        default=60.0, ge=0, description="The period of the scale-out rate limit."
+    )
+    scale_out_period_replicas: int = Field(
+        default=8, ge=1, description="Per period the fleet grows by at most +this..."
+    )
+    scale_out_period_factor: float = Field(
+        default=4.0, ge=1, description="...or xthis, whichever allows more."
+    )
+    max_scale_in_step: int = Field(
+        default=1, ge=1, description="Replicas removed per scale-in (one per stabilisation)."
+    )
+    scale_in_headroom: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Also scale in when fewer replicas keep p95 and mean pressure within "
+        "this share of the scale-out lines; 0: the field's rule alone.",
+    )
+    panic_p95_ms: float = Field(
+        default=400.0,
+        ge=0,
+        description="Panic: p95 over the panic window above this scales out at once, ahead of "
+        "the cooldown, and holds off scale-in; 0 turns panic mode off.",
+    )
+    panic_window_seconds: float = Field(default=6.0, gt=0, description="The panic window.")
+    panic_hold_seconds: float = Field(
+        default=60.0, ge=0, description="No scale-in until the panic has been over this long."
+    )
+    warm_pool_size: int = Field(
+        default=0, ge=0, description="Standby replicas kept placed per service, promoted first."
+    )
+    drain_timeout_seconds: float = Field(
+        default=60.0, ge=0, description="Release a draining replica after this even if busy."
+    )
+    replica_start_timeout_seconds: float = Field(
+        default=600.0, gt=0, description="A requested replica silent this long is not counted."
+    )
+    drain_check_seconds: float = Field(
+        default=1.0, gt=0, description="How often the drain timeouts are checked."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> AutoscalerSettings:
@@ -70,6 +130,17 @@ class AutoscalerSettings(ServiceSettings):
             min_samples=self.min_samples,
             max_samples=self.max_window_samples,
             max_scale_out_factor=self.max_scale_out_factor,
+            scale_out_period_seconds=self.scale_out_period_seconds,
+            scale_out_period_replicas=self.scale_out_period_replicas,
+            scale_out_period_factor=self.scale_out_period_factor,
+            max_scale_in_step=self.max_scale_in_step,
+            scale_in_headroom=self.scale_in_headroom or None,
+            panic_p95_ms=self.panic_p95_ms or None,
+            panic_window_seconds=self.panic_window_seconds,
+            panic_hold_seconds=self.panic_hold_seconds,
+            warm_pool_size=self.warm_pool_size,
+            drain_timeout_seconds=self.drain_timeout_seconds,
+            replica_start_timeout_seconds=self.replica_start_timeout_seconds,
         )
 
 
@@ -77,6 +148,7 @@ def build(settings: AutoscalerSettings | None = None) -> tuple[Service, AsgiFast
     settings = settings or AutoscalerSettings()
     service = create_service("autoscaler", settings)
     autoscaler = Autoscaler(settings.policy())
+    service.state = autoscaler
     p95_seconds = Gauge(
         "crater_inference_latency_p95",
         "p95 inference latency over the autoscaler's window, in seconds.",
@@ -103,9 +175,29 @@ def build(settings: AutoscalerSettings | None = None) -> tuple[Service, AsgiFast
         registry=service.registry,
     )
 
-    @durable(
-        service.broker, Subjects.INFERENCE_LATENCY, service.name, batch=settings.consumer_batch
+    panicking = Gauge(
+        "crater_autoscaler_panic",
+        "1 while a service is in panic mode (no scale-in), else 0.",
+        ["service"],
+        registry=service.registry,
     )
+    requested = Counter(
+        "crater_autoscaler_requests",
+        "Replica placements and releases asked of the scheduler, by kind.",
+        ["service", "kind"],
+        registry=service.registry,
+    )
+    batch = settings.consumer_batch
+
+    async def emit(events: tuple[Event, ...] | list[Event], counted: bool = True) -> None:
+        for event in events:
+            await publish(service.broker, event)
+            if counted:
+                kind = type(event).__name__
+                if kind != "ScaleDecided":
+                    requested.labels(service=getattr(event, "service", ""), kind=kind).inc()
+
+    @durable(service.broker, Subjects.INFERENCE_LATENCY, service.name, batch=batch)
     async def on_latency_samples(event: LatencySamplesReported) -> None:
         assessment = autoscaler.observe(event)
         if assessment.p95_ms is not None:
@@ -113,14 +205,57 @@ def build(settings: AutoscalerSettings | None = None) -> tuple[Service, AsgiFast
         if assessment.pressure is not None:
             pressure.labels(service=assessment.service).set(assessment.pressure)
         replicas.labels(service=assessment.service).set(assessment.replicas)
-        if assessment.decision is None:
-            return
-        await publish(service.broker, assessment.decision)
-        if not assessment.duplicate:
+        panicking.labels(service=assessment.service).set(1 if assessment.panic else 0)
+        await emit(assessment.events, counted=not assessment.duplicate)
+        if assessment.decision is not None and not assessment.duplicate:
             decisions.labels(
                 service=assessment.service, direction=assessment.decision.direction.value
             ).inc()
 
+    @durable(service.broker, Subjects.NODE_METRICS, service.name, batch=batch)
+    async def on_node_metrics(event: NodeMetricsReported) -> None:
+        autoscaler.node_metrics(
+            event.node_id,
+            event.occurred_at.timestamp(),
+            {gpu.index: gpu.memory_pressure for gpu in event.gpus},
+        )
+
+    @durable(service.broker, Subjects.ALLOCATION_GRANTED, service.name, batch=batch)
+    async def on_allocation_granted(event: AllocationGranted) -> None:
+        autoscaler.allocation_granted(
+            event.task_id, event.node, event.gpu_ids, event.occurred_at.timestamp()
+        )
+
+    @durable(service.broker, Subjects.ALLOCATION_RELEASED, service.name, batch=batch)
+    async def on_allocation_released(event: AllocationReleased) -> None:
+        autoscaler.allocation_released(event.task_id)
+
+    @durable(service.broker, Subjects.SCALE_REPLICA_DRAINED, service.name, batch=batch)
+    async def on_replica_drained(event: ReplicaDrained) -> None:
+        await emit(autoscaler.replica_drained(event))
+
+    ticker: list[asyncio.Task[None]] = []
+
+    async def release_overdue_drains() -> None:
+        while True:
+            await asyncio.sleep(settings.drain_check_seconds)
+            try:
+                await emit(autoscaler.tick(time.time()))
+            except Exception:  # the next tick retries; the service goes on
+                logging.getLogger("crater.autoscaler").exception("drain timeout check failed")
+
+    async def start_ticker() -> None:
+        ticker.append(asyncio.create_task(release_overdue_drains()))
+
+    async def stop_ticker() -> None:
+        for task in ticker:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        ticker.clear()
+
+    service.after_startup.append(start_ticker)
+    service.on_shutdown.append(stop_ticker)
     return service, service.asgi()
 
 

@@ -8,7 +8,7 @@ answers.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Iterable
 
@@ -27,9 +27,14 @@ class LatencyWindow:
 
     Memory is bounded: beyond `max_samples`, the oldest whole batches are dropped first (a
     batch is at most 10,000 samples by contract, so the bound is max_samples + one batch).
-    Each batch is kept sorted so that the percentile sorts pre-sorted runs, which Python's
-    sort merges in near-linear time.
+    The whole window is also kept as one sorted list (insertion and eviction by bisection),
+    so its percentile costs nothing; a percentile over part of the window (`since`) merges
+    that part's batches, each kept sorted.
     """
+
+    # Batches larger than this are merged into (or taken out of) the sorted list by a
+    # re-sort rather than value by value.
+    _BULK = 64
 
     def __init__(self, window_seconds: float, max_samples: int = 50_000) -> None:
         if window_seconds <= 0:
@@ -42,6 +47,7 @@ class LatencyWindow:
         self._batches: deque[list[float]] = deque()
         self._count = 0
         self._latest = -math.inf
+        self._sorted: list[float] = []
 
     def __len__(self) -> int:
         return self._count
@@ -57,8 +63,17 @@ class LatencyWindow:
             self._latest = now
         cutoff = self._latest - self.window_seconds
         while self._times and self._times[0] <= cutoff:
-            self._times.popleft()
-            self._count -= len(self._batches.popleft())
+            self._evict_oldest()
+
+    def _evict_oldest(self) -> None:
+        self._times.popleft()
+        batch = self._batches.popleft()
+        self._count -= len(batch)
+        if len(batch) > self._BULK:
+            self._sorted = sorted(v for b in self._batches for v in b)
+            return
+        for value in batch:
+            del self._sorted[bisect_left(self._sorted, value)]
 
     def add(self, at: float, latencies: Iterable[float]) -> int:
         """Add a batch observed at `at`; returns how many samples were kept (0 when the batch
@@ -77,13 +92,20 @@ class LatencyWindow:
             self._times.insert(index, at)
             self._batches.insert(index, batch)
         self._count += len(batch)
+        if len(batch) > self._BULK:
+            self._sorted.extend(batch)
+            self._sorted.sort()  # two sorted runs: merged in linear time
+        else:
+            for value in batch:
+                insort(self._sorted, value)
         while self._count > self.max_samples and len(self._batches) > 1:
-            self._times.popleft()
-            self._count -= len(self._batches.popleft())
+            self._evict_oldest()
         return len(batch)
 
     def samples(self, since: float | None = None) -> list[float]:
         """Every sample in the window observed after `since` (all when None), sorted."""
+        if since is None or not self._times or since < self._times[0]:
+            return list(self._sorted)
         values: list[float] = []
         for at, batch in zip(reversed(self._times), reversed(self._batches), strict=True):
             if since is not None and at <= since:
@@ -94,6 +116,10 @@ class LatencyWindow:
 
     def percentile(self, quantile: float, since: float | None = None) -> tuple[float, int] | None:
         """(nearest-rank percentile, sample count) over the window, or None when empty."""
+        if since is None or not self._times or since < self._times[0]:
+            if not self._sorted:
+                return None
+            return nearest_rank(self._sorted, quantile), len(self._sorted)
         values = self.samples(since)
         if not values:
             return None

@@ -1,0 +1,219 @@
+"""`crater autoscale-sim`: replay a request trace against a simulated inference fleet, scaled
+by Crater's own autoscaling policy (the domain code the service runs) and by an HPA-style
+baseline, and compare SLO attainment against replica-minutes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from crater.autoscaler.domain import ScalingPolicy
+from crater.autoscaler.sim import (
+    FleetModel,
+    HpaBaseline,
+    RunResult,
+    SimulationConfig,
+    TraceShape,
+    generate_trace,
+    read_trace,
+    simulate,
+    write_trace,
+)
+
+console = Console()
+
+
+def autoscale_sim(
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="CSV trace: timestamp_s,input_tokens,output_tokens per request."),
+    ] = None,
+    policy: Annotated[str, typer.Option(help="crater, hpa or both.")] = "both",
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a PNG: replicas and p95 over time.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the generated trace.")] = 1,
+    generate: Annotated[
+        Path | None,
+        typer.Option(help="Write a synthetic diurnal trace with bursts here, then stop."),
+    ] = None,
+    hours: Annotated[float, typer.Option(help="Generated trace: length in hours.")] = 4.0,
+    day_hours: Annotated[
+        float | None, typer.Option(help="Generated trace: one day's length (default: --hours).")
+    ] = None,
+    peak_rps: Annotated[float, typer.Option(help="Generated trace: peak requests/s.")] = 30.0,
+    trough_rps: Annotated[float, typer.Option(help="Generated trace: trough requests/s.")] = 3.0,
+    output: Annotated[Path | None, typer.Option(help="Write the results as JSON here.")] = None,
+    slo_ms: Annotated[float, typer.Option(help="SLO: time to first token at most this.")] = 200.0,
+    warm_pool: Annotated[int, typer.Option(help="Crater: standby replicas kept placed.")] = 1,
+    max_replicas: Annotated[int, typer.Option(help="Both: most replicas serving.")] = 24,
+    min_replicas: Annotated[int, typer.Option(help="Both: fewest replicas serving.")] = 1,
+    scale_in_step: Annotated[
+        int, typer.Option(help="Crater: replicas removed per scale-in at most.")
+    ] = 16,
+    headroom: Annotated[
+        float,
+        typer.Option(
+            help="Crater: also scale in when fewer replicas keep p95 and mean pressure within "
+            "this share of the scale-out lines (0: the field's rule alone)."
+        ),
+    ] = 0.9,
+    startup_s: Annotated[float, typer.Option(help="Cold start of a replica, seconds.")] = 90.0,
+    hpa_target: Annotated[
+        float, typer.Option(help="HPA: target slot utilisation (busy sequences / slots).")
+    ] = 0.7,
+) -> None:
+    """Replay a request trace against a simulated inference fleet under Crater's autoscaling
+    policy and an HPA-style baseline (15 s sync, utilisation target, 300 s scale-in window);
+    report p95 time to first token, SLO attainment, replica-minutes and scale events."""
+    if generate is not None:
+        shape = TraceShape(
+            hours=hours, day_hours=day_hours, peak_rps=peak_rps, trough_rps=trough_rps
+        )
+        requests = generate_trace(shape, seed)
+        write_trace(requests, generate)
+        console.print(
+            f"wrote {len(requests):,} requests over {hours:g} h (seed {seed}) to {generate}"
+        )
+        if trace is None:
+            return
+    if trace is None:
+        raise typer.BadParameter("give --trace FILE (or --generate FILE to make one)")
+    if policy not in ("crater", "hpa", "both"):
+        raise typer.BadParameter("--policy is crater, hpa or both")
+    requests = read_trace(trace)
+    if not requests:
+        raise typer.BadParameter(f"{trace} holds no requests")
+    config = SimulationConfig(
+        fleet=FleetModel(startup_s=startup_s),
+        policy=ScalingPolicy(
+            warm_pool_size=warm_pool,
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            max_scale_in_step=scale_in_step,
+            scale_in_headroom=headroom or None,
+        ),
+        hpa=HpaBaseline(target_utilisation=hpa_target),
+        slo_ms=slo_ms,
+        seed=seed,
+    )
+    policies = ["crater", "hpa"] if policy == "both" else [policy]
+    results: list[RunResult] = []
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        for name in policies:
+            task = progress.add_task(f"{name}: {len(requests):,} requests", total=1.0)
+
+            def advance(fraction: float, task: TaskID = task) -> None:
+                progress.update(task, completed=fraction)
+
+            results.append(simulate(requests, config, name, advance))
+            progress.update(task, completed=1.0)
+    show(results, trace)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        body = {
+            "trace": str(trace),
+            "requests": len(requests),
+            "config": {
+                "slo": f"TTFT <= {slo_ms:g} ms",
+                "warm_pool": warm_pool,
+                "min_replicas": min_replicas,
+                "max_replicas": max_replicas,
+                "scale_in_step": scale_in_step,
+                "scale_in_headroom": headroom or None,
+                "startup_s": startup_s,
+                "hpa_target_utilisation": hpa_target,
+            },
+            "results": [r.summary() for r in results],
+        }
+        output.write_text(json.dumps(body, indent=2) + "\n")
+        console.print(f"wrote {output}")
+    if plot is not None:
+        draw(results, plot, slo_ms)
+        console.print(f"wrote {plot}")
+
+
+def show(results: list[RunResult], trace: Path) -> None:
+    table = Table(title=f"{trace}: {results[0].requests:,} requests")
+    table.add_column("")
+    for r in results:
+        table.add_column(r.policy, justify="right")
+    rows: list[tuple[str, list[str]]] = [
+        (
+            f"SLO attainment (TTFT <= {results[0].slo_ms:g} ms)",
+            [f"{r.slo_attainment:.2%}" for r in results],
+        ),
+        (
+            "p50 / p95 / p99 TTFT, ms",
+            [f"{r.p50_ms:.0f} / {r.p95_ms:.0f} / {r.p99_ms:.0f}" for r in results],
+        ),
+        ("replica-minutes (holding GPUs)", [f"{r.replica_minutes:,.0f}" for r in results]),
+        ("replica-minutes serving", [f"{r.serving_replica_minutes:,.0f}" for r in results]),
+        (
+            "scale events (out / in)",
+            [f"{len(r.scale_events)} ({r.scale_outs} / {r.scale_ins})" for r in results],
+        ),
+        ("panic scale-outs", [str(r.panics) for r in results]),
+        ("replicas from the warm pool", [str(r.promoted) for r in results]),
+        ("requests dropped", [str(r.dropped) for r in results]),
+    ]
+    for label, values in rows:
+        table.add_row(label, *values)
+    console.print(table)
+
+
+def draw(results: list[RunResult], path: Path, slo_ms: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    rate = top.twinx()
+    first = results[0].timeline
+    rate.fill_between(
+        [b.start_s / 60 for b in first],
+        [b.arrivals / 60 for b in first],
+        step="post",
+        color="0.85",
+        label="requests/s",
+    )
+    rate.set_ylabel("requests/s")
+    top.set_zorder(rate.get_zorder() + 1)
+    top.patch.set_visible(False)
+    for r in results:
+        minutes = [b.start_s / 60 for b in r.timeline]
+        top.step(minutes, [b.holding for b in r.timeline], where="post", label=f"{r.policy}")
+        bottom.plot(
+            minutes,
+            [
+                b.p95_ms if b.p95_ms is not None and b.p95_ms != float("inf") else float("nan")
+                for b in r.timeline
+            ],
+            label=f"{r.policy}: SLO {r.slo_attainment:.1%}, {r.replica_minutes:,.0f} replica-min",
+            linewidth=1,
+        )
+    top.set_ylabel("replicas holding GPUs")
+    top.legend(loc="upper left")
+    bottom.axhline(slo_ms, color="red", linestyle="--", linewidth=0.8, label=f"SLO {slo_ms:g} ms")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("p95 TTFT per minute, ms")
+    bottom.set_xlabel("minutes")
+    bottom.legend(loc="upper left")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
