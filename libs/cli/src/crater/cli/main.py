@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from crater.cli import hardware, schedule_test
+from crater.cli import autoscale, hardware, predict, schedule_test, webhooks
 from crater.contracts import NodesAnswer, TasksAnswer
 
 app = typer.Typer(help="Crater: an event-driven scheduler for heterogeneous AI compute.")
@@ -139,12 +139,25 @@ def receiver(
     username: Annotated[str, typer.Option(envvar="CRATER_RECEIVER_USERNAME")] = "alldata",
     password: Annotated[str, typer.Option(envvar="CRATER_RECEIVER_PASSWORD")] = "change-me",
     record_file: Annotated[Path | None, typer.Option(help="Append deliveries as JSONL.")] = None,
+    secret: Annotated[
+        str | None,
+        typer.Option(envvar="CRATER_RECEIVER_SECRET", help="whsec_ secret: verify signatures."),
+    ] = None,
+    fail_rate: Annotated[float, typer.Option(help="Answer 503 to this share of requests.")] = 0.0,
+    seed: Annotated[int | None, typer.Option(help="Seed the injected failures.")] = None,
 ) -> None:
     """A reference webhook receiver standing in for AllData."""
     from crater.callback.receiver import main as receiver_main
 
     receiver_main(
-        host=host, port=port, username=username, password=password, record_file=record_file
+        host=host,
+        port=port,
+        username=username,
+        password=password,
+        record_file=record_file,
+        fail_rate=fail_rate,
+        seed=seed,
+        secret=secret,
     )
 
 
@@ -152,9 +165,12 @@ app.command()(hardware.probe)
 app.command()(hardware.diagnose)
 app.command("topology-export")(hardware.topology_export)
 app.command("schedule-test")(schedule_test.schedule_test)
+app.command("autoscale-sim")(autoscale.autoscale_sim)
+app.command()(predict.predict)
 
 db_app = typer.Typer(help="The database every stateful service shares.")
 app.add_typer(db_app, name="db")
+app.add_typer(webhooks.app, name="webhooks")
 
 
 @db_app.command("upgrade")

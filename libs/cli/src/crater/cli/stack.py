@@ -42,6 +42,8 @@ class Stack:
     nats: NatsServer | None = None
     processes: dict[str, Process] = field(default_factory=dict)
     webhook_password: str = "demo-password"
+    # Standard Webhooks signing secret shared by the callback and the receiver (demo only).
+    webhook_secret: str = "whsec_Y3JhdGVyLWRlbW8tc2lnbmluZy1rZXktMzItYnl0ZXM="
     ports: dict[str, int] = field(default_factory=dict)  # fixed ports; others are free ones
 
     @property
@@ -90,6 +92,8 @@ class Stack:
                 self.webhook_password,
                 "--record-file",
                 str(self.data_dir / "webhooks.jsonl"),
+                "--secret",
+                self.webhook_secret,
             ],
         )
         self.env.update(
@@ -97,6 +101,7 @@ class Stack:
                 "CRATER_CALLBACK_WEBHOOK_URL": f"http://127.0.0.1:{receiver_port}/webhooks",
                 "CRATER_CALLBACK_WEBHOOK_USERNAME": WEBHOOK_USER,
                 "CRATER_CALLBACK_WEBHOOK_PASSWORD": self.webhook_password,
+                "CRATER_CALLBACK_WEBHOOK_SECRET": self.webhook_secret,
             }
         )
         for name in services:
@@ -158,9 +163,10 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 def migrate(database_url: str) -> None:
     """Every service's Alembic history, in one database."""
     from crater.callback.app import MIGRATIONS_DIR as CALLBACK_MIGRATIONS
+    from crater.predictor.app import MIGRATIONS_DIR as PREDICTOR_MIGRATIONS
     from crater.scheduler.app import MIGRATIONS_DIR as SCHEDULER_MIGRATIONS
 
-    for migrations in (SCHEDULER_MIGRATIONS, CALLBACK_MIGRATIONS):
+    for migrations in (SCHEDULER_MIGRATIONS, CALLBACK_MIGRATIONS, PREDICTOR_MIGRATIONS):
         upgrade_to_head(database_url, migrations)
 
 
