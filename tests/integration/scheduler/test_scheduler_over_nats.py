@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import nats
@@ -10,6 +11,7 @@ from faststream import TestApp
 from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
+    AntiAffinity,
     Confidence,
     MessageRejected,
     NodesAnswer,
@@ -19,6 +21,8 @@ from crater.contracts import (
     PlacementQuery,
     Priority,
     QuerySubjects,
+    ReplicaReleaseRequested,
+    ReplicasRequested,
     ResourcePrediction,
     TaskPending,
     TaskPreempted,
@@ -214,3 +218,48 @@ async def test_preemption_over_nats_with_the_victim_recorded_as_preempted(
             "low": TaskStatus.PREEMPTED,
             "urgent": TaskStatus.SCHEDULED,
         }
+
+
+async def test_replicas_the_autoscaler_asks_for_are_placed_and_released(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str
+) -> None:
+    settings = SchedulerSettings(nats_url=fresh_nats.url, database_url=database_url)
+    service, app = build(settings)
+    async with TestApp(app):
+        for name in ("rtx-01", "rtx-02", "rtx-03"):
+            await publish(service.broker, NodeTopologyReported(node=node(name, gpus=4)))
+        first = profiled("chat-0", gpus=1, gpu_mb=20000)
+        first = first.model_copy(
+            update={
+                "task": first.task.model_copy(update={"anti_affinity": AntiAffinity(group="chat")})
+            }
+        )
+        await publish(service.broker, first)
+        await tap.wait_for(AllocationGranted)
+        ask = ReplicasRequested(
+            service="chat", task_ids=["chat-1", "chat-2"], template_task_id="chat-0", reason="p95"
+        )
+        await publish(service.broker, ask)
+        await publish(service.broker, ask)  # a redelivery places nothing twice
+        granted = await tap.wait_for(AllocationGranted, count=3)
+        assert sorted(g.task_id for g in granted) == ["chat-0", "chat-1", "chat-2"]
+        assert len({g.node for g in granted}) == 3  # the template's anti-affinity holds
+        orphan = ReplicasRequested(
+            service="chat", task_ids=["chat-9"], template_task_id="gone", reason="p95"
+        )
+        await publish(service.broker, orphan)
+        [rejected] = await tap.wait_for(TaskRejected)
+        assert rejected.errors[0].field == "template_task_id"
+        release = ReplicaReleaseRequested(
+            service="chat",
+            replica_id="chat-2",
+            task_id="chat-2",
+            drained=True,
+            decision_id=ask.event_id,
+            reason="scale in",
+        )
+        await publish(service.broker, release)
+        [released] = await tap.wait_for(AllocationReleased)
+        assert (released.task_id, released.reason) == ("chat-2", "scaled-in")
+        await asyncio.sleep(0.5)
+        assert len(tap.of(AllocationGranted)) == 3

@@ -45,6 +45,7 @@ class ReleaseReason(StrEnum):
     PREEMPTED = "preempted"
     EXPIRED = "expired"
     NODE_LOST = "node-lost"
+    SCALED_IN = "scaled-in"
 
 
 class AllocationReleased(Event):

@@ -167,7 +167,7 @@ class Subjects:
         TaskProfiled,
         Streams.TASKS,
         "A task with its predicted peaks, ready to place.",
-        producers=("predictor",),
+        producers=("predictor", "scheduler (replicas the autoscaler asked for)"),
         consumers=("scheduler",),
     )
     TASK_PENDING = Channel(

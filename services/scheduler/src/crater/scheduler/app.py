@@ -16,6 +16,8 @@ from crater.contracts import (
     PlacementAnswer,
     PlacementQuery,
     QuerySubjects,
+    ReplicaReleaseRequested,
+    ReplicasRequested,
     Subjects,
     TaskProfiled,
     TasksAnswer,
@@ -91,6 +93,14 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @durable(broker, Subjects.NODE_HEALTH, name, batch=batch)
     async def on_node_health(event: NodeHealthReported) -> None:
         await core.handle(event, "node-health")
+
+    @durable(broker, Subjects.SCALE_REPLICAS_REQUESTED, name, batch=batch)
+    async def on_replicas_requested(event: ReplicasRequested) -> None:
+        await core.request_replicas(event, "replicas-requested")
+
+    @durable(broker, Subjects.SCALE_RELEASE_REQUESTED, name, batch=batch)
+    async def on_release_requested(event: ReplicaReleaseRequested) -> None:
+        await core.handle(event, "release-requested")
 
     @broker.subscriber(QuerySubjects.NODES, title="scheduler-query-nodes")
     async def on_nodes_query(event: NodesQuery) -> NodesAnswer:

@@ -126,6 +126,13 @@ class SchedulerRepository:
                 .where(allocations.c.allocation_id == decision.allocation_id)
                 .values(released_at=decision.occurred_at, release_reason=decision.reason.value)
             )
+            if decision.reason is ReleaseReason.SCALED_IN:
+                await self._set_task(
+                    decision.task_id,
+                    now,
+                    status=TaskStatus.CANCELLED.value,
+                    reason="scaled in by the autoscaler",
+                )
             if decision.reason is ReleaseReason.PREEMPTED:
                 await self._set_task(decision.task_id, now, status=TaskStatus.PREEMPTED.value)
             if decision.reason is ReleaseReason.EXPIRED:
@@ -189,6 +196,20 @@ class SchedulerRepository:
             await self.session.execute(
                 update(nodes).where(nodes.c.node_id == topology.node_id).values(**values)
             )
+
+    async def task_request(
+        self, task_id: str
+    ) -> tuple[TaskRequest, ResourcePrediction | None] | None:
+        """A task's request and prediction, as it was submitted (a replica template)."""
+        row = (
+            await self.session.execute(
+                select(tasks.c.request, tasks.c.prediction).where(tasks.c.task_id == task_id)
+            )
+        ).first()
+        if row is None:
+            return None
+        prediction = ResourcePrediction.model_validate(row.prediction) if row.prediction else None
+        return TaskRequest.model_validate(row.request), prediction
 
     async def task_known(self, task_id: str) -> bool:
         found = await self.session.scalar(select(tasks.c.task_id).where(tasks.c.task_id == task_id))

@@ -29,6 +29,7 @@ from crater.contracts import (
     PlacementAnswer,
     Priority,
     ReleaseReason,
+    ReplicaReleaseRequested,
     ResourcePrediction,
     ScoreDetail,
     TaskPending,
@@ -166,6 +167,9 @@ class Scheduler:
             changed = True
         elif isinstance(event, NodeHealthReported):
             changed = self._on_health(event) or changed
+        elif isinstance(event, ReplicaReleaseRequested):
+            decisions += self._on_release_requested(event)
+            changed = changed or bool(decisions)
         if changed:
             decisions += self._retry_pending(event)
         return decisions
@@ -237,6 +241,13 @@ class Scheduler:
         if allocation.yield_by is not None:
             return [self._release(allocation, ReleaseReason.PREEMPTED, event)]
         return [self._release(allocation, ReleaseReason(event.status.value), event)]
+
+    def _on_release_requested(self, event: ReplicaReleaseRequested) -> list[Event]:
+        """A scaled-in replica, drained: its resources go back."""
+        allocation = self.allocations.get(event.task_id) if event.task_id else None
+        if allocation is None:
+            return []
+        return [self._release(allocation, ReleaseReason.SCALED_IN, event)]
 
     def _retry_pending(self, cause: Event) -> list[Event]:
         decisions: list[Event] = []

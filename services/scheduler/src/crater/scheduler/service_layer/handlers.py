@@ -13,17 +13,23 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from crater.contracts import (
     AllocationGranted,
+    Confidence,
     Event,
+    FieldError,
     NodeHealthReported,
     NodeSummary,
     NodeTopologyReported,
     PlacementAnswer,
     PlacementQuery,
+    ReplicasRequested,
+    ResourcePrediction,
     TaskPending,
     TaskProfiled,
     TaskRejected,
+    TaskRequest,
     TasksQuery,
     TaskSummary,
+    derived_event_id,
 )
 from crater.runtime.outbox import OutboxRelay, first_delivery, stage
 from crater.scheduler.adapters.orm import inbox, outbox
@@ -122,6 +128,50 @@ class SchedulerService:
             await stage(session, outbox, *decisions)
         return decisions
 
+    async def request_replicas(self, event: ReplicasRequested, consumer: str) -> list[Event]:
+        """Turn the autoscaler's request into one task.profiled per new replica, copying the
+        template replica's request: they come back through the normal path, and the log shows
+        where each replica came from."""
+        async with self.lock, self.sessions() as session, session.begin():
+            if not await first_delivery(session, inbox, consumer, event.event_id):
+                return []
+            repository = SchedulerRepository(session)
+            template = (
+                await repository.task_request(event.template_task_id)
+                if event.template_task_id
+                else None
+            )
+            staged: list[Event] = []
+            for task_id in event.task_ids:
+                if await repository.task_known(task_id):
+                    continue  # asked before: nothing is placed twice
+                if template is None:
+                    staged.append(
+                        TaskRejected(
+                            event_id=derived_event_id(event.event_id, f"replica:{task_id}"),
+                            task_id=task_id,
+                            errors=[
+                                FieldError(
+                                    field="template_task_id",
+                                    reason=f"no task {event.template_task_id!r} to copy "
+                                    f"for a replica of {event.service}",
+                                )
+                            ],
+                        )
+                    )
+                    continue
+                request, prediction = template
+                staged.append(
+                    TaskProfiled(
+                        event_id=derived_event_id(event.event_id, f"replica:{task_id}"),
+                        task=request.model_copy(update={"task_id": task_id}),
+                        prediction=prediction or _no_prediction(request),
+                    )
+                )
+            await stage(session, outbox, *staged)
+        self.relay.wake()
+        return staged
+
     async def tasks(self, query: TasksQuery) -> list[TaskSummary]:
         async with self.sessions() as session:
             return await SchedulerRepository(session).task_summaries(query)
@@ -147,3 +197,15 @@ class SchedulerService:
                 log.info("pending %s: %s", d.task_id, d.summary)
             elif isinstance(d, TaskRejected):
                 log.info("rejected %s: %s", d.task_id, d.errors)
+
+
+def _no_prediction(request: TaskRequest) -> ResourcePrediction:
+    gpu = request.resource_requirements.gpu
+    return ResourcePrediction(
+        gpu_memory_per_gpu_mb=gpu.memory_mb,
+        host_memory_mb=request.resource_requirements.memory.capacity_mb,
+        confidence=Confidence.LOW,
+        method="copied from the replica template's request",
+        dataloader_num_workers=0,
+        dataloader_prefetch_factor=1,
+    )
