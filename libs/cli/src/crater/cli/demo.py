@@ -102,7 +102,7 @@ WORKLOAD: list[tuple[int, str, dict[str, Any]]] = [
                 "cpu": {"cores": 4},
                 "memory": {"capacity_mb": 32768},
             },
-            "anti_affinity": {"group": "chat-llama3"},
+            "anti_affinity": {"group": "batch-llama3"},
         },
     ),
     (
@@ -202,6 +202,7 @@ async def _watch_and_drive(stack: Stack, duration: float, rate: float, seed: int
     broker = NatsBroker(stack.nats_url, log_level=10)
     await broker.start()
     pools = await _fleet_pools(stack, watcher)
+    await _start_inference_service(stack, pools)
     tasks = [
         asyncio.create_task(_submit_tasks(stack, pools, rate, seed, watcher)),
         asyncio.create_task(_report_latencies(broker, seed)),
@@ -258,6 +259,29 @@ async def _submit_tasks(
             await asyncio.sleep(rng.expovariate(rate))
 
 
+SERVICE = "chat-llama3"
+FIRST_REPLICA = f"{SERVICE}-replica-00"
+
+
+async def _start_inference_service(stack: Stack, pools: set[str]) -> None:
+    """The inference service whose latencies drive the autoscaler: its first replica is a
+    task like any other, and the autoscaler's new replicas are copies of it."""
+    body = {
+        "task_id": FIRST_REPLICA,
+        "task_type": "inference",
+        "model_config": {"name": "meta-llama/Llama-3-8b-chat-hf", "precision": "fp16"},
+        "resource_requirements": {
+            "gpu": {"count": 1, "memory_mb": 20480},
+            "cpu": {"cores": 4},
+            "memory": {"capacity_mb": 32768},
+        },
+        "pool": "inference" if "inference" in pools else "default",
+        "anti_affinity": {"group": SERVICE},
+    }
+    async with httpx.AsyncClient(base_url=stack.url("gateway"), timeout=10) as client:
+        await client.post("/api/v1/schedule", json=body)
+
+
 async def _report_latencies(broker: NatsBroker, seed: int) -> None:
     """An inference service's replicas report request latencies; a burst comes at 20-40 s."""
     rng = random.Random(seed + 1)
@@ -270,7 +294,11 @@ async def _report_latencies(broker: NatsBroker, seed: int) -> None:
         await publish(
             broker,
             LatencySamplesReported(
-                service="chat-llama3", latencies_ms=samples, gpu_memory_pressure=pressure
+                service=SERVICE,
+                replica_id=FIRST_REPLICA,
+                task_id=FIRST_REPLICA,
+                latencies_ms=samples,
+                gpu_memory_pressure=pressure,
             ),
         )
         await asyncio.sleep(1.0)
