@@ -58,9 +58,9 @@ def profiled(task_id: str, when: float = 1, **needs: Any) -> TaskProfiled:
     if "type" in needs:
         body["resource_requirements"]["gpu"]["type"] = needs["type"]
     prediction = ResourcePrediction(
-        gpu_memory_per_gpu_mb=30000,
+        gpu_memory_per_gpu_mb=needs.get("predicted_mb", 30000),
         host_memory_mb=16000,
-        confidence=Confidence.MEDIUM,
+        confidence=needs.get("confidence", Confidence.LOW),
         method="test",
         dataloader_num_workers=3,
         dataloader_prefetch_factor=2,
@@ -345,3 +345,17 @@ def test_gpu_sharing_packs_shares_onto_the_fullest_card_and_keeps_whole_cards_wh
     _, placed = scheduler.handle(done)
     assert isinstance(placed, AllocationGranted)
     assert (placed.task_id, placed.gpu_ids, placed.gpu_milli) == ("more", [0], 100)
+
+
+def test_a_trusted_prediction_above_the_request_is_placed_on_with_a_margin() -> None:
+    scheduler, _ = cluster(node("a100-40g", gpus=4, gpu_memory_mb=40960), node("h100", gpus=4))
+    trusted = {"predicted_mb": 60000, "confidence": Confidence.MEDIUM}
+    [granted] = scheduler.handle(profiled("big", gpus=1, gpu_mb=40000, **trusted))
+    assert isinstance(granted, AllocationGranted)
+    assert granted.node == "h100"  # 60000 MiB + 10% does not fit a 40 GiB card
+    assert granted.gpu_memory_mb == 66000
+    assert "predicted peak 60000 MiB + 10%" in granted.explanation
+    guess = {"predicted_mb": 60000, "confidence": Confidence.LOW}
+    [placed] = scheduler.handle(profiled("guess", gpus=1, gpu_mb=40000, when=2, **guess))
+    assert isinstance(placed, AllocationGranted)
+    assert placed.node == "a100-40g"  # a low-confidence guess does not override the request

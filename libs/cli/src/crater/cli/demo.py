@@ -52,6 +52,7 @@ WORKLOAD: list[tuple[int, str, dict[str, Any]]] = [
             "task_type": "training",
             "model_config": {"name": "meta-llama/Llama-2-7b-hf", "precision": "bf16"},
             "data_config": {"train_dataset": "s3://alldata/corpus-v3", "io_pattern": "sequential"},
+            "training_config": {"sequence_length": 2048, "gradient_checkpointing": True},
             "resource_requirements": {
                 "gpu": {"count": 2, "memory_mb": 40960, "type": "A100"},
                 "cpu": {"cores": 16, "avx_support": "avx2"},
@@ -66,8 +67,13 @@ WORKLOAD: list[tuple[int, str, dict[str, Any]]] = [
         2,
         "training",
         {
-            "task_type": "training",
+            "task_type": "fine-tuning",
             "model_config": {"name": "meta-llama/Llama-2-70b-hf", "precision": "bf16"},
+            "training_config": {
+                "sequence_length": 4096,
+                "gradient_checkpointing": True,
+                "lora": {"rank": 16, "target_modules": ["q_proj", "v_proj"]},
+            },
             "resource_requirements": {
                 "gpu": {"count": 8, "memory_mb": 81920},
                 "cpu": {"cores": 64},
@@ -82,6 +88,11 @@ WORKLOAD: list[tuple[int, str, dict[str, Any]]] = [
         {
             "task_type": "fine-tuning",
             "model_config": {"name": "mistralai/Mistral-7B-v0.1", "precision": "bf16"},
+            "training_config": {
+                "batch_size": 4,
+                "gradient_checkpointing": True,
+                "lora": {"rank": 16, "target_modules": ["q_proj", "v_proj"]},
+            },
             "resource_requirements": {
                 "gpu": {"count": 1, "memory_mb": 22528},
                 "cpu": {"cores": 8},

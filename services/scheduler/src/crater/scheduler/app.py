@@ -51,6 +51,9 @@ class SchedulerSettings(ServiceSettings):
     grace_period_seconds: int = Field(
         default=30, ge=0, description="Time a preempted task has to checkpoint and stop."
     )
+    prediction_margin: float = Field(
+        default=0.10, ge=0, le=2, description="Headroom placed over a predicted memory peak."
+    )
     quotas_file: Path | None = Field(
         default=None,
         description="YAML: tenants: {NAME: {gpus, gpu_memory_mb, cpu_cores, memory_mb}}.",
@@ -73,6 +76,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
             checkpoint_root=settings.checkpoint_root,
             quotas=load_quotas(settings.quotas_file) if settings.quotas_file else {},
             grace_period_seconds=settings.grace_period_seconds,
+            prediction_margin=settings.prediction_margin,
         ),
         SchedulerMetrics(service.registry),
     )

@@ -37,7 +37,7 @@ from crater.scheduler.domain.core import (
     Scheduler,
     SchedulerConfig,
 )
-from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.demand import PREDICTION_MARGIN, Demand
 from crater.scheduler.domain.quotas import Usage
 
 
@@ -260,16 +260,16 @@ class SchedulerRepository:
                     _aware(r.reservation_expires_at),
                     running=r.running,
                     tenant=r.tenant,
-                    usage=Usage.of(_pending(r).demand),
+                    usage=Usage.of(_pending(r, config.prediction_margin).demand),
                     priority_rank=PRIORITY_RANK[Priority(r.request["priority"])],
                     preemptible=bool(r.request["preemptible"]),
                     granted_seq=r.seq,
                     group=r.request["anti_affinity"]["group"],
-                    gpu_milli=_pending(r).demand.gpu_milli or 1000,
+                    gpu_milli=_pending(r, config.prediction_margin).demand.gpu_milli or 1000,
                 )
                 for r in alloc_rows
             ],
-            pending=[_pending(r) for r in pending_rows],
+            pending=[_pending(r, config.prediction_margin) for r in pending_rows],
             next_seq=(max_seq or 0) + 1,
         )
         return scheduler
@@ -300,11 +300,11 @@ class SchedulerRepository:
         ]
 
 
-def _pending(row: Any) -> PendingTask:
+def _pending(row: Any, margin: float = PREDICTION_MARGIN) -> PendingTask:
     request = TaskRequest.model_validate(row.request)
     prediction = ResourcePrediction.model_validate(row.prediction) if row.prediction else None
     seq, reason = getattr(row, "seq", 0), getattr(row, "reason", None)
-    return PendingTask(request, prediction, Demand.of(request, prediction), seq, reason)
+    return PendingTask(request, prediction, Demand.of(request, prediction, margin), seq, reason)
 
 
 def _aware(moment: datetime) -> datetime:

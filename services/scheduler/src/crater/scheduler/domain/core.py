@@ -42,7 +42,7 @@ from crater.contracts import (
     derived_event_id,
 )
 from crater.scheduler.domain.cluster import WHOLE, BoolArray, ClusterArrays, Node
-from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.demand import PREDICTION_MARGIN, Demand
 from crater.scheduler.domain.placement import Selection, select
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
 from crater.scheduler.domain.preemption import Candidate, plan
@@ -76,6 +76,7 @@ class SchedulerConfig:
     checkpoint_root: str = "/var/lib/crater/checkpoints"
     quotas: dict[str, Quota] = field(default_factory=dict)
     grace_period_seconds: int = 30
+    prediction_margin: float = PREDICTION_MARGIN
 
 
 @dataclass
@@ -190,7 +191,7 @@ class Scheduler:
                     [FieldError(field="gang_size", reason="gang scheduling is not supported yet")],
                 )
             ]
-        demand = Demand.of(request, event.prediction)
+        demand = Demand.of(request, event.prediction, self.config.prediction_margin)
         errors = [
             FieldError(
                 field=QUOTA_FIELDS[resource],
@@ -530,7 +531,7 @@ class Scheduler:
             explanation=(
                 f"{node.name}: score {score:.3f} (strongest: {best}); "
                 f"GPU memory {task.demand.gpu_memory_mb} MiB per card "
-                f"({task.demand.gpu_memory_source}); numa {selection.numa_node}"
+                f"({task.demand.gpu_memory_source}); NUMA {selection.numa_node}"
             ),
             environment=self._environment(task, selection, checkpoint),
         )

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
-from crater.contracts import Affinity, ResourcePrediction, ResourceRequirements, TaskRequest
+from crater.contracts import (
+    Affinity,
+    Confidence,
+    ResourcePrediction,
+    ResourceRequirements,
+    TaskRequest,
+)
+
+# Headroom over a predicted peak: allocator fragmentation and what the model misses.
+PREDICTION_MARGIN = 0.10
+
+
+def _trusted(prediction: ResourcePrediction, requested_mb: int) -> bool:
+    """A prediction of a known model (medium or high confidence) is placed on; a guess
+    (low confidence) only stands in when nothing was asked."""
+    return prediction.confidence is not Confidence.LOW or not requested_mb
 
 
 @dataclass(frozen=True)
@@ -23,9 +39,14 @@ class Demand:
     anti_affinity_group: str | None = None
 
     @classmethod
-    def of(cls, request: TaskRequest, prediction: ResourcePrediction | None) -> Demand:
+    def of(
+        cls,
+        request: TaskRequest,
+        prediction: ResourcePrediction | None,
+        margin: float = PREDICTION_MARGIN,
+    ) -> Demand:
         demand = cls.of_resources(
-            request.resource_requirements, request.pool, request.affinity, prediction
+            request.resource_requirements, request.pool, request.affinity, prediction, margin
         )
         return replace(demand, anti_affinity_group=request.anti_affinity.group)
 
@@ -36,11 +57,17 @@ class Demand:
         pool: str,
         affinity: Affinity,
         prediction: ResourcePrediction | None = None,
+        margin: float = PREDICTION_MARGIN,
     ) -> Demand:
         gpu_memory, source = needs.gpu.memory_mb, "requested"
-        # Nothing asked per card: place on the predicted peak rather than on nothing.
-        if needs.gpu.count and not gpu_memory and prediction is not None:
-            gpu_memory, source = prediction.gpu_memory_per_gpu_mb, "predicted"
+        # A trusted prediction above the request wins: placing on the request alone would
+        # put the task on a card it runs out of memory on.
+        if needs.gpu.count and prediction is not None and _trusted(prediction, gpu_memory):
+            predicted = prediction.gpu_memory_per_gpu_mb
+            with_margin = math.ceil(predicted * (1 + margin))
+            if with_margin > gpu_memory:
+                gpu_memory = with_margin
+                source = f"predicted peak {predicted} MiB + {margin:.0%}"
         return cls(
             pool=pool,
             gpus=needs.gpu.count,
