@@ -26,6 +26,7 @@ from crater.contracts.catalog import Channel, Retention, Streams, StreamSpec, Su
 from crater.contracts.nodes import (
     Cpu,
     Disk,
+    DiskMetrics,
     Gpu,
     GpuMetrics,
     HealthCheck,
@@ -102,6 +103,7 @@ __all__ = [
     "CpuRequirement",
     "DataConfig",
     "Disk",
+    "DiskMetrics",
     "Event",
     "FieldError",
     "FilterReason",

@@ -108,12 +108,32 @@ class GpuMetrics(Contract):
         return self.memory_used_mb / self.memory_total_mb if self.memory_total_mb else 0.0
 
 
+class DiskMetrics(Contract):
+    """One disk's IO over the last metrics interval."""
+
+    name: str = Field(examples=["nvme0n1"])
+    read_mb_s: float = Field(ge=0, description="MiB read per second.")
+    write_mb_s: float = Field(ge=0, description="MiB written per second.")
+    read_iops: float = Field(ge=0, description="Reads completed per second.")
+    write_iops: float = Field(ge=0, description="Writes completed per second.")
+    in_flight: int | None = Field(
+        default=None, ge=0, description="I/Os in flight (queue depth) when sampled; None: unknown."
+    )
+
+
 class NodeMetricsReported(Event):
     node_id: str = Field(pattern=NODE_ID_PATTERN)
     cpu_utilization_percent: float = Field(ge=0, le=100)
     memory_used_mb: int = Field(ge=0)
     memory_total_mb: int = Field(ge=0)
     gpus: list[GpuMetrics] = Field(default_factory=list)
+    numa_cpu_utilization_percent: dict[int, float] = Field(
+        default_factory=dict,
+        description="CPU use (0-100) per NUMA node id, over its CPU list; empty: not reported.",
+    )
+    disks: list[DiskMetrics] = Field(
+        default_factory=list, description="IO per local disk; empty: not reported."
+    )
 
 
 class NodeCondition(StrEnum):

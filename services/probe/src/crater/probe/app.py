@@ -68,6 +68,11 @@ class ProbeSettings(ServiceSettings):
         default=None, description="Fleet YAML for fleet mode; unset: the 36-node demo fleet."
     )
     seed: int | None = Field(default=None, description="Simulation seed; unset: the file's.")
+    faults: bool = Field(
+        default=False,
+        description="Fleet mode: inject the fleet file's faults (the demo fleet's: a failing "
+        "GPU, a silent node, ECC errors, a degraded PCIe link), timed from the probe's start.",
+    )
     node_id: str | None = Field(
         default=None,
         pattern=NODE_ID_PATTERN,
@@ -196,7 +201,7 @@ class LocalNode:
 
     async def open(self) -> None:
         self.topology = await asyncio.to_thread(self._discover)
-        self._host = HostSampler()
+        self._host = HostSampler(self.settings.host_root)
         if self.topology.gpus:
             await asyncio.to_thread(self._gpus.open)
         log.info(
@@ -224,6 +229,8 @@ class LocalNode:
             memory_used_mb=used,
             memory_total_mb=total,
             gpus=self._gpus.sample(),
+            numa_cpu_utilization_percent=self._host.numa_cpu(self.topology.numa_nodes),
+            disks=self._host.disks([d.name for d in self.topology.disks]),
         )
 
     async def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]:
@@ -239,29 +246,41 @@ class LocalNode:
 
 
 class FleetNodes:
-    """Every node of a simulated fleet."""
+    """Every node of a simulated fleet. The simulation clock (what faults are timed by) is
+    the seconds since `open()`; a silent node is left out of every round."""
 
-    def __init__(self, simulator: FleetSimulator) -> None:
+    def __init__(self, simulator: FleetSimulator, clock: Callable[[], float] = time.monotonic):
         self.simulator = simulator
+        self._clock = clock
+        self._started: float | None = None
+
+    def _tick(self) -> None:
+        if self._started is not None:
+            self.simulator.advance_to(self._clock() - self._started)
 
     async def open(self) -> None:
+        self._started = self._clock()
         _, total = self.simulator.gpu_counts()
         log.info("simulating %d nodes with %d GPUs", len(self.simulator), total)
 
     async def topologies(self) -> list[NodeTopology]:
-        return self.simulator.topologies
+        self._tick()
+        sim = self.simulator
+        return [sim.topology(n) for n in sim.reporting_ids]
 
     async def measure(self) -> bool:
         log.info("full measurement skipped: the fleet is simulated")
         return False
 
     async def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]:
-        for ids in chunked(self.simulator.node_ids, chunk):
+        self._tick()
+        for ids in chunked(self.simulator.reporting_ids, chunk):
             yield [self.simulator.step_node(node_id) for node_id in ids]
 
     def health(self, chunk: int) -> Iterator[list[NodeHealthReported]]:
+        self._tick()
         sim = self.simulator
-        for ids in chunked(sim.node_ids, chunk):
+        for ids in chunked(sim.reporting_ids, chunk):
             yield [evaluate(sim.topology(n), sim.last_metrics(n)).report() for n in ids]
 
     async def close(self) -> None:
@@ -382,7 +401,14 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
     if settings.mode == "fleet":
         # Loaded now, not on start: the runner's durable consumers are named after the fleet.
         fleet = open_fleet(settings.fleet_file, settings.seed)
-        simulator = FleetSimulator(fleet.nodes, fleet.seed)
+        faults = fleet.faults if settings.faults else ()
+        if faults:
+            log.info(
+                "injecting %d faults: %s",
+                len(faults),
+                ", ".join(f"{f.kind} on {f.node} at {f.at_seconds:g} s" for f in faults),
+            )
+        simulator = FleetSimulator(fleet.nodes, fleet.seed, faults)
         nodes = FleetNodes(simulator)
         runner = TaskRunner(
             simulator,

@@ -9,6 +9,9 @@ how many of each to run, in which pool, under which seed:
     nodes:
       - {profile: dgx-a100-8, count: 4, pool: training}
       - {profile: cpu-only, count: 8, pool: default, prefix: cpu, labels: {rack: r1}}
+    faults:                 # optional; injected only with CRATER_PROBE_FAULTS=true
+      - {node: a100-03, kind: gpu-failing, at_seconds: 60, gpu: 2}
+      - {node: cpu-02, kind: silent, at_seconds: 90, for_seconds: 60}
 
 Node ids are the profile's (or the entry's) prefix and a number per prefix, `a100-01`; the
 numbering widens past 99 nodes of one prefix. The same file and seed give the same nodes.
@@ -29,7 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode
-from crater.probe.domain.simulation import SimulatedNode
+from crater.probe.domain.simulation import GPU_FAULTS, Fault, FaultKind, SimulatedNode
 from crater.probe.domain.topology import build_topology
 
 DEFAULT_FLEET = "demo"
@@ -64,6 +67,8 @@ class GpuSpec(_Spec):
     # all: NVSwitch fabric; pairs: 0-1, 2-3, ...; none: PCIe only; or explicit index pairs.
     nvlink: Literal["all", "pairs", "none"] | list[tuple[int, int]] = "none"
     mig_capable: bool = False
+    pcie_generation: int = Field(default=4, ge=1, le=7, description="PCIe gen of the link.")
+    pcie_width: int = Field(default=16, ge=1, le=32, description="PCIe lanes of the link.")
     idle_w: float = Field(default=50.0, ge=0)
     max_w: float = Field(default=300.0, gt=0)
     numa: list[int] | None = Field(
@@ -125,11 +130,23 @@ class FleetEntry(_Spec):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
+class FaultSpec(_Spec):
+    node: str
+    kind: FaultKind
+    at_seconds: float = Field(default=0.0, ge=0, description="Seconds after the fleet started.")
+    for_seconds: float | None = Field(default=None, gt=0, description="None: for good.")
+    gpu: int = Field(default=0, ge=0, description="The card, for GPU faults.")
+
+    def fault(self) -> Fault:
+        return Fault(self.node, self.kind, self.at_seconds, self.for_seconds, self.gpu)
+
+
 class FleetSpec(_Spec):
     name: Annotated[str, Field(pattern=_PREFIX, max_length=40)] = DEFAULT_FLEET
     seed: int = 0
     profiles: list[Profile] = Field(default_factory=list)
     nodes: list[FleetEntry]
+    faults: list[FaultSpec] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -137,6 +154,7 @@ class Fleet:
     name: str
     seed: int
     nodes: list[SimulatedNode]
+    faults: tuple[Fault, ...] = ()  # what the file schedules; applied only when asked
 
     @property
     def topologies(self) -> list[NodeTopology]:
@@ -251,6 +269,8 @@ def profile_topology(
                     numa_node=spec.numa[i] if spec.numa else i * profile.numa_nodes // spec.count,
                     nvlink_peers=_nvlink_peers(spec, i),
                     mig_capable=spec.mig_capable,
+                    pcie_generation_max=spec.pcie_generation,
+                    pcie_width_max=spec.pcie_width,
                 )
             )
     disks = [
@@ -319,7 +339,15 @@ def build_fleet(spec: FleetSpec, seed: int | None = None) -> Fleet:
         if node.topology.node_id in seen:
             raise FleetError(f"node id {node.topology.node_id} generated twice: rename a prefix")
         seen.add(node.topology.node_id)
-    return Fleet(spec.name, seed, nodes)
+    gpus = {n.topology.node_id: len(n.topology.gpus) for n in nodes}
+    for fault in spec.faults:
+        if fault.node not in gpus:
+            raise FleetError(f"fault {fault.kind} on {fault.node}: no such node in the fleet")
+        if fault.kind in GPU_FAULTS and fault.gpu >= gpus[fault.node]:
+            raise FleetError(
+                f"fault {fault.kind} on {fault.node}: no GPU {fault.gpu} ({gpus[fault.node]} GPUs)"
+            )
+    return Fleet(spec.name, seed, nodes, tuple(f.fault() for f in spec.faults))
 
 
 def open_fleet(path: Path | None = None, seed: int | None = None) -> Fleet:

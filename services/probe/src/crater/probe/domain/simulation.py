@@ -2,8 +2,21 @@
 
 Pure: every random draw comes from a generator seeded by (fleet seed, node id) or
 (fleet seed, allocation id), so the same seed and the same placements replay the same numbers,
-whatever order nodes are stepped in. Stepping a node costs a handful of draws per GPU, which
-keeps a tick of thousands of nodes cheap.
+whatever order nodes are stepped in. Stepping a node costs a handful of draws per GPU, NUMA
+node and disk, which keeps a tick of thousands of nodes cheap.
+
+Faults are scheduled on the simulation's own clock (seconds since the fleet started, set with
+`advance_to`), so a test drives them without sleeping. They draw nothing from a node's
+generator: a faulty node's load follows the same numbers it would have healthy.
+
+- gpu-failing: one card heats up and collects corrected ECC errors (Degraded once they pass
+  the warning limit), then an uncorrectable one (NotReady).
+- silent: the node sends no metrics and no health (the scheduler's heartbeat timeout marks it
+  NotReady) until the window ends.
+- ecc: one card reports uncorrectable ECC errors (NotReady).
+- degraded-link: one card's PCIe link trains down to half its width (Degraded).
+
+A fault with `for_seconds` ends after it (a reset clears the counters); without, it lasts.
 """
 
 from __future__ import annotations
@@ -11,8 +24,10 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from crater.contracts import GpuMetrics, NodeMetricsReported, NodeTopology
+from crater.contracts.nodes import DiskMetrics
 
 IDLE_GPU_MEMORY_MB = 64  # an idle card still holds a little for the driver
 IDLE_CPU_PERCENT = (1.0, 5.0)
@@ -24,6 +39,47 @@ DEFAULT_GPU_MEMORY_SHARE = 0.6
 UTILIZATION_RESPONSE = 0.6  # share of the gap to the target closed in one tick
 TEMPERATURE_RESPONSE = 0.3  # heat sinks lag behind the load
 DEGREES_PER_UTILIZATION_POINT = 0.45
+NUMA_SPREAD = (0.85, 1.15)  # NUMA nodes share a node's CPU load unevenly
+DEFAULT_PCIE_GENERATION = 4
+DEFAULT_PCIE_WIDTH = 16
+# Disk IO: an idle disk trickles (logs, page cache writeback); a busy node streams its
+# datasets and checkpoints. (peak MiB/s, mean request KiB, service time s) per disk kind.
+DISK_IDLE_SHARE = 0.002
+DISK_NVME = (2000.0, 128.0, 0.0002)
+DISK_SSD = (450.0, 64.0, 0.0005)
+DISK_HDD = (180.0, 256.0, 0.008)
+# gpu-failing: degrees per second on top of the load, corrected ECC errors per second, and
+# when the first uncorrectable one comes.
+FAILING_DEGREES_PER_SECOND = 0.5
+FAILING_CORRECTED_PER_SECOND = 25.0
+FAILING_UNCORRECTABLE_AFTER_SECONDS = 90.0
+ECC_FAULT_CORRECTED = 120  # ecc: a burst of corrected errors with the uncorrectable one
+
+
+class FaultKind(StrEnum):
+    GPU_FAILING = "gpu-failing"
+    SILENT = "silent"
+    ECC = "ecc"
+    DEGRADED_LINK = "degraded-link"
+
+
+GPU_FAULTS = frozenset({FaultKind.GPU_FAILING, FaultKind.ECC, FaultKind.DEGRADED_LINK})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Something going wrong on a simulated node, from `at_seconds` of simulation time."""
+
+    node: str
+    kind: FaultKind
+    at_seconds: float = 0.0
+    for_seconds: float | None = None  # None: until the simulation ends
+    gpu: int = 0  # the card, for GPU faults
+
+    def active(self, seconds: float) -> bool:
+        if seconds < self.at_seconds:
+            return False
+        return self.for_seconds is None or seconds < self.at_seconds + self.for_seconds
 
 
 @dataclass(frozen=True)
@@ -55,30 +111,87 @@ class _Gpu:
     temperature_c: float = 0.0
 
 
+@dataclass(frozen=True)
+class _Disk:
+    name: str
+    peak_mb_s: float
+    request_kib: float
+    service_s: float
+
+
 @dataclass
 class _NodeState:
     node: SimulatedNode
     rng: random.Random
     gpus: dict[int, _Gpu]
+    numa: tuple[int, ...]
+    disks: tuple[_Disk, ...]
+    pcie: dict[int, tuple[int, int]]  # GPU index -> (max generation, max width)
     loads: dict[str, Load] = field(default_factory=dict)
+    faults: list[Fault] = field(default_factory=list)
     last: NodeMetricsReported | None = None
+
+
+def _disk_kind(nvme: bool, rotational: bool) -> tuple[float, float, float]:
+    return DISK_NVME if nvme else DISK_HDD if rotational else DISK_SSD
 
 
 class FleetSimulator:
     """The load of every simulated node, moved one tick at a time by `step()`."""
 
-    def __init__(self, nodes: Iterable[SimulatedNode], seed: int) -> None:
+    def __init__(
+        self, nodes: Iterable[SimulatedNode], seed: int, faults: Iterable[Fault] = ()
+    ) -> None:
         self.seed = seed
+        self.seconds = 0.0  # simulation time: seconds since the fleet started
         self._nodes: dict[str, _NodeState] = {}
         self._node_of: dict[str, str] = {}
         for node in nodes:
-            node_id = node.topology.node_id
+            topology = node.topology
+            node_id = topology.node_id
             rng = random.Random(f"{seed}:{node_id}:load")
             gpus = {}
-            for gpu in node.topology.gpus:
+            for gpu in topology.gpus:
                 ambient = rng.uniform(28.0, 36.0)
                 gpus[gpu.index] = _Gpu(gpu.memory_mb, ambient, temperature_c=ambient)
-            self._nodes[node_id] = _NodeState(node, rng, gpus)
+            self._nodes[node_id] = _NodeState(
+                node,
+                rng,
+                gpus,
+                numa=tuple(n.id for n in topology.numa_nodes),
+                disks=tuple(
+                    _Disk(d.name, *_disk_kind(d.nvme, d.rotational)) for d in topology.disks
+                ),
+                pcie={
+                    g.index: (
+                        g.pcie_generation_max or DEFAULT_PCIE_GENERATION,
+                        g.pcie_width_max or DEFAULT_PCIE_WIDTH,
+                    )
+                    for g in topology.gpus
+                },
+            )
+        for fault in faults:
+            state = self._nodes.get(fault.node)
+            if state is None:
+                raise ValueError(f"fault on {fault.node}: no such simulated node")
+            if fault.kind in GPU_FAULTS and fault.gpu not in state.gpus:
+                raise ValueError(f"{fault.kind} fault on {fault.node}: no GPU {fault.gpu}")
+            state.faults.append(fault)
+
+    def advance_to(self, seconds: float) -> None:
+        """Set the simulation clock (seconds since the fleet started); faults follow it."""
+        self.seconds = seconds
+
+    def reporting(self, node_id: str) -> bool:
+        """False while a silent fault holds the node: it sends neither metrics nor health."""
+        return not any(
+            f.kind is FaultKind.SILENT and f.active(self.seconds)
+            for f in self._nodes[node_id].faults
+        )
+
+    @property
+    def reporting_ids(self) -> list[str]:
+        return [n for n, s in self._nodes.items() if not s.faults or self.reporting(n)]
 
     def __contains__(self, node_id: object) -> bool:
         return node_id in self._nodes
@@ -130,8 +243,9 @@ class FleetSimulator:
         return busy, sum(len(s.gpus) for s in self._nodes.values())
 
     def step(self) -> list[NodeMetricsReported]:
-        """Advance every node one tick; returns their new metrics, in fleet order."""
-        return [self._step(state) for state in self._nodes.values()]
+        """Advance every reporting (not silent) node one tick; returns their new metrics, in
+        fleet order."""
+        return [self._step(self._nodes[n]) for n in self.reporting_ids]
 
     def step_node(self, node_id: str) -> NodeMetricsReported:
         """Advance one node one tick (a big fleet is stepped in chunks between publishes)."""
@@ -153,8 +267,25 @@ class FleetSimulator:
                     reserved[g] = reserved.get(g, 0) + wanted
 
         idle_w, max_w = state.node.gpu_idle_w, state.node.gpu_max_w
+        active = [f for f in state.faults if f.active(self.seconds)] if state.faults else []
         readings = []
         for index, gpu in state.gpus.items():
+            generation, width = state.pcie[index]
+            corrected = uncorrected = 0
+            extra_heat = 0.0
+            for fault in active:
+                if fault.gpu != index:
+                    continue
+                elapsed = self.seconds - fault.at_seconds
+                if fault.kind is FaultKind.GPU_FAILING:
+                    extra_heat = FAILING_DEGREES_PER_SECOND * elapsed
+                    corrected += int(FAILING_CORRECTED_PER_SECOND * elapsed)
+                    uncorrected += int(elapsed >= FAILING_UNCORRECTABLE_AFTER_SECONDS)
+                elif fault.kind is FaultKind.ECC:
+                    corrected += ECC_FAULT_CORRECTED
+                    uncorrected += 1
+                elif fault.kind is FaultKind.DEGRADED_LINK:
+                    width = max(1, width // 2)
             busy = index in reserved
             target = rng.uniform(*(BUSY_GPU_UTILIZATION if busy else IDLE_GPU_UTILIZATION))
             gpu.utilization += UTILIZATION_RESPONSE * (target - gpu.utilization)
@@ -164,7 +295,7 @@ class FleetSimulator:
                 else rng.uniform(0, IDLE_GPU_MEMORY_MB)
             )
             gpu.memory_used_mb = memory_target
-            heat = gpu.ambient_c + gpu.utilization * DEGREES_PER_UTILIZATION_POINT
+            heat = gpu.ambient_c + gpu.utilization * DEGREES_PER_UTILIZATION_POINT + extra_heat
             gpu.temperature_c += TEMPERATURE_RESPONSE * (heat - gpu.temperature_c)
             gpu.temperature_c += rng.gauss(0.0, 0.4)
             power = idle_w + (max_w - idle_w) * gpu.utilization / 100 * rng.uniform(0.93, 1.0)
@@ -176,6 +307,10 @@ class FleetSimulator:
                     memory_total_mb=gpu.total_mb,
                     temperature_c=round(gpu.temperature_c, 1),
                     power_w=round(power, 1),
+                    pcie_generation=generation,
+                    pcie_width=width,
+                    ecc_errors_corrected=corrected,
+                    ecc_errors_uncorrected=uncorrected,
                 )
             )
 
@@ -184,12 +319,39 @@ class FleetSimulator:
         cpu = rng.uniform(*IDLE_CPU_PERCENT) + 100.0 * cores_busy / threads * rng.uniform(0.7, 0.95)
         baseline = topology.memory_mb * HOST_MEMORY_BASELINE * rng.uniform(0.9, 1.1)
         used = baseline + sum(load.memory_mb for load in state.loads.values())
+        # Per NUMA node: uneven shares whose mean is the node's figure.
+        shares = [rng.uniform(*NUMA_SPREAD) for _ in state.numa]
+        mean = sum(shares) / len(shares) if shares else 1.0
+        numa = {
+            n: round(min(cpu * s / mean, 100.0), 1) for n, s in zip(state.numa, shares, strict=True)
+        }
+        # Disk IO follows the share of the node's CPUs busy with tasks (data loading).
+        activity = DISK_IDLE_SHARE + (1.0 - DISK_IDLE_SHARE) * cores_busy / threads
+        disks = []
+        for disk in state.disks:
+            read = disk.peak_mb_s * activity * rng.uniform(0.3, 1.0)
+            write = read * rng.uniform(0.05, 0.4)
+            read_iops = read * 1024 / disk.request_kib
+            write_iops = write * 1024 / disk.request_kib
+            disks.append(
+                DiskMetrics(
+                    name=disk.name,
+                    read_mb_s=round(read, 2),
+                    write_mb_s=round(write, 2),
+                    read_iops=round(read_iops, 1),
+                    write_iops=round(write_iops, 1),
+                    # Little's law: requests in flight = arrival rate x service time.
+                    in_flight=int((read_iops + write_iops) * disk.service_s),
+                )
+            )
         state.last = NodeMetricsReported(
             node_id=topology.node_id,
             cpu_utilization_percent=round(min(cpu, 100.0), 1),
             memory_used_mb=int(min(used, topology.memory_mb)),
             memory_total_mb=topology.memory_mb,
             gpus=readings,
+            numa_cpu_utilization_percent=numa,
+            disks=disks,
         )
         return state.last
 
