@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from crater.cli import autoscale, hardware, predict, schedule_test, webhooks
+from crater.cli import autoscale, hardware, predict, schedule_test, simulate, webhooks
 from crater.contracts import NodesAnswer, TasksAnswer
 
 app = typer.Typer(help="Crater: an event-driven scheduler for heterogeneous AI compute.")
@@ -167,6 +167,7 @@ app.command("topology-export")(hardware.topology_export)
 app.command("schedule-test")(schedule_test.schedule_test)
 app.command("autoscale-sim")(autoscale.autoscale_sim)
 app.command()(predict.predict)
+app.command()(simulate.simulate)
 
 db_app = typer.Typer(help="The database every stateful service shares.")
 app.add_typer(db_app, name="db")

@@ -1,0 +1,204 @@
+"""`crater simulate`: the production scheduling core on the openb trace, under the FGD
+paper's protocol, for one placement policy over one or more seeds."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from crater.scheduler.domain.plugins import POLICIES
+from crater.scheduler.sim.openb import (
+    CPU_UNIT_MILLI,
+    OpenbNode,
+    OpenbPod,
+    load_nodes,
+    load_pods,
+)
+from crater.scheduler.sim.protocol import CURVE_FROM, CURVE_TO, RunResult, mean_curve
+from crater.scheduler.sim.protocol import simulate as run_protocol
+
+console = Console()
+DATA = Path("../shared/data/openb")
+# The paper's figures on the default trace (mean of seeds 42-51): 100%, 130%, idle GPUs.
+PUBLISHED: dict[str, tuple[float, float, int]] = {
+    "random": (86.30, 87.47, 778),
+    "bestfit": (92.86, 93.08, 430),
+    "fgd": (95.23, 95.39, 286),
+}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """ "42-51" or "42,43,50" (or a mix) -> the seeds."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            low, high = (int(p) for p in part.split("-", 1))
+            seeds.extend(range(low, high + 1))
+        elif part:
+            seeds.append(int(part))
+    return seeds
+
+
+def _one(
+    nodes: list[OpenbNode], pods: list[OpenbPod], policy: str, seed: int, cpu_unit: int
+) -> RunResult:
+    return run_protocol(nodes, pods, policy, seed, cpu_unit_milli=cpu_unit)
+
+
+def simulate(
+    nodes: Annotated[Path, typer.Option(help="openb node list CSV.")] = DATA
+    / "openb_node_list_gpu_node.csv",
+    pods: Annotated[Path, typer.Option(help="openb pod list CSV.")] = DATA
+    / "openb_pod_list_default.csv",
+    policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICIES)}.")] = "crater",
+    seed: Annotated[int, typer.Option(help="Seed of the shuffle and the draws.")] = 42,
+    seeds: Annotated[
+        str | None, typer.Option(help="Several seeds, e.g. 42-51 (overrides --seed).")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where openb_<policy>.{csv,png,json} go.")] = Path(
+        "benchmarks/results"
+    ),
+    jobs: Annotated[int, typer.Option(help="Seeds run in parallel processes.")] = 1,
+    cpu_unit_milli: Annotated[
+        int,
+        typer.Option(
+            help="What one of the core's CPUs stands for, in milli-CPU: 100 holds openb's "
+            "fractional requests to a tenth of a core; 1000 rounds each up to whole cores."
+        ),
+    ] = CPU_UNIT_MILLI,
+) -> None:
+    """Replay the openb trace through the scheduling core: GPU allocation at 80..130% of the
+    cluster's cards arrived, mean over the seeds; the curve goes to CSV and PNG."""
+    if policy not in POLICIES:
+        raise typer.BadParameter(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
+    node_list, pod_list = load_nodes(nodes), load_pods(pods)
+    run_seeds = parse_seeds(seeds) if seeds else [seed]
+    started = time.perf_counter()
+    results: list[RunResult] = []
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        if jobs <= 1:
+            for s in run_seeds:
+                task = bar.add_task(f"{policy} seed {s}: pods", total=None)
+
+                def tick(done: int, total: int, task: Any = task) -> None:
+                    if done % 100 == 0 or done == total:
+                        bar.update(task, completed=done, total=total)
+
+                results.append(
+                    run_protocol(
+                        node_list, pod_list, policy, s, progress=tick, cpu_unit_milli=cpu_unit_milli
+                    )
+                )
+        else:
+            task = bar.add_task(f"{policy}: seeds", total=len(run_seeds))
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                futures = [
+                    pool.submit(_one, node_list, pod_list, policy, s, cpu_unit_milli)
+                    for s in run_seeds
+                ]
+                for future in as_completed(futures):
+                    results.append(future.result())
+                    bar.advance(task)
+    results.sort(key=lambda r: r.seed)
+    wall = time.perf_counter() - started
+    summary = write_results(results, out, policy, wall, cpu_unit_milli)
+    _print(summary, mean_curve(results))
+
+
+def write_results(
+    results: list[RunResult], out: Path, policy: str, wall: float, cpu_unit_milli: int
+) -> dict[str, Any]:
+    curve = mean_curve(results)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"openb_{policy}"
+    lines = ["arrived_pct,gpu_alloc_pct,cpu_alloc_pct,memory_alloc_pct"]
+    lines += [f"{x},{g:.4f},{c:.4f},{m:.4f}" for x, (g, c, m) in curve.items()]
+    stem.with_suffix(".csv").write_text("\n".join(lines) + "\n")
+    gpus = results[0].gpu_capacity_milli / 1000
+
+    def at(x: int) -> dict[str, float] | None:
+        if x not in curve:
+            return None
+        g, c, m = curve[x]
+        return {"gpu": round(g, 3), "cpu": round(c, 3), "memory": round(m, 3)}
+
+    top = max(curve)
+    summary: dict[str, Any] = {
+        "policy": policy,
+        "seeds": [r.seed for r in results],
+        "gpus": gpus,
+        "at_100": at(100),
+        "at_130": at(CURVE_TO),
+        "unallocated_gpus_at_130": round(gpus * (1 - curve[top][0] / 100), 1),
+        "failed_pods_mean": sum(r.failed[-1] for r in results) / len(results),
+        "pods_arrived_mean": sum(len(r.arrived_gpu) for r in results) / len(results),
+        "wall_seconds": round(wall, 1),
+        "published": dict(zip(("at_100", "at_130", "unallocated"), PUBLISHED[policy], strict=True))
+        if policy in PUBLISHED
+        else None,
+        "cpu_unit_milli": cpu_unit_milli,
+        "notes": (
+            f"each of the core's CPUs stands for {cpu_unit_milli} milli-CPU; a pod's request "
+            "is rounded up to that; CPU allocation % is of the pods' own cpu_milli over the "
+            "cluster's."
+        ),
+        "curve": {str(x): [round(v, 4) for v in curve[x]] for x in curve},
+    }
+    stem.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+    _plot(curve, stem.with_suffix(".png"), policy, len(results))
+    return summary
+
+
+def _plot(curve: dict[int, tuple[float, float, float]], path: Path, policy: str, n: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [x for x in curve if CURVE_FROM <= x <= CURVE_TO]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, label in enumerate(("GPU", "CPU", "memory")):
+        ax.plot(xs, [curve[x][k] for x in xs], label=f"{label} allocated")
+    if policy in PUBLISHED:
+        p100, p130, _ = PUBLISHED[policy]
+        ax.scatter([100, 130], [p100, p130], marker="x", color="k", label="published (GPU)")
+    ax.set_xlabel("GPU request arrived, % of cluster GPUs")
+    ax.set_ylabel("allocated, % of cluster capacity")
+    ax.set_title(f"openb, policy {policy}, mean of {n} seed(s)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _print(summary: dict[str, Any], curve: dict[int, tuple[float, float, float]]) -> None:
+    table = Table(title=f"openb: {summary['policy']}, seeds {summary['seeds']}")
+    for name in ("arrived %", "GPU alloc %", "CPU alloc %", "memory alloc %"):
+        table.add_column(name, justify="right")
+    for x in range(CURVE_FROM, CURVE_TO + 1, 5):
+        if x in curve:
+            g, c, m = curve[x]
+            table.add_row(str(x), f"{g:.2f}", f"{c:.2f}", f"{m:.2f}")
+    console.print(table)
+    console.print(
+        f"unallocated GPUs at 130%: {summary['unallocated_gpus_at_130']}; "
+        f"failed pods (mean): {summary['failed_pods_mean']:.1f}; wall {summary['wall_seconds']} s"
+    )
+    if summary["published"]:
+        console.print(f"published: {summary['published']}")

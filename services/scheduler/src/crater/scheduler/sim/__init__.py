@@ -1,0 +1,1 @@
+"""The trace simulator: the production scheduling core replayed on public cluster traces."""
