@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import numpy as np
+import numpy.typing as npt
 
 from crater.contracts import (
     AllocationGranted,
@@ -389,29 +391,22 @@ class Scheduler:
             alive &= passes
         return alive, reasons
 
-    def rank(
-        self, demand: Demand, candidates: np.ndarray
-    ) -> list[tuple[int, float, list[ScoreDetail]]]:
-        """Candidates best first: weighted score, ties to the smallest node name."""
+    def rank(self, demand: Demand, candidates: BoolArray) -> Iterator[Ranked]:
+        """Candidates best first: weighted score, ties to the smallest node name. Lazy: the
+        per-plugin details are built only for the nodes a caller looks at (usually one)."""
         idx = np.flatnonzero(candidates)
         if not len(idx):
-            return []
+            return
         total = np.zeros(len(idx))
-        parts: list[tuple[str, np.ndarray]] = []
+        parts: list[tuple[str, npt.NDArray[np.float64]]] = []
         for score in self.config.pipeline.scores:
             values = np.clip(score.rate(self.cluster, demand, idx), 0.0, 1.0)
             parts.append((score.name, values))
             total += score.weight * values
         total = np.round(total, 9)  # equal scores must compare equal on every machine
-        order = np.lexsort((self.cluster.name_rank[idx], -total))
-        return [
-            (
-                int(idx[k]),
-                float(total[k]),
-                [ScoreDetail(plugin=name, score=round(float(v[k]), 4)) for name, v in parts],
-            )
-            for k in order
-        ]
+        for k in np.lexsort((self.cluster.name_rank[idx], -total)):
+            details = [ScoreDetail(plugin=name, score=round(float(v[k]), 4)) for name, v in parts]
+            yield int(idx[k]), float(total[k]), details
 
     def dry_run(self, demand: Demand) -> PlacementAnswer:
         """Every node that fits, best first with its score and devices, and every node that
