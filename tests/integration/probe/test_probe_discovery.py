@@ -40,15 +40,17 @@ async def test_a_hardware_change_is_published_at_once_and_nothing_else_is(
         await tap.wait_for(NodeHealthReported, count=4)
         await asyncio.sleep(0.6)
         assert len(tap.of(NodeTopologyReported)) == 1
-        # A new NVMe drive appears.
+        # A new NVMe drive appears, all at once (a half-written device is another topology).
+        staging = tmp_path / "staging"
         write_tree(
-            root,
+            staging,
             {
-                "sys/block/nvme1n1/size": "7501476528\n",
-                "sys/block/nvme1n1/queue/rotational": "0\n",
-                "sys/block/nvme1n1/device/device/numa_node": "0\n",
+                "nvme1n1/size": "7501476528\n",
+                "nvme1n1/queue/rotational": "0\n",
+                "nvme1n1/device/device/numa_node": "0\n",
             },
         )
+        (staging / "nvme1n1").rename(root / "sys" / "block" / "nvme1n1")
         [_, changed] = await tap.wait_for(NodeTopologyReported, count=2)
         assert changed.node.fingerprint != first.node.fingerprint
         assert "nvme1n1" in {d.name for d in changed.node.disks}
