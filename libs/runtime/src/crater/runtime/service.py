@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -13,8 +14,10 @@ from faststream.asgi import AsgiFastStream, make_ping_asgi
 from faststream.nats import NatsBroker
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, make_asgi_app
+from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from crater.runtime.bus import Rejections, ensure_streams, make_broker
+from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.settings import ServiceSettings
 from crater.runtime.telemetry import make_registry, make_tracer_provider
 
@@ -41,11 +44,26 @@ class Service:
     on_startup: list[Hook] = field(default_factory=list)
     after_startup: list[Hook] = field(default_factory=list)
     on_shutdown: list[Hook] = field(default_factory=list)
+    after_shutdown: list[Hook] = field(default_factory=list)
     state: Any = None  # the service's own object, reachable by tests and tools
 
     @property
     def port(self) -> int:
         return self.settings.http_port or DEFAULT_PORTS[self.name]
+
+    def database(self, migrations_dir: Path) -> async_sessionmaker[Any]:
+        """The service's database: its Alembic migrations applied first on start (unless
+        CRATER_MIGRATE_ON_START=false), the engine disposed only after the consumers stopped,
+        so no handler in flight loses its connection."""
+        engine = make_engine(self.settings.database_url)
+
+        async def migrate() -> None:
+            if self.settings.migrate_on_start:
+                await upgrade_to_head_async(self.settings.database_url, migrations_dir)
+
+        self.on_startup.insert(0, migrate)
+        self.after_shutdown.append(engine.dispose)
+        return make_session_factory(engine)
 
     def asgi(self, routes: Sequence[tuple[str, Any]] = ()) -> AsgiFastStream:
         """The FastStream app: streams ensured first, consumers started, health and metrics."""
@@ -66,6 +84,7 @@ class Service:
             on_startup=[declare_streams, *self.on_startup],
             after_startup=list(self.after_startup),
             on_shutdown=[*self.on_shutdown, flush_traces],
+            after_shutdown=list(self.after_shutdown),
             logger=logging.getLogger(f"crater.{self.name}"),
         )
 

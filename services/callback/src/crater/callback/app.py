@@ -43,7 +43,6 @@ from crater.contracts import (
     WebhookBody,
 )
 from crater.runtime.bus import durable
-from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.outbox import OutboxRelay
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -220,8 +219,7 @@ def build(settings: CallbackSettings | None = None) -> tuple[Service, AsgiFastSt
     # httpx logs every request at INFO: too chatty for a per-event path (metrics count them).
     logging.getLogger("httpx").setLevel(logging.WARNING)
     endpoints = settings.endpoints()
-    engine = make_engine(settings.database_url)
-    sessions = make_session_factory(engine)
+    sessions = service.database(MIGRATIONS_DIR)
     relay = OutboxRelay(sessions, tables.outbox, service.broker)
     delivery_log = DeliveryLog(sessions)
     longest_timeout = max((e.timeout_seconds for e in endpoints), default=10.0)
@@ -273,10 +271,6 @@ def build(settings: CallbackSettings | None = None) -> tuple[Service, AsgiFastSt
     async def on_task_status(event: TaskStatusReported) -> None:
         await recorder.record(event)
 
-    async def migrate() -> None:
-        if settings.migrate_on_start:
-            await upgrade_to_head_async(settings.database_url, MIGRATIONS_DIR)
-
     async def start_loops() -> None:
         if not endpoints:
             # Said once here; each skipped delivery is still recorded in the delivery log.
@@ -291,15 +285,10 @@ def build(settings: CallbackSettings | None = None) -> tuple[Service, AsgiFastSt
         await dispatcher.stop()
         await relay.stop()
 
-    async def release() -> None:
-        await dispatcher.aclose()
-        await engine.dispose()
-
-    service.on_startup.append(migrate)
     service.after_startup.append(start_loops)
     service.on_shutdown.append(stop_loops)
+    service.after_shutdown.append(dispatcher.aclose)
     app = service.asgi()
-    app.after_shutdown(release)  # after the consumers stop: none still needs the database
     return service, app
 
 

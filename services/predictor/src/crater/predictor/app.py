@@ -35,7 +35,6 @@ from crater.predictor.domain.estimate import Assumptions, Correction, Refused, p
 from crater.predictor.domain.estimate import family as model_family
 from crater.predictor.domain.learning import Rule, Track
 from crater.runtime.bus import durable, publish
-from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
 
@@ -135,8 +134,7 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
     service = create_service("predictor", settings)
     metrics = PredictorMetrics(service)
     assumptions = settings.assumptions()
-    engine = make_engine(settings.database_url)
-    store = LearningStore(make_session_factory(engine), settings.rule(), service.name)
+    store = LearningStore(service.database(MIGRATIONS_DIR), settings.rule(), service.name)
     service.state = store
     broker, name, batch = service.broker, service.name, settings.consumer_batch
 
@@ -195,15 +193,12 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
             metrics.observations.labels(family=family, task_type=task_type).inc()
             metrics.show(family, task_type, track)
 
-    async def migrate() -> None:
-        if settings.migrate_on_start:
-            await upgrade_to_head_async(settings.database_url, MIGRATIONS_DIR)
+    async def show_learned() -> None:
         for (family, task_type), track in (await store.tracks()).items():
             metrics.show(family, task_type, track)
 
-    service.on_startup.append(migrate)
+    service.on_startup.append(show_learned)  # after the migrations (service.database)
     app = service.asgi()
-    app.after_shutdown(engine.dispose)  # after the consumers stop: none still needs it
     return service, app
 
 

@@ -25,7 +25,6 @@ from crater.contracts import (
     TaskStatusReported,
 )
 from crater.runtime.bus import durable
-from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.outbox import OutboxRelay
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -63,8 +62,7 @@ class SchedulerSettings(ServiceSettings):
 def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastStream]:
     settings = settings or SchedulerSettings()
     service = create_service("scheduler", settings)
-    engine = make_engine(settings.database_url)
-    sessions = make_session_factory(engine)
+    sessions = service.database(MIGRATIONS_DIR)
     relay = OutboxRelay(sessions, outbox, service.broker)
     core = SchedulerService(
         sessions,
@@ -118,21 +116,12 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     async def on_tasks_query(event: TasksQuery) -> TasksAnswer:
         return TasksAnswer(tasks=await core.tasks(event))
 
-    async def prepare() -> None:
-        if settings.migrate_on_start:
-            await upgrade_to_head_async(settings.database_url, MIGRATIONS_DIR)
-        await core.load()
-
     async def start_relay() -> None:
         relay.start()
 
-    async def stop() -> None:
-        await relay.stop()
-        await engine.dispose()
-
-    service.on_startup.append(prepare)
+    service.on_startup.append(core.load)
     service.after_startup.append(start_relay)
-    service.on_shutdown.append(stop)
+    service.on_shutdown.append(relay.stop)
     service.state = core
     return service, service.asgi()
 
