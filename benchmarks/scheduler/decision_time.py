@@ -63,7 +63,7 @@ def fleet(nodes: int, seed: int) -> list[Any]:
             "nodes": [
                 g.model_copy(update={"count": max(1, round(g.count * nodes / base))})
                 for g in spec.nodes
-            ]
+            ],
         }
     )
     return build_fleet(scaled, seed).topologies[:nodes]
