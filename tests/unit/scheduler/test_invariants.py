@@ -40,13 +40,16 @@ task_shapes = st.tuples(
     st.integers(0, 40),  # CPU cores
     st.integers(0, 600_000),  # memory MiB
     st.sampled_from(["strict", "best-effort"]),
-    st.sampled_from(["high", "medium", "low"]),
+    st.sampled_from(["high", "medium", "low", 0, 700, 1000]),
     st.booleans(),  # preemptible
+    st.sampled_from([1, 1, 1, 2, 3]),  # gang size
+    st.sampled_from([None, "same-node"]),  # a gang's members together or spread
 )
 steps = st.lists(
     st.one_of(
         st.tuples(st.just("submit"), task_shapes),
         st.tuples(st.just("finish"), st.integers(0, 200)),
+        st.tuples(st.just("cancel"), st.integers(0, 200)),
         st.tuples(st.just("wait"), st.integers(1, 40)),
     ),
     min_size=1,
@@ -54,11 +57,11 @@ steps = st.lists(
 )
 
 
-Shape = tuple[int, int, int, int, int, str, str, bool]
+Shape = tuple[int, int, int, int, int, str, str | int, bool, int, str | None]
 
 
 def profiled(i: int, clock: int, shape: Shape) -> TaskProfiled:
-    gpus, milli, gpu_mb, cores, mem, numa, priority, preemptible = shape
+    gpus, milli, gpu_mb, cores, mem, numa, priority, preemptible, gang, together = shape
     request = TaskRequest.model_validate(
         {
             "task_id": f"t{i}",
@@ -73,9 +76,10 @@ def profiled(i: int, clock: int, shape: Shape) -> TaskProfiled:
                 "cpu": {"cores": cores},
                 "memory": {"capacity_mb": mem},
             },
-            "affinity": {"numa": numa},
+            "affinity": {"numa": numa, "gpu": together},
             "priority": priority,
             "preemptible": preemptible,
+            "gang_size": gang,
             "tenant": ("search", "research")[i % 2],
         }
     )
@@ -97,7 +101,8 @@ def test_no_resource_is_ever_held_twice_beyond_capacity_or_beyond_quota(
         node("cpu-01", cores=64, numa_nodes=2),
     ):
         scheduler.handle(NodeTopologyReported(occurred_at=T0, node=topology))
-    granted: dict[str, AllocationGranted] = {}
+    granted: dict[str, AllocationGranted] = {}  # by allocation: a gang has one per member
+    submitted: list[str] = []
     clock = 0
     for i, (kind, arg) in enumerate(script, start=1):
         clock += 1
@@ -106,8 +111,19 @@ def test_no_resource_is_ever_held_twice_beyond_capacity_or_beyond_quota(
             continue
         if kind == "submit":
             decisions = scheduler.handle(profiled(i, clock, arg))  # type: ignore[arg-type]
+            submitted.append(f"t{i}")
+        elif kind == "cancel":
+            if not submitted:
+                continue
+            decisions = scheduler.handle(
+                TaskStatusReported(
+                    occurred_at=T0 + timedelta(seconds=clock),
+                    task_id=submitted[int(arg) % len(submitted)],  # type: ignore[call-overload]
+                    status=TaskStatus.CANCELLED,
+                )
+            )
         else:
-            live = sorted(granted)
+            live = sorted({g.task_id for g in granted.values()})
             if not live:
                 continue
             task_id = live[int(arg) % len(live)]  # type: ignore[call-overload]
@@ -120,8 +136,17 @@ def test_no_resource_is_ever_held_twice_beyond_capacity_or_beyond_quota(
             )
         for d in decisions:
             if isinstance(d, AllocationReleased):
-                granted.pop(d.task_id)  # finished, or its reservation expired unconfirmed
-        granted.update({d.task_id: d for d in decisions if isinstance(d, AllocationGranted)})
+                granted.pop(d.allocation_id)  # finished, cancelled, expired unconfirmed
+        granted.update({d.allocation_id: d for d in decisions if isinstance(d, AllocationGranted)})
+
+        members: dict[str, list[AllocationGranted]] = {}
+        for g in granted.values():
+            members.setdefault(g.task_id, []).append(g)
+        for task_members in members.values():  # a gang holds all its members or none
+            assert sorted(g.gang_index for g in task_members) == list(
+                range(task_members[0].gang_size)
+            ), "a gang partly placed"
+        assert not set(members) & set(scheduler.pending), "a waiting task holds resources"
 
         held: dict[tuple[str, int], int] = {}
         for g in granted.values():

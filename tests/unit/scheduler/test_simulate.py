@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crater.contracts import AllocationGranted, TaskRejected
+from crater.contracts import AllocationGranted, TaskRejected, TaskStatus, TaskStatusReported
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.plugins import TaskShape, _fragment, policy_pipeline, typical_shapes
 from crater.scheduler.sim.openb import (
     CPU_UNIT_MILLI,
+    SIM_TIME,
     OpenbNode,
     OpenbPod,
     load_nodes,
@@ -58,6 +59,11 @@ def placements(policy: str, queue: list[OpenbPod]) -> dict[str, str | None]:
             if isinstance(d, AllocationGranted)
         ]
         out[p.name] = granted[0].node if granted else None
+        if not granted:  # as the simulator does: a pod that fails now does not wait for room
+            withdrawn = TaskStatusReported(
+                occurred_at=SIM_TIME, task_id=f"{p.name}.{k}", status=TaskStatus.CANCELLED
+            )
+            scheduler.handle(withdrawn)
     return out
 
 

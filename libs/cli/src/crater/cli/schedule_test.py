@@ -27,6 +27,18 @@ def schedule_test(
     ],
     pool: Annotated[str, typer.Option(help="The pool to place in.")] = "default",
     numa: Annotated[str, typer.Option(help="strict, best-effort or none.")] = "best-effort",
+    node_selector: Annotated[
+        list[str] | None,
+        typer.Option("--node-selector", help="KEY=VALUE a node must carry (repeatable)."),
+    ] = None,
+    toleration: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--toleration",
+            help="A taint to tolerate: KEY=VALUE[:EFFECT], KEY[:EFFECT] (any value) or '*' "
+            "(every taint); repeatable.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     gateway: Annotated[str, typer.Option(envvar="CRATER_GATEWAY_URL")] = "http://127.0.0.1:8080",
 ) -> None:
@@ -42,6 +54,8 @@ def schedule_test(
                 "resource_requirements": json.loads(text),
                 "pool": pool,
                 "affinity": {"numa": numa},
+                "node_selector": dict(_pair(s) for s in node_selector or []),
+                "tolerations": [_toleration(t) for t in toleration or []],
             }
         )
     except (ValueError, ValidationError) as error:
@@ -70,14 +84,32 @@ def schedule_test(
             str(rank),
             fit.node_id,
             f"{fit.score:.3f}",
-            ",".join(map(str, fit.gpu_ids)) or "-",
+            ",".join(map(str, fit.gpu_ids)) + (f" ({fit.mig_profile})" if fit.mig_profile else "")
+            or "-",
             f"{len(fit.cpu_cores)}",
             "-" if fit.numa_node is None else str(fit.numa_node),
             " ".join(f"{s.plugin}={s.score:.2f}" for s in fit.scores),
         )
     console.print(fits)
-    misfits = Table("node", "filter", "reason", title="does not fit")
+    misfits = Table("node", "filter", "code", "reason", title="does not fit")
     for misfit in answer.misfits:
-        misfits.add_row(misfit.node_id, misfit.filter, misfit.reason)
+        misfits.add_row(misfit.node_id, misfit.filter, misfit.code, misfit.reason)
     console.print(misfits)
     console.print(answer.summary)
+
+
+def _pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--node-selector {text!r}: expected KEY=VALUE")
+    return key, value
+
+
+def _toleration(text: str) -> dict[str, str]:
+    """`key=value[:Effect]` tolerates that taint; `key[:Effect]` any value; `*` everything."""
+    if text == "*":
+        return {"operator": "Exists"}
+    spec, _, effect = text.partition(":")
+    key, sep, value = spec.partition("=")
+    toleration = {"key": key, "operator": "Equal" if sep else "Exists", "value": value}
+    return {**toleration, "effect": effect} if effect else toleration

@@ -18,6 +18,8 @@ from crater.contracts.base import (
     SCHEMA_VERSION,
     Contract,
     Event,
+    TaskEvent,
+    TaskSequence,
     TraceContext,
     derived_event_id,
     utc_now,
@@ -36,6 +38,9 @@ from crater.contracts.nodes import (
     NodeTopology,
     NodeTopologyReported,
     NumaNode,
+    Taint,
+    TaintEffect,
+    Toleration,
 )
 from crater.contracts.queries import (
     NodeFit,
@@ -53,6 +58,9 @@ from crater.contracts.queries import (
 from crater.contracts.rejections import MessageRejected
 from crater.contracts.tasks import (
     FINAL_STATUSES,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    PRIORITY_VALUES,
     Affinity,
     AntiAffinity,
     Confidence,
@@ -70,6 +78,7 @@ from crater.contracts.tasks import (
     ResourceRequirements,
     Sla,
     SsdRequirement,
+    TaskEscalated,
     TaskPending,
     TaskPreempted,
     TaskProfiled,
@@ -79,6 +88,7 @@ from crater.contracts.tasks import (
     TaskStatusReported,
     TaskSubmitted,
     TaskType,
+    priority_value,
 )
 from crater.contracts.webhooks import (
     AllocatedResources,
@@ -90,6 +100,9 @@ from crater.contracts.webhooks import (
 
 __all__ = [
     "FINAL_STATUSES",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
+    "PRIORITY_VALUES",
     "SCHEMA_VERSION",
     "Affinity",
     "AllocatedResources",
@@ -147,11 +160,16 @@ __all__ = [
     "StreamSpec",
     "Streams",
     "Subjects",
+    "Taint",
+    "TaintEffect",
+    "TaskEscalated",
+    "TaskEvent",
     "TaskPending",
     "TaskPreempted",
     "TaskProfiled",
     "TaskRejected",
     "TaskRequest",
+    "TaskSequence",
     "TaskStatus",
     "TaskStatusReported",
     "TaskSubmitted",
@@ -159,6 +177,7 @@ __all__ = [
     "TaskType",
     "TasksAnswer",
     "TasksQuery",
+    "Toleration",
     "TraceContext",
     "WebhookBody",
     "WebhookDeadLettered",
@@ -166,5 +185,6 @@ __all__ = [
     "WebhookStatus",
     "channel_for",
     "derived_event_id",
+    "priority_value",
     "utc_now",
 ]

@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from pydantic import AwareDatetime, Field
 
-from crater.contracts.base import Contract, Event
+from crater.contracts.base import Contract, TaskEvent
 from crater.contracts.tasks import TaskId
 
 
@@ -15,7 +15,7 @@ class ScoreDetail(Contract):
     score: float
 
 
-class AllocationGranted(Event):
+class AllocationGranted(TaskEvent):
     """The scheduler placed a task: these exact resources are now its own."""
 
     allocation_id: str
@@ -26,6 +26,9 @@ class AllocationGranted(Event):
     gpu_ids: list[int]
     gpu_memory_mb: int = Field(ge=0, description="Reserved per card.")
     gpu_milli: int = Field(default=1000, ge=1, le=1000, description="Share of each card held.")
+    mig_profile: str | None = Field(
+        default=None, description="The MIG slice held on gpu_ids[0] (e.g. 1g.10gb); None: none."
+    )
     cpu_cores: list[int]
     numa_node: int | None
     memory_mb: int = Field(ge=0)
@@ -36,6 +39,10 @@ class AllocationGranted(Event):
     scores: list[ScoreDetail] = Field(default_factory=list)
     explanation: str = Field(description="Why this node, in one line.")
     environment: dict[str, str] = Field(description="CRATER_* variables handed to the task.")
+    gang_index: int = Field(
+        default=0, ge=0, description="This member of a gang (one grant per member), from 0."
+    )
+    gang_size: int = Field(default=1, ge=1, description="Members granted together, all or none.")
 
 
 class ReleaseReason(StrEnum):
@@ -48,7 +55,7 @@ class ReleaseReason(StrEnum):
     SCALED_IN = "scaled-in"
 
 
-class AllocationReleased(Event):
+class AllocationReleased(TaskEvent):
     allocation_id: str
     task_id: TaskId
     node: str

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import ClassVar
 from uuid import UUID, uuid4, uuid5
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 _DERIVED_NAMESPACE = UUID("6f1c1f0e-8a53-4c5e-9d8e-63a0a0c6e0b1")
@@ -48,6 +48,38 @@ class Event(Contract):
     occurred_at: AwareDatetime = Field(default_factory=utc_now, description="When it happened.")
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
     trace: TraceContext | None = Field(default=None, description="Emitting span, for audit.")
+
+
+class TaskSequence(Contract):
+    """Where an event stands among the events its producer emitted about the same task, so a
+    consumer of several subjects and streams can put them back in order."""
+
+    number: int = Field(
+        ge=1,
+        description="Grows with every event the producer emits about the task (not by one: "
+        "a task's numbers have gaps).",
+    )
+    previous: int | None = Field(
+        default=None,
+        ge=1,
+        description="The number of the producer's previous event about the task; None: this is "
+        "the first, or the producer no longer knows (it restarted).",
+    )
+
+    @model_validator(mode="after")
+    def _previous_comes_first(self) -> TaskSequence:
+        if self.previous is not None and self.previous >= self.number:
+            raise ValueError("previous must be below number")
+        return self
+
+
+class TaskEvent(Event):
+    """An event about one task's lifecycle (granted, pending, rejected, preempted, released)."""
+
+    task_sequence: TaskSequence | None = Field(
+        default=None,
+        description="Set by the scheduler: this event's place among its events about the task.",
+    )
 
 
 def derived_event_id(source_event_id: UUID, what: str) -> UUID:

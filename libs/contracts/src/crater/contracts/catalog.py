@@ -18,6 +18,7 @@ from crater.contracts.base import Event
 from crater.contracts.nodes import NodeHealthReported, NodeMetricsReported, NodeTopologyReported
 from crater.contracts.rejections import MessageRejected
 from crater.contracts.tasks import (
+    TaskEscalated,
     TaskPending,
     TaskPreempted,
     TaskProfiled,
@@ -194,12 +195,20 @@ class Subjects:
         producers=("scheduler",),
         consumers=("callback", "probe"),
     )
+    TASK_ESCALATED = Channel(
+        f"{PREFIX}.task.escalated",
+        TaskEscalated,
+        Streams.TASKS,
+        "A task waited past its max_queue_time_seconds and now ranks one class higher.",
+        producers=("scheduler",),
+    )
     TASK_STATUS = Channel(
         f"{PREFIX}.task.status",
         TaskStatusReported,
         Streams.TASKS,
-        "A placed task's progress as its node reports it.",
-        producers=("probe",),
+        "A placed task's progress as its node reports it; `cancelled` also from AllData "
+        "through the gateway.",
+        producers=("probe", "gateway (cancel)"),
         consumers=("scheduler", "callback"),
     )
     ALLOCATION_GRANTED = Channel(
@@ -216,7 +225,7 @@ class Subjects:
         Streams.ALLOCATIONS,
         "A task's resources returned to the pool.",
         producers=("scheduler",),
-        consumers=("probe", "predictor", "autoscaler"),
+        consumers=("callback", "probe", "predictor", "autoscaler"),
     )
     INFERENCE_LATENCY = Channel(
         f"{PREFIX}.inference.latency",
@@ -288,6 +297,7 @@ class Subjects:
         TASK_PENDING,
         TASK_REJECTED,
         TASK_PREEMPTED,
+        TASK_ESCALATED,
         TASK_STATUS,
         ALLOCATION_GRANTED,
         ALLOCATION_RELEASED,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from crater.contracts.base import Contract, Event
 
@@ -33,6 +34,11 @@ class Gpu(Contract):
         default=None,
         description="PCI root complex (host bridge, e.g. pci0000:17): devices sharing one "
         "share the upstream PCIe path.",
+    )
+    mig_profiles: list[str] = Field(
+        default_factory=list,
+        description="MIG profiles the card can be partitioned into (e.g. 1g.10gb, 3g.40gb).",
+        examples=[["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]],
     )
 
 
@@ -69,11 +75,61 @@ class Disk(Contract):
     read_latency_us_p99: float | None = Field(default=None, ge=0, description="Measured.")
 
 
+class TaintEffect(StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class Taint(Contract):
+    """Keeps tasks off a node unless they tolerate it (Kubernetes semantics)."""
+
+    key: str = Field(min_length=1, max_length=253, examples=["dedicated"])
+    value: str = Field(default="", max_length=63, examples=["inference"])
+    effect: TaintEffect = TaintEffect.NO_SCHEDULE
+
+    @classmethod
+    def parse(cls, text: str) -> Taint:
+        """`key=value:Effect`, `key:Effect` or `key=value` (NoSchedule)."""
+        spec, _, effect = text.partition(":")
+        key, _, value = spec.partition("=")
+        return cls(key=key.strip(), value=value.strip(), effect=effect.strip() or "NoSchedule")
+
+    def __str__(self) -> str:
+        return f"{self.key}{'=' + self.value if self.value else ''}:{self.effect.value}"
+
+
+class Toleration(Contract):
+    """Lets a task onto nodes with a matching taint. `operator` Exists matches any value;
+    no `key` with Exists matches every taint; no `effect` matches every effect."""
+
+    key: str | None = Field(default=None, max_length=253)
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = Field(default="", max_length=63)
+    effect: TaintEffect | None = None
+
+    @model_validator(mode="after")
+    def _key_unless_exists(self) -> Toleration:
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("a toleration without key must use operator Exists")
+        return self
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect is not None and self.effect is not taint.effect:
+            return False
+        if self.key is None:
+            return True
+        return self.key == taint.key and (self.operator == "Exists" or self.value == taint.value)
+
+
 class NodeTopology(Contract):
     node_id: str = Field(pattern=NODE_ID_PATTERN)
     hostname: str
     pool: str = "default"
     labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[Taint] = Field(
+        default_factory=list, description="Tasks without a matching toleration stay off."
+    )
     cpu: Cpu
     numa_nodes: list[NumaNode]
     memory_mb: int = Field(ge=0)

@@ -8,7 +8,7 @@ from pydantic import AwareDatetime, Field
 from crater.contracts.allocations import ScoreDetail
 from crater.contracts.base import Contract
 from crater.contracts.catalog import PREFIX
-from crater.contracts.nodes import NodeCondition
+from crater.contracts.nodes import NodeCondition, Toleration
 from crater.contracts.tasks import (
     Affinity,
     Priority,
@@ -59,7 +59,7 @@ class TaskSummary(Contract):
     status: TaskStatus
     pool: str
     tenant: str
-    priority: Priority
+    priority: Priority | int
     gpus: int = Field(ge=0)
     node: str | None = None
     gpu_ids: list[int] = Field(default_factory=list)
@@ -79,6 +79,12 @@ class PlacementQuery(Contract):
     resource_requirements: ResourceRequirements
     pool: str = "default"
     affinity: Affinity = Field(default_factory=Affinity)
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Only nodes carrying every one of these labels."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Node taints the task accepts."
+    )
 
 
 class NodeFit(Contract):
@@ -88,6 +94,7 @@ class NodeFit(Contract):
     gpu_ids: list[int]
     cpu_cores: list[int]
     numa_node: int | None
+    mig_profile: str | None = Field(default=None, description="The MIG slice, on gpu_ids[0].")
 
 
 class NodeMisfit(Contract):

@@ -5,9 +5,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AwareDatetime, Field, field_validator, model_validator
 
-from crater.contracts.base import Contract, Event
+from crater.contracts.base import Contract, Event, TaskEvent
+from crater.contracts.nodes import Toleration
 
 TaskId = Annotated[
     str,
@@ -21,6 +22,10 @@ TaskId = Annotated[
 Name = Annotated[
     str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 ]
+
+
+LabelKey = Annotated[str, Field(min_length=1, max_length=253)]
+LabelValue = Annotated[str, Field(max_length=63)]
 
 
 class TaskType(StrEnum):
@@ -42,6 +47,18 @@ class Priority(StrEnum):
     HIGH = "high"
     MEDIUM = "medium"
     LOW = "low"
+
+
+# Numeric priorities run 0..1000, larger first; the named classes sit on that scale.
+PRIORITY_MIN, PRIORITY_MAX = 0, 1000
+PRIORITY_VALUES = {Priority.LOW: 100, Priority.MEDIUM: 500, Priority.HIGH: 900}
+PRIORITY_NAMES = frozenset(p.value for p in Priority)
+NumericPriority = Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
+
+
+def priority_value(priority: Priority | int) -> int:
+    """A priority on the 0..1000 scale: low 100, medium 500, high 900, or the number given."""
+    return PRIORITY_VALUES[priority] if isinstance(priority, Priority) else int(priority)
 
 
 class TaskStatus(StrEnum):
@@ -85,6 +102,10 @@ class DataConfig(Contract):
     io_pattern: IoPattern = IoPattern.SEQUENTIAL
 
 
+# `<compute slices>g.<memory GB>gb`, as nvidia-smi names MIG profiles (1g.10gb, 3g.40gb).
+MIG_PROFILE_PATTERN = r"^[1-7]g\.[1-9][0-9]{0,3}gb$"
+
+
 class GpuRequirement(Contract):
     count: int = Field(default=0, ge=0, le=1024, description="Whole GPUs.")
     memory_mb: int = Field(default=0, ge=0, le=1_048_576, description="Memory per card, MiB.")
@@ -95,11 +116,26 @@ class GpuRequirement(Contract):
         le=1000,
         description="Share of each card in thousandths; below 1000 (sharing) only with count 1.",
     )
+    types: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Allowed GPU models, any of them (with `type`, either one).",
+        examples=[["A100", "H100"]],
+    )
+    mig_profile: str | None = Field(
+        default=None,
+        pattern=MIG_PROFILE_PATTERN,
+        description="One MIG slice of this profile (e.g. 1g.10gb) instead of a whole card; "
+        "count must be 1.",
+        examples=["1g.10gb", "3g.40gb"],
+    )
 
     @model_validator(mode="after")
     def _sharing_is_one_card(self) -> GpuRequirement:
         if self.milli < 1000 and self.count != 1:
             raise ValueError("milli below 1000 shares one card: count must be 1")
+        if self.mig_profile is not None and (self.count != 1 or self.milli < 1000):
+            raise ValueError("mig_profile asks for one MIG slice: count must be 1, milli unset")
         return self
 
 
@@ -132,7 +168,13 @@ class Sla(Contract):
 
 
 class Affinity(Contract):
-    gpu: Literal["same-node", "any"] = "same-node"
+    gpu: Literal["same-node", "any"] | None = Field(
+        default=None,
+        description=(
+            "A task's GPUs are always on one node. For a gang (gang_size > 1): 'same-node' "
+            "puts every member on one node; 'any' or unset lets members spread across nodes."
+        ),
+    )
     numa: Literal["strict", "best-effort", "none"] = "best-effort"
 
 
@@ -204,13 +246,43 @@ class TaskRequest(Contract):
     sla: Sla = Field(default_factory=Sla)
     pool: Name = "default"
     tenant: Name = "default"
-    priority: Priority = Priority.MEDIUM
+    priority: Priority | NumericPriority = Field(
+        default=Priority.MEDIUM,
+        description="high/medium/low, or 0..1000 (larger first; low 100, medium 500, high 900).",
+    )
     preemptible: bool = False
     affinity: Affinity = Field(default_factory=Affinity)
     anti_affinity: AntiAffinity = Field(default_factory=AntiAffinity)
-    gang_size: int = Field(default=1, ge=1, le=1024)
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Only nodes carrying every one of these labels.",
+        examples=[{"crater.ai/gpu-vendor": "nvidia"}],
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Node taints this task accepts."
+    )
+    gang_size: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Members placed all or nothing, each with the whole resource request.",
+    )
     training_config: TrainingConfig | None = None
     inference_config: InferenceConfig | None = None
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority_named_or_numeric(cls, value: object) -> object:
+        """One clear reason for a bad priority, not one per member of the union."""
+        if isinstance(value, str) and value in PRIORITY_NAMES:
+            return Priority(str(value))
+        numeric = isinstance(value, int) and not isinstance(value, bool)
+        if numeric and PRIORITY_MIN <= value <= PRIORITY_MAX:  # type: ignore[operator]
+            return value
+        raise ValueError(
+            f"must be high, medium, low or an integer {PRIORITY_MIN}..{PRIORITY_MAX}; got {value!r}"
+        )
 
     @model_validator(mode="after")
     def _gpu_memory_needs_gpus(self) -> TaskRequest:
@@ -294,7 +366,7 @@ class FilterReason(Contract):
     message: str
 
 
-class TaskPending(Event):
+class TaskPending(TaskEvent):
     """The task fits the cluster in principle but not now; the reasons say why."""
 
     task_id: TaskId
@@ -308,19 +380,33 @@ class FieldError(Contract):
     reason: str
 
 
-class TaskRejected(Event):
+class TaskRejected(TaskEvent):
     """The task can never be placed, or its request is invalid."""
 
     task_id: str = Field(max_length=256)
     errors: list[FieldError]
 
 
-class TaskPreempted(Event):
+class TaskPreempted(TaskEvent):
     task_id: TaskId
     allocation_id: str
     node: str
     preempted_by: TaskId
     grace_period_seconds: int = Field(ge=0)
+    must_stop_by: AwareDatetime | None = Field(
+        default=None, description="When the scheduler takes the resources back at the latest."
+    )
+
+
+class TaskEscalated(Event):
+    """A task waited past its `sla.max_queue_time_seconds`: it now ranks one class higher
+    (+400 on the 0..1000 scale) and may preempt tasks below that."""
+
+    task_id: TaskId
+    waited_seconds: float = Field(ge=0)
+    max_queue_time_seconds: int = Field(gt=0)
+    priority: int = Field(ge=PRIORITY_MIN, le=PRIORITY_MAX, description="As submitted.")
+    escalated_priority: int = Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)
 
 
 class TaskStatusReported(Event):

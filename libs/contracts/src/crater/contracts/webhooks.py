@@ -60,6 +60,16 @@ class WebhookBody(Contract):
     event_id: UUID = Field(description="The source event's id; also the webhook-id header.")
     occurred_at: AwareDatetime = Field(description="When the source event happened.")
     reason: str | None = None
+    release_reason: str | None = Field(
+        default=None,
+        description="For a release: why the resources went back (expired, preempted, succeeded, "
+        "failed, cancelled, node-lost, scaled-in).",
+    )
+    sequence: int | None = Field(
+        default=None,
+        description="The scheduler's number for the source event: grows with each event of the "
+        "task (with gaps); None for events of other producers (a node's status report).",
+    )
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

@@ -23,6 +23,14 @@ from faststream.nats import (
 )
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.prometheus import NatsPrometheusMiddleware
+from faststream.nats.prometheus.provider import (
+    BatchNatsMetricsSettingsProvider,
+    NatsMetricsSettingsProvider,
+    settings_provider_factory,
+)
+from faststream.prometheus import ConsumeAttrs, MetricsSettingsProvider
+from faststream.prometheus.middleware import PrometheusMiddleware
+from nats.aio.msg import Msg
 from nats.js.errors import BadRequestError
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
@@ -147,6 +155,64 @@ def _explain(body: bytes, error: ValidationError) -> list[FieldError]:
     return field_errors(error, root=HANDLER_PARAMETER)
 
 
+# Node-scoped subjects carry the node id: as a metric label that is a series per node (10,000
+# nodes made /metrics take seconds to render). Metrics name the channel's wildcard instead.
+_NODE_SCOPED_PREFIXES = tuple(
+    (f"{channel.subject}.", channel.wildcard) for channel in Subjects.ALL if channel.node_scoped
+)
+
+
+def metric_subject(subject: str) -> str:
+    """`subject` as a metric label: node-scoped subjects folded into their channel's wildcard."""
+    for prefix, wildcard in _NODE_SCOPED_PREFIXES:
+        if subject.startswith(prefix):
+            return wildcard
+    return subject
+
+
+class _ChannelLabels(NatsMetricsSettingsProvider):
+    def get_consume_attrs_from_message(self, msg: StreamMessage[Msg]) -> ConsumeAttrs:
+        attrs = super().get_consume_attrs_from_message(msg)
+        attrs["destination_name"] = metric_subject(attrs["destination_name"])
+        return attrs
+
+    def get_publish_destination_name_from_cmd(self, cmd: Any) -> str:
+        return metric_subject(super().get_publish_destination_name_from_cmd(cmd))
+
+
+class _BatchChannelLabels(BatchNatsMetricsSettingsProvider):
+    def get_consume_attrs_from_message(self, msg: StreamMessage[list[Msg]]) -> ConsumeAttrs:
+        attrs = super().get_consume_attrs_from_message(msg)
+        attrs["destination_name"] = metric_subject(attrs["destination_name"])
+        return attrs
+
+    def get_publish_destination_name_from_cmd(self, cmd: Any) -> str:
+        return metric_subject(super().get_publish_destination_name_from_cmd(cmd))
+
+
+def _channel_labels(msg: Any) -> MetricsSettingsProvider[Any] | None:
+    """FastStream's NATS metrics settings, with subjects folded by `metric_subject`."""
+    chosen = settings_provider_factory(msg)
+    if isinstance(chosen, BatchNatsMetricsSettingsProvider):
+        return _BatchChannelLabels()
+    if isinstance(chosen, NatsMetricsSettingsProvider):
+        return _ChannelLabels()
+    return chosen
+
+
+class ChannelMetricsMiddleware(NatsPrometheusMiddleware):
+    """FastStream's Prometheus middleware, labelled by channel rather than by node subject."""
+
+    def __init__(self, *, registry: CollectorRegistry, app_name: str, metrics_prefix: str) -> None:
+        PrometheusMiddleware.__init__(
+            self,
+            settings_provider_factory=_channel_labels,
+            registry=registry,
+            app_name=app_name,
+            metrics_prefix=metrics_prefix,
+        )
+
+
 def make_broker(
     nats_url: str,
     service: str,
@@ -157,7 +223,7 @@ def make_broker(
         nats_url,
         middlewares=(
             NatsTelemetryMiddleware(tracer_provider=tracer_provider),
-            NatsPrometheusMiddleware(registry=registry, app_name=service, metrics_prefix="crater"),
+            ChannelMetricsMiddleware(registry=registry, app_name=service, metrics_prefix="crater"),
         ),
         # FastStream logs every message at INFO by default: too slow for hot paths.
         log_level=logging.DEBUG,
@@ -252,6 +318,38 @@ def durable(
     return register
 
 
+def durable_stream(
+    broker: NatsBroker,
+    stream: StreamSpec,
+    service: str,
+    *,
+    batch: int = 64,
+    name: str | None = None,
+) -> Callable[[Handler], Handler]:
+    """One durable pull consumer for every subject of `stream`, in stream order: for a
+    consumer that must see several subjects' events in the order they were published. The
+    handler takes the raw message (`message: NatsMessage`) and dispatches on its subject;
+    acked after the handler returns, redelivered if it raises."""
+    if len(stream.subjects) != 1:
+        raise ValueError(f"{stream.name} has {len(stream.subjects)} subjects; one is needed")
+    durable_name = f"{service}-{name or stream.name.removeprefix('CRATER_').lower()}"
+    subscriber = broker.subscriber(
+        stream.subjects[0],
+        stream=JStream(stream.name, declare=False),
+        durable=durable_name,
+        pull_sub=PullSub(batch_size=batch, timeout=1.0),
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+        title=f"{durable_name}:{stream.subjects[0]}",
+        description=stream.description,
+    )
+
+    def register(handler: Handler) -> Handler:
+        subscriber(handler)
+        return handler
+
+    return register
+
+
 async def ensure_streams(nats_url: str) -> None:
     """Create or update every catalog stream before any service consumes or publishes.
 
@@ -276,10 +374,12 @@ __all__ = [
     "Rejections",
     "Subjects",
     "durable",
+    "durable_stream",
     "encode",
     "ensure_streams",
     "field_errors",
     "make_broker",
+    "metric_subject",
     "publish",
     "publish_raw",
     "stream_config",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -24,13 +26,14 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    func,
     insert,
     select,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from crater.contracts import Event
+from crater.contracts import Event, TaskEvent, TaskSequence
 from crater.contracts.catalog import channel_for
 from crater.runtime.bus import encode, publish_raw, subject_of
 from crater.runtime.telemetry import current_trace_context
@@ -86,6 +89,50 @@ async def stage(session: AsyncSession, outbox: Table, *events: Event) -> None:
             for e in events
         ],
     )
+
+
+class TaskSequencer:
+    """Stamps the task events a producer stages with their `task_sequence`, so a consumer of
+    several subjects and streams can deliver one task's events in the order they were emitted.
+
+    The number is the outbox's largest id, read in the staging transaction, plus the event's
+    place among the task events staged: every staged event is an outbox row, so numbers grow
+    across transactions and restarts with no counter to store. `previous` (the task's last
+    number) is remembered while the producer runs, for the `remember` most recent tasks;
+    after a restart or a `reset` a task's next event says None (not known) instead.
+    """
+
+    def __init__(self, outbox: Table, remember: int = 100_000) -> None:
+        self.outbox = outbox
+        self.remember = remember
+        self._last: OrderedDict[str, int] = OrderedDict()
+
+    async def stamp(self, session: AsyncSession, events: Sequence[Event]) -> list[Event]:
+        """`events` with their task events numbered, in order; call it in the transaction that
+        stages them, right before `stage`."""
+        if not any(_unstamped(e) for e in events):
+            return list(events)
+        number = await session.scalar(select(func.max(self.outbox.c.id))) or 0
+        stamped: list[Event] = []
+        for event in events:
+            if _unstamped(event):
+                number += 1
+                task_id = str(getattr(event, "task_id"))  # noqa: B009 - every task event has one
+                sequence = TaskSequence(number=number, previous=self._last.pop(task_id, None))
+                self._last[task_id] = number
+                if len(self._last) > self.remember:
+                    self._last.popitem(last=False)
+                event = event.model_copy(update={"task_sequence": sequence})
+            stamped.append(event)
+        return stamped
+
+    def reset(self) -> None:
+        """Forget every task's last number (the transaction that used them rolled back)."""
+        self._last.clear()
+
+
+def _unstamped(event: Event) -> bool:
+    return isinstance(event, TaskEvent) and event.task_sequence is None
 
 
 async def first_delivery(

@@ -19,7 +19,14 @@ from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
-from crater.contracts import Contract, FieldError, TaskRequest, TaskStatus, TaskSubmitted
+from crater.contracts import (
+    Contract,
+    FieldError,
+    TaskRequest,
+    TaskStatus,
+    TaskStatusReported,
+    TaskSubmitted,
+)
 from crater.contracts.queries import (
     NodesAnswer,
     NodesQuery,
@@ -69,6 +76,13 @@ class ScheduleAccepted(BaseModel):
     task_id: str
     event_id: UUID
     status: Literal["submitted"] = "submitted"
+
+
+class CancelAccepted(BaseModel):
+    task_id: str
+    event_id: UUID
+    status: Literal["cancelling"] = "cancelling"
+    previous: TaskStatus
 
 
 class FieldErrors(BaseModel):
@@ -273,6 +287,45 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
             if summary.task_id == task_id:
                 return summary
         return _problem(404, f"task {task_id!r} is not known")
+
+    @app.post(
+        "/api/v1/tasks/{task_id}/cancel",
+        status_code=202,
+        response_model=CancelAccepted,
+        responses={
+            404: {"model": Problem, "description": "The scheduler does not know the task."},
+            409: {"model": Problem, "description": "The task has ended already."},
+            **answers,
+        },
+    )
+    async def cancel(task_id: str) -> CancelAccepted | JSONResponse:
+        """Cancel a task: a waiting one leaves the queue, a placed or running one has its
+        resources released (reason `cancelled`); its status ends `cancelled`."""
+        known = await task(task_id)
+        if not isinstance(known, TaskSummary):
+            return known
+        if known.status.is_final:
+            return _problem(409, f"task {task_id!r} has ended already: {known.status.value}")
+        event = TaskStatusReported(
+            task_id=task_id, status=TaskStatus.CANCELLED, message="cancelled through the API"
+        )
+        trace.get_current_span().set_attribute("crater.task_id", task_id)
+        try:
+            await publish(broker, event)
+        except BUS_ERRORS as error:
+            log.warning("could not publish the cancel of %s: %r", task_id, error)
+            return _problem(503, f"NATS unavailable: {type(error).__name__}")
+        return CancelAccepted(task_id=task_id, event_id=event.event_id, previous=known.status)
+
+    app.add_api_route(
+        "/api/v1/tasks/{task_id}",
+        cancel,
+        methods=["DELETE"],
+        status_code=202,
+        response_model=CancelAccepted,
+        responses={404: {"model": Problem}, 409: {"model": Problem}, **answers},
+        summary="Cancel (same as POST /api/v1/tasks/{task_id}/cancel)",
+    )
 
     @app.get("/healthz", response_model=Health, responses={503: {"model": Problem}})
     async def healthz() -> Health | JSONResponse:

@@ -36,6 +36,7 @@ from crater.contracts import (
     NodeTopology,
     NodeTopologyReported,
     Subjects,
+    Taint,
     TaskPreempted,
 )
 from crater.contracts.nodes import NODE_ID_PATTERN
@@ -79,6 +80,14 @@ class ProbeSettings(ServiceSettings):
         description="Local mode: this node's id; unset: the short host name.",
     )
     pool: str = Field(default="default", description="Local mode: the pool this node serves.")
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description='Local mode: labels added to the measured ones (JSON: {"rack": "r1"}).',
+    )
+    taints: list[str] = Field(
+        default_factory=list,
+        description='Local mode: taints, key=value:Effect (JSON: ["dedicated=llm:NoSchedule"]).',
+    )
     host_root: Path = Field(
         default=Path("/"), description="Local mode: where the host's /sys and /proc are."
     )
@@ -130,6 +139,8 @@ class ProbeSettings(ServiceSettings):
     def _task_seconds_ordered(self) -> ProbeSettings:
         if self.task_seconds_min > self.task_seconds_max:
             raise ValueError("task_seconds_min exceeds task_seconds_max")
+        for taint in self.taints:
+            Taint.parse(taint)  # a bad one stops the probe at start, named
         return self
 
     @property
@@ -177,7 +188,13 @@ class LocalNode:
 
     def _discover(self) -> NodeTopology:
         root = self.settings.host_root
-        node = discover_local(root, node_id=self.settings.node_id, pool=self.settings.pool)
+        node = discover_local(
+            root,
+            node_id=self.settings.node_id,
+            pool=self.settings.pool,
+            labels=self.settings.labels,
+            taints=[Taint.parse(t) for t in self.settings.taints],
+        )
         # Wear moves slowly: read with each discovery, not each heartbeat.
         self.wear = disks_wear(node.disks, root / "dev")
         return node if self.measured is None else self.measured.apply(node)

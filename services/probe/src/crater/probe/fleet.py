@@ -9,9 +9,14 @@ how many of each to run, in which pool, under which seed:
     nodes:
       - {profile: dgx-a100-8, count: 4, pool: training}
       - {profile: cpu-only, count: 8, pool: default, prefix: cpu, labels: {rack: r1}}
+      - {profile: h100-sxm-8, count: 2, pool: training, taints: ["dedicated=llm:NoSchedule"]}
     faults:                 # optional; injected only with CRATER_PROBE_FAULTS=true
       - {node: a100-03, kind: gpu-failing, at_seconds: 60, gpu: 2}
       - {node: cpu-02, kind: silent, at_seconds: 90, for_seconds: 60}
+
+Labels and taints (`key=value:Effect`) of an entry add to its profile's. Profiles may carry
+the figures a real probe measures (memory bandwidth per NUMA node, disk random-read IOPS and
+latency); each node reports them jittered by up to 5%, drawn from the seed.
 
 Node ids are the profile's (or the entry's) prefix and a number per prefix, `a100-01`; the
 numbering widens past 99 nodes of one prefix. The same file and seed give the same nodes.
@@ -29,9 +34,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
-from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode
+from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode, Taint
+from crater.contracts.tasks import MIG_PROFILE_PATTERN
 from crater.probe.domain.simulation import GPU_FAULTS, Fault, FaultKind, SimulatedNode
 from crater.probe.domain.topology import build_topology
 
@@ -41,6 +54,16 @@ LABEL_PROFILE = "crater.ai/profile"
 LABEL_SIMULATED = "crater.ai/simulated"
 _POOL = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"  # the contracts' pool name
 _PREFIX = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
+
+
+def _taint_text(text: str) -> str:
+    Taint.parse(text)  # refuses a bad effect or key, naming it
+    return text
+
+
+TaintText = Annotated[str, AfterValidator(_taint_text)]
+# "Measured" figures of simulated nodes vary by up to this much around the profile's.
+MEASURED_JITTER = 0.05
 
 
 class FleetError(ValueError):
@@ -67,6 +90,14 @@ class GpuSpec(_Spec):
     # all: NVSwitch fabric; pairs: 0-1, 2-3, ...; none: PCIe only; or explicit index pairs.
     nvlink: Literal["all", "pairs", "none"] | list[tuple[int, int]] = "none"
     mig_capable: bool = False
+    mig_profiles: list[str] = Field(
+        default_factory=list, description="MIG profiles a card can be cut into (1g.10gb, ...)."
+    )
+    gpus_per_pci_root: int | None = Field(
+        default=None,
+        ge=1,
+        description="Cards behind each PCIe root complex, in index order; unset: unknown.",
+    )
     pcie_generation: int = Field(default=4, ge=1, le=7, description="PCIe gen of the link.")
     pcie_width: int = Field(default=16, ge=1, le=32, description="PCIe lanes of the link.")
     idle_w: float = Field(default=50.0, ge=0)
@@ -85,6 +116,11 @@ class GpuSpec(_Spec):
                     raise ValueError(f"nvlink pair ({a}, {b}) is not two of {self.count} GPUs")
         if self.idle_w > self.max_w:
             raise ValueError("idle_w exceeds max_w")
+        if self.mig_profiles and not self.mig_capable:
+            raise ValueError("mig_profiles on a card that is not mig_capable")
+        bad = [p for p in self.mig_profiles if not re.match(MIG_PROFILE_PATTERN, p)]
+        if bad:
+            raise ValueError(f"not MIG profiles like 1g.10gb: {', '.join(bad)}")
         return self
 
 
@@ -96,6 +132,10 @@ class DiskSpec(_Spec):
     rotational: bool = False
     numa_node: int | None = Field(default=None, ge=0)
     mount_path: str | None = None
+    # "measured" figures the simulated probe reports (jittered a little per node)
+    random_read_iops: float | None = Field(default=None, gt=0)
+    read_latency_us_p50: float | None = Field(default=None, gt=0)
+    read_latency_us_p99: float | None = Field(default=None, gt=0)
 
 
 class Profile(_Spec):
@@ -105,9 +145,13 @@ class Profile(_Spec):
     cpu: CpuSpec
     numa_nodes: int = Field(default=1, ge=1, le=64)
     memory_gb: int = Field(ge=1, description="GiB of RAM.")
+    memory_bandwidth_gbps: float | None = Field(
+        default=None, gt=0, description="Measured per NUMA node (jittered a little per node)."
+    )
     gpu: GpuSpec | None = None
     disks: list[DiskSpec] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[TaintText] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
@@ -128,6 +172,9 @@ class FleetEntry(_Spec):
     pool: Annotated[str, Field(pattern=_POOL, max_length=63)] = "default"
     prefix: Annotated[str, Field(pattern=_PREFIX, max_length=40)] | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[TaintText] = Field(
+        default_factory=list, description="key=value:Effect, added to the profile's."
+    )
 
 
 class FaultSpec(_Spec):
@@ -238,9 +285,18 @@ def profile_topology(
     *,
     pool: str = "default",
     labels: dict[str, str] | None = None,
+    taints: list[str] | None = None,
 ) -> SimulatedNode:
-    """One simulated machine of a profile; its GPU UUIDs are drawn from (seed, node id)."""
+    """One simulated machine of a profile; its GPU UUIDs and its measured figures are drawn
+    from (seed, node id)."""
     rng = random.Random(f"{seed}:{node_id}:hardware")
+    measured = random.Random(f"{seed}:{node_id}:measured")
+
+    def jitter(value: float | None) -> float | None:
+        if value is None:
+            return None
+        return round(value * (1 + measured.uniform(-MEASURED_JITTER, MEASURED_JITTER)), 1)
+
     cores = profile.cpu.sockets * profile.cpu.cores_per_socket
     cpu = Cpu(
         model=profile.cpu.model,
@@ -251,7 +307,12 @@ def profile_topology(
     )
     memory_mb = profile.memory_gb * 1024
     numa = [
-        NumaNode(id=i, cpus=cpus, memory_mb=memory_mb // profile.numa_nodes)
+        NumaNode(
+            id=i,
+            cpus=cpus,
+            memory_mb=memory_mb // profile.numa_nodes,
+            memory_bandwidth_gbps=jitter(profile.memory_bandwidth_gbps),
+        )
         for i, cpus in enumerate(_cpu_lists(profile.cpu, profile.numa_nodes))
     ]
     gpus: list[Gpu] = []
@@ -269,6 +330,12 @@ def profile_topology(
                     numa_node=spec.numa[i] if spec.numa else i * profile.numa_nodes // spec.count,
                     nvlink_peers=_nvlink_peers(spec, i),
                     mig_capable=spec.mig_capable,
+                    mig_profiles=list(spec.mig_profiles),
+                    pci_root=(
+                        f"pci0000:{0x10 + 0x20 * (i // spec.gpus_per_pci_root):02x}"
+                        if spec.gpus_per_pci_root
+                        else None
+                    ),
                     pcie_generation_max=spec.pcie_generation,
                     pcie_width_max=spec.pcie_width,
                 )
@@ -282,6 +349,9 @@ def profile_topology(
             nvme=d.name.startswith("nvme") if d.nvme is None else d.nvme,
             numa_node=d.numa_node,
             mount_path=d.mount_path,
+            random_read_iops=jitter(d.random_read_iops),
+            read_latency_us_p50=jitter(d.read_latency_us_p50),
+            read_latency_us_p99=jitter(d.read_latency_us_p99),
         )
         for d in profile.disks
     ]
@@ -301,6 +371,7 @@ def profile_topology(
         gpus=gpus,
         disks=disks,
         simulated=True,
+        taints=[Taint.parse(t) for t in (*profile.taints, *(taints or []))],
     )
     return SimulatedNode(
         topology,
@@ -332,7 +403,14 @@ def build_fleet(spec: FleetSpec, seed: int | None = None) -> Fleet:
             numbers[prefix] += 1
             node_id = f"{prefix}-{numbers[prefix]:0{width}d}"
             nodes.append(
-                profile_topology(profile, node_id, seed, pool=entry.pool, labels=entry.labels)
+                profile_topology(
+                    profile,
+                    node_id,
+                    seed,
+                    pool=entry.pool,
+                    labels=entry.labels,
+                    taints=entry.taints,
+                )
             )
     seen: set[str] = set()
     for node in nodes:

@@ -29,6 +29,7 @@ from crater.runtime.outbox import OutboxRelay
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
 from crater.scheduler.adapters.orm import outbox
+from crater.scheduler.adapters.pools_file import load_pools
 from crater.scheduler.adapters.quotas_file import load_quotas
 from crater.scheduler.domain.core import SchedulerConfig
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
@@ -57,6 +58,11 @@ class SchedulerSettings(ServiceSettings):
         default=None,
         description="YAML: tenants: {NAME: {gpus, gpu_memory_mb, cpu_cores, memory_mb}}.",
     )
+    pools_file: Path | None = Field(
+        default=None,
+        description="YAML: pools: {NAME: {filters: [...], scores: {PLUGIN: weight}, "
+        "overcommit: {cpu, memory, gpu}}}; unset: every filter, default scores, no over-commit.",
+    )
 
 
 def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastStream]:
@@ -73,6 +79,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
             token_secret=settings.token_secret.encode(),
             checkpoint_root=settings.checkpoint_root,
             quotas=load_quotas(settings.quotas_file) if settings.quotas_file else {},
+            pools=load_pools(settings.pools_file) if settings.pools_file else {},
             grace_period_seconds=settings.grace_period_seconds,
             prediction_margin=settings.prediction_margin,
         ),

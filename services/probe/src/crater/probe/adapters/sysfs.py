@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode
+from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode, Taint
 from crater.probe.adapters.nvml import discover_gpus
 from crater.probe.adapters.pci import root_complex_of
 from crater.probe.domain.cpulist import parse_cpulist
@@ -262,6 +262,7 @@ def discover_local(
     node_id: str | None = None,
     pool: str = "default",
     labels: Mapping[str, str] | None = None,
+    taints: Sequence[Taint] = (),
 ) -> NodeTopology:
     """This machine's topology; GPUs come from NVML unless given (a recorded tree has none)."""
     host = discover_host(root)
@@ -277,4 +278,5 @@ def discover_local(
         memory_mb=host.memory_mb,
         gpus=gpus,
         disks=host.disks,
+        taints=taints,
     )

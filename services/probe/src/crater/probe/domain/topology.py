@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode
+from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode, Taint
 
 LABEL_ROLE = "crater.ai/node-role"
 LABEL_GPU_VENDOR = "crater.ai/gpu-vendor"
@@ -67,10 +67,12 @@ MEASURED_FIELDS = {
     "numa_nodes": frozenset({"memory_bandwidth_gbps"}),
     "disks": frozenset({"random_read_iops", "read_latency_us_p50", "read_latency_us_p99"}),
 }
-# Fields added after the first release, left out of the fingerprint while unknown (None), so
-# an upgraded probe reports the same fingerprint for the same machine.
+# Fields added after the first release, left out of the fingerprint while unknown (None or
+# empty), so an upgraded probe reports the same fingerprint for the same machine.
 LATER_FIELDS = {
-    "gpus": frozenset({"mig_enabled", "pcie_generation_max", "pcie_width_max", "pci_root"}),
+    "gpus": frozenset(
+        {"mig_enabled", "pcie_generation_max", "pcie_width_max", "pci_root", "mig_profiles"}
+    ),
     "disks": frozenset({"pci_root"}),
 }
 
@@ -78,7 +80,11 @@ LATER_FIELDS = {
 def _part(kind: str, dumped: dict[str, Any]) -> dict[str, Any]:
     measured = MEASURED_FIELDS.get(kind, frozenset())
     later = LATER_FIELDS.get(kind, frozenset())
-    return {k: v for k, v in dumped.items() if k not in measured and not (k in later and v is None)}
+    return {
+        k: v
+        for k, v in dumped.items()
+        if k not in measured and not (k in later and v in (None, []))
+    }
 
 
 def _hardware(
@@ -142,6 +148,7 @@ def build_topology(
     pool: str = "default",
     labels: Mapping[str, str] | None = None,
     simulated: bool = False,
+    taints: Sequence[Taint] = (),
 ) -> NodeTopology:
     gpus = sorted(gpus, key=lambda g: g.index)
     disks = sorted(disks, key=lambda d: d.name)
@@ -151,6 +158,7 @@ def build_topology(
         hostname=hostname,
         pool=pool,
         labels=node_labels(gpus, labels),
+        taints=list(taints),
         cpu=cpu,
         numa_nodes=numa_nodes,
         memory_mb=memory_mb,

@@ -13,6 +13,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 
 from crater.runtime.outbox import inbox_table, outbox_table
@@ -48,6 +49,9 @@ tasks = Table(
     Column("reason", Text, nullable=True),
     Column("submitted_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    # where victims are yielding for this waiting task (preemption in flight)
+    Column("nominated_node", String(63), nullable=True),
+    Column("escalated", Boolean, nullable=False, default=False, server_default=false()),
 )
 
 allocations = Table(
@@ -67,6 +71,9 @@ allocations = Table(
     Column("granted_at", DateTime(timezone=True), nullable=False),
     Column("released_at", DateTime(timezone=True), nullable=True, index=True),
     Column("release_reason", String(16), nullable=True),
+    Column("gang_index", Integer, nullable=False, default=0, server_default="0"),
+    # preempted: the resources go back at this time at the latest
+    Column("yield_by", DateTime(timezone=True), nullable=True),
 )
 
 outbox = outbox_table(metadata, "scheduler")

@@ -9,6 +9,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crater.contracts import (
+    FINAL_STATUSES,
     AllocationGranted,
     AllocationReleased,
     Event,
@@ -19,6 +20,7 @@ from crater.contracts import (
     Priority,
     ReleaseReason,
     ResourcePrediction,
+    TaskEscalated,
     TaskPending,
     TaskPreempted,
     TaskProfiled,
@@ -31,7 +33,6 @@ from crater.contracts import (
 )
 from crater.scheduler.adapters.orm import allocations, nodes, tasks
 from crater.scheduler.domain.core import (
-    PRIORITY_RANK,
     Allocation,
     PendingTask,
     Scheduler,
@@ -39,6 +40,8 @@ from crater.scheduler.domain.core import (
 )
 from crater.scheduler.domain.demand import PREDICTION_MARGIN, Demand
 from crater.scheduler.domain.quotas import Usage
+
+FINAL = [s.value for s in FINAL_STATUSES]
 
 
 class SchedulerRepository:
@@ -53,7 +56,13 @@ class SchedulerRepository:
         if isinstance(event, TaskProfiled) and seq is not None:
             await self._insert_task(event, seq, now)
         elif isinstance(event, TaskStatusReported):
-            await self._set_task(event.task_id, now, status=event.status.value)
+            # A late report (or a cancel) never rewrites how a task ended.
+            await self.session.execute(
+                update(tasks)
+                .where(tasks.c.task_id == event.task_id)
+                .where(tasks.c.status.notin_(FINAL))
+                .values(status=event.status.value, updated_at=now)
+            )
             if event.status is TaskStatus.RUNNING:
                 await self.session.execute(
                     update(allocations)
@@ -92,8 +101,11 @@ class SchedulerRepository:
                     reservation_expires_at=decision.reservation_expires_at,
                     running=False,
                     granted_at=decision.occurred_at,
+                    gang_index=decision.gang_index,
                 )
             )
+            if decision.gang_index:
+                return  # the task's row shows its first member; every member is a row above
             await self._set_task(
                 decision.task_id,
                 now,
@@ -111,7 +123,15 @@ class SchedulerRepository:
             await self._set_task(
                 decision.task_id, now, status=TaskStatus.REJECTED.value, reason=reason
             )
+        elif isinstance(decision, TaskEscalated):
+            await self._set_task(decision.task_id, now, escalated=True)
         elif isinstance(decision, TaskPreempted):
+            await self.session.execute(
+                update(allocations)
+                .where(allocations.c.allocation_id == decision.allocation_id)
+                .values(yield_by=decision.must_stop_by)
+            )
+            await self._set_task(decision.preempted_by, now, nominated_node=decision.node)
             await self._set_task(
                 decision.task_id,
                 now,
@@ -152,7 +172,11 @@ class SchedulerRepository:
                 task_type=request.task_type.value,
                 pool=request.pool,
                 tenant=request.tenant,
-                priority=request.priority.value,
+                priority=str(
+                    request.priority.value
+                    if isinstance(request.priority, Priority)
+                    else request.priority
+                ),
                 gpus=request.resource_requirements.gpu.count,
                 status=TaskStatus.PENDING.value,
                 request=request.model_dump(mode="json"),
@@ -229,6 +253,8 @@ class SchedulerRepository:
                     tasks.c.prediction,
                     tasks.c.tenant,
                     tasks.c.seq,
+                    tasks.c.escalated,
+                    tasks.c.submitted_at,
                 )
                 .join(tasks, tasks.c.task_id == allocations.c.task_id)
                 .where(allocations.c.released_at.is_(None))
@@ -261,11 +287,15 @@ class SchedulerRepository:
                     running=r.running,
                     tenant=r.tenant,
                     usage=Usage.of(_pending(r, config.prediction_margin).demand),
-                    priority_rank=PRIORITY_RANK[Priority(r.request["priority"])],
+                    priority=_pending(r, config.prediction_margin).priority,
                     preemptible=bool(r.request["preemptible"]),
                     granted_seq=r.seq,
                     group=r.request["anti_affinity"]["group"],
                     gpu_milli=_pending(r, config.prediction_margin).demand.gpu_milli or 1000,
+                    mig_profile=_pending(r, config.prediction_margin).demand.mig_profile,
+                    pool=r.request["pool"],
+                    gang_index=r.gang_index,
+                    yield_by=_aware(r.yield_by) if r.yield_by is not None else None,
                 )
                 for r in alloc_rows
             ],
@@ -304,7 +334,17 @@ def _pending(row: Any, margin: float = PREDICTION_MARGIN) -> PendingTask:
     request = TaskRequest.model_validate(row.request)
     prediction = ResourcePrediction.model_validate(row.prediction) if row.prediction else None
     seq, reason = getattr(row, "seq", 0), getattr(row, "reason", None)
-    return PendingTask(request, prediction, Demand.of(request, prediction, margin), seq, reason)
+    submitted = getattr(row, "submitted_at", None)
+    return PendingTask(
+        request,
+        prediction,
+        Demand.of(request, prediction, margin),
+        seq,
+        reason,
+        nominated_node=getattr(row, "nominated_node", None),
+        submitted_at=_aware(submitted) if submitted is not None else None,
+        escalated=bool(getattr(row, "escalated", False)),
+    )
 
 
 def _aware(moment: datetime) -> datetime:

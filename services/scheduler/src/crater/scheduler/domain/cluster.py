@@ -3,48 +3,121 @@ filters and scores run vectorised over every node at once."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
 
-from crater.contracts import NodeCondition, NodeTopology
+from crater.contracts import Disk, NodeCondition, NodeTopology, Taint
+from crater.scheduler.domain.mig import MigProfile, card_geometry
 
 IntArray = npt.NDArray[np.int64]
 WHOLE = 1000  # a whole card, in thousandths
 BoolArray = npt.NDArray[np.bool_]
 
 
+@dataclass(frozen=True)
+class Overcommit:
+    """How far a pool's nodes may be promised past their hardware: CPU and memory may exceed
+    1 (tasks rarely use all they ask); a GPU ratio above 1 time-slices whole cards."""
+
+    cpu: float = 1.0
+    memory: float = 1.0
+    gpu: float = 1.0
+
+
+NO_OVERCOMMIT = Overcommit()
+
+
 @dataclass
 class Node:
-    """One node's hardware and its free resources (the truth the arrays mirror)."""
+    """One node's hardware and what is promised on it (the truth the arrays mirror)."""
 
     topology: NodeTopology
     condition: NodeCondition = NodeCondition.READY
     last_heartbeat_at: float | None = None  # event time, seconds since the epoch
-    # free thousandths of each card: 1000 is a whole free card (GPU sharing takes less)
+    overcommit: Overcommit = NO_OVERCOMMIT
+    # free thousandths of each card: 1000 is a whole free card (GPU sharing takes less;
+    # a GPU over-commit ratio r gives each card 1000 * r); 0 while the card is cut into MIG
     gpu_milli_free: list[int] = field(default_factory=list)
-    cpu_free: set[int] = field(default_factory=set)
+    # tasks holding each CPU core: at most ceil(cpu ratio) each, floor(cores * ratio) in all
+    cpu_held: dict[int, int] = field(default_factory=dict)
     memory_free_mb: int = 0
     # anti-affinity groups of the allocations on this node, with how many each
     groups: dict[str, int] = field(default_factory=dict)
+    # MIG cards in use: card -> (compute slices, memory slices) held
+    mig_used: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # running counts over `cpu_held`, so that a refresh does not walk every core
+    cpu_taken: int = 0  # core-slots held
+    cpu_cores_full: int = 0  # cores held by as many tasks as they may be
+    numa_room: dict[int, int] = field(default_factory=dict)  # NUMA node -> cores with room
 
     @classmethod
-    def empty(cls, topology: NodeTopology) -> Node:
-        return cls(
-            topology=topology,
-            gpu_milli_free=[WHOLE] * len(topology.gpus),
-            cpu_free={cpu for numa in topology.numa_nodes for cpu in numa.cpus},
-            memory_free_mb=topology.memory_mb,
-        )
+    def empty(cls, topology: NodeTopology, overcommit: Overcommit = NO_OVERCOMMIT) -> Node:
+        node = cls(topology=topology, overcommit=overcommit)
+        node.gpu_milli_free = [node.gpu_capacity_milli] * len(topology.gpus)
+        node.cpu_held = {cpu: 0 for numa in topology.numa_nodes for cpu in numa.cpus}
+        node.numa_room = {numa.id: len(numa.cpus) for numa in topology.numa_nodes}
+        node.memory_free_mb = node.memory_capacity_mb
+        return node
+
+    @cached_property
+    def cpu_numa(self) -> dict[int, int]:
+        """Each CPU's NUMA node (the topology never changes under a Node)."""
+        return {cpu: numa.id for numa in self.topology.numa_nodes for cpu in numa.cpus}
+
+    @property
+    def gpu_capacity_milli(self) -> int:
+        return math.floor(WHOLE * self.overcommit.gpu)
+
+    @property
+    def memory_capacity_mb(self) -> int:
+        return math.floor(self.topology.memory_mb * self.overcommit.memory)
+
+    @property
+    def cpu_capacity(self) -> int:
+        return math.floor(self.cpu_total * self.overcommit.cpu)
+
+    @property
+    def cpu_holders_max(self) -> int:
+        """How many tasks may hold one core at once."""
+        return max(1, math.ceil(self.overcommit.cpu))
+
+    @property
+    def cpu_free(self) -> set[int]:
+        """Cores that can take one more task."""
+        limit = self.cpu_holders_max
+        return {cpu for cpu, held in self.cpu_held.items() if held < limit}
+
+    @property
+    def cpu_slots_free(self) -> int:
+        """Cores a task can be given now: within the node's promise and on distinct cores."""
+        room = self.cpu_capacity - self.cpu_taken
+        return max(0, min(room, len(self.cpu_held) - self.cpu_cores_full))
 
     @property
     def whole_gpus_free(self) -> int:
-        return sum(1 for m in self.gpu_milli_free if m == WHOLE)
+        return sum(1 for m in self.gpu_milli_free if m >= WHOLE)
 
     @property
     def largest_share_free(self) -> int:
         return max(self.gpu_milli_free, default=0)
+
+    def mig_fits(self, profile: MigProfile, gpu: int) -> bool:
+        """Card `gpu` can carve a slice of `profile` now: it supports the profile and is
+        untouched, or is cut into MIG already with room left."""
+        card = self.topology.gpus[gpu]
+        shape = card_geometry(card.mig_profiles) if card.mig_capable else None
+        if shape is None:
+            return False
+        used = self.mig_used.get(gpu)
+        if used is None:
+            if self.gpu_milli_free[gpu] != self.gpu_capacity_milli:
+                return False  # shared or held whole: not cut
+            used = (0, 0)
+        return shape.fits(profile, used)
 
     def take(
         self,
@@ -53,10 +126,21 @@ class Node:
         cores: tuple[int, ...],
         memory_mb: int,
         group: str | None,
+        mig: str | None = None,
     ) -> None:
-        for gpu in gpu_ids:
-            self.gpu_milli_free[gpu] -= milli
-        self.cpu_free -= set(cores)
+        if mig is not None:
+            self._mig_slice(gpu_ids[0], MigProfile.parse(mig), +1)
+        else:
+            for gpu in gpu_ids:
+                self.gpu_milli_free[gpu] -= milli
+        limit = self.cpu_holders_max
+        for core in cores:
+            held = self.cpu_held.get(core, 0) + 1
+            self.cpu_held[core] = held
+            if held == limit:
+                self.cpu_cores_full += 1
+                self._numa_room(core, -1)
+        self.cpu_taken += len(cores)
         self.memory_free_mb -= memory_mb
         if group is not None:
             self.groups[group] = self.groups.get(group, 0) + 1
@@ -68,15 +152,44 @@ class Node:
         cores: tuple[int, ...],
         memory_mb: int,
         group: str | None,
+        mig: str | None = None,
     ) -> None:
-        for gpu in gpu_ids:
-            self.gpu_milli_free[gpu] += milli
-        self.cpu_free |= set(cores)
+        if mig is not None:
+            self._mig_slice(gpu_ids[0], MigProfile.parse(mig), -1)
+        else:
+            for gpu in gpu_ids:
+                self.gpu_milli_free[gpu] += milli
+        limit = self.cpu_holders_max
+        for core in cores:
+            if self.cpu_held[core] == limit:
+                self.cpu_cores_full -= 1
+                self._numa_room(core, +1)
+            self.cpu_held[core] -= 1
+        self.cpu_taken -= len(cores)
         self.memory_free_mb += memory_mb
         if group is not None:
             self.groups[group] -= 1
             if not self.groups[group]:
                 del self.groups[group]
+
+    def _numa_room(self, core: int, change: int) -> None:
+        numa = self.cpu_numa.get(core)
+        if numa is not None:
+            self.numa_room[numa] = self.numa_room.get(numa, 0) + change
+
+    def _mig_slice(self, gpu: int, profile: MigProfile, sign: int) -> None:
+        shape = card_geometry(self.topology.gpus[gpu].mig_profiles)
+        if shape is None:
+            raise ValueError(f"GPU {gpu} of {self.name} has no MIG profiles")
+        compute, memory = shape.cost(profile)
+        used = self.mig_used.get(gpu, (0, 0))
+        now = (used[0] + sign * compute, used[1] + sign * memory)
+        if now == (0, 0):
+            del self.mig_used[gpu]
+            self.gpu_milli_free[gpu] = self.gpu_capacity_milli  # a whole card again
+        else:
+            self.mig_used[gpu] = now
+            self.gpu_milli_free[gpu] = 0  # cut: no whole or shared use
 
     @property
     def name(self) -> str:
@@ -98,30 +211,104 @@ class Node:
     def disk_gb(self) -> int:
         return max((d.capacity_gb for d in self.topology.disks if not d.rotational), default=0)
 
+    @property
+    def memory_bandwidth_gbps(self) -> float:
+        """The best measured NUMA node (a NUMA-local task gets one); NaN: not measured."""
+        measured = [n.memory_bandwidth_gbps for n in self.topology.numa_nodes]
+        return max((b for b in measured if b is not None), default=math.nan)
+
+    @property
+    def ssd_iops(self) -> float:
+        """The best measured random-read IOPS of a solid-state disk; NaN: not measured."""
+        measured = [d.random_read_iops for d in self._ssds]
+        return max((v for v in measured if v is not None), default=math.nan)
+
+    @property
+    def ssd_latency_us(self) -> float:
+        """The lowest measured median read latency of a solid-state disk; NaN: not measured."""
+        measured = [d.read_latency_us_p50 for d in self._ssds]
+        return min((v for v in measured if v is not None), default=math.nan)
+
+    @property
+    def _ssds(self) -> list[Disk]:
+        return [d for d in self.topology.disks if not d.rotational]
+
+    @property
+    def mig_cards(self) -> int:
+        return sum(1 for g in self.topology.gpus if g.mig_capable and g.mig_profiles)
+
     def has_flag(self, flag: str) -> bool:
         flags = self.topology.cpu.flags
         return flag in flags or (flag == "avx512" and "avx512f" in flags)
 
 
+FloatArray = npt.NDArray[np.float64]
+
+# Columns: name -> dtype. Capacities count over-commit; totals are the hardware.
+_COLUMNS: dict[str, str] = {
+    "gpus_total": "int64",
+    "gpus_free": "int64",  # whole free cards
+    "gpu_share_free": "int64",  # most milli free on one card
+    "gpu_milli_free": "int64",  # free milli over all cards
+    "gpu_memory_mb": "int64",
+    "cpu_total": "int64",
+    "cpu_capacity": "int64",
+    "cpu_free": "int64",  # cores a task can be given now
+    "memory_total_mb": "int64",
+    "memory_capacity_mb": "int64",
+    "memory_free_mb": "int64",
+    "disk_gb": "int64",
+    "memory_bandwidth_gbps": "float64",  # NaN: not measured
+    "ssd_iops": "float64",
+    "ssd_latency_us": "float64",
+    "mig_cards": "int64",
+    "label_set": "int64",  # index into `label_sets`
+    "taint_set": "int64",  # index into `taint_sets`
+    "ready": "bool",
+    "pool": "U63",
+    "gpu_model": "U96",
+}
+
+
 class ClusterArrays:
-    """Column arrays over nodes, row i = `nodes[i]`. Rows are rewritten when a node changes."""
+    """Column arrays over nodes, row i = `nodes[i]`. Rows are rewritten when a node changes.
+
+    Labels and taints are interned: nodes share a few distinct sets, so a filter judges each
+    set once and maps the verdicts back to the rows."""
+
+    gpus_total: IntArray
+    gpus_free: IntArray
+    gpu_share_free: IntArray
+    gpu_milli_free: IntArray
+    gpu_memory_mb: IntArray
+    cpu_total: IntArray
+    cpu_capacity: IntArray
+    cpu_free: IntArray
+    memory_total_mb: IntArray
+    memory_capacity_mb: IntArray
+    memory_free_mb: IntArray
+    disk_gb: IntArray
+    memory_bandwidth_gbps: FloatArray
+    ssd_iops: FloatArray
+    ssd_latency_us: FloatArray
+    mig_cards: IntArray
+    label_set: IntArray
+    taint_set: IntArray
+    ready: BoolArray
+    pool: npt.NDArray[np.str_]
+    gpu_model: npt.NDArray[np.str_]
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
         self.index: dict[str, int] = {}
-        self.gpus_total: IntArray = np.zeros(0, np.int64)
-        self.gpus_free: IntArray = np.zeros(0, np.int64)  # whole free cards
-        self.gpu_share_free: IntArray = np.zeros(0, np.int64)  # most milli free on one card
-        self.gpu_memory_mb: IntArray = np.zeros(0, np.int64)
-        self.cpu_total: IntArray = np.zeros(0, np.int64)
-        self.cpu_free: IntArray = np.zeros(0, np.int64)
-        self.memory_total_mb: IntArray = np.zeros(0, np.int64)
-        self.memory_free_mb: IntArray = np.zeros(0, np.int64)
-        self.disk_gb: IntArray = np.zeros(0, np.int64)
-        self.ready: BoolArray = np.zeros(0, np.bool_)
-        self.pool: npt.NDArray[np.str_] = np.zeros(0, "U63")
-        self.gpu_model: npt.NDArray[np.str_] = np.zeros(0, "U96")
+        for name, dtype in _COLUMNS.items():
+            setattr(self, name, np.zeros(0, dtype))
         self.name_rank: IntArray = np.zeros(0, np.int64)
+        self.everywhere: BoolArray = _read_only(np.ones(0, np.bool_))  # True on every row
+        self.label_sets: list[dict[str, str]] = []
+        self.taint_sets: list[tuple[Taint, ...]] = []
+        self._label_ids: dict[tuple[tuple[str, str], ...], int] = {}
+        self._taint_ids: dict[tuple[Taint, ...], int] = {}
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -139,47 +326,68 @@ class ClusterArrays:
             self._rank_names()
         else:
             self.nodes[i] = node
+        self._describe(self.index[node.name])
         self.refresh(node.name)
 
     def refresh(self, name: str) -> None:
+        """Rewrite a node's row after what is free on it, or its condition, changed."""
         i = self.index[name]
         node = self.nodes[i]
-        self.gpus_total[i] = len(node.gpu_milli_free)
         self.gpus_free[i] = node.whole_gpus_free
         self.gpu_share_free[i] = node.largest_share_free
+        self.gpu_milli_free[i] = sum(node.gpu_milli_free)
+        self.cpu_free[i] = node.cpu_slots_free
+        self.memory_free_mb[i] = node.memory_free_mb
+        self.ready[i] = node.condition is not NodeCondition.NOT_READY
+
+    def _describe(self, i: int) -> None:
+        """The row's hardware columns: they change only with the topology (an upsert)."""
+        node = self.nodes[i]
+        self.gpus_total[i] = len(node.gpu_milli_free)
         self.gpu_memory_mb[i] = node.gpu_memory_mb
         self.cpu_total[i] = node.cpu_total
-        self.cpu_free[i] = len(node.cpu_free)
+        self.cpu_capacity[i] = node.cpu_capacity
         self.memory_total_mb[i] = node.topology.memory_mb
-        self.memory_free_mb[i] = node.memory_free_mb
+        self.memory_capacity_mb[i] = node.memory_capacity_mb
         self.disk_gb[i] = node.disk_gb
-        self.ready[i] = node.condition is not NodeCondition.NOT_READY
+        self.memory_bandwidth_gbps[i] = node.memory_bandwidth_gbps
+        self.ssd_iops[i] = node.ssd_iops
+        self.ssd_latency_us[i] = node.ssd_latency_us
+        self.mig_cards[i] = node.mig_cards
+        self.label_set[i] = self._intern_labels(node.topology.labels)
+        self.taint_set[i] = self._intern_taints(tuple(node.topology.taints))
         self.pool[i] = node.topology.pool
         self.gpu_model[i] = _model_key(node.gpu_model)
 
+    def _intern_labels(self, labels: dict[str, str]) -> int:
+        key = tuple(sorted(labels.items()))
+        if key not in self._label_ids:
+            self._label_ids[key] = len(self.label_sets)
+            self.label_sets.append(dict(key))
+        return self._label_ids[key]
+
+    def _intern_taints(self, taints: tuple[Taint, ...]) -> int:
+        if taints not in self._taint_ids:
+            self._taint_ids[taints] = len(self.taint_sets)
+            self.taint_sets.append(taints)
+        return self._taint_ids[taints]
+
     def _grow(self) -> None:
-        for name in (
-            "gpus_total",
-            "gpus_free",
-            "gpu_share_free",
-            "gpu_memory_mb",
-            "cpu_total",
-            "cpu_free",
-            "memory_total_mb",
-            "memory_free_mb",
-            "disk_gb",
-            "ready",
-            "pool",
-            "gpu_model",
-        ):
+        for name in _COLUMNS:
             column = getattr(self, name)
             setattr(self, name, np.append(column, np.zeros(1, column.dtype)))
+        self.everywhere = _read_only(np.ones(len(self.nodes), np.bool_))
 
     def _rank_names(self) -> None:
         order = sorted(range(len(self.nodes)), key=lambda i: self.nodes[i].name)
         rank = np.empty(len(order), np.int64)
         rank[order] = np.arange(len(order))
         self.name_rank = rank
+
+
+def _read_only(column: BoolArray) -> BoolArray:
+    column.setflags(write=False)
+    return column
 
 
 def _model_key(model: str) -> str:

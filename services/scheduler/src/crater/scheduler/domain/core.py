@@ -8,15 +8,18 @@ and its time from that event's `occurred_at`.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import numpy.typing as npt
 
 from crater.contracts import (
+    PRIORITY_MAX,
     AllocationGranted,
     AllocationReleased,
     Event,
@@ -29,11 +32,11 @@ from crater.contracts import (
     NodeTopology,
     NodeTopologyReported,
     PlacementAnswer,
-    Priority,
     ReleaseReason,
     ReplicaReleaseRequested,
     ResourcePrediction,
     ScoreDetail,
+    TaskEscalated,
     TaskPending,
     TaskPreempted,
     TaskProfiled,
@@ -42,18 +45,41 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
     derived_event_id,
+    priority_value,
 )
-from crater.scheduler.domain.cluster import WHOLE, BoolArray, ClusterArrays, Node
+from crater.scheduler.domain.cluster import (
+    NO_OVERCOMMIT,
+    WHOLE,
+    BoolArray,
+    ClusterArrays,
+    Node,
+    Overcommit,
+)
 from crater.scheduler.domain.demand import PREDICTION_MARGIN, Demand
 from crater.scheduler.domain.placement import Selection, select
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
+from crater.scheduler.domain.pools import PoolPolicy
 from crater.scheduler.domain.preemption import Candidate, plan
+from crater.scheduler.domain.queue import (
+    Backfill,
+    QueueKey,
+    closest_to_fitting,
+    dominant_share,
+    escalated_priority,
+    gang_demand,
+    members_per_node,
+    pool_capacity,
+)
 from crater.scheduler.domain.quotas import QUOTA_FIELDS, Quota, Quotas, Usage
 
 # (node row, total score, per-plugin scores)
 Ranked = tuple[int, float, list[ScoreDetail]]
 
-PRIORITY_RANK = {Priority.HIGH: 0, Priority.MEDIUM: 1, Priority.LOW: 2}
+# The most nodes a blocked head examines for the ones to keep (backfill), closest first.
+HEAD_CANDIDATES = 64
+
+# A time after every expiry: the floor when nothing can expire.
+NEVER = datetime.max.replace(tzinfo=UTC)
 
 # Which request field a filter judges: named in a rejection.
 FILTER_FIELDS = {
@@ -66,6 +92,12 @@ FILTER_FIELDS = {
     "DiskCapacity": "resource_requirements.ssd.capacity_gb",
     "AvxSupport": "resource_requirements.cpu.avx_support",
     "AntiAffinity": "anti_affinity.group",
+    "NodeLabels": "node_selector",
+    "TaintToleration": "tolerations",
+    "MigProfile": "resource_requirements.gpu.mig_profile",
+    "MemoryBandwidth": "resource_requirements.memory.bandwidth_gbps",
+    "SsdIops": "resource_requirements.ssd.iops_min",
+    "SsdLatency": "resource_requirements.ssd.latency_us_max",
 }
 
 
@@ -79,20 +111,48 @@ class SchedulerConfig:
     quotas: dict[str, Quota] = field(default_factory=dict)
     grace_period_seconds: int = 30
     prediction_margin: float = PREDICTION_MARGIN
+    # per pool: its pipeline and over-commit; a pool not named uses `pipeline`, no over-commit
+    pools: dict[str, PoolPolicy] = field(default_factory=dict)
+
+    def pipeline_for(self, pool: str) -> Pipeline:
+        policy = self.pools.get(pool)
+        return self.pipeline if policy is None else policy.pipeline
+
+    def overcommit_for(self, pool: str) -> Overcommit:
+        policy = self.pools.get(pool)
+        return NO_OVERCOMMIT if policy is None else policy.overcommit
 
 
 @dataclass
 class PendingTask:
     request: TaskRequest
     prediction: ResourcePrediction | None
-    demand: Demand
+    demand: Demand  # what each gang member needs (the task itself when not a gang)
     seq: int
     last_summary: str | None = None
     nominated_node: str | None = None  # where victims are yielding for it
+    submitted_at: datetime | None = None  # the queue-time SLA counts from here
+    escalated: bool = False  # waited past sla.max_queue_time_seconds
 
     @property
-    def order(self) -> tuple[int, int]:
-        return PRIORITY_RANK[self.request.priority], self.seq
+    def priority(self) -> int:
+        """On the 0..1000 scale, larger first; an escalated task ranks one class higher."""
+        base = priority_value(self.request.priority)
+        return escalated_priority(base) if self.escalated else base
+
+    @property
+    def gang_size(self) -> int:
+        return self.request.gang_size
+
+    @property
+    def same_node(self) -> bool:
+        """A gang asked to sit on one node (`affinity.gpu: same-node`)."""
+        return self.request.gang_size > 1 and self.request.affinity.gpu == "same-node"
+
+    @property
+    def filter_demand(self) -> Demand:
+        """What one node must offer: a same-node gang's members together, else one member."""
+        return gang_demand(self.demand, self.gang_size) if self.same_node else self.demand
 
 
 @dataclass
@@ -107,12 +167,20 @@ class Allocation:
     gpu_milli: int = WHOLE
     running: bool = False
     tenant: str = "default"
-    usage: Usage = field(default_factory=Usage)
-    priority_rank: int = PRIORITY_RANK[Priority.MEDIUM]
+    usage: Usage = field(default_factory=Usage)  # this member's own
+    priority: int = 500  # 0..1000, larger first
     preemptible: bool = False
     granted_seq: int = 0
     yield_by: datetime | None = None  # preempted: released at this time at the latest
     group: str | None = None  # anti-affinity group
+    pool: str = "default"
+    mig_profile: str | None = None  # a MIG slice of gpu_ids[0]
+    gang_index: int = 0
+    # A gang's members after the first; the first (held in `Scheduler.allocations`) owns them.
+    peers: list[Allocation] = field(default_factory=list)
+
+    def members(self) -> list[Allocation]:
+        return [self, *self.peers]
 
 
 @dataclass
@@ -126,6 +194,16 @@ class Scheduler:
     # producers, a little out of order; time never runs backwards inside the core.
     clock: datetime | None = None
     quotas: Quotas = field(default_factory=Quotas)
+    # What each tenant holds in each pool: its dominant share orders a priority class (DRF).
+    pool_usage: dict[QueueKey, Usage] = field(default_factory=dict)
+    # Per pool, the blocked head of the queue and the nodes it waits on: backfill avoids them.
+    backfill: dict[str, Backfill] = field(default_factory=dict)
+    # (deadline, seq, task id) of waiting tasks with a queue-time SLA, earliest first.
+    deadlines: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # Lower bounds on the next reservation expiry and the oldest heartbeat of a Ready node, so
+    # that most events skip the scans over every allocation and node. None: unknown, scan.
+    expiry_floor: datetime | None = field(default=None, compare=False, repr=False)
+    heartbeat_floor: float | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.quotas.limits = dict(self.config.quotas)
@@ -139,32 +217,58 @@ class Scheduler:
         pending: list[PendingTask],
         next_seq: int,
     ) -> None:
-        """Load persisted state (service start): nodes, their live allocations, the queue."""
+        """Load persisted state (service start): nodes, their live allocations (a gang's
+        members each one, in any order), the queue with its escalations and nominations."""
         for topology, condition, heartbeat in nodes:
-            node = Node.empty(topology)
+            node = Node.empty(topology, self.config.overcommit_for(topology.pool))
             node.condition = condition
             node.last_heartbeat_at = heartbeat
             self.cluster.upsert(node)
-        for allocation in allocations:
-            self.allocations[allocation.task_id] = allocation
-            self.quotas.take(allocation.tenant, allocation.usage)
+        members = sorted(allocations, key=lambda a: (a.task_id, a.gang_index))
+        for allocation in members:
+            head = self.allocations.get(allocation.task_id)
+            if head is None:
+                self.allocations[allocation.task_id] = allocation
+            else:
+                head.peers.append(allocation)
+            self._take(allocation)
             held = self.cluster.get(allocation.node)
             if held is not None:
                 _hold(held, allocation)
                 self.cluster.refresh(held.name)
-        self.pending = {task.request.task_id: task for task in pending}
+        for head in self.allocations.values():
+            # A preempted gang yields as a whole: every member carries the head's deadline.
+            for peer in head.peers:
+                peer.yield_by = peer.yield_by or head.yield_by
+        self.pending = {}
+        for task in pending:
+            self._enqueue(task)
         self.next_seq = next_seq
+        # Each pool's blocked head keeps its nodes from the start, as before the restart.
+        self.backfill = {}
+        for task in self._queue():
+            blocked = self.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
+            if task.request.pool not in self.backfill and not blocked:
+                self._make_head(task)
+        self.expiry_floor = self.heartbeat_floor = None
 
     def handle(self, event: Event) -> list[Event]:
         self.clock = max(self.clock or event.occurred_at, event.occurred_at)
         now = self.clock
         decisions: list[Event] = self._expire_reservations(now, event)
+        escalated = self._escalate(now, event)
+        decisions += escalated
         changed = self._expire_heartbeats(now) or bool(decisions)
         if isinstance(event, TaskProfiled):
             decisions += self._on_profiled(event)
         elif isinstance(event, TaskStatusReported):
+            left = len(self.pending)
             decisions += self._on_status(event)
-            changed = changed or any(isinstance(d, AllocationReleased) for d in decisions)
+            changed = (
+                changed
+                or len(self.pending) < left  # a waiting task was cancelled: the queue moved
+                or any(isinstance(d, AllocationReleased) for d in decisions)
+            )
         elif isinstance(event, NodeTopologyReported):
             self._on_topology(event)
             changed = True
@@ -185,34 +289,44 @@ class Scheduler:
             return []  # already known: a redelivery
         seq = self.next_seq
         self.next_seq += 1
-        if request.gang_size > 1:
-            return [
-                self._reject(
-                    event,
-                    request.task_id,
-                    [FieldError(field="gang_size", reason="gang scheduling is not supported yet")],
-                )
-            ]
         demand = Demand.of(request, event.prediction, self.config.prediction_margin)
+        task = PendingTask(request, event.prediction, demand, seq, submitted_at=event.occurred_at)
+        members = task.gang_size
         errors = [
             FieldError(
                 field=QUOTA_FIELDS[resource],
-                reason=f"tenant {request.tenant!r} quota is {limit}; the task alone: {wanted:g}",
+                reason=f"tenant {request.tenant!r} quota is {limit}; the task alone: {wanted:g}"
+                + (f" ({members} gang members)" if members > 1 else ""),
             )
-            for resource, wanted, limit in self.quotas.never(request.tenant, demand)
-        ] or self._never_fits(demand)
+            for resource, wanted, limit in self.quotas.never(request.tenant, demand, members)
+        ] or self._never_fits(task)
         if errors:
             return [self._reject(event, request.task_id, errors)]
-        task = PendingTask(request, event.prediction, demand, seq)
-        granted = self._try_place(task, event)
-        if granted is not None:
-            return [granted]
-        self.pending[request.task_id] = task
-        return [self._pending_event(task, event), *self._preempt_for(task, event)]
+        avoid = self._reserved_for(task)
+        granted = self._try_place(task, event, avoid)
+        if granted:
+            return list(granted)
+        self._enqueue(task)
+        decisions: list[Event] = [self._pending_event(task, event, avoid)]
+        head = self.backfill.get(request.pool)
+        blocked_by_quota = self.quotas.blocking(request.tenant, demand, members)
+        if not blocked_by_quota and (
+            head is None or head.task_id not in self.pending or self._order(task) < head.order
+        ):
+            self._make_head(task)
+        return decisions + self._preempt_for(task, event)
 
-    def _never_fits(self, demand: Demand) -> list[FieldError]:
+    def _enqueue(self, task: PendingTask) -> None:
+        self.pending[task.request.task_id] = task
+        limit = task.request.sla.max_queue_time_seconds
+        if limit is not None and task.submitted_at is not None and not task.escalated:
+            deadline = task.submitted_at + timedelta(seconds=limit)
+            heapq.heappush(self.deadlines, (deadline, task.seq, task.request.task_id))
+
+    def _never_fits(self, task: PendingTask) -> list[FieldError]:
         """Why no node of the task's pool could hold it even empty; [] when one could (or
-        when there are no nodes yet: they may still come)."""
+        when there are no nodes yet: they may still come). A gang: every member at once."""
+        demand = task.demand
         if not len(self.cluster):
             return []
         in_pool = self.cluster.pool == demand.pool
@@ -220,74 +334,209 @@ class Scheduler:
             pools = ", ".join(sorted(set(self.cluster.pool.tolist())))
             return [FieldError(field="pool", reason=f"no node in pool {demand.pool!r} ({pools})")]
         fits, reasons = self.diagnose(demand, free=False, among=in_pool)
-        if fits.any():
+        if not fits.any():
+            return [
+                FieldError(
+                    field=FILTER_FIELDS.get(r.filter, r.filter),
+                    reason=f"no node in pool {demand.pool!r} can ever fit: {r.nodes} {r.message}",
+                )
+                for r in reasons
+            ]
+        members = task.gang_size
+        if members == 1:
+            return []
+        if task.same_node:
+            together, reasons = self.diagnose(task.filter_demand, free=False, among=in_pool)
+            if together.any():
+                return []
+            detail = ", ".join(f"{r.nodes} {r.message}" for r in reasons)
+            return [
+                FieldError(
+                    field="gang_size",
+                    reason=f"no node in pool {demand.pool!r} can ever hold all {members} members "
+                    f"together (affinity.gpu same-node): {detail}",
+                )
+            ]
+        room = int(members_per_node(self.cluster, demand, np.flatnonzero(fits)).sum())
+        if room >= members:
             return []
         return [
             FieldError(
-                field=FILTER_FIELDS.get(r.filter, r.filter),
-                reason=f"no node in pool {demand.pool!r} can ever fit: {r.nodes} {r.message}",
+                field="gang_size",
+                reason=f"the nodes of pool {demand.pool!r} could hold at most {room} of the "
+                f"{members} members even empty",
             )
-            for r in reasons
         ]
 
     def _on_status(self, event: TaskStatusReported) -> list[Event]:
         allocation = self.allocations.get(event.task_id)
-        if allocation is not None and event.allocation_id not in (None, allocation.allocation_id):
-            return []  # news of an earlier allocation of the same task: not this one
         if allocation is None:
             if event.status is not TaskStatus.RUNNING:
                 self.pending.pop(event.task_id, None)  # cancelled before it was placed
             return []
+        members = allocation.members()
+        ids = {m.allocation_id for m in members}
+        if event.allocation_id not in (None, *ids):
+            return []  # news of an earlier allocation of the same task: not this one
         if event.status is TaskStatus.RUNNING:
-            allocation.running = True
+            for member in members:
+                if event.allocation_id in (None, member.allocation_id):
+                    member.running = True
             return []
+        # Any member's end (or a cancel) ends the task: every member goes back.
         if allocation.yield_by is not None:
-            return [self._release(allocation, ReleaseReason.PREEMPTED, event)]
-        return [self._release(allocation, ReleaseReason(event.status.value), event)]
+            return list(self._release(allocation, ReleaseReason.PREEMPTED, event))
+        return list(self._release(allocation, ReleaseReason(event.status.value), event))
 
     def _on_release_requested(self, event: ReplicaReleaseRequested) -> list[Event]:
         """A scaled-in replica, drained: its resources go back."""
         allocation = self.allocations.get(event.task_id) if event.task_id else None
         if allocation is None:
             return []
-        return [self._release(allocation, ReleaseReason.SCALED_IN, event)]
+        return list(self._release(allocation, ReleaseReason.SCALED_IN, event))
+
+    def _escalate(self, now: datetime, cause: Event) -> list[Event]:
+        """Tasks waiting past their queue-time SLA rank one class higher, once."""
+        escalated: list[Event] = []
+        while self.deadlines and self.deadlines[0][0] < now:
+            _, _, task_id = heapq.heappop(self.deadlines)
+            task = self.pending.get(task_id)
+            if task is None or task.escalated or task.submitted_at is None:
+                continue  # placed, cancelled, or escalated already
+            before = task.priority
+            task.escalated = True
+            limit = task.request.sla.max_queue_time_seconds or 0
+            escalated.append(
+                TaskEscalated(
+                    event_id=derived_event_id(cause.event_id, f"escalated:{task_id}"),
+                    occurred_at=cause.occurred_at,
+                    task_id=task_id,
+                    waited_seconds=(now - task.submitted_at).total_seconds(),
+                    max_queue_time_seconds=limit,
+                    priority=before,
+                    escalated_priority=task.priority,
+                )
+            )
+        return escalated
+
+    def _order(self, task: PendingTask) -> tuple[int, float, int]:
+        """Queue order: priority (larger first), the tenant's dominant share of the pool
+        (smaller first), submission order."""
+        key = (task.request.pool, task.request.tenant)
+        return -task.priority, self._share(key, {}), task.seq
+
+    def _share(self, key: QueueKey, capacity: dict[str, Usage]) -> float:
+        """The tenant's dominant share of the pool; `capacity` caches pool totals."""
+        used = self.pool_usage.get(key)
+        if not used:
+            return 0.0
+        pool = key[0]
+        if pool not in capacity:
+            capacity[pool] = pool_capacity(self.cluster, pool)
+        return dominant_share(used, capacity[pool])
+
+    def _queue(self) -> Iterator[PendingTask]:
+        """The waiting tasks in queue order; shares are read afresh at every step, so a
+        tenant granted a task falls behind the others of its priority at once (DRF)."""
+        bands: dict[int, dict[QueueKey, deque[PendingTask]]] = {}
+        for task in sorted(self.pending.values(), key=lambda t: t.seq):
+            key = (task.request.pool, task.request.tenant)
+            bands.setdefault(task.priority, {}).setdefault(key, deque()).append(task)
+        capacity: dict[str, Usage] = {}
+        for priority in sorted(bands, reverse=True):
+            queues = bands[priority]
+            while queues:
+                key = min(queues, key=lambda k: (self._share(k, capacity), queues[k][0].seq))
+                task = queues[key].popleft()
+                if not queues[key]:
+                    del queues[key]
+                yield task
 
     def _retry_pending(self, cause: Event) -> list[Event]:
         decisions: list[Event] = []
-        for task in sorted(self.pending.values(), key=lambda t: t.order):
-            granted = self._try_place(task, cause)
-            if granted is not None:
+        self.backfill = {}
+        for task in self._queue():
+            if task.request.task_id not in self.pending:
+                continue
+            avoid = self._reserved_for(task)
+            granted = self._try_place(task, cause, avoid)
+            if granted:
                 del self.pending[task.request.task_id]
-                decisions.append(granted)
-            else:
-                pending = self._pending_event(task, cause)
-                if pending.summary != task.last_summary:
-                    decisions.append(pending)
-                decisions += self._preempt_for(task, cause)
+                decisions += granted
+                continue
+            said = task.last_summary
+            pending = self._pending_event(task, cause, avoid)
+            if pending.summary != said:  # only news: the reasons changed
+                decisions.append(pending)
+            pool = task.request.pool
+            if pool not in self.backfill and not self.quotas.blocking(
+                task.request.tenant, task.demand, task.gang_size
+            ):
+                self._make_head(task)
+            decisions += self._preempt_for(task, cause)
         return decisions
+
+    def _reserved_for(self, task: PendingTask) -> BoolArray | None:
+        """The nodes `task` must leave alone: those kept for its pool's blocked head, when
+        the head comes first in the queue."""
+        head = self.backfill.get(task.request.pool)
+        if head is None or head.task_id == task.request.task_id or head.task_id not in self.pending:
+            return None
+        if self._order(task) < head.order:
+            return None
+        return head.mask(self.cluster)
+
+    def _make_head(self, task: PendingTask) -> None:
+        """`task` heads its pool's queue and cannot start: keep the node(s) it waits on."""
+        if task.nominated_node is not None:
+            nodes: tuple[str, ...] = (task.nominated_node,)
+        else:
+            could, _ = self.diagnose(task.filter_demand, free=False)
+            rows = np.flatnonzero(could & self.cluster.ready)
+            wanted = 1 if task.same_node or task.gang_size == 1 else task.gang_size
+            names: list[str] = []
+            # Only nodes whose devices could hold it once emptied (NUMA, NVLink), looking at
+            # a bounded number: a head that fits nowhere keeps nothing.
+            for i in closest_to_fitting(self.cluster, rows, HEAD_CANDIDATES):
+                node = self.cluster.nodes[i]
+                if _could_hold(node, task.demand, task.gang_size if task.same_node else 1):
+                    names.append(node.name)
+                    if len(names) == wanted:
+                        break
+            nodes = tuple(names)
+        self.backfill[task.request.pool] = Backfill(task.request.task_id, self._order(task), nodes)
 
     def _preempt_for(self, task: PendingTask, cause: Event) -> list[Event]:
         """Ask lower-priority preemptible tasks to yield so `task` fits; they get a grace
-        period to checkpoint, then their resources go back (see `_expire_reservations`)."""
-        if task.nominated_node is not None or self.quotas.blocking(
-            task.request.tenant, task.demand
+        period to checkpoint, then their resources go back (see `_expire_reservations`).
+        A gang waits for room instead: it does not preempt."""
+        if (
+            task.gang_size > 1
+            or task.nominated_node is not None
+            or self.quotas.blocking(task.request.tenant, task.demand)
         ):
             return []
-        rank = PRIORITY_RANK[task.request.priority]
-        candidates = [
-            Candidate(
-                a.task_id,
-                a.node,
-                a.gpu_ids,
-                a.gpu_milli,
-                a.cpu_cores,
-                a.memory_mb,
-                a.priority_rank,
-                a.granted_seq,
-            )
-            for a in self.allocations.values()
-            if a.preemptible and a.priority_rank > rank and a.yield_by is None
-        ]
+        mine = task.priority
+        owners: dict[str, Allocation] = {}
+        candidates: list[Candidate] = []
+        for head in self.allocations.values():
+            if not head.preemptible or head.priority >= mine or head.yield_by is not None:
+                continue
+            for a in head.members():
+                owners[a.allocation_id] = head
+                candidates.append(
+                    Candidate(
+                        a.allocation_id,
+                        a.node,
+                        a.gpu_ids,
+                        a.gpu_milli,
+                        a.cpu_cores,
+                        a.memory_mb,
+                        PRIORITY_MAX - a.priority,
+                        a.granted_seq,
+                        a.mig_profile,
+                    )
+                )
         if not candidates:
             return []
         # Nodes the task could use if they were emptier: every filter but free amounts.
@@ -300,54 +549,69 @@ class Scheduler:
         task.nominated_node = chosen.node
         now = self.clock or cause.occurred_at
         grace = self.config.grace_period_seconds
+        must_stop_by = now + timedelta(seconds=grace)
         decisions: list[Event] = []
-        for victim in chosen.victims:
-            allocation = self.allocations[victim.task_id]
-            allocation.yield_by = now + timedelta(seconds=grace)
-            decisions.append(
-                TaskPreempted(
-                    event_id=derived_event_id(cause.event_id, f"preempted:{victim.task_id}"),
-                    occurred_at=cause.occurred_at,
-                    task_id=victim.task_id,
-                    allocation_id=allocation.allocation_id,
-                    node=allocation.node,
-                    preempted_by=task.request.task_id,
-                    grace_period_seconds=grace,
+        victims = {owners[v.allocation_id].task_id: owners[v.allocation_id] for v in chosen.victims}
+        for victim in victims.values():
+            for member in victim.members():  # a gang yields whole
+                member.yield_by = must_stop_by
+                if self.expiry_floor is not None:
+                    self.expiry_floor = min(self.expiry_floor, must_stop_by)
+                decisions.append(
+                    TaskPreempted(
+                        event_id=derived_event_id(
+                            cause.event_id, f"preempted:{_member_key(member)}"
+                        ),
+                        occurred_at=cause.occurred_at,
+                        task_id=member.task_id,
+                        allocation_id=member.allocation_id,
+                        node=member.node,
+                        preempted_by=task.request.task_id,
+                        grace_period_seconds=grace,
+                        must_stop_by=must_stop_by,
+                    )
                 )
-            )
         return decisions
 
     def _expire_reservations(self, now: datetime, cause: Event) -> list[Event]:
         """Allocations whose task never confirmed it runs, past their reservation, and
-        preempted ones past their grace period, go back."""
-        expired = [a for a in self.allocations.values() if not a.running and a.expires_at < now]
-        yielded = [
-            a
-            for a in self.allocations.values()
-            if a.yield_by is not None and a.yield_by < now and a not in expired
-        ]
-        released: list[Event] = [
-            self._release(a, ReleaseReason.EXPIRED, cause)
-            for a in sorted(expired, key=lambda a: a.task_id)
-        ]
-        return released + [
-            self._release(a, ReleaseReason.PREEMPTED, cause)
-            for a in sorted(yielded, key=lambda a: a.task_id)
-        ]
+        preempted ones past their grace period, go back (a gang: all its members)."""
+        if self.expiry_floor is not None and self.expiry_floor >= now:
+            return []  # nothing can have expired yet
+        expired: list[Allocation] = []
+        yielded: list[Allocation] = []
+        for a in self.allocations.values():
+            if (not a.running and a.expires_at < now) or (
+                a.peers and any(not m.running and m.expires_at < now for m in a.peers)
+            ):
+                expired.append(a)
+            elif a.yield_by is not None and a.yield_by < now:
+                yielded.append(a)
+        released: list[Event] = []
+        for a in sorted(expired, key=lambda a: a.task_id):
+            released += self._release(a, ReleaseReason.EXPIRED, cause)
+        for a in sorted(yielded, key=lambda a: a.task_id):
+            released += self._release(a, ReleaseReason.PREEMPTED, cause)
+        self.expiry_floor = min(
+            (t for a in self.allocations.values() for t in _expiries(a)), default=NEVER
+        )
+        return released
 
     # -- nodes -------------------------------------------------------------------------------
 
     def _on_topology(self, event: NodeTopologyReported) -> None:
         existing = self.cluster.get(event.node.node_id)
-        node = Node.empty(event.node)
+        node = Node.empty(event.node, self.config.overcommit_for(event.node.pool))
         if existing is not None:
             node.condition = existing.condition
             node.last_heartbeat_at = existing.last_heartbeat_at
         node.last_heartbeat_at = node.last_heartbeat_at or event.occurred_at.timestamp()
         self.cluster.upsert(node)
+        self._heard_from(node)
         for allocation in self.allocations.values():
-            if allocation.node == node.name:
-                _hold(node, allocation)
+            for member in allocation.members():
+                if member.node == node.name:
+                    _hold(node, member)
         self.cluster.refresh(node.name)
 
     def _on_health(self, event: NodeHealthReported) -> bool:
@@ -358,18 +622,32 @@ class Scheduler:
         was = node.condition
         node.condition = event.condition
         self.cluster.refresh(node.name)
+        self._heard_from(node)
         return was is not event.condition
 
     def _expire_heartbeats(self, now: datetime) -> bool:
         deadline = now.timestamp() - self.config.heartbeat_timeout_seconds
+        if self.heartbeat_floor is not None and self.heartbeat_floor >= deadline:
+            return False  # no Ready node has been silent that long
         changed = False
+        floor = float("inf")
         for node in self.cluster.nodes:
             silent = node.last_heartbeat_at is not None and node.last_heartbeat_at < deadline
             if silent and node.condition is not NodeCondition.NOT_READY:
                 node.condition = NodeCondition.NOT_READY
                 self.cluster.refresh(node.name)
                 changed = True
+            elif (
+                node.last_heartbeat_at is not None and node.condition is not NodeCondition.NOT_READY
+            ):
+                floor = min(floor, node.last_heartbeat_at)
+        self.heartbeat_floor = floor
         return changed
+
+    def _heard_from(self, node: Node) -> None:
+        """A node's heartbeat (or condition) changed: it may now be the oldest Ready one."""
+        if self.heartbeat_floor is not None and node.last_heartbeat_at is not None:
+            self.heartbeat_floor = min(self.heartbeat_floor, node.last_heartbeat_at)
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -379,7 +657,7 @@ class Scheduler:
         """Run the filters; each node is charged to the first filter that excludes it."""
         alive = np.ones(len(self.cluster), np.bool_) if among is None else among.copy()
         reasons: list[FilterReason] = []
-        for f in self.config.pipeline.filters:
+        for f in self.config.pipeline_for(demand.pool).filters:
             passes = f.passes(self.cluster, demand, free)
             excluded = int(np.count_nonzero(alive & ~passes))
             if excluded:
@@ -399,7 +677,7 @@ class Scheduler:
             return
         total = np.zeros(len(idx))
         parts: list[tuple[str, npt.NDArray[np.float64]]] = []
-        for score in self.config.pipeline.scores:
+        for score in self.config.pipeline_for(demand.pool).scores:
             values = np.clip(score.rate(self.cluster, demand, idx), 0.0, 1.0)
             parts.append((score.name, values))
             total += score.weight * values
@@ -413,7 +691,7 @@ class Scheduler:
         does not, with the first filter it fails. Changes nothing."""
         alive = np.ones(len(self.cluster), np.bool_)
         misfits: list[NodeMisfit] = []
-        for f in self.config.pipeline.filters:
+        for f in self.config.pipeline_for(demand.pool).filters:
             passes = f.passes(self.cluster, demand, True)
             for row in np.flatnonzero(alive & ~passes):
                 misfits.append(
@@ -447,6 +725,7 @@ class Scheduler:
                     gpu_ids=list(selection.gpu_ids),
                     cpu_cores=list(selection.cpu_cores),
                     numa_node=selection.numa_node,
+                    mig_profile=selection.mig_profile,
                 )
             )
         counts: dict[str, int] = {}
@@ -457,16 +736,97 @@ class Scheduler:
         misfits.sort(key=lambda m: m.node_id)
         return PlacementAnswer(fits=fits, misfits=misfits, summary=summary)
 
-    def _try_place(self, task: PendingTask, cause: Event) -> AllocationGranted | None:
-        if self.quotas.blocking(task.request.tenant, task.demand):
-            return None
-        candidates, _ = self.diagnose(task.demand)
-        for i, score, details in self.rank(task.demand, candidates):
-            node = self.cluster.nodes[i]
-            selection = select(node, task.demand)
-            if selection is not None:
-                return self._grant(task, node, selection, score, details, cause)
-        return None
+    def _try_place(
+        self, task: PendingTask, cause: Event, avoid: BoolArray | None = None
+    ) -> list[AllocationGranted]:
+        """Place the task (every member of a gang, or none), off the `avoid` nodes."""
+        if self.quotas.blocking(task.request.tenant, task.demand, task.gang_size):
+            return []
+        candidates, _ = self.diagnose(task.filter_demand)
+        if avoid is not None:
+            candidates &= ~avoid
+        if task.gang_size == 1:
+            for i, score, details in self.rank(task.demand, candidates):
+                node = self.cluster.nodes[i]
+                selection = select(node, task.demand)
+                if selection is not None:
+                    return [self._grant(task, node, selection, score, details, cause)]
+            return []
+        if task.same_node:
+            for i, score, details in self.rank(task.filter_demand, candidates):
+                node = self.cluster.nodes[i]
+                picks = self._trial(task, [(node, score, details)] * task.gang_size)
+                if picks is not None:
+                    return self._grant_gang(task, picks, cause)
+            return []
+        picks = self._trial(task, None, avoid)
+        return [] if picks is None else self._grant_gang(task, picks, cause)
+
+    def _trial(
+        self,
+        task: PendingTask,
+        nodes: list[tuple[Node, float, list[ScoreDetail]]] | None,
+        avoid: BoolArray | None = None,
+    ) -> list[tuple[Node, Selection, float, list[ScoreDetail]]] | None:
+        """Choose every member's devices in turn, each on the state the previous ones leave,
+        then put the state back: all of the members, or None. `nodes`: one per member (a
+        same-node gang); None: each member on the best node left for it."""
+        picks: list[tuple[Node, Selection, float, list[ScoreDetail]]] = []
+        held: list[tuple[Node, Selection]] = []
+        milli = task.demand.gpu_milli or WHOLE
+        try:
+            for member in range(task.gang_size):
+                found: tuple[Node, Selection, float, list[ScoreDetail]] | None = None
+                if nodes is not None:
+                    node, score, details = nodes[member]
+                    selection = select(node, task.demand)
+                    found = None if selection is None else (node, selection, score, details)
+                else:
+                    candidates, _ = self.diagnose(task.demand)
+                    if avoid is not None:
+                        candidates &= ~avoid
+                    for i, score, details in self.rank(task.demand, candidates):
+                        selection = select(self.cluster.nodes[i], task.demand)
+                        if selection is not None:
+                            found = (self.cluster.nodes[i], selection, score, details)
+                            break
+                if found is None:
+                    return None
+                node, selection = found[0], found[1]
+                node.take(
+                    selection.gpu_ids,
+                    milli,
+                    selection.cpu_cores,
+                    task.demand.memory_mb,
+                    None,
+                    selection.mig_profile,
+                )
+                self.cluster.refresh(node.name)
+                held.append((node, selection))
+                picks.append(found)
+            return picks
+        finally:
+            for node, selection in reversed(held):
+                node.give_back(
+                    selection.gpu_ids,
+                    milli,
+                    selection.cpu_cores,
+                    task.demand.memory_mb,
+                    None,
+                    selection.mig_profile,
+                )
+                self.cluster.refresh(node.name)
+
+    def _grant_gang(
+        self,
+        task: PendingTask,
+        picks: list[tuple[Node, Selection, float, list[ScoreDetail]]],
+        cause: Event,
+    ) -> list[AllocationGranted]:
+        return [
+            self._grant(task, node, selection, score, details, cause, member)
+            for member, (node, selection, score, details) in enumerate(picks)
+        ]
 
     def _grant(
         self,
@@ -476,9 +836,12 @@ class Scheduler:
         score: float,
         details: list[ScoreDetail],
         cause: Event,
+        member: int = 0,
     ) -> AllocationGranted:
         request = task.request
-        event_id = derived_event_id(cause.event_id, f"granted:{request.task_id}")
+        size = task.gang_size
+        suffix = f":{member}" if member else ""
+        event_id = derived_event_id(cause.event_id, f"granted:{request.task_id}{suffix}")
         allocation_id = f"alloc-{event_id.hex[:16]}"
         now = self.clock or cause.occurred_at
         expires = now + timedelta(seconds=self.config.reservation_seconds)
@@ -492,18 +855,30 @@ class Scheduler:
             expires,
             tenant=request.tenant,
             usage=Usage.of(task.demand),
-            priority_rank=PRIORITY_RANK[request.priority],
+            priority=task.priority,
             preemptible=request.preemptible,
             granted_seq=task.seq,
             group=request.anti_affinity.group,
             gpu_milli=task.demand.gpu_milli or WHOLE,
+            pool=request.pool,
+            gang_index=member,
+            mig_profile=selection.mig_profile,
         )
-        self.quotas.take(request.tenant, allocation.usage)
+        self._take(allocation)
         _hold(node, allocation)
         self.cluster.refresh(node.name)
-        self.allocations[request.task_id] = allocation
+        if member:
+            self.allocations[request.task_id].peers.append(allocation)
+        else:
+            self.allocations[request.task_id] = allocation
         checkpoint = self._checkpoint_path(node, request.task_id)
         best = max(details, key=lambda d: d.score).plugin if details else "only fit"
+        gang = f"gang member {member + 1}/{size}; " if size > 1 else ""
+        environment = self._environment(task, selection, checkpoint)
+        if size > 1:
+            environment["CRATER_GANG_INDEX"] = str(member)
+            environment["CRATER_GANG_SIZE"] = str(size)
+            environment["CRATER_GANG_LEADER_NODE"] = self.allocations[request.task_id].node
         return AllocationGranted(
             event_id=event_id,
             occurred_at=cause.occurred_at,
@@ -515,6 +890,7 @@ class Scheduler:
             gpu_ids=list(selection.gpu_ids),
             gpu_memory_mb=task.demand.gpu_memory_mb,
             gpu_milli=allocation.gpu_milli,
+            mig_profile=selection.mig_profile,
             cpu_cores=list(selection.cpu_cores),
             numa_node=selection.numa_node,
             memory_mb=task.demand.memory_mb,
@@ -524,14 +900,30 @@ class Scheduler:
             score=round(score, 4),
             scores=details,
             explanation=(
-                f"{node.name}: score {score:.3f} (strongest: {best}); "
+                f"{gang}{node.name}: score {score:.3f} (strongest: {best}); "
                 f"GPU memory {task.demand.gpu_memory_mb} MiB per card "
                 f"({task.demand.gpu_memory_source}); NUMA {selection.numa_node}"
             ),
-            environment=self._environment(task, selection, checkpoint),
+            environment=environment,
+            gang_index=member,
+            gang_size=size,
         )
 
+    def _take(self, allocation: Allocation) -> None:
+        if self.expiry_floor is not None:
+            self.expiry_floor = min(self.expiry_floor, allocation.expires_at)
+        self.quotas.take(allocation.tenant, allocation.usage)
+        key = (allocation.pool, allocation.tenant)
+        self.pool_usage[key] = self.pool_usage.get(key, Usage()) + allocation.usage
+
     def _release(
+        self, allocation: Allocation, reason: ReleaseReason, cause: Event
+    ) -> list[AllocationReleased]:
+        """The task's resources go back: every member of a gang."""
+        del self.allocations[allocation.task_id]
+        return [self._release_member(m, reason, cause) for m in allocation.members()]
+
+    def _release_member(
         self, allocation: Allocation, reason: ReleaseReason, cause: Event
     ) -> AllocationReleased:
         node = self.cluster.get(allocation.node)
@@ -542,12 +934,14 @@ class Scheduler:
                 allocation.cpu_cores,
                 allocation.memory_mb,
                 allocation.group,
+                allocation.mig_profile,
             )
             self.cluster.refresh(node.name)
-        del self.allocations[allocation.task_id]
         self.quotas.give_back(allocation.tenant, allocation.usage)
+        key = (allocation.pool, allocation.tenant)
+        self.pool_usage[key] = self.pool_usage.get(key, Usage()) - allocation.usage
         return AllocationReleased(
-            event_id=derived_event_id(cause.event_id, f"released:{allocation.task_id}"),
+            event_id=derived_event_id(cause.event_id, f"released:{_member_key(allocation)}"),
             occurred_at=cause.occurred_at,
             allocation_id=allocation.allocation_id,
             task_id=allocation.task_id,
@@ -559,10 +953,12 @@ class Scheduler:
 
     # -- events ------------------------------------------------------------------------------
 
-    def _pending_event(self, task: PendingTask, cause: Event) -> TaskPending:
+    def _pending_event(
+        self, task: PendingTask, cause: Event, avoid: BoolArray | None = None
+    ) -> TaskPending:
         total = len(self.cluster)
-        over = self.quotas.blocking(task.request.tenant, task.demand)
-        _, reasons = self.diagnose(task.demand)
+        over = self.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
+        fits, reasons = self.diagnose(task.filter_demand)
         if over:
             reasons = [
                 FilterReason(
@@ -577,13 +973,31 @@ class Scheduler:
                     ),
                 )
             ]
+        elif avoid is not None and (kept := int(np.count_nonzero(fits & avoid))):
+            head = self.backfill[task.request.pool].task_id
+            reasons = [
+                *reasons,
+                FilterReason(
+                    filter="Backfill",
+                    code="ReservedForWaitingTask",
+                    nodes=kept,
+                    message=f"kept for {head}, waiting ahead of it",
+                ),
+            ]
+        members = task.gang_size
         if reasons:
             detail = ", ".join(f"{r.nodes} {r.message}" for r in reasons)
+        elif total and members > 1:
+            detail = f"fewer than the {members} gang members fit at once"
         elif total:
             detail = "no node has the GPUs and CPU cores together on one NUMA node"
         else:
             detail = "no nodes yet"
-        summary = f"0/{total} nodes available: {detail}"
+        if members > 1 and not task.same_node and not over:
+            room = int(np.count_nonzero(fits if avoid is None else fits & ~avoid))
+            summary = f"{room}/{total} nodes can take a member, {members} needed at once: {detail}"
+        else:
+            summary = f"0/{total} nodes available: {detail}"
         task.last_summary = summary
         return TaskPending(
             event_id=derived_event_id(cause.event_id, f"pending:{task.request.task_id}"),
@@ -623,12 +1037,23 @@ class Scheduler:
             "CRATER_CHECKPOINT_PATH": checkpoint,
             "CRATER_PRECISION": task.request.model_spec.precision.value,
         }
+        if selection.mig_profile is not None:
+            env["CRATER_MIG_PROFILE"] = selection.mig_profile
         if task.prediction is not None:
             env["CRATER_DATALOADER_NUM_WORKERS"] = str(task.prediction.dataloader_num_workers)
             env["CRATER_DATALOADER_PREFETCH_FACTOR"] = str(
                 task.prediction.dataloader_prefetch_factor
             )
         return env
+
+
+def _expiries(allocation: Allocation) -> Iterator[datetime]:
+    """When `allocation` (a gang: any member) could expire or must have yielded."""
+    for member in allocation.members():
+        if not member.running:
+            yield member.expires_at
+    if allocation.yield_by is not None:
+        yield allocation.yield_by
 
 
 def _hold(node: Node, allocation: Allocation) -> None:
@@ -638,4 +1063,29 @@ def _hold(node: Node, allocation: Allocation) -> None:
         allocation.cpu_cores,
         allocation.memory_mb,
         allocation.group,
+        allocation.mig_profile,
     )
+
+
+def _could_hold(node: Node, demand: Demand, members: int) -> bool:
+    """Whether `node`, emptied, has the devices for `members` copies of `demand`."""
+    empty = Node.empty(node.topology, node.overcommit)
+    for _ in range(members):
+        selection = select(empty, demand)
+        if selection is None:
+            return False
+        empty.take(
+            selection.gpu_ids,
+            demand.gpu_milli or WHOLE,
+            selection.cpu_cores,
+            demand.memory_mb,
+            None,
+            selection.mig_profile,
+        )
+    return True
+
+
+def _member_key(allocation: Allocation) -> str:
+    """A gang member's name in derived event ids; the first member keeps the task's own."""
+    index = allocation.gang_index
+    return f"{allocation.task_id}:{index}" if index else allocation.task_id

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from crater.contracts import (
     Affinity,
     Confidence,
+    PlacementQuery,
     ResourcePrediction,
     ResourceRequirements,
     TaskRequest,
+    Toleration,
 )
+from crater.scheduler.domain.mig import MigProfile
 
 # Headroom over a predicted peak: allocator fragmentation and what the model misses.
 PREDICTION_MARGIN = 0.10
@@ -37,6 +41,17 @@ class Demand:
     numa_strict: bool
     gpu_memory_source: str
     anti_affinity_group: str | None = None
+    memory_bandwidth_gbps: float | None = None
+    ssd_iops_min: int | None = None
+    ssd_latency_us_max: int | None = None
+    mig_profile: str | None = None
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+
+    @property
+    def gpu_models(self) -> list[str]:
+        """The allowed GPU models (any of them); empty: any model."""
+        return [m.strip() for m in (self.gpu_model or "").split("|") if m.strip()]
 
     @classmethod
     def of(
@@ -46,9 +61,26 @@ class Demand:
         margin: float = PREDICTION_MARGIN,
     ) -> Demand:
         demand = cls.of_resources(
-            request.resource_requirements, request.pool, request.affinity, prediction, margin
+            request.resource_requirements,
+            request.pool,
+            request.affinity,
+            prediction,
+            margin,
+            node_selector=request.node_selector,
+            tolerations=request.tolerations,
         )
         return replace(demand, anti_affinity_group=request.anti_affinity.group)
+
+    @classmethod
+    def of_query(cls, query: PlacementQuery) -> Demand:
+        """A dry run's demand: the request alone, no prediction."""
+        return cls.of_resources(
+            query.resource_requirements,
+            query.pool,
+            query.affinity,
+            node_selector=query.node_selector,
+            tolerations=query.tolerations,
+        )
 
     @classmethod
     def of_resources(
@@ -58,6 +90,9 @@ class Demand:
         affinity: Affinity,
         prediction: ResourcePrediction | None = None,
         margin: float = PREDICTION_MARGIN,
+        *,
+        node_selector: Mapping[str, str] | None = None,
+        tolerations: Sequence[Toleration] = (),
     ) -> Demand:
         gpu_memory, source = needs.gpu.memory_mb, "requested"
         # A trusted prediction above the request wins: placing on the request alone would
@@ -68,16 +103,26 @@ class Demand:
             if with_margin > gpu_memory:
                 gpu_memory = with_margin
                 source = f"predicted peak {predicted} MiB + {margin:.0%}"
+        gpu = needs.gpu
+        mig = MigProfile.parse(gpu.mig_profile) if gpu.mig_profile and gpu.count else None
+        models = [m for m in (gpu.type, *gpu.types) if m]
         return cls(
             pool=pool,
-            gpus=needs.gpu.count,
-            gpu_milli=needs.gpu.milli if needs.gpu.count else 0,
+            gpus=gpu.count,
+            # a MIG slice counts as its share of the card's compute (quotas, sharing)
+            gpu_milli=(mig.milli if mig else gpu.milli) if gpu.count else 0,
             gpu_memory_mb=gpu_memory,
-            gpu_model=needs.gpu.type,
+            gpu_model="|".join(models) or None,
             cpu_cores=needs.cpu.cores,
             memory_mb=needs.memory.capacity_mb,
             disk_gb=needs.ssd.capacity_gb,
             avx=needs.cpu.avx_support,
             numa_strict=affinity.numa == "strict",
             gpu_memory_source=source,
+            memory_bandwidth_gbps=needs.memory.bandwidth_gbps,
+            ssd_iops_min=needs.ssd.iops_min,
+            ssd_latency_us_max=needs.ssd.latency_us_max,
+            mig_profile=mig.name if mig else None,
+            node_selector=tuple(sorted((node_selector or {}).items())),
+            tolerations=tuple(tolerations),
         )

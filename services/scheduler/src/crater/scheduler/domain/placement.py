@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from crater.scheduler.domain.cluster import WHOLE, Node
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.mig import MigProfile, card_geometry
 
 
 @dataclass(frozen=True)
@@ -13,32 +14,106 @@ class Selection:
     gpu_ids: tuple[int, ...]
     cpu_cores: tuple[int, ...]
     numa_node: int | None
+    mig_profile: str | None = None  # a MIG slice of gpu_ids[0]
 
 
 def select(node: Node, demand: Demand) -> Selection | None:
     """The exact devices for `demand` on `node`, or None when they cannot be had together
     (for example `numa: strict` and no NUMA node has the GPUs and the cores)."""
-    if node.memory_free_mb < demand.memory_mb:
+    if node.memory_free_mb < demand.memory_mb or node.topology.memory_mb < demand.memory_mb:
+        return None
+    if node.cpu_slots_free < demand.cpu_cores:
         return None
     numa_cpus = {n.id: set(n.cpus) for n in node.topology.numa_nodes}
-    if demand.gpus:
+    if demand.mig_profile is not None:
+        picked = _mig_card(node, MigProfile.parse(demand.mig_profile))
+        if picked is None:
+            return None
+        gpu_ids, numa = picked
+    elif demand.gpus:
         picked = _gpus(node, demand)
         if picked is None:
             return None
         gpu_ids, numa = picked
     else:
         gpu_ids = ()
-        numa = _roomiest_numa(node, numa_cpus)
+        numa = _roomiest_numa(node)
     cores = _cores(node, demand, numa_cpus, numa)
     if cores is None:
         return None
-    return Selection(gpu_ids, cores, numa)
+    return Selection(gpu_ids, cores, numa, demand.mig_profile)
+
+
+def _mig_card(node: Node, profile: MigProfile) -> tuple[tuple[int, ...], int | None] | None:
+    """The card to carve the slice from: one cut already with the least room that holds it,
+    else an untouched card (lowest index), so whole cards stay whole."""
+    fitting = [
+        (0 if g.index in node.mig_used else 1, _mig_room(node, g.index), g.index, g.numa_node)
+        for g in node.topology.gpus
+        if node.mig_fits(profile, g.index)
+    ]
+    if not fitting:
+        return None
+    _, _, index, numa = min(fitting)
+    return (index,), numa
+
+
+def _mig_room(node: Node, gpu: int) -> int:
+    shape = card_geometry(node.topology.gpus[gpu].mig_profiles)
+    return 0 if shape is None else shape.room(node.mig_used.get(gpu, (0, 0)))
+
+
+def locality(node: Node, selection: Selection) -> float:
+    """How close a selection's devices sit, in [0, 1]. GPUs: 1 when every pair is joined by
+    NVLink (or there is one card), 2/3 on one PCIe root complex, 1/3 on one NUMA node, 0
+    spread wider. Cores: 1 when all are on the GPUs' one NUMA node (a task without GPUs: on
+    one NUMA node), else 0. A GPU task scores 3/4 GPUs + 1/4 cores; a CPU task its cores."""
+    core_homes = {node.cpu_numa.get(cpu) for cpu in selection.cpu_cores}
+    if not selection.gpu_ids:
+        return 1.0 if len(core_homes) <= 1 else 0.0
+    gpu_homes = {node.topology.gpus[i].numa_node for i in selection.gpu_ids}
+    cores_local = len(gpu_homes) == 1 and (not selection.cpu_cores or core_homes <= gpu_homes)
+    return _blend(_linked(node, selection.gpu_ids), cores_local)
+
+
+def expected_locality(node: Node, demand: Demand) -> float:
+    """`locality` of the devices `select` would pick, without picking the cores: the GPUs
+    the same way, and whether their NUMA node has room for every core. For scoring many
+    nodes at once."""
+    if demand.mig_profile is not None:
+        picked = _mig_card(node, MigProfile.parse(demand.mig_profile))
+    elif demand.gpus:
+        picked = _gpus(node, demand)
+    else:
+        numa = _roomiest_numa(node)
+        return 1.0 if numa is None or node.numa_room.get(numa, 0) >= demand.cpu_cores else 0.0
+    if picked is None:
+        return 0.0
+    gpu_ids, numa = picked
+    cores_local = numa is not None and node.numa_room.get(numa, 0) >= demand.cpu_cores
+    return _blend(_linked(node, gpu_ids), cores_local)
+
+
+def _linked(node: Node, gpu_ids: tuple[int, ...]) -> float:
+    gpus = [node.topology.gpus[i] for i in gpu_ids]
+    homes = {g.numa_node for g in gpus}
+    if all(b.index in a.nvlink_peers for a in gpus for b in gpus if a is not b):
+        return 1.0
+    if len({g.pci_root for g in gpus}) == 1 and gpus[0].pci_root is not None:
+        return 2 / 3
+    if len(homes) == 1 and None not in homes:
+        return 1 / 3
+    return 0.0
+
+
+def _blend(linked: float, cores_local: bool) -> float:
+    return 0.75 * linked + 0.25 * (1.0 if cores_local else 0.0)
 
 
 def _gpus(node: Node, demand: Demand) -> tuple[tuple[int, ...], int | None] | None:
     if demand.gpu_milli < WHOLE:
         return _shared_card(node, demand)
-    free = [g for g in node.topology.gpus if node.gpu_milli_free[g.index] == WHOLE]
+    free = [g for g in node.topology.gpus if node.gpu_milli_free[g.index] >= WHOLE]
     by_numa: dict[int, list[int]] = {}
     for gpu in free:
         by_numa.setdefault(gpu.numa_node if gpu.numa_node is not None else -1, []).append(gpu.index)
@@ -67,31 +142,47 @@ def _shared_card(node: Node, demand: Demand) -> tuple[tuple[int, ...], int | Non
 
 
 def _nvlink_set(node: Node, candidates: list[int], count: int) -> tuple[int, ...]:
-    """Greedy: start from the lowest index, add the GPU with most NVLinks into the set."""
+    """Greedy: start from the lowest index, add the GPU with most NVLinks into the set, then
+    the one sharing most PCIe root complexes with it."""
     peers = {g.index: set(g.nvlink_peers) for g in node.topology.gpus}
+    roots = {g.index: g.pci_root for g in node.topology.gpus}
     pool = sorted(candidates)
     chosen = [pool.pop(0)]
     while len(chosen) < count:
-        best = max(pool, key=lambda g: (len(peers[g] & set(chosen)), -g))
+        best = max(
+            pool,
+            key=lambda g: (
+                len(peers[g] & set(chosen)),
+                sum(1 for c in chosen if roots[g] is not None and roots[c] == roots[g]),
+                -g,
+            ),
+        )
         pool.remove(best)
         chosen.append(best)
     return tuple(sorted(chosen))
 
 
-def _roomiest_numa(node: Node, numa_cpus: dict[int, set[int]]) -> int | None:
-    if not numa_cpus:
+def _roomiest_numa(node: Node) -> int | None:
+    """The NUMA node with the most cores that can take a task (lowest id on ties)."""
+    if not node.numa_room:
         return None
-    return max(sorted(numa_cpus), key=lambda n: len(numa_cpus[n] & node.cpu_free))
+    return max(sorted(node.numa_room), key=lambda n: node.numa_room[n])
 
 
 def _cores(
     node: Node, demand: Demand, numa_cpus: dict[int, set[int]], numa: int | None
 ) -> tuple[int, ...] | None:
-    local = sorted(numa_cpus.get(numa, set()) & node.cpu_free) if numa is not None else []
+    """Distinct cores, the least shared first (over-commit), lowest number on ties."""
+    free = node.cpu_free
+
+    def order(cores: set[int]) -> list[int]:
+        return sorted(cores, key=lambda c: (node.cpu_held.get(c, 0), c))
+
+    local = order(numa_cpus.get(numa, set()) & free) if numa is not None else []
     if len(local) >= demand.cpu_cores:
-        return tuple(local[: demand.cpu_cores])
+        return tuple(sorted(local[: demand.cpu_cores]))
     if demand.numa_strict and numa is not None:
         return None
-    rest = sorted(node.cpu_free - set(local))
+    rest = order(free - set(local))
     cores = local + rest[: demand.cpu_cores - len(local)]
-    return tuple(cores) if len(cores) >= demand.cpu_cores else None
+    return tuple(sorted(cores)) if len(cores) >= demand.cpu_cores else None

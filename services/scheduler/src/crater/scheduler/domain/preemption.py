@@ -16,7 +16,7 @@ from crater.scheduler.domain.placement import select
 class Candidate:
     """A running allocation that may be asked to yield."""
 
-    task_id: str
+    allocation_id: str
     node: str
     gpu_ids: tuple[int, ...]
     gpu_milli: int
@@ -24,6 +24,7 @@ class Candidate:
     memory_mb: int
     priority_rank: int  # larger is lower priority
     granted_seq: int  # later grant, less progress lost
+    mig_profile: str | None = None  # a MIG slice of gpu_ids[0]
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,12 @@ def plan(nodes: Sequence[Node], demand: Demand, candidates: Sequence[Candidate])
         for victim in mine:
             victims.append(victim)
             freed.give_back(
-                victim.gpu_ids, victim.gpu_milli, victim.cpu_cores, victim.memory_mb, None
+                victim.gpu_ids,
+                victim.gpu_milli,
+                victim.cpu_cores,
+                victim.memory_mb,
+                None,
+                victim.mig_profile,
             )
             if select(freed, demand) is not None:
                 cost = (len(victims), -min(v.granted_seq for v in victims), node.name)

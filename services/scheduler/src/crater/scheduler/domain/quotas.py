@@ -31,6 +31,17 @@ class Usage:
             self.memory_mb + other.memory_mb,
         )
 
+    def times(self, copies: int) -> Usage:
+        return Usage(
+            self.gpus * copies,
+            self.gpu_memory_mb * copies,
+            self.cpu_cores * copies,
+            self.memory_mb * copies,
+        )
+
+    def __bool__(self) -> bool:
+        return any((self.gpus, self.gpu_memory_mb, self.cpu_cores, self.memory_mb))
+
     def __sub__(self, other: Usage) -> Usage:
         return Usage(
             self.gpus - other.gpus,
@@ -74,17 +85,20 @@ class Quotas:
     limits: dict[str, Quota] = field(default_factory=dict)
     used: dict[str, Usage] = field(default_factory=dict)
 
-    def blocking(self, tenant: str, demand: Demand) -> list[tuple[str, float, int]]:
-        """What stops `tenant` taking `demand` now, given what it holds."""
+    def blocking(
+        self, tenant: str, demand: Demand, copies: int = 1
+    ) -> list[tuple[str, float, int]]:
+        """What stops `tenant` taking `copies` of `demand` (a gang's members) now, given
+        what it holds."""
         quota = self.limits.get(tenant)
         if quota is None:
             return []
-        return quota.excess(self.used.get(tenant, Usage()) + Usage.of(demand))
+        return quota.excess(self.used.get(tenant, Usage()) + Usage.of(demand).times(copies))
 
-    def never(self, tenant: str, demand: Demand) -> list[tuple[str, float, int]]:
-        """What `demand` alone exceeds: it could never run for this tenant."""
+    def never(self, tenant: str, demand: Demand, copies: int = 1) -> list[tuple[str, float, int]]:
+        """What `copies` of `demand` alone exceed: it could never run for this tenant."""
         quota = self.limits.get(tenant)
-        return [] if quota is None else quota.excess(Usage.of(demand))
+        return [] if quota is None else quota.excess(Usage.of(demand).times(copies))
 
     def take(self, tenant: str, usage: Usage) -> None:
         self.used[tenant] = self.used.get(tenant, Usage()) + usage

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -31,7 +32,7 @@ from crater.contracts import (
     TaskSummary,
     derived_event_id,
 )
-from crater.runtime.outbox import OutboxRelay, first_delivery, stage
+from crater.runtime.outbox import OutboxRelay, TaskSequencer, first_delivery, stage
 from crater.scheduler.adapters.orm import inbox, outbox
 from crater.scheduler.adapters.repository import SchedulerRepository
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
@@ -44,12 +45,24 @@ log = logging.getLogger("crater.scheduler")
 IDEMPOTENT_BY_NATURE = (NodeTopologyReported, NodeHealthReported)
 
 
+# Fine below 10 ms: the targets are p99 < 2 ms at 1,000 nodes and < 10 ms at 10,000.
+DECISION_BUCKETS = tuple(
+    ms / 1000 for ms in (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 25, 50, 100, 500)
+)
+
+
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.decision_seconds = Histogram(
             "crater_scheduler_decision_seconds",
             "Time the scheduling core took to decide on one event.",
-            buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+            buckets=DECISION_BUCKETS,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "crater_scheduler_batch_events",
+            "Events decided and committed in one database transaction.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
             registry=registry,
         )
         self.decisions = Counter(
@@ -67,6 +80,15 @@ class SchedulerMetrics:
         self.nodes = Gauge("crater_scheduler_nodes", "Nodes known.", registry=registry)
 
 
+@dataclass
+class Waiting:
+    """An event waiting to be decided and committed with the batch it arrived in."""
+
+    event: Event
+    consumer: str
+    outcome: asyncio.Future[list[Event]]
+
+
 class SchedulerService:
     def __init__(
         self,
@@ -80,12 +102,16 @@ class SchedulerService:
         self.config = config
         self.metrics = metrics
         self.scheduler = Scheduler(config=config)
+        # Numbers each task's lifecycle events, so the callback can deliver them in order.
+        self.sequencer = TaskSequencer(outbox)
         # One decision at a time: the core is single-threaded by design (determinism).
         self.lock = asyncio.Lock()
+        self.arrived: list[Waiting] = []  # events waiting for the next batch commit
 
     async def load(self) -> None:
         async with self.sessions() as session:
             self.scheduler = await SchedulerRepository(session).load(self.config)
+        self.sequencer.reset()
         self._observe()
         log.info(
             "state loaded: %d nodes, %d allocations, %d pending",
@@ -95,37 +121,67 @@ class SchedulerService:
         )
 
     async def handle(self, event: Event, consumer: str) -> list[Event]:
+        """Decide on `event` and commit; returns once its commit is done (then the message is
+        acked). Events that arrive while a commit runs (a pull batch is handled concurrently)
+        wait and then commit together, in arrival order: one transaction, one fsync, for many
+        messages instead of one each."""
+        waiting = Waiting(event, consumer, asyncio.get_running_loop().create_future())
+        self.arrived.append(waiting)
         async with self.lock:
-            try:
-                decisions = await self._decide_and_commit(event, consumer)
-            except Exception:
-                # The commit failed after the core changed its mind: go back to what is stored,
-                # and let the message be redelivered.
-                await self.load()
-                raise
-        if decisions:
-            self.relay.wake()
-            self._log(decisions)
-        self._observe()
-        return decisions
+            if not waiting.outcome.done():
+                batch, self.arrived = self.arrived, []
+                await self._commit(batch)
+        return waiting.outcome.result()
 
-    async def _decide_and_commit(self, event: Event, consumer: str) -> list[Event]:
+    async def _commit(self, batch: list[Waiting]) -> None:
+        self.metrics.batch_size.observe(len(batch))
+        try:
+            outcomes = await self._decide_and_commit(batch)
+        except Exception as error:
+            # The commit failed after the core changed its mind: go back to what is stored.
+            await self.load()
+            if len(batch) == 1:
+                batch[0].outcome.set_exception(error)  # redelivered
+                return
+            for waiting in batch:  # each alone, so only a message to blame is redelivered
+                await self._commit([waiting])
+        else:
+            for waiting, decisions in zip(batch, outcomes, strict=True):
+                waiting.outcome.set_result(decisions)
+            decided = [d for decisions in outcomes for d in decisions]
+            if decided:
+                self.relay.wake()
+                self._log(decided)
+            self._observe()
+        finally:
+            for waiting in batch:  # cancelled (shutdown): the others are not left waiting
+                if not waiting.outcome.done():
+                    waiting.outcome.set_exception(RuntimeError("the commit was interrupted"))
+
+    async def _decide_and_commit(self, batch: list[Waiting]) -> list[list[Event]]:
         async with self.sessions() as session, session.begin():
             repository = SchedulerRepository(session)
-            if not isinstance(event, IDEMPOTENT_BY_NATURE) and not await first_delivery(
-                session, inbox, consumer, event.event_id
-            ):
-                return []
-            if isinstance(event, TaskProfiled) and await repository.task_known(event.task.task_id):
-                return []  # the same task submitted again under a new event id
-            seq = self.scheduler.next_seq
-            started = time.perf_counter()
-            decisions = self.scheduler.handle(event)
-            self.metrics.decision_seconds.observe(time.perf_counter() - started)
-            if isinstance(event, NodeHealthReported) and not decisions:
-                return []  # a heartbeat like the last one: nothing to store
-            await repository.record(event, decisions, seq)
-            await stage(session, outbox, *decisions)
+            return [await self._decide(session, repository, w.event, w.consumer) for w in batch]
+
+    async def _decide(
+        self, session: Any, repository: SchedulerRepository, event: Event, consumer: str
+    ) -> list[Event]:
+        """One event inside the batch's transaction: de-duplicate, decide, record, stage."""
+        if not isinstance(event, IDEMPOTENT_BY_NATURE) and not await first_delivery(
+            session, inbox, consumer, event.event_id
+        ):
+            return []
+        if isinstance(event, TaskProfiled) and await repository.task_known(event.task.task_id):
+            return []  # the same task submitted again under a new event id
+        seq = self.scheduler.next_seq
+        started = time.perf_counter()
+        decisions = self.scheduler.handle(event)
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        if isinstance(event, NodeHealthReported) and not decisions:
+            return []  # a heartbeat like the last one: nothing to store
+        await repository.record(event, decisions, seq)
+        decisions = await self.sequencer.stamp(session, decisions)
+        await stage(session, outbox, *decisions)
         return decisions
 
     async def request_replicas(self, event: ReplicasRequested, consumer: str) -> list[Event]:
@@ -168,6 +224,7 @@ class SchedulerService:
                         prediction=prediction or _no_prediction(request),
                     )
                 )
+            staged = await self.sequencer.stamp(session, staged)
             await stage(session, outbox, *staged)
         self.relay.wake()
         return staged
@@ -177,7 +234,7 @@ class SchedulerService:
             return await SchedulerRepository(session).task_summaries(query)
 
     def dry_run(self, query: PlacementQuery) -> PlacementAnswer:
-        demand = Demand.of_resources(query.resource_requirements, query.pool, query.affinity)
+        demand = Demand.of_query(query)
         return self.scheduler.dry_run(demand)
 
     def nodes(self, pool: str | None) -> list[NodeSummary]:

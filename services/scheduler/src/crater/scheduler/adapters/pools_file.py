@@ -1,0 +1,122 @@
+"""Pools from a YAML file: per pool, the placement pipeline and the over-commit ratios.
+
+pools:
+  training:
+    scores: {FieldWeighted: 0.5, TopologyLocality: 0.3, GpuBinPack: 0.2}
+  inference:
+    filters: [NodeReady, Pool, TaintToleration, GpuCount, GpuMemory, CpuCores, Memory]
+    overcommit: {cpu: 2.0, memory: 1.5}      # GPU stays 1 unless set
+
+A pool left out, or a field left out, keeps the default: every filter, the default scores,
+no over-commit. `filters` must keep NodeReady and Pool, the two that no pool can do without.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from crater.scheduler.domain.cluster import Overcommit
+from crater.scheduler.domain.plugins import (
+    CONFIGURED_SCORES,
+    DEFAULT_PIPELINE,
+    FILTERS,
+    SCORES,
+    Pipeline,
+)
+from crater.scheduler.domain.pools import PoolPolicy
+
+REQUIRED_FILTERS = ("NodeReady", "Pool")
+
+
+class PoolsFileError(ValueError):
+    """A pools file that cannot be used, with the field and the reason."""
+
+
+class _Overcommit(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cpu: float = Field(default=1.0, gt=0, le=64, description="CPU cores promised per core.")
+    memory: float = Field(default=1.0, gt=0, le=64, description="Memory promised per byte.")
+    gpu: float = Field(default=1.0, gt=0, le=64, description="Cards promised per card.")
+
+
+class _Pool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    filters: list[str] | None = None
+    scores: dict[str, float] | None = None
+    args: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    overcommit: _Overcommit = Field(default_factory=_Overcommit)
+
+    @field_validator("filters")
+    @classmethod
+    def _known_filters(cls, names: list[str] | None) -> list[str] | None:
+        if names is None:
+            return None
+        unknown = [n for n in names if n not in FILTERS]
+        if unknown:
+            raise ValueError(f"unknown filter {', '.join(unknown)}; known: {', '.join(FILTERS)}")
+        missing = [n for n in REQUIRED_FILTERS if n not in names]
+        if missing:
+            raise ValueError(f"must include {', '.join(missing)}")
+        return names
+
+    @field_validator("scores")
+    @classmethod
+    def _known_scores(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
+        if weights is None:
+            return None
+        known = [*SCORES, *CONFIGURED_SCORES]
+        unknown = [n for n in weights if n not in known]
+        if unknown:
+            raise ValueError(f"unknown score {', '.join(unknown)}; known: {', '.join(known)}")
+        negative = [n for n, w in weights.items() if w < 0]
+        if negative:
+            raise ValueError(f"negative weight for {', '.join(negative)}")
+        return weights
+
+    def policy(self) -> PoolPolicy:
+        default_scores = {s.name: s.weight for s in DEFAULT_PIPELINE.scores}
+        scores = self.scores if self.scores is not None else default_scores
+        idle = [n for n in self.args if n not in scores or n not in CONFIGURED_SCORES]
+        if idle:
+            raise ValueError(f"{', '.join(idle)} is not a score of this pool that takes arguments")
+        pipeline = Pipeline.from_names(
+            self.filters if self.filters is not None else list(FILTERS), scores, self.args
+        )
+        ratios = self.overcommit
+        return PoolPolicy(pipeline, Overcommit(ratios.cpu, ratios.memory, ratios.gpu))
+
+
+class _PoolsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pools: dict[str, _Pool]
+
+
+def parse_pools(text: str, origin: str = "pools file") -> dict[str, PoolPolicy]:
+    try:
+        spec = _PoolsFile.model_validate(yaml.safe_load(text))
+    except yaml.YAMLError as error:
+        raise PoolsFileError(f"{origin}: not valid YAML: {error}") from error
+    except ValidationError as error:
+        reasons = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+            for e in error.errors(include_url=False)
+        )
+        raise PoolsFileError(f"{origin}: {reasons}") from error
+    policies: dict[str, PoolPolicy] = {}
+    for name, pool in spec.pools.items():
+        try:
+            policies[name] = pool.policy()
+        except (TypeError, ValueError) as error:  # plugin arguments the plugin does not take
+            raise PoolsFileError(f"{origin}: pools.{name}.args: {error}") from error
+    return policies
+
+
+def load_pools(path: Path) -> dict[str, PoolPolicy]:
+    return parse_pools(path.read_text(), str(path))

@@ -1,0 +1,140 @@
+"""The scheduler's service layer commits the events that arrive together in one transaction,
+and a failing event takes only itself back, not its batch (real SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from faststream.nats import NatsBroker
+from prometheus_client import CollectorRegistry
+from sqlalchemy import func, select
+
+from crater.contracts import (
+    AllocationGranted,
+    Confidence,
+    Event,
+    NodeTopologyReported,
+    ResourcePrediction,
+    TaskProfiled,
+    TaskRequest,
+)
+from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
+from crater.runtime.outbox import OutboxRelay
+from crater.scheduler.adapters.orm import outbox, tasks
+from crater.scheduler.adapters.repository import SchedulerRepository
+from crater.scheduler.app import MIGRATIONS_DIR
+from crater.scheduler.domain.core import SchedulerConfig
+from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
+from tests.support.topologies import node
+
+pytestmark = pytest.mark.integration
+
+PREDICTION = ResourcePrediction(
+    gpu_memory_per_gpu_mb=1000,
+    host_memory_mb=1000,
+    confidence=Confidence.LOW,
+    method="test",
+    dataloader_num_workers=1,
+    dataloader_prefetch_factor=2,
+)
+
+
+def profiled(task_id: str) -> TaskProfiled:
+    request = TaskRequest.model_validate(
+        {
+            "task_id": task_id,
+            "task_type": "training",
+            "model_config": {"name": "m"},
+            "resource_requirements": {
+                "gpu": {"count": 1, "memory_mb": 1000},
+                "cpu": {"cores": 1},
+                "memory": {"capacity_mb": 1000},
+            },
+        }
+    )
+    return TaskProfiled(task=request, prediction=PREDICTION)
+
+
+class FailsOn(SchedulerService):
+    """Fault injection: the database write of one task's event fails."""
+
+    poison = "poison"
+
+    async def _decide(self, session: Any, repository: Any, event: Event, consumer: str) -> Any:
+        decisions = await super()._decide(session, repository, event, consumer)
+        if isinstance(event, TaskProfiled) and event.task.task_id == self.poison:
+            raise RuntimeError("the disk is full")
+        return decisions
+
+
+@pytest.fixture
+async def sessions(database_url: str) -> AsyncIterator[Any]:
+    await upgrade_to_head_async(database_url, MIGRATIONS_DIR)
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    await engine.dispose()
+
+
+def service(kind: type[SchedulerService], sessions: Any) -> SchedulerService:
+    # The relay is never started: the test reads the outbox itself.
+    relay = OutboxRelay(sessions, outbox, NatsBroker("nats://127.0.0.1:1"))
+    return kind(sessions, relay, SchedulerConfig(), SchedulerMetrics(CollectorRegistry()))
+
+
+async def counts(sessions: Any) -> tuple[int, int]:
+    async with sessions() as session:
+        stored = await session.scalar(select(func.count()).select_from(tasks))
+        staged = await session.scalar(select(func.count()).select_from(outbox))
+        return int(stored or 0), int(staged or 0)
+
+
+async def test_events_arriving_together_commit_together(sessions: Any) -> None:
+    scheduler = service(SchedulerService, sessions)
+    await scheduler.load()
+    await asyncio.gather(
+        *(
+            scheduler.handle(NodeTopologyReported(node=node(f"n{i}", gpus=8)), "node-topology")
+            for i in range(4)
+        )
+    )
+    events = [profiled(f"t{i}") for i in range(24)]
+    outcomes = await asyncio.gather(*(scheduler.handle(e, "task-profiled") for e in events))
+
+    for event, decisions in zip(events, outcomes, strict=True):
+        assert [type(d) for d in decisions] == [AllocationGranted]
+        assert decisions[0].task_id == event.task.task_id
+    registry = scheduler.metrics.batch_size
+    batches = registry.collect()[0].samples
+    count = next(s.value for s in batches if s.name.endswith("_count"))
+    total = next(s.value for s in batches if s.name.endswith("_sum"))
+    assert total == 4 + 24
+    assert count < 8  # committed in a few transactions, not one each
+    assert await counts(sessions) == (24, 24)
+    # Redelivered: the inbox knows them; nothing changes.
+    again = await asyncio.gather(*(scheduler.handle(e, "task-profiled") for e in events[:5]))
+    assert again == [[]] * 5
+    assert await counts(sessions) == (24, 24)
+
+
+async def test_a_failing_event_takes_back_only_itself(sessions: Any) -> None:
+    scheduler = service(FailsOn, sessions)
+    await scheduler.load()
+    await scheduler.handle(NodeTopologyReported(node=node("n0", gpus=8)), "node-topology")
+    events = [profiled("a"), profiled("b"), profiled(FailsOn.poison), profiled("c")]
+    outcomes = await asyncio.gather(
+        *(scheduler.handle(e, "task-profiled") for e in events), return_exceptions=True
+    )
+
+    assert isinstance(outcomes[2], RuntimeError)
+    for i in (0, 1, 3):
+        assert [type(d) for d in outcomes[i]] == [AllocationGranted]  # type: ignore[union-attr]
+    assert await counts(sessions) == (3, 3)
+    # The core holds what is stored: the poisoned task is neither placed nor waiting.
+    assert sorted(scheduler.scheduler.allocations) == ["a", "b", "c"]
+    assert FailsOn.poison not in scheduler.scheduler.pending
+    async with sessions() as session:
+        stored = await SchedulerRepository(session).load(SchedulerConfig())
+    assert sorted(stored.allocations) == ["a", "b", "c"]

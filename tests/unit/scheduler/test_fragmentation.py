@@ -1,0 +1,174 @@
+"""Crater's Fragmentation score alone: the fragmentation measure worked by hand, GPUs stranded
+by CPU and memory, the workload learned online (deterministic, each request once, decaying),
+and the derived traces used to check it is not tuned to one trace."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from crater.scheduler.domain.cluster import ClusterArrays, Node
+from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.fragmentation import (
+    LearnedShape,
+    WorkloadModel,
+    cards_after,
+    expected_fragmentation,
+    fragmentation_growth,
+    host_stranded,
+    rate_fragmentation,
+    workload_model,
+)
+from crater.scheduler.sim.openb import OpenbNode, OpenbPod, topology
+from crater.scheduler.sim.variants import derive
+
+
+def demand(gpus: int, milli: int = 1000, cores: int = 1, memory_mb: int = 1024) -> Demand:
+    return Demand(
+        pool="default",
+        gpus=gpus,
+        gpu_milli=milli if gpus else 0,
+        gpu_memory_mb=0,
+        gpu_model=None,
+        cpu_cores=cores,
+        memory_mb=memory_mb,
+        disk_gb=0,
+        avx=None,
+        numa_strict=False,
+        gpu_memory_source="requested",
+    )
+
+
+def shape(
+    gpus: int, milli: int, popularity: float, cores: float = 1, memory: float = 0
+) -> LearnedShape:
+    return LearnedShape(gpus, milli, None, popularity, cores, memory)
+
+
+def cluster(*nodes: OpenbNode) -> ClusterArrays:
+    c = ClusterArrays()
+    for n in nodes:
+        c.upsert(Node.empty(topology(n, cpu_unit_milli=1000)))
+    return c
+
+
+def test_fragmentation_is_the_free_share_each_shape_cannot_use() -> None:
+    cards = np.asarray([[1000, 300], [600, 0]])
+    free = np.asarray([8, 8])
+    ok = np.ones((3, 2), np.bool_)
+    shapes = (shape(1, 500, 0.5), shape(1, 1000, 0.25), shape(2, 1000, 0.25))
+    got = expected_fragmentation(cards, free, free, ok, shapes)
+    # node 0: 500 strands the 300 card; one whole card strands 300; two cards: all 1300
+    # node 1: 500 uses the 600 card; a whole card: none fits, all 600; two: all 600
+    assert got.tolist() == [0.5 * 300 + 0.25 * 300 + 0.25 * 1300, 0.25 * 600 + 0.25 * 600]
+
+
+def test_a_node_out_of_cpu_or_memory_strands_all_its_gpus() -> None:
+    cards = np.asarray([[1000, 1000], [1000, 1000], [1000, 1000]])
+    cpu = np.asarray([8, 0, 8])
+    memory = np.asarray([4096, 4096, 100])
+    ok = np.ones((1, 3), np.bool_)
+    got = expected_fragmentation(cards, cpu, memory, ok, (shape(1, 1000, 1.0, 2, 1024),))
+    assert got.tolist() == [0.0, 2000.0, 2000.0]
+
+
+def test_host_stranded_counts_gpus_the_cpu_left_cannot_feed() -> None:
+    cards = np.asarray([[1000, 1000, 1000, 1000], [1000, 1000, 0, 0]])
+    # the workload asks 8 cores and 1000 MiB per card: 16 cores feed only two cards
+    got = host_stranded(cards, np.asarray([16, 16]), np.asarray([10**6, 10**6]), 8 / 1000, 1.0)
+    assert got.tolist() == [2000.0, 0.0]
+    # memory binds the same way
+    got = host_stranded(cards, np.asarray([64, 64]), np.asarray([1000, 1000]), 8 / 1000, 1.0)
+    assert got.tolist() == [3000.0, 1000.0]
+
+
+def test_a_cpu_only_task_goes_where_its_cores_strand_no_gpus() -> None:
+    """Same cards, one node short of CPU per card: taking its cores strands its GPUs."""
+    c = cluster(
+        OpenbNode("tight", 16000, 65536, 2, "T4"), OpenbNode("roomy", 96000, 65536, 2, "T4")
+    )
+    model = workload_model(c)
+    for _ in range(10):  # GPU tasks of 8 cores a card
+        model.observe(demand(1, cores=8))
+    idx = np.arange(2)
+    growth = fragmentation_growth(c, demand(0, cores=12), idx)
+    assert growth[0] > 0
+    assert growth[1] == 0
+    scores = rate_fragmentation(c, demand(0, cores=12), idx)
+    assert scores[1] > scores[0]
+
+
+def test_a_share_lands_on_the_fullest_card_that_holds_it() -> None:
+    cards = np.asarray([[1000, 400, 600], [300, 1000, 1000]])
+    after = cards_after(cards, demand(1, 350))
+    assert after.tolist() == [[1000, 50, 600], [300, 650, 1000]]
+    assert cards_after(cards, demand(2)).tolist() == [[0, 400, 600], [300, 0, 0]]
+
+
+def test_learning_is_deterministic_and_counts_each_request_once() -> None:
+    stream = [
+        d
+        for _ in range(50)  # distinct requests, equal in what they ask
+        for d in (demand(1), demand(1, 500, cores=4), demand(0, cores=16), demand(1))
+    ]
+    first, second = WorkloadModel(), WorkloadModel()
+    for d in stream:
+        first.observe(d)
+        first.observe(d)  # the same pending request retried: not counted again
+    for d in stream:
+        second.observe(d)
+    assert first.seen == second.seen == len(stream)
+    assert first.shapes() == second.shapes()
+    top = first.shapes()[0]
+    assert (top.gpus, top.gpu_milli) == (1, 1000)
+    assert abs(top.popularity - 0.5) < 0.01
+
+
+def test_older_requests_weigh_less() -> None:
+    model = WorkloadModel(half_life=100)
+    for _ in range(100):
+        model.observe(demand(1))
+    for _ in range(100):
+        model.observe(demand(2))
+    # 100 requests on, the first hundred weigh half of the last hundred's
+    popular = {(s.gpus, s.gpu_milli): s.popularity for s in model.shapes()}
+    assert popular[(2, 1000)] > popular[(1, 1000)]
+    assert abs(popular[(1, 1000)] / popular[(2, 1000)] - 0.5) < 0.05
+
+
+def test_schedulers_do_not_share_what_they_learned() -> None:
+    a, b = (
+        cluster(OpenbNode("n", 16000, 65536, 2, "T4")),
+        cluster(OpenbNode("n", 16000, 65536, 2, "T4")),
+    )
+    fragmentation_growth(a, demand(1), np.arange(1))
+    assert workload_model(a).seen == 1
+    assert workload_model(b).seen == 0
+
+
+NODES = [OpenbNode("g8", 96000, 393216, 8, "G2"), OpenbNode("t4", 104000, 524288, 2, "T4")]
+PODS = [
+    OpenbPod("whole", 8000, 30000, 1, 1000, ""),
+    OpenbPod("share", 4000, 16000, 1, 500, ""),
+    OpenbPod("eight", 64000, 300000, 8, 1000, ""),
+    OpenbPod("cpu", 12000, 50000, 0, 0, ""),
+] * 25
+
+
+def test_variants_are_seeded_and_shift_the_mix() -> None:
+    sharing = derive(PODS, NODES, "sharing", seed=3)
+    assert sharing == derive(PODS, NODES, "sharing", seed=3)
+    assert len(sharing) == len(PODS)
+    assert sum(p.num_gpu == 1 and p.gpu_milli < 1000 for p in sharing) == 60
+    assert sum(p.num_gpu == 0 for p in derive(PODS, NODES, "cpuheavy", seed=3)) == 30
+    assert sum(p.num_gpu >= 2 for p in derive(PODS, NODES, "multigpu", seed=3)) == 8
+
+
+def test_gpuspec_pins_gpu_pods_only_to_models_that_can_hold_them() -> None:
+    pinned = derive(PODS, NODES, "gpuspec", seed=3)
+    specs = Counter((p.num_gpu, p.gpu_spec) for p in pinned)
+    assert specs[(8, "T4")] == 0  # two-card nodes cannot hold eight
+    assert specs[(8, "G2")] > 0
+    assert all(not p.gpu_spec for p in pinned if not p.num_gpu)
+    assert 0.2 < sum(bool(p.gpu_spec) for p in pinned) / 75 < 0.5
