@@ -3,9 +3,12 @@
 Builds a simulated fleet of N nodes from the probe's demo profiles, feeds the core their
 topologies, then a stream of tasks like the demo's (training, fine-tuning, inference, CPU-only,
 GPU shares), each released after a while so the cluster stays busy but not full, and times
-`Scheduler.handle` per task. The core alone: no bus, no database.
+`Scheduler.handle` per event (submissions and status reports). With `--waiting N`, one pool is
+first filled and N tasks left waiting in its queue, so every release retries them. The core
+alone: no bus, no database.
 
-    .venv/bin/python benchmarks/scheduler/decision_time.py --nodes 1000 10000 --tasks 3000
+    .venv/bin/python benchmarks/scheduler/decision_time.py --nodes 1000 10000 --tasks 3000 \
+        --waiting 0 1000
 
 Prints p50/p99/p99.9 and writes JSON to benchmarks/results/scheduler_decision_time.json.
 """
@@ -23,7 +26,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from crater.cli.bench import scaled_fleet
 from crater.contracts import (
+    AllocationGranted,
     Confidence,
     NodeTopologyReported,
     ResourcePrediction,
@@ -32,7 +37,6 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
 )
-from crater.probe.fleet import build_fleet, read_fleet_spec
 from crater.scheduler.domain.core import Scheduler
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "scheduler_decision_time.json"
@@ -54,21 +58,6 @@ PREDICTION = ResourcePrediction(
 )
 
 
-def fleet(nodes: int, seed: int) -> list[Any]:
-    spec = read_fleet_spec(None)
-    base = sum(group.count for group in spec.nodes)
-    scaled = spec.model_copy(
-        update={
-            "faults": [],
-            "nodes": [
-                g.model_copy(update={"count": max(1, round(g.count * nodes / base))})
-                for g in spec.nodes
-            ],
-        }
-    )
-    return build_fleet(scaled, seed).topologies[:nodes]
-
-
 def task(n: int, rng: random.Random, pools: list[str]) -> TaskRequest:
     gpus, milli, gpu_mb, cores, memory = rng.choice(SHAPES)
     return TaskRequest.model_validate(
@@ -86,38 +75,83 @@ def task(n: int, rng: random.Random, pools: list[str]) -> TaskRequest:
     )
 
 
-def run(nodes: int, tasks: int, seed: int) -> dict[str, Any]:
+def queue_up(scheduler: Scheduler, waiting: int, pools: list[str]) -> None:
+    """Fill the first pool with whole-node tasks that never finish, then leave `waiting` more
+    of them in the queue: every later change retries them (a deep pending queue)."""
+    n = 0
+    while len(scheduler.pending) < waiting:
+        request = TaskRequest.model_validate(
+            {
+                "task_id": f"q{n}",
+                "task_type": "training",
+                "model_config": {"name": "bench"},
+                "resource_requirements": {
+                    "gpu": {"count": 1, "memory_mb": 1000},
+                    "cpu": {"cores": 2},
+                    "memory": {"capacity_mb": 4000},
+                },
+                "pool": pools[0],
+            }
+        )
+        scheduler.handle(TaskProfiled(occurred_at=T0, task=request, prediction=PREDICTION))
+        n += 1
+        if n > 100 * (waiting + len(scheduler.cluster)):
+            raise RuntimeError("the queue does not fill: tasks never wait")
+    for task_id, allocation in list(scheduler.allocations.items()):
+        if allocation.task_id.startswith("q"):
+            scheduler.handle(
+                TaskStatusReported(occurred_at=T0, task_id=task_id, status=TaskStatus.RUNNING)
+            )
+
+
+def run(nodes: int, tasks: int, seed: int, waiting: int = 0) -> dict[str, Any]:
     rng = random.Random(seed)
     scheduler = Scheduler()
-    topologies = fleet(nodes, seed)
+    topologies = scaled_fleet(nodes, seed)
     for topology in topologies:
         scheduler.handle(NodeTopologyReported(occurred_at=T0, node=topology))
     pools = sorted({t.pool for t in topologies})
+    if waiting:
+        queue_up(scheduler, waiting, pools)
+        pools = pools[1:]  # the timed tasks go where there is room
     times: list[float] = []
+    cpu_times: list[float] = []  # the same, in CPU time: what other load on the machine adds
     running: list[str] = []
+    # Tasks held before the oldest finishes: few enough that releases (and the retries of the
+    # waiting tasks they cause) happen early in the run.
+    keep = min(nodes, 100)
     for n in range(tasks):
         at = T0 + timedelta(seconds=n * 0.01)
         event = TaskProfiled(occurred_at=at, task=task(n, rng, pools), prediction=PREDICTION)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         decisions = scheduler.handle(event)
         times.append(time.perf_counter() - started)
-        running += [d.task_id for d in decisions if type(d).__name__ == "AllocationGranted"]
-        for task_id in running[: max(0, len(running) - nodes)]:  # keep about one per node
-            scheduler.handle(
-                TaskStatusReported(occurred_at=at, task_id=task_id, status=TaskStatus.RUNNING)
-            )
-            scheduler.handle(
-                TaskStatusReported(occurred_at=at, task_id=task_id, status=TaskStatus.SUCCEEDED)
-            )
-        running = running[max(0, len(running) - nodes) :]
+        cpu_times.append(time.thread_time() - cpu)
+        running += [d.task_id for d in decisions if isinstance(d, AllocationGranted)]
+        for task_id in running[: max(0, len(running) - keep)]:
+            for status in (TaskStatus.RUNNING, TaskStatus.SUCCEEDED):
+                # Timed too: a release retries the waiting tasks, the cost of a deep queue.
+                report = TaskStatusReported(occurred_at=at, task_id=task_id, status=status)
+                started, cpu = time.perf_counter(), time.thread_time()
+                scheduler.handle(report)
+                times.append(time.perf_counter() - started)
+                cpu_times.append(time.thread_time() - cpu)
+        running = running[max(0, len(running) - keep) :]
     ms = sorted(t * 1000 for t in times)
+    cpu_ms = sorted(t * 1000 for t in cpu_times)
     return {
         "nodes": len(topologies),
         "tasks": tasks,
+        "waiting": waiting,
         "p50_ms": round(statistics.median(ms), 3),
         "p99_ms": round(ms[int(len(ms) * 0.99) - 1], 3),
         "p99_9_ms": round(ms[int(len(ms) * 0.999) - 1], 3),
         "max_ms": round(ms[-1], 3),
+        # CPU time of the same calls: near the wall time on a quiet machine, and unchanged by
+        # other processes competing for the cores.
+        "cpu_p50_ms": round(statistics.median(cpu_ms), 3),
+        "cpu_p99_ms": round(cpu_ms[int(len(cpu_ms) * 0.99) - 1], 3),
+        "cpu_p99_9_ms": round(cpu_ms[int(len(cpu_ms) * 0.999) - 1], 3),
         "pending_at_end": len(scheduler.pending),
     }
 
@@ -127,15 +161,24 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--waiting",
+        type=int,
+        nargs="+",
+        default=[0, 1000],
+        help="Tasks left waiting in the queue while the others are timed (a deep queue).",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="Where the JSON goes.")
     args = parser.parse_args()
     results = []
     for n in args.nodes:
-        result = run(n, args.tasks, args.seed)
-        print(json.dumps(result), flush=True)
-        results.append(result)
+        for waiting in args.waiting:
+            result = run(n, args.tasks, args.seed, waiting)
+            print(json.dumps(result), flush=True)
+            results.append(result)
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"runs": results, "machine": machine}, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"runs": results, "machine": machine}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

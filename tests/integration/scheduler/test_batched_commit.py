@@ -105,9 +105,9 @@ async def test_events_arriving_together_commit_together(sessions: Any) -> None:
 
     for event, decisions in zip(events, outcomes, strict=True):
         assert [type(d) for d in decisions] == [AllocationGranted]
+        assert isinstance(decisions[0], AllocationGranted)
         assert decisions[0].task_id == event.task.task_id
-    registry = scheduler.metrics.batch_size
-    batches = registry.collect()[0].samples
+    batches = [s for m in scheduler.metrics.batch_size.collect() for s in m.samples]
     count = next(s.value for s in batches if s.name.endswith("_count"))
     total = next(s.value for s in batches if s.name.endswith("_sum"))
     assert total == 4 + 24

@@ -1,0 +1,96 @@
+"""The pure parts of `crater bench`: its workload fits its fleet, and its statistics."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from crater.cli.bench import (
+    PREDICTION,
+    bucket_delta,
+    histogram_quantile,
+    parse_rates,
+    percentile,
+    scaled_fleet,
+    task_request,
+)
+from crater.contracts import (
+    AllocationGranted,
+    NodeTopologyReported,
+    TaskProfiled,
+    TaskRejected,
+    TaskStatus,
+    TaskStatusReported,
+)
+from crater.scheduler.domain.core import Scheduler
+
+
+@pytest.mark.parametrize("nodes", [6, 24, 120])
+def test_scaled_fleet_has_the_nodes_asked_for_of_every_kind(nodes: int) -> None:
+    fleet = scaled_fleet(nodes, seed=1)
+    assert len(fleet) == nodes
+    assert len({t.node_id for t in fleet}) == nodes
+    assert {t.node_id.split("-")[0] for t in fleet} == {
+        "a100",
+        "h100",
+        "v100",
+        "rtx4090",
+        "t4",
+        "cpu",
+    }
+    assert fleet == scaled_fleet(nodes, seed=1)
+
+
+def test_every_bench_task_is_placed_on_the_bench_fleet() -> None:
+    """No task of the workload is rejected or left waiting when each is completed at once."""
+    fleet = scaled_fleet(24, seed=3)
+    scheduler = Scheduler()
+    for topology in fleet:
+        scheduler.handle(NodeTopologyReported(node=topology))
+    rng = random.Random(3)
+    pools = sorted({t.pool for t in fleet})
+    for n in range(300):
+        request = task_request(f"t{n}", rng, pools)
+        decisions = scheduler.handle(TaskProfiled(task=request, prediction=PREDICTION))
+        assert not [d for d in decisions if isinstance(d, TaskRejected)], request
+        granted = [d for d in decisions if isinstance(d, AllocationGranted)]
+        assert len(granted) == 1, (request, decisions)
+        scheduler.handle(
+            TaskStatusReported(
+                task_id=request.task_id,
+                status=TaskStatus.SUCCEEDED,
+                allocation_id=granted[0].allocation_id,
+            )
+        )
+    assert not scheduler.pending
+    assert not scheduler.allocations
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 1001)]
+    assert percentile(values, 50) == 500
+    assert percentile(values, 99) == 990
+    assert percentile(values, 99.9) == 999
+    assert percentile([7.0], 99.9) == 7
+    assert math.isnan(percentile([], 50))
+
+
+def test_histogram_quantile_is_the_bound_of_the_bucket_holding_it() -> None:
+    before = {0.001: 10.0, 0.002: 10.0, 0.005: 10.0, math.inf: 10.0}
+    after = {0.001: 60.0, 0.002: 108.0, 0.005: 109.0, math.inf: 110.0}
+    delta = bucket_delta(after, before)
+    assert delta == {0.001: 50.0, 0.002: 98.0, 0.005: 99.0, math.inf: 100.0}
+    assert histogram_quantile(delta, 0.5) == 0.001
+    assert histogram_quantile(delta, 0.9) == 0.002
+    assert histogram_quantile(delta, 0.99) == 0.005
+    assert histogram_quantile(delta, 0.999) == math.inf
+    assert math.isnan(histogram_quantile({math.inf: 0.0}, 0.5))
+
+
+def test_rates_are_positive_numbers() -> None:
+    assert parse_rates("100, 200,400") == [100, 200, 400]
+    for bad in ("", "100,x", "0", "-5"):
+        with pytest.raises(Exception, match="rates"):
+            parse_rates(bad)
