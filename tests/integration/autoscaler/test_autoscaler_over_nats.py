@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from faststream import TestApp
 from prometheus_client import generate_latest
 
@@ -31,17 +32,22 @@ def slow(service: str, replicas: int = 2) -> LatencySamplesReported:
     )
 
 
+@pytest.mark.parametrize(
+    ("strategy", "desired"),
+    # rule: ceil(2 x 450 / 200), capped at x2; demand: 2 x 0.93 / 0.8, with the queue.
+    [("rule", 4), ("demand", 3)],
+)
 async def test_samples_over_the_line_yield_a_scale_out_decision(
-    fresh_nats: NatsServer, tap: EventTap
+    fresh_nats: NatsServer, tap: EventTap, strategy: str, desired: int
 ) -> None:
-    service, app = build(AutoscalerSettings(nats_url=fresh_nats.url))
+    service, app = build(AutoscalerSettings(nats_url=fresh_nats.url, strategy=strategy))
     async with TestApp(app):
         event = slow("chat")
         await publish(service.broker, event)
         [decision] = await tap.wait_for(ScaleDecided)
         assert decision.service == "chat"
         assert decision.direction is ScaleDirection.OUT
-        assert (decision.current_replicas, decision.desired_replicas) == (2, 4)
+        assert (decision.current_replicas, decision.desired_replicas) == (2, desired)
         assert decision.p95_latency_ms == 450.0
         assert decision.gpu_memory_pressure == 0.93
         assert decision.samples == 20

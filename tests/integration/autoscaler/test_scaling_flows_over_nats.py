@@ -58,7 +58,8 @@ async def until(condition: object, timeout: float = 10.0) -> None:
 async def test_pressure_from_node_metrics_and_replica_requests(
     fresh_nats: NatsServer, tap: EventTap
 ) -> None:
-    settings = AutoscalerSettings(nats_url=fresh_nats.url, warm_pool_size=1)
+    # The rule's count (2 -> 4), so that two go cold beside the standby asked for.
+    settings = AutoscalerSettings(nats_url=fresh_nats.url, warm_pool_size=1, strategy="rule")
     service, app = build(settings)
     autoscaler: Autoscaler = service.state
     async with TestApp(app):

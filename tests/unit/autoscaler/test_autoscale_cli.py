@@ -33,3 +33,29 @@ def test_generate_then_replay_with_a_plot(tmp_path: Path) -> None:
 def test_a_trace_is_required() -> None:
     result = CliRunner().invoke(app, ["autoscale-sim"])
     assert result.exit_code != 0
+
+
+def test_several_hpa_targets_and_the_rule_side_by_side(tmp_path: Path) -> None:
+    runner = CliRunner()
+    trace = tmp_path / "trace.csv"
+    sharp = ["--bursts-per-hour", "20", "--burst-factor", "3", "6", "--burst-seconds", "10", "20"]
+    made = runner.invoke(
+        app, ["autoscale-sim", "--generate", str(trace), "--hours", "0.05", "--seed", "2", *sharp]
+    )
+    assert made.exit_code == 0, made.output
+    out = tmp_path / "result.json"
+    args = ["autoscale-sim", "--trace", str(trace), "--output", str(out), "--strategy", "rule"]
+    ran = runner.invoke(app, [*args, "--hpa-target", "0.5", "--hpa-target", "0.7"])
+    assert ran.exit_code == 0, ran.output
+    body = json.loads(out.read_text())
+    assert [r["policy"] for r in body["results"]] == ["crater", "hpa 0.5", "hpa 0.7"]
+    assert body["config"]["strategy"] == "rule"
+    assert body["config"]["hpa_target_utilisation"] == [0.5, 0.7]
+
+
+def test_a_bad_strategy_is_refused_by_name(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp_s,input_tokens,output_tokens\n0.5,10,10\n")
+    result = CliRunner().invoke(app, ["autoscale-sim", "--trace", str(trace), "--strategy", "x"])
+    assert result.exit_code != 0
+    assert "--strategy" in result.output

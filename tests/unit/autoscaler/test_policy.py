@@ -11,6 +11,8 @@ from crater.autoscaler.domain import Autoscaler, ScalingPolicy
 from crater.contracts import LatencySamplesReported, ScaleDecided, ScaleDirection
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+# These tests pin down the field's rule; test_demand.py covers the default strategy.
+RULE = ScalingPolicy(strategy="rule")
 SLOW = [250.0] * 20  # p95 250 ms
 FAST = [50.0] * 20  # p95 50 ms
 
@@ -44,7 +46,7 @@ def decisions(scaler: Autoscaler, samples: list[LatencySamplesReported]) -> list
 
 
 def test_scale_out_when_p95_and_pressure_are_both_over_and_say_why() -> None:
-    scaler = Autoscaler()
+    scaler = Autoscaler(RULE)
     assessment = scaler.observe(sample(0, SLOW, 0.9, replicas=4))
     decision = assessment.decision
     assert decision is not None
@@ -73,28 +75,28 @@ def test_scale_out_when_p95_and_pressure_are_both_over_and_say_why() -> None:
 def test_no_scale_out_unless_both_conditions_hold(
     latencies: list[float], pressure: float | None
 ) -> None:
-    scaler = Autoscaler()
+    scaler = Autoscaler(RULE)
     assert scaler.observe(sample(0, latencies, pressure, replicas=4)).decision is None
 
 
 def test_scale_out_needs_enough_samples() -> None:
-    scaler = Autoscaler(ScalingPolicy(min_samples=10))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", min_samples=10))
     assert scaler.observe(sample(0, [900.0] * 9)).decision is None
     assert scaler.observe(sample(1, [900.0])).decision is not None
 
 
 def test_scale_out_grows_with_the_overshoot_up_to_double() -> None:
-    scaler = Autoscaler()
+    scaler = Autoscaler(RULE)
     decision = scaler.observe(sample(0, [300.0] * 20, replicas=4)).decision
     assert decision is not None
     assert decision.desired_replicas == 6  # ceil(4 * 300 / 200)
-    decision = Autoscaler().observe(sample(0, [5_000.0] * 20, replicas=4)).decision
+    decision = Autoscaler(RULE).observe(sample(0, [5_000.0] * 20, replicas=4)).decision
     assert decision is not None
     assert decision.desired_replicas == 8  # capped at 2x
 
 
 def test_max_replicas_clamps_and_stops_scale_out() -> None:
-    scaler = Autoscaler(ScalingPolicy(max_replicas=16))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", max_replicas=16))
     decision = scaler.observe(sample(0, [5_000.0] * 20, replicas=12)).decision
     assert decision is not None
     assert decision.desired_replicas == 16
@@ -103,7 +105,7 @@ def test_max_replicas_clamps_and_stops_scale_out() -> None:
 
 
 def test_one_burst_gives_one_decision_per_cooldown() -> None:
-    scaler = Autoscaler(ScalingPolicy(cooldown_seconds=15))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", cooldown_seconds=15))
     burst = [sample(t * 0.5, SLOW, replicas=4) for t in range(60)]  # 30 s of overload
     found = decisions(scaler, burst)
     assert [d.occurred_at - T0 for d in found] == [timedelta(0), timedelta(seconds=15)]
@@ -113,14 +115,14 @@ def test_one_burst_gives_one_decision_per_cooldown() -> None:
 
 
 def test_after_a_decision_only_new_samples_count() -> None:
-    scaler = Autoscaler(ScalingPolicy(cooldown_seconds=15))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", cooldown_seconds=15))
     assert scaler.observe(sample(0, [1_000.0] * 100, replicas=1)).decision is not None
     # 20 s later the window still holds the old slow samples, but the new ones are fast.
     assert scaler.observe(sample(20, [150.0] * 20, replicas=2)).decision is None
 
 
 def test_scale_in_only_after_calm_held_for_the_stabilisation_window() -> None:
-    scaler = Autoscaler(ScalingPolicy(stabilisation_seconds=300))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", stabilisation_seconds=300))
     calm = [sample(t, FAST, 0.2, replicas=4) for t in range(0, 300, 10)]
     assert decisions(scaler, calm) == []  # 290 s of calm: not yet
     [decision] = decisions(scaler, [sample(300, FAST, 0.2, replicas=4)])
@@ -146,13 +148,15 @@ def test_scale_in_only_after_calm_held_for_the_stabilisation_window() -> None:
 def test_no_scale_in_unless_both_conditions_hold(
     latencies: list[float], pressure: float | None
 ) -> None:
-    scaler = Autoscaler(ScalingPolicy(stabilisation_seconds=60))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", stabilisation_seconds=60))
     steps = [sample(t, latencies, pressure, replicas=4) for t in range(0, 400, 10)]
     assert decisions(scaler, steps) == []
 
 
 def test_one_busy_moment_restarts_the_stabilisation_window() -> None:
-    scaler = Autoscaler(ScalingPolicy(stabilisation_seconds=300, window_seconds=60))
+    scaler = Autoscaler(
+        ScalingPolicy(strategy="rule", stabilisation_seconds=300, window_seconds=60)
+    )
     steps = [sample(t, FAST, 0.2, replicas=4) for t in range(0, 250, 10)]
     steps.append(sample(250, FAST, 0.5, replicas=4))  # pressure rises once
     steps += [sample(t, FAST, 0.2, replicas=4) for t in range(260, 560, 10)]
@@ -162,7 +166,7 @@ def test_one_busy_moment_restarts_the_stabilisation_window() -> None:
 
 
 def test_min_replicas_stops_scale_in() -> None:
-    scaler = Autoscaler(ScalingPolicy(min_replicas=2, stabilisation_seconds=0))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", min_replicas=2, stabilisation_seconds=0))
     assert scaler.observe(sample(0, FAST, 0.1, replicas=2)).decision is None
     decision = scaler.observe(sample(1, FAST, 0.1, replicas=3)).decision
     assert decision is not None
@@ -170,7 +174,9 @@ def test_min_replicas_stops_scale_in() -> None:
 
 
 def test_noise_around_the_thresholds_does_not_flap() -> None:
-    scaler = Autoscaler(ScalingPolicy(cooldown_seconds=15, stabilisation_seconds=300))
+    scaler = Autoscaler(
+        ScalingPolicy(strategy="rule", cooldown_seconds=15, stabilisation_seconds=300)
+    )
     steps = []
     for t in range(0, 1_200):
         # p95 hops across 100 ms and pressure across 0.3 every second; 20 min of it.
@@ -190,7 +196,7 @@ def test_noise_around_the_thresholds_does_not_flap() -> None:
 
 
 def test_a_redelivered_sample_is_not_counted_twice_and_repeats_its_decision() -> None:
-    scaler = Autoscaler()
+    scaler = Autoscaler(RULE)
     event = sample(0, SLOW, replicas=4)
     first = scaler.observe(event)
     again = scaler.observe(event)
@@ -200,7 +206,7 @@ def test_a_redelivered_sample_is_not_counted_twice_and_repeats_its_decision() ->
 
 
 def test_reported_replicas_override_and_decisions_update_the_count() -> None:
-    scaler = Autoscaler()
+    scaler = Autoscaler(RULE)
     assert scaler.replicas("chat") == 1  # unknown: min_replicas
     scaler.observe(sample(0, FAST, 0.5, replicas=7))
     assert scaler.replicas("chat") == 7
@@ -212,7 +218,7 @@ def test_reported_replicas_override_and_decisions_update_the_count() -> None:
 
 
 def test_pressure_is_the_highest_fresh_report_among_replicas() -> None:
-    scaler = Autoscaler(ScalingPolicy(window_seconds=60))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", window_seconds=60))
     scaler.observe(sample(0, FAST, 0.9, replica_id="a"))
     assert scaler.observe(sample(1, FAST, 0.2, replica_id="b")).pressure == 0.9
     assert scaler.observe(sample(2, FAST, 0.4, replica_id="a")).pressure == 0.4
@@ -221,7 +227,7 @@ def test_pressure_is_the_highest_fresh_report_among_replicas() -> None:
 
 
 def test_services_are_independent() -> None:
-    scaler = Autoscaler()
+    scaler = Autoscaler(RULE)
     assert scaler.observe(sample(0, FAST, 0.9, service="a")).decision is None
     assert scaler.observe(sample(1, SLOW, 0.9, service="b")).decision is not None
     assert scaler.observe(sample(2, FAST, 0.9, service="a")).p95_ms == 50.0
@@ -229,8 +235,8 @@ def test_services_are_independent() -> None:
 
 def test_same_samples_give_the_same_decisions() -> None:
     steps = [sample(t, SLOW if t < 60 else FAST, 0.9 if t < 60 else 0.1) for t in range(900)]
-    first = decisions(Autoscaler(), steps)
-    assert first == decisions(Autoscaler(), steps)
+    first = decisions(Autoscaler(RULE), steps)
+    assert first == decisions(Autoscaler(RULE), steps)
     assert {d.direction for d in first} == {ScaleDirection.OUT, ScaleDirection.IN}
 
 
@@ -246,7 +252,7 @@ def test_same_samples_give_the_same_decisions() -> None:
 )
 def test_inconsistent_policies_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=r"need|must"):
-        ScalingPolicy(**bad)  # type: ignore[arg-type]
+        ScalingPolicy(strategy="rule", **bad)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -272,7 +278,9 @@ steps_strategy = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(steps=steps_strategy)
 def test_decisions_respect_cooldown_stabilisation_and_limits(steps: list[Step]) -> None:
-    policy = ScalingPolicy(cooldown_seconds=15, stabilisation_seconds=300, min_samples=1)
+    policy = ScalingPolicy(
+        strategy="rule", cooldown_seconds=15, stabilisation_seconds=300, min_samples=1
+    )
     scaler = Autoscaler(policy)
     at = 0.0
     last_out: float | None = None

@@ -19,6 +19,8 @@ from crater.contracts import (
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+# These tests pin down the field's rule; test_demand.py covers the default strategy.
+RULE = ScalingPolicy(strategy="rule")
 FAST = [50.0] * 20
 
 
@@ -55,6 +57,7 @@ def requested(assessment: Assessment) -> list[ReplicasRequested]:
 
 def test_scale_out_is_rate_limited_per_period() -> None:
     policy = ScalingPolicy(
+        strategy="rule",
         cooldown_seconds=5,
         panic_p95_ms=None,
         scale_out_period_seconds=60,
@@ -77,13 +80,13 @@ def test_scale_out_is_rate_limited_per_period() -> None:
 
 def test_scale_in_step_is_capped_and_goes_towards_the_proportional_count() -> None:
     calm = [50.0] * 20
-    wide = Autoscaler(ScalingPolicy(stabilisation_seconds=0, max_scale_in_step=3))
+    wide = Autoscaler(ScalingPolicy(strategy="rule", stabilisation_seconds=0, max_scale_in_step=3))
     decision = wide.observe(sample(0, calm, 0.05, replicas=10)).decision
     assert decision is not None
     assert decision.direction is ScaleDirection.IN
     assert (decision.desired_replicas, decision.proportional_replicas) == (7, 3)
     assert decision.limited_by == "-3 per stabilisation window"
-    one = Autoscaler(ScalingPolicy(stabilisation_seconds=0)).observe(
+    one = Autoscaler(ScalingPolicy(strategy="rule", stabilisation_seconds=0)).observe(
         sample(0, calm, 0.05, replicas=10)
     )
     assert one.decision is not None
@@ -91,7 +94,7 @@ def test_scale_in_step_is_capped_and_goes_towards_the_proportional_count() -> No
 
 
 def test_panic_scales_out_ahead_of_the_cooldown_once_per_target() -> None:
-    scaler = Autoscaler(ScalingPolicy(cooldown_seconds=15))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", cooldown_seconds=15))
     normal = scaler.observe(sample(0, [250.0] * 20, replicas=4)).decision
     assert normal is not None
     assert not normal.panic
@@ -107,15 +110,15 @@ def test_panic_scales_out_ahead_of_the_cooldown_once_per_target() -> None:
 
 
 def test_panic_needs_no_pressure_but_enough_samples() -> None:
-    assert Autoscaler().observe(sample(0, [900.0] * 5, None)).decision is None
-    decision = Autoscaler().observe(sample(0, [900.0] * 20, None, replicas=2)).decision
+    assert Autoscaler(RULE).observe(sample(0, [900.0] * 5, None)).decision is None
+    decision = Autoscaler(RULE).observe(sample(0, [900.0] * 20, None, replicas=2)).decision
     assert decision is not None
     assert decision.panic
     assert decision.gpu_memory_pressure is None
 
 
 def test_no_scale_in_while_panicking_nor_until_the_hold_passes() -> None:
-    policy = ScalingPolicy(stabilisation_seconds=30, panic_hold_seconds=60)
+    policy = ScalingPolicy(strategy="rule", stabilisation_seconds=30, panic_hold_seconds=60)
     scaler = Autoscaler(policy)
     assert scaler.observe(sample(0, [900.0] * 20, replicas=4)).decision is not None
     found: list[tuple[float, ScaleDecided]] = []
@@ -131,12 +134,12 @@ def test_no_scale_in_while_panicking_nor_until_the_hold_passes() -> None:
 
 
 def test_panic_mode_can_be_turned_off() -> None:
-    scaler = Autoscaler(ScalingPolicy(panic_p95_ms=None))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", panic_p95_ms=None))
     assert scaler.observe(sample(0, [900.0] * 20, 0.5, replicas=4)).decision is None
 
 
 def test_the_warm_pool_is_filled_then_promoted_first_and_refilled() -> None:
-    scaler = Autoscaler(ScalingPolicy(warm_pool_size=2, panic_p95_ms=None))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", warm_pool_size=2, panic_p95_ms=None))
     first = scaler.observe(sample(0, FAST, 0.5, replicas=2, replica_id="chat-0"))
     [fill] = requested(first)
     assert fill.standby
@@ -169,7 +172,7 @@ def test_the_warm_pool_is_filled_then_promoted_first_and_refilled() -> None:
 
 
 def test_a_repeated_target_asks_for_no_replica_twice() -> None:
-    scaler = Autoscaler(ScalingPolicy(cooldown_seconds=15, panic_p95_ms=None))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", cooldown_seconds=15, panic_p95_ms=None))
     first = scaler.observe(sample(0, [250.0] * 20, replicas=4))
     [cold] = requested(first)
     assert len(cold.task_ids) == 1
@@ -184,7 +187,7 @@ def test_a_repeated_target_asks_for_no_replica_twice() -> None:
 
 
 def test_pressure_comes_from_the_gpus_the_replica_holds() -> None:
-    scaler = Autoscaler()
+    scaler = Autoscaler(RULE)
     scaler.allocation_granted("chat-0", "n1", [0, 1], ts(0))
     scaler.node_metrics("n1", ts(0), {0: 0.5, 1: 0.95, 2: 0.1})
     assessment = scaler.observe(sample(1, [250.0] * 20, 0.2, replica_id="chat-0", replicas=2))
@@ -192,7 +195,7 @@ def test_pressure_comes_from_the_gpus_the_replica_holds() -> None:
     assert assessment.decision is not None
     assert assessment.decision.pressure_source == "node-metrics"
     # Metrics older than the window no longer count: the replica's own report is used.
-    other = Autoscaler()
+    other = Autoscaler(RULE)
     other.allocation_granted("chat-0", "n1", [0], ts(0))
     other.node_metrics("n1", ts(0), {0: 0.95})
     late = other.observe(sample(100, FAST, 0.2, replica_id="chat-0"))
@@ -203,7 +206,7 @@ def test_pressure_comes_from_the_gpus_the_replica_holds() -> None:
 
 
 def test_mixed_sources_take_the_highest() -> None:
-    scaler = Autoscaler()
+    scaler = Autoscaler(RULE)
     scaler.allocation_granted("a", "n1", [0], ts(0))
     scaler.node_metrics("n1", ts(0), {0: 0.4})
     scaler.observe(sample(1, FAST, 0.1, replica_id="a"))
@@ -214,7 +217,9 @@ def test_mixed_sources_take_the_highest() -> None:
 
 
 def test_scale_in_drains_the_newest_replica_then_releases_it() -> None:
-    scaler = Autoscaler(ScalingPolicy(stabilisation_seconds=0, drain_timeout_seconds=30))
+    scaler = Autoscaler(
+        ScalingPolicy(strategy="rule", stabilisation_seconds=0, drain_timeout_seconds=30)
+    )
     for i, name in enumerate(["a", "b", "c"]):
         scaler.observe(sample(i * 0.1, FAST, 0.1, replica_id=name, task_id=f"task-{name}"))
     assessment = scaler.observe(sample(1, FAST, 0.1, replica_id="a", replicas=3))
@@ -233,7 +238,9 @@ def test_scale_in_drains_the_newest_replica_then_releases_it() -> None:
 
 
 def test_a_drain_that_never_finishes_is_released_at_its_timeout() -> None:
-    scaler = Autoscaler(ScalingPolicy(stabilisation_seconds=0, drain_timeout_seconds=30))
+    scaler = Autoscaler(
+        ScalingPolicy(strategy="rule", stabilisation_seconds=0, drain_timeout_seconds=30)
+    )
     scaler.observe(sample(0, FAST, 0.1, replica_id="a"))
     scaler.observe(sample(0.5, FAST, 0.1, replica_id="b"))
     decision = scaler.observe(sample(1, FAST, 0.1, replica_id="a", replicas=2)).decision
@@ -253,7 +260,7 @@ def test_noisy_input_does_not_flap() -> None:
     samples well past both lines, p95 hovering below the scale-out line): no decision in
     either direction, and no panic."""
     rng = random.Random(1)
-    scaler = Autoscaler(ScalingPolicy(warm_pool_size=1))
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", warm_pool_size=1))
     found: list[ScaleDecided] = []
     for t in range(3_600):
         latencies = [rng.lognormvariate(4.7, 0.3) for _ in range(20)]  # median ~110 ms
@@ -271,7 +278,7 @@ def test_noise_between_hot_and_calm_never_reverses_within_the_window() -> None:
     """Load that swings between hot and calm every few minutes, with noise on top: a
     decision is never reversed within the stabilisation window."""
     rng = random.Random(2)
-    policy = ScalingPolicy()
+    policy = ScalingPolicy(strategy="rule")
     scaler = Autoscaler(policy)
     found: list[tuple[float, ScaleDecided]] = []
     for t in range(7_200):
@@ -290,7 +297,9 @@ def test_noise_between_hot_and_calm_never_reverses_within_the_window() -> None:
 
 def test_same_inputs_give_the_same_events() -> None:
     def run() -> list[object]:
-        scaler = Autoscaler(ScalingPolicy(warm_pool_size=1, stabilisation_seconds=20))
+        scaler = Autoscaler(
+            ScalingPolicy(strategy="rule", warm_pool_size=1, stabilisation_seconds=20)
+        )
         events: list[object] = []
         for t in range(300):
             slow = 60 <= t < 90

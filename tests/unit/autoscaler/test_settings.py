@@ -7,9 +7,10 @@ from crater.autoscaler.app import AutoscalerSettings, build
 from crater.autoscaler.domain import ScalingPolicy
 
 
-def test_defaults_are_the_fields_rule() -> None:
+def test_defaults_are_the_demand_strategy_over_the_fields_thresholds() -> None:
     assert AutoscalerSettings().policy() == ScalingPolicy()
     policy = ScalingPolicy()
+    assert (policy.strategy, policy.target_pressure, policy.drain_seconds) == ("demand", 0.8, 60)
     assert (policy.scale_out_p95_ms, policy.scale_out_pressure) == (200.0, 0.8)
     assert (policy.scale_in_p95_ms, policy.scale_in_pressure) == (100.0, 0.3)
     assert (policy.window_seconds, policy.stabilisation_seconds) == (60.0, 300.0)
@@ -47,3 +48,13 @@ def test_the_new_policy_features_come_from_the_environment(
     assert policy.panic_p95_ms is None  # 0: panic mode off
     defaults = AutoscalerSettings().model_copy(update={"panic_p95_ms": 400.0}).policy()
     assert defaults.panic_p95_ms == 400.0
+
+
+def test_the_strategy_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRATER_AUTOSCALER_STRATEGY", "rule")
+    monkeypatch.setenv("CRATER_AUTOSCALER_TARGET_PRESSURE", "0.7")
+    policy = AutoscalerSettings().policy()
+    assert (policy.strategy, policy.target_pressure) == ("rule", 0.7)
+    monkeypatch.setenv("CRATER_AUTOSCALER_STRATEGY", "guess")
+    with pytest.raises(ValidationError, match="strategy"):
+        AutoscalerSettings()

@@ -5,6 +5,7 @@ baseline, and compare SLO attainment against replica-minutes."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +15,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from crater.autoscaler.domain import ScalingPolicy
+from crater.autoscaler.domain.policy import STRATEGIES
 from crater.autoscaler.sim import (
     FleetModel,
     HpaBaseline,
@@ -36,7 +38,8 @@ def autoscale_sim(
     ] = None,
     policy: Annotated[str, typer.Option(help="crater, hpa or both.")] = "both",
     plot: Annotated[
-        Path | None, typer.Option(help="Write a PNG: replicas and p95 over time.")
+        Path | None,
+        typer.Option(help="Write a PNG: replicas and p95 over time, SLO against replica-minutes."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the generated trace.")] = 1,
     generate: Annotated[
@@ -49,9 +52,31 @@ def autoscale_sim(
     ] = None,
     peak_rps: Annotated[float, typer.Option(help="Generated trace: peak requests/s.")] = 30.0,
     trough_rps: Annotated[float, typer.Option(help="Generated trace: trough requests/s.")] = 3.0,
+    bursts_per_hour: Annotated[
+        float, typer.Option(help="Generated trace: bursts per hour (Poisson).")
+    ] = 1.5,
+    burst_factor: Annotated[
+        tuple[float, float], typer.Option(help="Generated trace: a burst multiplies the rate by")
+    ] = (2.5, 5.0),
+    burst_seconds: Annotated[
+        tuple[float, float], typer.Option(help="Generated trace: a burst lasts (seconds)")
+    ] = (30.0, 120.0),
     output: Annotated[Path | None, typer.Option(help="Write the results as JSON here.")] = None,
     slo_ms: Annotated[float, typer.Option(help="SLO: time to first token at most this.")] = 200.0,
-    warm_pool: Annotated[int, typer.Option(help="Crater: standby replicas kept placed.")] = 1,
+    strategy: Annotated[
+        str, typer.Option(help="Crater: demand (the default) or rule (the field's rule alone).")
+    ] = "demand",
+    target_pressure: Annotated[
+        list[float] | None,
+        typer.Option(
+            help="Crater (demand): mean GPU memory pressure to size for; repeat for several "
+            "runs (default 0.8)."
+        ),
+    ] = None,
+    drain_seconds: Annotated[
+        float, typer.Option(help="Crater (demand): serve the queue within this as well.")
+    ] = 60.0,
+    warm_pool: Annotated[int, typer.Option(help="Crater: standby replicas kept placed.")] = 0,
     max_replicas: Annotated[int, typer.Option(help="Both: most replicas serving.")] = 24,
     min_replicas: Annotated[int, typer.Option(help="Both: fewest replicas serving.")] = 1,
     scale_in_step: Annotated[
@@ -60,21 +85,31 @@ def autoscale_sim(
     headroom: Annotated[
         float,
         typer.Option(
-            help="Crater: also scale in when fewer replicas keep p95 and mean pressure within "
-            "this share of the scale-out lines (0: the field's rule alone)."
+            help="Crater (rule): also scale in when fewer replicas keep p95 and mean pressure "
+            "within this share of the scale-out lines (0: the field's rule alone)."
         ),
     ] = 0.9,
     startup_s: Annotated[float, typer.Option(help="Cold start of a replica, seconds.")] = 90.0,
     hpa_target: Annotated[
-        float, typer.Option(help="HPA: target slot utilisation (busy sequences / slots).")
-    ] = 0.7,
+        list[float] | None,
+        typer.Option(
+            help="HPA: target slot utilisation (busy sequences / slots); repeat for several "
+            "runs (default 0.7)."
+        ),
+    ] = None,
 ) -> None:
     """Replay a request trace against a simulated inference fleet under Crater's autoscaling
     policy and an HPA-style baseline (15 s sync, utilisation target, 300 s scale-in window);
     report p95 time to first token, SLO attainment, replica-minutes and scale events."""
     if generate is not None:
         shape = TraceShape(
-            hours=hours, day_hours=day_hours, peak_rps=peak_rps, trough_rps=trough_rps
+            hours=hours,
+            day_hours=day_hours,
+            peak_rps=peak_rps,
+            trough_rps=trough_rps,
+            bursts_per_hour=bursts_per_hour,
+            burst_factor=burst_factor,
+            burst_seconds=burst_seconds,
         )
         requests = generate_trace(shape, seed)
         write_trace(requests, generate)
@@ -87,23 +122,44 @@ def autoscale_sim(
         raise typer.BadParameter("give --trace FILE (or --generate FILE to make one)")
     if policy not in ("crater", "hpa", "both"):
         raise typer.BadParameter("--policy is crater, hpa or both")
+    if strategy not in STRATEGIES:
+        raise typer.BadParameter(f"--strategy is one of {', '.join(STRATEGIES)}")
     requests = read_trace(trace)
     if not requests:
         raise typer.BadParameter(f"{trace} holds no requests")
-    config = SimulationConfig(
-        fleet=FleetModel(startup_s=startup_s),
-        policy=ScalingPolicy(
-            warm_pool_size=warm_pool,
-            min_replicas=min_replicas,
-            max_replicas=max_replicas,
-            max_scale_in_step=scale_in_step,
-            scale_in_headroom=headroom or None,
-        ),
-        hpa=HpaBaseline(target_utilisation=hpa_target),
-        slo_ms=slo_ms,
-        seed=seed,
-    )
-    policies = ["crater", "hpa"] if policy == "both" else [policy]
+    targets = target_pressure or [0.8]
+    hpa_targets = hpa_target or [0.7]
+    try:
+        base = SimulationConfig(
+            fleet=FleetModel(startup_s=startup_s),
+            policy=ScalingPolicy(
+                strategy=strategy,
+                target_pressure=targets[0],
+                drain_seconds=drain_seconds,
+                warm_pool_size=warm_pool,
+                min_replicas=min_replicas,
+                max_replicas=max_replicas,
+                max_scale_in_step=scale_in_step,
+                scale_in_headroom=headroom or None,
+            ),
+            hpa=HpaBaseline(target_utilisation=hpa_targets[0]),
+            slo_ms=slo_ms,
+            seed=seed,
+        )
+        runs: list[tuple[str, str, SimulationConfig]] = []
+        if policy in ("crater", "both"):
+            for target in targets if strategy == "demand" else targets[:1]:
+                label = f"crater {target:g}" if len(targets) > 1 and strategy == "demand" else ""
+                config = replace(base, policy=replace(base.policy, target_pressure=target))
+                runs.append(("crater", label or "crater", config))
+        if policy in ("hpa", "both"):
+            for target in hpa_targets:
+                label = f"hpa {target:g}" if len(hpa_targets) > 1 else "hpa"
+                runs.append(
+                    ("hpa", label, replace(base, hpa=HpaBaseline(target_utilisation=target)))
+                )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
     results: list[RunResult] = []
     with Progress(
         TextColumn("{task.description}"),
@@ -113,13 +169,14 @@ def autoscale_sim(
         console=console,
         transient=True,
     ) as progress:
-        for name in policies:
-            task = progress.add_task(f"{name}: {len(requests):,} requests", total=1.0)
+        for name, label, config in runs:
+            task = progress.add_task(f"{label}: {len(requests):,} requests", total=1.0)
 
             def advance(fraction: float, task: TaskID = task) -> None:
                 progress.update(task, completed=fraction)
 
-            results.append(simulate(requests, config, name, advance))
+            result = simulate(requests, config, name, advance)
+            results.append(replace(result, policy=label))
             progress.update(task, completed=1.0)
     show(results, trace)
     if output is not None:
@@ -129,13 +186,16 @@ def autoscale_sim(
             "requests": len(requests),
             "config": {
                 "slo": f"TTFT <= {slo_ms:g} ms",
+                "strategy": strategy,
+                "target_pressure": targets,
+                "drain_seconds": drain_seconds,
                 "warm_pool": warm_pool,
                 "min_replicas": min_replicas,
                 "max_replicas": max_replicas,
                 "scale_in_step": scale_in_step,
                 "scale_in_headroom": headroom or None,
                 "startup_s": startup_s,
-                "hpa_target_utilisation": hpa_target,
+                "hpa_target_utilisation": hpa_targets,
             },
             "results": [r.summary() for r in results],
         }
@@ -181,7 +241,11 @@ def draw(results: list[RunResult], path: Path, slo_ms: float) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    figure = plt.figure(figsize=(15, 7))
+    grid = figure.add_gridspec(2, 3)
+    top = figure.add_subplot(grid[0, :2])
+    bottom = figure.add_subplot(grid[1, :2], sharex=top)
+    frontier = figure.add_subplot(grid[:, 2])
     rate = top.twinx()
     first = results[0].timeline
     rate.fill_between(
@@ -196,7 +260,7 @@ def draw(results: list[RunResult], path: Path, slo_ms: float) -> None:
     top.patch.set_visible(False)
     for r in results:
         minutes = [b.start_s / 60 for b in r.timeline]
-        top.step(minutes, [b.holding for b in r.timeline], where="post", label=f"{r.policy}")
+        top.step(minutes, [b.holding for b in r.timeline], where="post", label=r.policy)
         bottom.plot(
             minutes,
             [
@@ -206,13 +270,26 @@ def draw(results: list[RunResult], path: Path, slo_ms: float) -> None:
             label=f"{r.policy}: SLO {r.slo_attainment:.1%}, {r.replica_minutes:,.0f} replica-min",
             linewidth=1,
         )
+        marker = "o" if r.policy.startswith("crater") else "s"
+        frontier.scatter(r.replica_minutes, r.slo_attainment * 100, marker=marker, s=40)
+        frontier.annotate(
+            r.policy,
+            (r.replica_minutes, r.slo_attainment * 100),
+            fontsize=8,
+            xytext=(4, 4),
+            textcoords="offset points",
+        )
     top.set_ylabel("replicas holding GPUs")
-    top.legend(loc="upper left")
+    top.legend(loc="upper left", fontsize=8)
     bottom.axhline(slo_ms, color="red", linestyle="--", linewidth=0.8, label=f"SLO {slo_ms:g} ms")
     bottom.set_yscale("log")
     bottom.set_ylabel("p95 TTFT per minute, ms")
     bottom.set_xlabel("minutes")
-    bottom.legend(loc="upper left")
+    bottom.legend(loc="upper left", fontsize=8)
+    frontier.set_xlabel("replica-minutes (holding GPUs)")
+    frontier.set_ylabel(f"SLO attainment, % of requests with TTFT <= {slo_ms:g} ms")
+    frontier.set_title("up and to the left is better", fontsize=9)
+    frontier.grid(alpha=0.3)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)

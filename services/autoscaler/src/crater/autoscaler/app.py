@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Literal
 
 from faststream.asgi import AsgiFastStream
 from prometheus_client import Counter, Gauge
@@ -79,7 +80,10 @@ class AutoscalerSettings(ServiceSettings):
         default=4.0, ge=1, description="...or xthis, whichever allows more."
     )
     max_scale_in_step: int = Field(
-        default=1, ge=1, description="Replicas removed per scale-in (one per stabilisation)."
+        default=1,
+        ge=1,
+        description="Replicas removed per scale-in (rule: one scale-in per stabilisation "
+        "window; demand: scale-ins a cooldown apart).",
     )
     scale_in_headroom: float = Field(
         default=0.0,
@@ -109,6 +113,26 @@ class AutoscalerSettings(ServiceSettings):
     )
     drain_check_seconds: float = Field(
         default=1.0, gt=0, description="How often the drain timeouts are checked."
+    )
+    strategy: Literal["demand", "rule"] = Field(
+        default="demand",
+        description="demand: size the fleet by Little's law to hold the mean GPU memory "
+        "pressure at target_pressure, plus the queue; scale in to the most it asked for over "
+        "the stabilisation window. rule: the field's rule alone (the thresholds above).",
+    )
+    target_pressure: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="demand: the mean GPU memory pressure the fleet is sized for.",
+    )
+    drain_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="demand: serve the queued requests as well as the arrivals within this.",
+    )
+    demand_window_seconds: float = Field(
+        default=30.0, gt=0, description="demand: pressure and queue wait averaged over this."
     )
 
     @model_validator(mode="after")
@@ -141,6 +165,10 @@ class AutoscalerSettings(ServiceSettings):
             warm_pool_size=self.warm_pool_size,
             drain_timeout_seconds=self.drain_timeout_seconds,
             replica_start_timeout_seconds=self.replica_start_timeout_seconds,
+            strategy=self.strategy,
+            target_pressure=self.target_pressure,
+            drain_seconds=self.drain_seconds,
+            demand_window_seconds=self.demand_window_seconds,
         )
 
 

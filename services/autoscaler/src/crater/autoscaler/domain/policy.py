@@ -1,12 +1,27 @@
-"""The field's autoscaling rule, per inference service, driven only by the events it is fed.
+"""Autoscaling per inference service, driven only by the events it is fed.
 
-Scale out when p95 latency > 200 ms AND GPU memory pressure > 0.8; scale in when p95 < 100 ms
-AND pressure < 0.3. Scale-in waits until the calm has held for the stabilisation window
-(300 s); scale-out waits out a cooldown (15 s) after the last scale-out. Every decision is
-judged on samples that arrived after the previous decision, so the effect of one decision is
-measured before the next is taken, and a burst does not produce a decision per sample.
+Two strategies (`ScalingPolicy.strategy`):
 
-On top of the rule:
+- 'demand' (the default): the count the load needs by Little's law (domain/demand.py): the
+  summed GPU memory pressure of the serving replicas over `target_pressure`, times
+  `1 + mean queue wait / drain_seconds` for the requests queued, averaged over
+  `demand_window_seconds` (the panic window in a panic). Scale out as soon as that is more
+  than the replicas serving plus those still starting (so a scale-out is not asked twice
+  while replicas load, and it comes before p95 crosses the SLO); scale in, no sooner than
+  `cooldown_seconds` after the last decision and never while p95 is over the scale-out line or
+  a panic holds, to the highest count asked for over the stabilisation window (HPA's
+  scale-down rule), at most `max_scale_in_step` at a time. Without any pressure reading it
+  falls back to the rule.
+- 'rule': the field's rule, below.
+
+The field's rule: scale out when p95 latency > 200 ms AND GPU memory pressure > 0.8; scale in
+when p95 < 100 ms AND pressure < 0.3. Scale-in waits until the calm has held for the
+stabilisation window (300 s); scale-out waits out a cooldown (15 s) after the last scale-out.
+Every decision is judged on samples that arrived after the previous decision, so the effect of
+one decision is measured before the next is taken, and a burst does not produce a decision per
+sample.
+
+On top of the rule (rate limits, panic, warm pool, pressure sources and drains serve both):
 
 - Proportional count (HPA): a scale-out asks for ceil(current * p95 / target); a scale-in
   goes towards the count that keeps both metrics under the scale-out line.
@@ -40,6 +55,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from uuid import UUID
 
+from crater.autoscaler.domain.demand import Demand, SlidingMax, TimeSeries
 from crater.autoscaler.domain.window import LatencyWindow
 from crater.contracts import (
     Event,
@@ -53,6 +69,7 @@ from crater.contracts import (
 )
 
 QUANTILE = 0.95
+STRATEGIES = ("demand", "rule")
 ANONYMOUS_REPLICA = ""
 _NOT_TASK_ID = re.compile(r"[^A-Za-z0-9._:-]+")
 
@@ -96,8 +113,23 @@ class ScalingPolicy:
     drain_timeout_seconds: float = 60.0
     # A requested replica that never reports is no longer counted as on its way after this.
     replica_start_timeout_seconds: float = 600.0
+    # 'demand' (the default): size the fleet by Little's law to hold the mean GPU memory
+    # pressure at `target_pressure`, plus the queue (see domain/demand.py); scale-in to the
+    # highest count the stabilisation window asked for. 'rule': the field's rule alone.
+    strategy: str = "demand"
+    target_pressure: float = 0.8
+    # The demand strategy serves the queue as well as the arrivals within this long.
+    drain_seconds: float = 60.0
+    # The demand strategy averages pressure and queue wait over this (the stable window).
+    demand_window_seconds: float = 30.0
 
     def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}")
+        if not 0 < self.target_pressure <= 1:
+            raise ValueError("target_pressure must be in (0, 1]")
+        if self.drain_seconds <= 0 or self.demand_window_seconds <= 0:
+            raise ValueError("drain_seconds and demand_window_seconds must be positive")
         if not 0 < self.scale_in_p95_ms <= self.scale_out_p95_ms:
             raise ValueError("need 0 < scale_in_p95_ms <= scale_out_p95_ms")
         if not 0 <= self.scale_in_pressure <= self.scale_out_pressure <= 1:
@@ -192,6 +224,15 @@ class _ServiceState:
     # Cold replicas asked for that have not reported yet (task id -> when asked).
     starting: dict[str, float] = field(default_factory=dict)
     draining: dict[str, _Drain] = field(default_factory=dict)
+    # Demand strategy: summed pressure at each evaluation, and the queue wait of each batch.
+    loads: TimeSeries = field(default_factory=lambda: TimeSeries(3600.0))
+    waits: TimeSeries = field(default_factory=lambda: TimeSeries(3600.0))
+    # The counts the demand asked for over the stabilisation window: scale-in goes to the
+    # highest, once they cover a whole window.
+    recommendations: SlidingMax = field(default_factory=lambda: SlidingMax(300.0))
+    recommending_since: float | None = None
+    # The replicas serving, as the latest sample reported it (None: never reported).
+    reported_serving: int | None = None
 
 
 class Autoscaler:
@@ -297,7 +338,13 @@ class Autoscaler:
         policy = self.policy
         state = self._services.get(sample.service)
         if state is None:
-            state = _ServiceState(LatencyWindow(policy.window_seconds, policy.max_samples))
+            horizon = max(policy.demand_window_seconds, policy.panic_window_seconds)
+            state = _ServiceState(
+                LatencyWindow(policy.window_seconds, policy.max_samples),
+                loads=TimeSeries(horizon),
+                waits=TimeSeries(horizon),
+                recommendations=SlidingMax(policy.stabilisation_seconds),
+            )
             self._services[sample.service] = state
 
         at = sample.occurred_at.timestamp()
@@ -308,6 +355,11 @@ class Autoscaler:
         self._record_replica(state, sample, at, cutoff)
         if sample.replicas is not None and at >= state.replicas_at:
             state.replicas, state.replicas_at = sample.replicas, at
+            state.reported_serving = sample.replicas
+        # Queueing shows as time to first token beyond the fast (scale-in) line.
+        fast = policy.scale_in_p95_ms
+        waited = sum(v - fast for v in sample.latencies_ms if v > fast) / 1000
+        state.waits.add(now, waited, len(sample.latencies_ms))
         requests: list[Event] = self._expire_drains(sample.service, state, now)
         self._forget_slow_starters(state, now)
 
@@ -331,6 +383,52 @@ class Autoscaler:
             state.panic_peak = 0
         held = now < state.panic_until  # no scale-in while panicking or just after
 
+        decision: ScaleDecided | None = None
+        if policy.strategy == "demand" and mean_pressure is not None:
+            decision = self._decide_by_demand(
+                state, sample, now, evidence, panic_p95, held, mean_pressure
+            )
+        else:  # the rule, also when no pressure is known (its panic needs none)
+            decision = self._decide_by_rule(
+                state, sample, now, current, evidence, panic_p95, held, pressure, mean_pressure
+            )
+
+        if decision is not None:
+            decision = decision.model_copy(update={"pressure_source": source})
+            decision, carried = self._carry_out(state, sample, decision, now)
+            requests += carried
+            state.last_decision_at = now
+            state.calm_since = None
+            state.replicas, state.replicas_at = decision.desired_replicas, now
+            if decision.direction is ScaleDirection.OUT:
+                state.last_scale_out_at = now
+                state.growth.append((now, current))
+                if decision.panic:
+                    state.panic_peak = max(state.panic_peak, decision.desired_replicas)
+            assessment = replace(assessment, replicas=decision.desired_replicas)
+        requests += self._fill_warm_pool(state, sample, now)
+        return replace(
+            assessment, decision=decision, requests=tuple(requests), panic=panicking or held
+        )
+
+    # -- the parts ------------------------------------------------------------------------
+
+    def _decide_by_rule(
+        self,
+        state: _ServiceState,
+        sample: LatencySamplesReported,
+        now: float,
+        current: int,
+        evidence: tuple[float, int] | None,
+        panic_p95: float | None,
+        held: bool,
+        pressure: float | None,
+        mean_pressure: float | None,
+    ) -> ScaleDecided | None:
+        """The field's rule: out on p95 and the highest pressure over their lines (or panic),
+        in once p95 and the mean pressure stayed under theirs for the stabilisation window."""
+        policy = self.policy
+        panicking = panic_p95 is not None
         decision: ScaleDecided | None = None
         if evidence is None or (pressure is None and not panicking):
             state.calm_since = None  # unknown pressure is not calm
@@ -361,25 +459,126 @@ class Autoscaler:
             elif decision is None and calm and mean_pressure is not None:
                 decision = self._scale_in(state, sample, now, current, p95, mean_pressure, count)
 
-        if decision is not None:
-            decision = decision.model_copy(update={"pressure_source": source})
-            decision, carried = self._carry_out(state, sample, decision, now)
-            requests += carried
-            state.last_decision_at = now
-            state.calm_since = None
-            state.replicas, state.replicas_at = decision.desired_replicas, now
-            if decision.direction is ScaleDirection.OUT:
-                state.last_scale_out_at = now
-                state.growth.append((now, current))
-                if decision.panic:
-                    state.panic_peak = max(state.panic_peak, decision.desired_replicas)
-            assessment = replace(assessment, replicas=decision.desired_replicas)
-        requests += self._fill_warm_pool(state, sample, now)
-        return replace(
-            assessment, decision=decision, requests=tuple(requests), panic=panicking or held
+        return decision
+
+    def _decide_by_demand(
+        self,
+        state: _ServiceState,
+        sample: LatencySamplesReported,
+        now: float,
+        evidence: tuple[float, int] | None,
+        panic_p95: float | None,
+        held: bool,
+        mean_pressure: float,
+    ) -> ScaleDecided | None:
+        """Out when the demand (domain/demand.py) needs more replicas than serve or start;
+        in to the highest count the demand asked for over the stabilisation window."""
+        policy = self.policy
+        serving = self._serving(state)
+        starting = len(state.starting)
+        provisioned = serving + starting
+        if serving > 0:
+            state.loads.add(now, mean_pressure * serving)
+        panic = panic_p95 is not None
+        # In a panic the short window decides, so the count follows the burst at once.
+        since = now - (policy.panic_window_seconds if panic else policy.demand_window_seconds)
+        load = state.loads.mean(since)
+        if load is None or evidence is None:
+            return None
+        waited, started = state.waits.sums(since)
+        demand = Demand(
+            load,
+            waited / started if started else 0.0,
+            policy.target_pressure,
+            policy.drain_seconds,
+            wait_growth=_wait_growth(state.waits, since, now),
+        )
+        wanted = demand.desired(policy.min_replicas, policy.max_replicas)
+        if state.recommending_since is None:
+            state.recommending_since = now
+        state.recommendations.add(now, wanted)
+        p95, count = evidence
+        counts = f"{serving} serving + {starting} starting"
+        if wanted > provisioned:
+            last = state.last_scale_out_at
+            if not panic and last is not None and now - last < policy.cooldown_seconds:
+                return None
+            desired, limited_by = self._limit_scale_out(state, now, provisioned, wanted)
+            if desired <= provisioned:
+                return None
+            head = (
+                f"panic: p95 {panic_p95:.1f} ms > {policy.panic_p95_ms:g} ms over the last "
+                f"{policy.panic_window_seconds:g} s; "
+                if panic_p95 is not None
+                else ""
+            )
+            reason = (
+                f"{head}{demand.explain()} over the last "
+                f"{now - since:g} s: {provisioned} ({counts}) -> {desired} replicas"
+            )
+            direction = ScaleDirection.OUT
+        else:
+            if held or p95 >= policy.scale_out_p95_ms:
+                return None  # no scale-in in or just after a panic, nor while slow
+            calm_for = now - state.recommending_since
+            if calm_for < policy.stabilisation_seconds:
+                return None  # not yet a whole window of recommendations
+            last = state.last_decision_at
+            if last is not None and now - last < policy.cooldown_seconds:
+                return None
+            highest = state.recommendations.largest() or wanted
+            if highest >= provisioned or serving == 0:
+                return None
+            desired = max(highest, provisioned - policy.max_scale_in_step, policy.min_replicas)
+            limited_by = None if desired == highest else f"-{policy.max_scale_in_step} per scale-in"
+            reason = (
+                f"{demand.explain()}; the most asked for over the stabilisation window "
+                f"({policy.stabilisation_seconds:g} s) is {highest}: "
+                f"{provisioned} ({counts}) -> {desired} replicas"
+            )
+            direction = ScaleDirection.IN
+        if limited_by is not None:
+            reason += f" ({limited_by})"
+        return self._decision(
+            sample,
+            direction,
+            provisioned,
+            desired,
+            p95,
+            mean_pressure,
+            count,
+            reason,
+            panic=panic and direction is ScaleDirection.OUT,
+            proportional=wanted,
+            limited_by=limited_by,
         )
 
-    # -- the parts ------------------------------------------------------------------------
+    def _serving(self, state: _ServiceState) -> int:
+        """Replicas taking traffic: as reported, else those heard of and not draining."""
+        if state.reported_serving is not None:
+            return state.reported_serving
+        heard = sum(1 for name in state.seen if name not in state.draining)
+        return heard or (state.replicas or self.policy.min_replicas)
+
+    def _limit_scale_out(
+        self, state: _ServiceState, now: float, current: int, wanted: int
+    ) -> tuple[int, str | None]:
+        """`wanted` capped by max_replicas and the per-decision and per-period rate limits;
+        and the limit that capped it, if one did."""
+        policy = self.policy
+        limits = [
+            (policy.max_replicas, f"max {policy.max_replicas}"),
+            (
+                max(current + 1, math.floor(current * policy.max_scale_out_factor)),
+                f"x{policy.max_scale_out_factor:g} per decision",
+            ),
+            (self._period_ceiling(state, now, current), self._period_label()),
+        ]
+        desired, limited_by = wanted, None
+        for ceiling, label in limits:
+            if ceiling < desired:
+                desired, limited_by = ceiling, label
+        return desired, limited_by
 
     def _record_replica(
         self, state: _ServiceState, sample: LatencySamplesReported, at: float, cutoff: float
@@ -476,18 +675,7 @@ class Autoscaler:
             return None
         # Grow in proportion to how far p95 is over the line, between +1 and the caps.
         proportional = max(current + 1, math.ceil(current * p95 / policy.scale_out_p95_ms))
-        limits = [
-            (policy.max_replicas, f"max {policy.max_replicas}"),
-            (
-                max(current + 1, math.floor(current * policy.max_scale_out_factor)),
-                f"x{policy.max_scale_out_factor:g} per decision",
-            ),
-            (self._period_ceiling(state, now, current), self._period_label()),
-        ]
-        desired, limited_by = proportional, None
-        for ceiling, label in limits:
-            if ceiling < desired:
-                desired, limited_by = ceiling, label
+        desired, limited_by = self._limit_scale_out(state, now, current, proportional)
         if desired <= current:
             return None
         if panic and desired <= state.panic_peak:
@@ -616,8 +804,10 @@ class Autoscaler:
         requests: list[Event] = []
         if decision.direction is ScaleDirection.OUT:
             wanted = decision.desired_replicas - decision.current_replicas
-            # A target repeated while its replicas still start asks for nothing twice.
-            wanted -= len(state.starting)
+            if self.policy.strategy == "rule":
+                # The rule counts the replicas serving: a target repeated while its replicas
+                # still start asks for nothing twice. (The demand count includes them.)
+                wanted -= len(state.starting)
             promoted = self.warm_pool(sample.service)[: max(0, wanted)]
             for task in promoted:
                 del state.standby[task]
@@ -756,6 +946,18 @@ class Autoscaler:
             proportional_replicas=proportional,
             limited_by=limited_by,
         )
+
+
+def _wait_growth(waits: TimeSeries, since: float, now: float) -> float:
+    """How fast the mean queue wait grew over (since, now]: its later half against its
+    earlier half, in seconds of wait per second."""
+    middle = (since + now) / 2
+    whole, whole_count = waits.sums(since)
+    late, late_count = waits.sums(middle)
+    early_count = whole_count - late_count
+    if late_count <= 0 or early_count <= 0:
+        return 0.0
+    return (late / late_count - (whole - late) / early_count) / (now - middle)
 
 
 def _task_ids(service: str, source: UUID, kind: str, count: int) -> list[str]:

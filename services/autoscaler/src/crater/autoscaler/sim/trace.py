@@ -24,13 +24,16 @@ class Request:
 class TraceShape:
     """A day compressed into `day_hours` (default: the trace's length): the rate swings from
     `trough_rps` at the start to `peak_rps` half a day later and back. Bursts arrive as a
-    Poisson process (`bursts_per_hour`), each multiplying the rate by 2.5-5x for 30-120 s."""
+    Poisson process (`bursts_per_hour`), each multiplying the rate by `burst_factor` (2.5-5x)
+    for `burst_seconds` (30-120 s), both drawn uniformly."""
 
     hours: float = 4.0
     day_hours: float | None = None
     trough_rps: float = 4.0
     peak_rps: float = 40.0
     bursts_per_hour: float = 1.5
+    burst_factor: tuple[float, float] = (2.5, 5.0)
+    burst_seconds: tuple[float, float] = (30.0, 120.0)
     input_median: float = 300.0
     input_sigma: float = 0.7
     output_median: float = 120.0
@@ -46,7 +49,8 @@ def _bursts(
         at += rng.expovariate(shape.bursts_per_hour / 3600)
         if at >= duration:
             break
-        bursts.append((at, at + rng.uniform(30, 120), rng.uniform(2.5, 5.0)))
+        length = rng.uniform(*shape.burst_seconds)
+        bursts.append((at, at + length, rng.uniform(*shape.burst_factor)))
     return bursts
 
 
