@@ -4,8 +4,9 @@ Builds a simulated fleet of N nodes from the probe's demo profiles, feeds the co
 topologies, then a stream of tasks like the demo's (training, fine-tuning, inference, CPU-only,
 GPU shares), each released after a while so the cluster stays busy but not full, and times
 `Scheduler.handle` per event (submissions and status reports). With `--waiting N`, one pool is
-first filled and N tasks left waiting in its queue, so every release retries them. The core
-alone: no bus, no database.
+first filled and N tasks left waiting in its queue; with `--own-pool-release-every K` as well,
+every K-th task also ends one of that pool's tasks, so its waiting tasks are retried (and the
+first of them placed) on that event. The core alone: no bus, no database.
 
     .venv/bin/python benchmarks/scheduler/decision_time.py --nodes 1000 10000 --tasks 3000 \
         --waiting 0 1000
@@ -104,7 +105,9 @@ def queue_up(scheduler: Scheduler, waiting: int, pools: list[str]) -> None:
             )
 
 
-def run(nodes: int, tasks: int, seed: int, waiting: int = 0) -> dict[str, Any]:
+def run(
+    nodes: int, tasks: int, seed: int, waiting: int = 0, own_pool_every: int = 0
+) -> dict[str, Any]:
     rng = random.Random(seed)
     scheduler = Scheduler()
     topologies = scaled_fleet(nodes, seed)
@@ -122,6 +125,17 @@ def run(nodes: int, tasks: int, seed: int, waiting: int = 0) -> dict[str, Any]:
     keep = min(nodes, 100)
     for n in range(tasks):
         at = T0 + timedelta(seconds=n * 0.01)
+        if waiting and own_pool_every and n % own_pool_every == 0:
+            # A task of the deep queue's own pool ends: its waiting tasks are retried.
+            held = next((a for a in scheduler.allocations if a.startswith("q")), None)
+            if held is not None:
+                report = TaskStatusReported(
+                    occurred_at=at, task_id=held, status=TaskStatus.SUCCEEDED
+                )
+                started, cpu = time.perf_counter(), time.thread_time()
+                scheduler.handle(report)
+                times.append(time.perf_counter() - started)
+                cpu_times.append(time.thread_time() - cpu)
         event = TaskProfiled(occurred_at=at, task=task(n, rng, pools), prediction=PREDICTION)
         started, cpu = time.perf_counter(), time.thread_time()
         decisions = scheduler.handle(event)
@@ -143,6 +157,7 @@ def run(nodes: int, tasks: int, seed: int, waiting: int = 0) -> dict[str, Any]:
         "nodes": len(topologies),
         "tasks": tasks,
         "waiting": waiting,
+        "own_pool_release_every": own_pool_every if waiting else 0,
         "p50_ms": round(statistics.median(ms), 3),
         "p99_ms": round(ms[int(len(ms) * 0.99) - 1], 3),
         "p99_9_ms": round(ms[int(len(ms) * 0.999) - 1], 3),
@@ -168,12 +183,19 @@ def main() -> None:
         default=[0, 1000],
         help="Tasks left waiting in the queue while the others are timed (a deep queue).",
     )
+    parser.add_argument(
+        "--own-pool-release-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="With --waiting: every K-th task, a task of the waiting pool ends too (0: never).",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="Where the JSON goes.")
     args = parser.parse_args()
     results = []
     for n in args.nodes:
         for waiting in args.waiting:
-            result = run(n, args.tasks, args.seed, waiting)
+            result = run(n, args.tasks, args.seed, waiting, args.own_pool_release_every)
             print(json.dumps(result), flush=True)
             results.append(result)
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"

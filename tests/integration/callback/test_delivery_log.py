@@ -15,6 +15,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from prometheus_client import CollectorRegistry
+from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -261,3 +262,29 @@ async def test_no_endpoint_records_skipped(engine: AsyncEngine) -> None:
     assert created == 1
     [row] = await log.list()
     assert (row.state, row.endpoint) == ("skipped", "")
+
+
+async def test_a_batch_of_attempts_is_claimed_and_recorded_in_few_commits(
+    engine: AsyncEngine,
+) -> None:
+    harness = Harness(engine, [status(200)])
+    events = [granted(f"batch-{n}") for n in range(8)]
+    for event in events:
+        await harness.record(event)
+    commits: list[int] = []
+
+    def count(_: object) -> None:
+        commits.append(1)
+
+    sqlalchemy_event.listen(engine.sync_engine, "commit", count)
+    assert await harness.dispatcher.dispatch() == 8  # one claim for all eight
+    await asyncio.gather(*harness.dispatcher.routes["http://alldata/hooks"].in_flight.values())
+    sqlalchemy_event.remove(engine.sync_engine, "commit", count)
+
+    assert len(harness.requests) == 8
+    # One commit claims them; the attempts that finish together commit together.
+    assert len(commits) <= 3
+    rows = await harness.rows(tables.deliveries)
+    assert {r.state for r in rows} == {"delivered"}
+    assert len(await harness.rows(tables.attempts)) == 8
+    assert len(await harness.rows(tables.outbox)) == 8

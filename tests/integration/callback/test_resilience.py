@@ -16,11 +16,12 @@ from crater.callback.app import CallbackSettings, build
 from crater.callback.delivery import Dispatcher
 from crater.callback.domain.signing import generate_secret
 from crater.callback.receiver import Receiver
-from crater.contracts import TaskStatus, WebhookDeadLettered, WebhookDelivered
+from crater.contracts import WebhookDeadLettered, WebhookDelivered
 from crater.runtime.bus import publish
 from crater.runtime.nats_server import NatsServer, free_port
+from tests.integration.callback.sequenced import Numbering, report
 from tests.support.events import EventTap
-from tests.support.lifecycle import granted, pending, status
+from tests.support.lifecycle import granted, pending
 
 SECRET = generate_secret()
 FAST = {
@@ -66,8 +67,9 @@ def receiver(**fields: object) -> Receiver:
 
 
 def lifecycles(tasks: int) -> list[list[object]]:
+    numbered = Numbering()
     return [
-        [pending(f"t{n}"), granted(f"t{n}"), status(f"t{n}", TaskStatus.RUNNING)]
+        [numbered(pending(f"t{n}")), numbered(granted(f"t{n}")), report(f"t{n}")]
         for n in range(tasks)
     ]
 
@@ -161,8 +163,9 @@ async def test_killed_mid_delivery_and_restarted_delivers_once_in_effect(
     port = free_port()
     state = receiver(delay_seconds=0.5)
     config = settings(fresh_nats, database_url, webhook_url=f"http://127.0.0.1:{port}/")
-    first = pending("crash")
-    second = granted("crash")
+    numbered = Numbering()
+    first = numbered(pending("crash"))
+    second = numbered(granted("crash"))
     async with serving(state, port):
         service, app = build(config)
         async with TestApp(app):
@@ -184,3 +187,34 @@ async def test_killed_mid_delivery_and_restarted_delivers_once_in_effect(
     assert [d.webhook_id for d in delivered] == [str(first.event_id), str(second.event_id)]
     assert per_task(state) == {"crash": ["pending", "scheduled"]}
     assert len(state.deliveries) == 2  # the first, sent twice under one id, recorded once
+
+
+async def test_killed_amid_a_batch_of_deliveries_loses_and_doubles_nothing_in_effect(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str
+) -> None:
+    port = free_port()
+    state = receiver(delay_seconds=0.3)
+    config = settings(fresh_nats, database_url, webhook_url=f"http://127.0.0.1:{port}/")
+    emitted = lifecycles(12)
+    async with serving(state, port):
+        service, app = build(config)
+        async with TestApp(app):
+            for events in emitted:
+                for event in events:
+                    await publish(service.broker, event)  # type: ignore[arg-type]
+            while state.requests < 14:  # noqa: ASYNC110 (a counter, polled)
+                await asyncio.sleep(0.01)
+            # Killed with a batch of POSTs under way: none of them is recorded.
+            dispatcher: Dispatcher = service.state
+            for route in dispatcher.routes.values():
+                for task in route.in_flight.values():
+                    task.cancel()
+        state.delay_seconds = 0.0
+        service, app = build(config)
+        async with TestApp(app):
+            await tap.wait_for(WebhookDelivered, count=36, timeout=20)
+
+    assert len({d.webhook_id for d in state.deliveries}) == 36
+    assert state.requests > 36  # the POSTs cut short by the kill went again...
+    assert len(state.deliveries) == 36  # ...under their webhook-id: recorded once
+    assert per_task(state) == {f"t{n}": ["pending", "scheduled", "running"] for n in range(12)}

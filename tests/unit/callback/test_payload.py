@@ -4,8 +4,14 @@ import json
 
 import pytest
 
-from crater.callback.domain.payload import webhook_body
-from crater.contracts import TaskStatus, WebhookStatus
+from crater.callback.domain.payload import RELEASE_STATUS, webhook_body
+from crater.contracts import (
+    AllocationReleased,
+    ReleaseReason,
+    TaskSequence,
+    TaskStatus,
+    WebhookStatus,
+)
 from tests.support.lifecycle import (
     OCCURRED,
     granted,
@@ -32,6 +38,8 @@ def test_granted_allocation_is_scheduled_with_its_resources() -> None:
         "event_id": str(event.event_id),
         "occurred_at": "2025-05-01T12:00:00Z",
         "reason": event.explanation,
+        "release_reason": None,
+        "sequence": None,
     }
 
 
@@ -80,3 +88,48 @@ def test_same_event_gives_the_same_bytes() -> None:
     event = granted()
     assert webhook_body(event).encode() == webhook_body(event.model_copy()).encode()
     assert webhook_body(event).event_id == event.event_id
+
+
+def released(reason: ReleaseReason) -> AllocationReleased:
+    return AllocationReleased(
+        allocation_id="alloc-train-1",
+        task_id="train-1",
+        node="gpu-01",
+        gpu_ids=[0, 1],
+        cpu_cores=[0, 1],
+        reason=reason,
+        occurred_at=OCCURRED,
+        task_sequence=TaskSequence(number=7, previous=3),
+    )
+
+
+def test_an_expired_reservation_tells_alldata_the_task_failed_and_why() -> None:
+    body = json.loads(webhook_body(released(ReleaseReason.EXPIRED)).encode())
+    assert (body["status"], body["release_reason"], body["sequence"]) == ("failed", "expired", 7)
+    assert body["reason"] == (
+        "alloc-train-1 released on gpu-01 (GPUs 0,1): expired, "
+        "the task never reported running within its reservation"
+    )
+    assert body["allocated_resources"] is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        (ReleaseReason.SUCCEEDED, "succeeded"),
+        (ReleaseReason.FAILED, "failed"),
+        (ReleaseReason.CANCELLED, "cancelled"),
+        (ReleaseReason.PREEMPTED, "preempted"),
+        (ReleaseReason.NODE_LOST, "failed"),
+        (ReleaseReason.SCALED_IN, "cancelled"),
+    ],
+)
+def test_every_release_reason_maps_to_a_status_alldata_knows(
+    reason: ReleaseReason, expected: str
+) -> None:
+    body = webhook_body(released(reason))
+    assert (body.status.value, body.release_reason) == (expected, reason.value)
+
+
+def test_no_release_reason_is_left_unmapped() -> None:
+    assert set(RELEASE_STATUS) == set(ReleaseReason)

@@ -4,24 +4,30 @@ and the derived traces used to check it is not tuned to one trace."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
+from typer.testing import CliRunner
 
+from crater.cli.main import app
 from crater.scheduler.domain.cluster import ClusterArrays, Node
+from crater.scheduler.domain.core import Scheduler
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.fragmentation import (
-    LearnedShape,
-    WorkloadModel,
     cards_after,
     expected_fragmentation,
     fragmentation_growth,
     host_stranded,
     rate_fragmentation,
-    workload_model,
 )
+from crater.scheduler.domain.workload import LearnedShape, WorkloadModel
 from crater.scheduler.sim.openb import OpenbNode, OpenbPod, topology
-from crater.scheduler.sim.variants import derive
+from crater.scheduler.sim.variants import derive, write_pods
+from tests.support.topologies import node
+from tests.unit.scheduler.test_core import cluster as core_cluster
+from tests.unit.scheduler.test_core import profiled
 
 
 def demand(gpus: int, milli: int = 1000, cores: int = 1, memory_mb: int = 1024) -> Demand:
@@ -88,7 +94,7 @@ def test_a_cpu_only_task_goes_where_its_cores_strand_no_gpus() -> None:
     c = cluster(
         OpenbNode("tight", 16000, 65536, 2, "T4"), OpenbNode("roomy", 96000, 65536, 2, "T4")
     )
-    model = workload_model(c)
+    model = c.workload
     for _ in range(10):  # GPU tasks of 8 cores a card
         model.observe(demand(1, cores=8))
     idx = np.arange(2)
@@ -106,17 +112,15 @@ def test_a_share_lands_on_the_fullest_card_that_holds_it() -> None:
     assert cards_after(cards, demand(2)).tolist() == [[0, 400, 600], [300, 0, 0]]
 
 
-def test_learning_is_deterministic_and_counts_each_request_once() -> None:
+def test_learning_is_deterministic() -> None:
     stream = [
         d
-        for _ in range(50)  # distinct requests, equal in what they ask
+        for _ in range(50)
         for d in (demand(1), demand(1, 500, cores=4), demand(0, cores=16), demand(1))
     ]
     first, second = WorkloadModel(), WorkloadModel()
     for d in stream:
         first.observe(d)
-        first.observe(d)  # the same pending request retried: not counted again
-    for d in stream:
         second.observe(d)
     assert first.seen == second.seen == len(stream)
     assert first.shapes() == second.shapes()
@@ -137,14 +141,32 @@ def test_older_requests_weigh_less() -> None:
     assert abs(popular[(1, 1000)] / popular[(2, 1000)] - 0.5) < 0.05
 
 
-def test_schedulers_do_not_share_what_they_learned() -> None:
-    a, b = (
-        cluster(OpenbNode("n", 16000, 65536, 2, "T4")),
-        cluster(OpenbNode("n", 16000, 65536, 2, "T4")),
+def test_the_core_learns_each_accepted_task_once_and_rebuilds_it_on_restore() -> None:
+    """Ranking, retries and dry runs only read what is learned: the core feeds it, once per
+    accepted task, so the same events always teach the same workload."""
+    scheduler, _ = core_cluster(node("n1", gpus=2))
+    scheduler.handle(profiled("a", gpus=2, when=1))  # placed
+    scheduler.handle(profiled("b", gpus=1, when=2))  # waits
+    scheduler.handle(profiled("b", gpus=1, when=3))  # a redelivery
+    scheduler.handle(profiled("never", gpus=64, when=4))  # rejected: not workload
+    scheduler.dry_run(scheduler.pending["b"].demand)
+    learned = scheduler.cluster.workload
+    assert learned.seen == 2
+    shapes = {(s.gpus, s.gpu_milli) for s in learned.shapes()}
+    assert shapes == {(2, 1000), (1, 1000)}
+
+    other, _ = core_cluster(node("n2", gpus=2))
+    assert other.cluster.workload.seen == 0  # schedulers never share what they learned
+
+    restarted = Scheduler(scheduler.config)
+    restarted.restore(
+        [(n.topology, n.condition, n.last_heartbeat_at) for n in scheduler.cluster.nodes],
+        list(scheduler.allocations.values()),
+        list(scheduler.pending.values()),
+        scheduler.next_seq,
     )
-    fragmentation_growth(a, demand(1), np.arange(1))
-    assert workload_model(a).seen == 1
-    assert workload_model(b).seen == 0
+    assert restarted.cluster.workload.seen == 2
+    assert {(s.gpus, s.gpu_milli) for s in restarted.cluster.workload.shapes()} == shapes
 
 
 NODES = [OpenbNode("g8", 96000, 393216, 8, "G2"), OpenbNode("t4", 104000, 524288, 2, "T4")]
@@ -172,3 +194,21 @@ def test_gpuspec_pins_gpu_pods_only_to_models_that_can_hold_them() -> None:
     assert specs[(8, "G2")] > 0
     assert all(not p.gpu_spec for p in pinned if not p.num_gpu)
     assert 0.2 < sum(bool(p.gpu_spec) for p in pinned) / 75 < 0.5
+
+
+def test_simulate_replays_a_derived_trace(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\ng8,96000,393216,8,G2\nt4,104000,524288,2,T4\n"
+    )
+    pods = tmp_path / "pods.csv"
+    write_pods(PODS, pods)
+    out = tmp_path / "results"
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--variant", "sharing", "--seeds", "1-2"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "openb_sharing_crater.json").read_text())
+    assert (summary["trace"], summary["seeds"], summary["published"]) == ("sharing", [1, 2], None)
+    wrong = CliRunner().invoke(app, [*args, "--variant", "busy"])
+    assert wrong.exit_code != 0
+    assert "--variant" in wrong.output

@@ -24,6 +24,7 @@ from crater.scheduler.sim.openb import (
 )
 from crater.scheduler.sim.protocol import CURVE_FROM, CURVE_TO, RunResult, mean_curve
 from crater.scheduler.sim.protocol import simulate as run_protocol
+from crater.scheduler.sim.variants import VARIANTS, derive
 
 console = Console()
 DATA = Path("../shared/data/openb")
@@ -68,6 +69,17 @@ def simulate(
         "benchmarks/results"
     ),
     jobs: Annotated[int, typer.Option(help="Seeds run in parallel processes.")] = 1,
+    variant: Annotated[
+        str | None,
+        typer.Option(
+            help="Replay a trace derived from --pods instead: "
+            + "; ".join(f"{v.name}: {v.description}" for v in VARIANTS.values())
+            + ". Results go to openb_<variant>_<policy>.*"
+        ),
+    ] = None,
+    variant_seed: Annotated[
+        int, typer.Option(help="Seed of the variant's draws (the trace, not the runs).")
+    ] = 0,
     cpu_unit_milli: Annotated[
         int,
         typer.Option(
@@ -80,7 +92,13 @@ def simulate(
     cluster's cards arrived, mean over the seeds; the curve goes to CSV and PNG."""
     if policy not in POLICIES:
         raise typer.BadParameter(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
+    if variant is not None and variant not in VARIANTS:
+        raise typer.BadParameter(
+            f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}", param_hint="--variant"
+        )
     node_list, pod_list = load_nodes(nodes), load_pods(pods)
+    if variant is not None:
+        pod_list = derive(pod_list, node_list, variant, variant_seed)
     run_seeds = parse_seeds(seeds) if seeds else [seed]
     started = time.perf_counter()
     results: list[RunResult] = []
@@ -116,16 +134,21 @@ def simulate(
                     bar.advance(task)
     results.sort(key=lambda r: r.seed)
     wall = time.perf_counter() - started
-    summary = write_results(results, out, policy, wall, cpu_unit_milli)
+    summary = write_results(results, out, policy, wall, cpu_unit_milli, variant)
     _print(summary, mean_curve(results))
 
 
 def write_results(
-    results: list[RunResult], out: Path, policy: str, wall: float, cpu_unit_milli: int
+    results: list[RunResult],
+    out: Path,
+    policy: str,
+    wall: float,
+    cpu_unit_milli: int,
+    variant: str | None = None,
 ) -> dict[str, Any]:
     curve = mean_curve(results)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"openb_{policy}"
+    stem = out / (f"openb_{variant}_{policy}" if variant else f"openb_{policy}")
     lines = ["arrived_pct,gpu_alloc_pct,cpu_alloc_pct,memory_alloc_pct"]
     lines += [f"{x},{g:.4f},{c:.4f},{m:.4f}" for x, (g, c, m) in curve.items()]
     stem.with_suffix(".csv").write_text("\n".join(lines) + "\n")
@@ -140,6 +163,7 @@ def write_results(
     top = max(curve)
     summary: dict[str, Any] = {
         "policy": policy,
+        "trace": variant or "default",
         "seeds": [r.seed for r in results],
         "gpus": gpus,
         "at_100": at(100),
@@ -149,7 +173,7 @@ def write_results(
         "pods_arrived_mean": sum(len(r.arrived_gpu) for r in results) / len(results),
         "wall_seconds": round(wall, 1),
         "published": dict(zip(("at_100", "at_130", "unallocated"), PUBLISHED[policy], strict=True))
-        if policy in PUBLISHED
+        if policy in PUBLISHED and variant is None
         else None,
         "cpu_unit_milli": cpu_unit_milli,
         "notes": (
@@ -160,11 +184,17 @@ def write_results(
         "curve": {str(x): [round(v, 4) for v in curve[x]] for x in curve},
     }
     stem.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
-    _plot(curve, stem.with_suffix(".png"), policy, len(results))
+    _plot(curve, stem.with_suffix(".png"), policy, len(results), variant)
     return summary
 
 
-def _plot(curve: dict[int, tuple[float, float, float]], path: Path, policy: str, n: int) -> None:
+def _plot(
+    curve: dict[int, tuple[float, float, float]],
+    path: Path,
+    policy: str,
+    n: int,
+    variant: str | None = None,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -174,12 +204,13 @@ def _plot(curve: dict[int, tuple[float, float, float]], path: Path, policy: str,
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for k, label in enumerate(("GPU", "CPU", "memory")):
         ax.plot(xs, [curve[x][k] for x in xs], label=f"{label} allocated")
-    if policy in PUBLISHED:
+    if policy in PUBLISHED and variant is None:
         p100, p130, _ = PUBLISHED[policy]
         ax.scatter([100, 130], [p100, p130], marker="x", color="k", label="published (GPU)")
     ax.set_xlabel("GPU request arrived, % of cluster GPUs")
     ax.set_ylabel("allocated, % of cluster capacity")
-    ax.set_title(f"openb, policy {policy}, mean of {n} seed(s)")
+    trace = f"openb {variant} variant" if variant else "openb"
+    ax.set_title(f"{trace}, policy {policy}, mean of {n} seed(s)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -188,7 +219,9 @@ def _plot(curve: dict[int, tuple[float, float, float]], path: Path, policy: str,
 
 
 def _print(summary: dict[str, Any], curve: dict[int, tuple[float, float, float]]) -> None:
-    table = Table(title=f"openb: {summary['policy']}, seeds {summary['seeds']}")
+    table = Table(
+        title=f"openb ({summary['trace']}): {summary['policy']}, seeds {summary['seeds']}"
+    )
     for name in ("arrived %", "GPU alloc %", "CPU alloc %", "memory alloc %"):
         table.add_column(name, justify="right")
     for x in range(CURVE_FROM, CURVE_TO + 1, 5):

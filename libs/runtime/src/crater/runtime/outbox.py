@@ -220,19 +220,35 @@ class OutboxRelay:
             ).all()
             if not rows:
                 return 0
-            for row in rows:
-                await publish_raw(
-                    self.broker,
-                    subject=row.subject,
-                    stream=row.stream,
-                    payload=row.payload.encode(),
-                    event_id=row.event_id,
-                    traceparent=row.traceparent,
-                )
-            await session.execute(
-                update(self.outbox)
-                .where(self.outbox.c.id.in_([row.id for row in rows]))
-                .values(published_at=datetime.now(UTC))
+            # The whole batch in flight at once, acks awaited together: one round trip, not
+            # one per row. Started in row order, so they go out on the wire in that order.
+            # A row whose ack failed stays unpublished and goes again next time; the id it
+            # carries as Nats-Msg-Id lets JetStream drop it if it had in fact arrived.
+            outcomes = await asyncio.gather(
+                *(
+                    publish_raw(
+                        self.broker,
+                        subject=row.subject,
+                        stream=row.stream,
+                        payload=row.payload.encode(),
+                        event_id=row.event_id,
+                        traceparent=row.traceparent,
+                    )
+                    for row in rows
+                ),
+                return_exceptions=True,
             )
-            await session.commit()
+            published = [
+                row.id for row, outcome in zip(rows, outcomes, strict=True) if outcome is None
+            ]
+            if published:
+                await session.execute(
+                    update(self.outbox)
+                    .where(self.outbox.c.id.in_(published))
+                    .values(published_at=datetime.now(UTC))
+                )
+                await session.commit()
+            failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+            if failed is not None:
+                raise failed
             return len(rows)

@@ -1,48 +1,49 @@
 """Callback wiring: task and allocation lifecycle events -> webhooks to AllData.
 
-One durable consumer per lifecycle subject; each handler only records the event's deliveries
-(one per endpoint that wants it, due now) with its inbox mark and returns, so the message is
-acked right after that commit and the bus is never held by a slow or absent receiver. The
-delivery loop (`delivery.Dispatcher`) sends due deliveries, retries on a schedule that can
-reach hours, and settles each with an outcome event through the outbox.
+One durable consumer per stream (`crater.v1.task.>` on CRATER_TASKS, `crater.v1.allocation.>`
+on CRATER_ALLOCATIONS), dispatching on the subject, so one stream's events are recorded in
+the order they were published. Each handler only records the event's deliveries (one per
+endpoint that wants it, due now) with its inbox mark and returns, so the message is acked
+right after that commit and the bus is never held by a slow or absent receiver. The delivery
+loop (`delivery.Dispatcher`) sends due deliveries, retries on a schedule that can reach
+hours, and settles each with an outcome event through the outbox.
 
-Order: deliveries of one task to one endpoint go in the order they were recorded, which is
-the order the consumers took the events in. Strict cross-stream order (a TaskPending on
-CRATER_TASKS emitted before an AllocationGranted on CRATER_ALLOCATIONS but consumed late) is
-NOT guaranteed yet: that needs a per-task sequence stamped by the scheduler.
+Order per task across the two streams: the scheduler numbers every lifecycle event it emits
+(`task_sequence`); a delivery waits for its task's earlier events, at most
+`order_wait_seconds` (domain/ordering.py has the rule). Subjects with no webhook
+(task.submitted, task.profiled, ...) are acked and skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from faststream.asgi import AsgiFastStream
+from faststream.nats.annotations import NatsMessage
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from crater.callback.adapters import tables
 from crater.callback.adapters.sender import WebhookSender
-from crater.callback.adapters.store import DeliveryLog
+from crater.callback.adapters.store import DeliveryLog, Enqueued
 from crater.callback.delivery import Dispatcher, Route, WebhookMetrics
 from crater.callback.domain.breaker import CircuitBreaker
 from crater.callback.domain.endpoints import Endpoint, load_endpoints
+from crater.callback.domain.ordering import Recorded
 from crater.callback.domain.payload import LifecycleEvent, webhook_body
 from crater.callback.domain.retry import RetryPolicy
 from crater.callback.domain.signing import decode_secret
 from crater.contracts import (
     AllocationGranted,
+    Channel,
+    Streams,
     Subjects,
-    TaskPending,
-    TaskPreempted,
-    TaskRejected,
+    TaskEvent,
     TaskStatusReported,
-    WebhookBody,
 )
-from crater.runtime.bus import durable
+from crater.runtime.bus import durable_stream
 from crater.runtime.outbox import OutboxRelay
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -99,6 +100,13 @@ class CallbackSettings(ServiceSettings):
     poll_seconds: float = Field(
         default=1.0, gt=0, le=60, description="How often the delivery loop looks for due work."
     )
+    order_wait_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=86400,
+        description="How long a task's webhook waits for an earlier event of the task that has "
+        "not arrived (the scheduler numbers them); then it goes anyway.",
+    )
 
     @field_validator("webhook_url", "endpoints_file")
     @classmethod
@@ -146,71 +154,218 @@ class CallbackSettings(ServiceSettings):
         )
 
 
-class TaskLocks:
-    """One asyncio.Lock per task id, dropped when nobody holds or waits for it.
+class StreamTurns:
+    """Each stream's deliveries handed in by their consumer sequence: a handler waits for the
+    previous delivery's, `patience` seconds at most (that one may have gone to another
+    replica sharing the consumer, or come before this process started)."""
 
-    asyncio.Lock wakes waiters first come, first served, so events of one task that reach
-    `hold` in consumption order are delivered in that order.
-    """
+    def __init__(self, patience: float = 0.25) -> None:
+        self.patience = patience
+        self._last: dict[str, int] = {}
+        self._waiting: dict[tuple[str, int], asyncio.Future[None]] = {}
 
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, task_id: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(task_id, (asyncio.Lock(), 0))
-        self._locks[task_id] = (lock, users + 1)
+    async def wait(self, stream: str, sequence: int) -> None:
+        if sequence - 1 <= self._last.get(stream, 0):
+            return
+        key = (stream, sequence - 1)
+        turn = self._waiting.get(key)
+        if turn is None:
+            turn = self._waiting[key] = asyncio.get_running_loop().create_future()
         try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[task_id]
-            if users == 1:
-                del self._locks[task_id]
-            else:
-                self._locks[task_id] = (lock, users - 1)
+            await asyncio.wait_for(asyncio.shield(turn), self.patience)
+        except TimeoutError:
+            self._waiting.pop(key, None)  # it went elsewhere: not waited for again
 
-    def __len__(self) -> int:
-        return len(self._locks)
+    def done(self, stream: str, sequence: int) -> None:
+        self._last[stream] = max(self._last.get(stream, 0), sequence)
+        turn = self._waiting.pop((stream, sequence), None)
+        if turn is not None and not turn.done():
+            turn.set_result(None)
+
+
+def delivery_turn(message: NatsMessage) -> tuple[str, int] | None:
+    """(stream, consumer sequence) of a JetStream delivery; None for any other message."""
+    try:
+        metadata = message.raw_message.metadata
+    except Exception:  # not a JetStream message (an in-memory test broker)
+        return None
+    return metadata.stream, metadata.sequence.consumer
 
 
 class Recorder:
     """What the consumers do: record an event's deliveries and wake the delivery loop.
 
-    The messages of a pulled batch are handled concurrently, so the recording of one task's
-    events is serialised (in the order the handlers start, which is consumption order): the
-    ids they get, and so the order they are sent in, follow the events.
+    Group commit: the events handed in while a commit is under way are recorded together in
+    the next one, in the order they came (each stream's consumption order, so one task's
+    events of one stream keep theirs); a handler returns, and its message is acked, once its
+    event is committed. If a batch fails, its events are recorded one by one, so one bad
+    event fails only its own message (redelivered).
     """
 
     def __init__(
-        self, delivery_log: DeliveryLog, endpoints: list[Endpoint], dispatcher: Dispatcher
+        self,
+        delivery_log: DeliveryLog,
+        endpoints: list[Endpoint],
+        dispatcher: Dispatcher,
+        order_wait_seconds: float = 30.0,
     ) -> None:
         self.log = delivery_log
         self.endpoints = endpoints
         self.dispatcher = dispatcher
-        self.locks = TaskLocks()
+        self.order_wait_seconds = order_wait_seconds
+        self._unrecorded: list[tuple[Enqueued, asyncio.Future[int | None]]] = []
+        self._recording: asyncio.Task[None] | None = None
+        self.turns = StreamTurns()
 
     async def record(self, event: LifecycleEvent) -> int | None:
-        body = webhook_body(event)
-        event_type = type(event).__name__
-        async with self.locks.hold(body.task_id):
-            created = await self._enqueue(event, body.task_id, body.status.value, event_type, body)
+        """Record the event's deliveries: how many, or None if it was recorded before."""
+        return await self._committed(self._queue(self._enqueued(event)))
+
+    async def _committed(self, committed: asyncio.Future[int | None]) -> int | None:
+        created = await asyncio.shield(committed)
         if created:
             self.dispatcher.wake()
         return created
 
-    async def _enqueue(
-        self, event: LifecycleEvent, task_id: str, status: str, event_type: str, body: WebhookBody
-    ) -> int | None:
-        return await self.log.enqueue(
+    def _queue(self, event: Enqueued) -> asyncio.Future[int | None]:
+        """Hand the event to the next commit (its place in the batch is taken now)."""
+        committed: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._unrecorded.append((event, committed))
+        if self._recording is None or self._recording.done():
+            self._recording = asyncio.create_task(self._record_batches())
+        return committed
+
+    async def on_message(self, message: NatsMessage) -> None:
+        """A message of a consumed stream: recorded if its subject is a lifecycle event.
+
+        A pull batch is handled concurrently, and its handlers need not get here in order:
+        each waits for its stream's previous delivery to be handed in first (`StreamTurns`).
+        """
+        turn = delivery_turn(message)
+        if turn is not None:
+            await self.turns.wait(*turn)
+        try:
+            committed = self._take(message)
+        finally:
+            if turn is not None:
+                self.turns.done(*turn)
+        if committed is not None:
+            await self._committed(committed)
+
+    def _take(self, message: NatsMessage) -> asyncio.Future[int | None] | None:
+        subject = message.raw_message.subject
+        channel = LIFECYCLE_CHANNELS.get(subject)
+        if channel is not None:
+            # A ValidationError is turned into a MessageRejected by the broker's middleware.
+            event = channel.event.model_validate_json(message.body)
+            return self._queue(self._enqueued(event))  # type: ignore[arg-type]
+        numbered = NUMBERED_ELSEWHERE.get(subject)
+        if numbered is not None:
+            # No webhook, but its number may be the previous of one that has: noted.
+            noted = numbered.event.model_validate_json(message.body)
+            return self._note(noted)  # type: ignore[arg-type]
+        return None  # task.submitted, task.profiled, ...: nothing to tell AllData
+
+    def _note(self, event: TaskEvent) -> asyncio.Future[int | None] | None:
+        """A numbered task event with no webhook, recorded so it completes its chain."""
+        sequence = event.task_sequence
+        if sequence is None:
+            return None
+        task_id = str(getattr(event, "task_id"))  # noqa: B009 - every task event has one
+        return self._queue(
+            Enqueued(
+                source_event_id=event.event_id,
+                endpoints=[],
+                task_id=task_id,
+                task_status="",
+                event_type=type(event).__name__,
+                payload="",
+                order=Recorded(str(event.event_id), sequence.number, sequence.previous),
+            )
+        )
+
+    async def _record_batches(self) -> None:
+        while self._unrecorded:
+            batch, self._unrecorded = self._unrecorded, []
+            try:
+                created = await self.log.enqueue_many([event for event, _ in batch])
+            except Exception:
+                log.debug("recording %d events together failed; one by one", len(batch))
+                await self._record_one_by_one(batch)
+                continue
+            for (_, committed), count in zip(batch, created, strict=True):
+                if not committed.done():
+                    committed.set_result(count)
+
+    async def _record_one_by_one(
+        self, batch: list[tuple[Enqueued, asyncio.Future[int | None]]]
+    ) -> None:
+        for event, committed in batch:
+            try:
+                [count] = await self.log.enqueue_many([event])
+            except Exception as error:
+                if not committed.done():
+                    committed.set_exception(error)
+                continue
+            if not committed.done():
+                committed.set_result(count)
+
+    def _enqueued(self, event: LifecycleEvent) -> Enqueued:
+        body = webhook_body(event)
+        event_type = type(event).__name__
+        status = body.status.value
+        return Enqueued(
             source_event_id=event.event_id,
             endpoints=[e.name for e in self.endpoints if e.wants(event_type, status)],
-            task_id=task_id,
+            task_id=body.task_id,
             task_status=status,
             event_type=event_type,
             payload=body.encode().decode(),
             configured=bool(self.endpoints),
+            order=order_of(event),
+            hold_seconds=self.order_wait_seconds,
         )
+
+
+# The subjects the callback turns into webhooks, and what each carries.
+LIFECYCLE_CHANNELS: dict[str, Channel] = {
+    channel.subject: channel
+    for channel in (
+        Subjects.ALLOCATION_GRANTED,
+        Subjects.ALLOCATION_RELEASED,
+        Subjects.TASK_PENDING,
+        Subjects.TASK_REJECTED,
+        Subjects.TASK_PREEMPTED,
+        Subjects.TASK_STATUS,
+    )
+}
+
+
+# Numbered task events on the consumed streams that AllData is not told of (none today):
+# recorded all the same, as links in their task's chain.
+NUMBERED_ELSEWHERE: dict[str, Channel] = {
+    channel.subject: channel
+    for channel in Subjects.ALL
+    if channel.stream in (Streams.TASKS, Streams.ALLOCATIONS)
+    and issubclass(channel.event, TaskEvent)
+    and channel.subject not in LIFECYCLE_CHANNELS
+}
+
+
+def order_of(event: LifecycleEvent) -> Recorded:
+    """What places the event among its task's events: the scheduler's number, or for a node's
+    report the allocation it is about (it comes after that allocation's grant)."""
+    event_id = str(event.event_id)
+    if isinstance(event, TaskStatusReported):
+        return Recorded(event_id, allocation_id=event.allocation_id)
+    sequence = event.task_sequence
+    return Recorded(
+        event_id,
+        number=sequence.number if sequence else None,
+        previous=sequence.previous if sequence else None,
+        allocation_id=event.allocation_id if isinstance(event, AllocationGranted) else None,
+        grants=isinstance(event, AllocationGranted),
+    )
 
 
 def build(settings: CallbackSettings | None = None) -> tuple[Service, AsgiFastStream]:
@@ -244,32 +399,20 @@ def build(settings: CallbackSettings | None = None) -> tuple[Service, AsgiFastSt
         poll_seconds=settings.poll_seconds,
         on_commit=relay.wake,
     )
-    recorder = Recorder(delivery_log, endpoints, dispatcher)
+    recorder = Recorder(delivery_log, endpoints, dispatcher, settings.order_wait_seconds)
     service.state = dispatcher
 
     batch = settings.consumer_batch
     broker, name = service.broker, service.name
 
-    # Handlers name their message `event` (rejections report field paths below it).
-    @durable(broker, Subjects.ALLOCATION_GRANTED, name, batch=batch)
-    async def on_allocation_granted(event: AllocationGranted) -> None:
-        await recorder.record(event)
+    # One consumer per stream, so a stream's events are recorded in the order published.
+    @durable_stream(broker, Streams.TASKS, name, batch=batch)
+    async def on_task_event(message: NatsMessage) -> None:
+        await recorder.on_message(message)
 
-    @durable(broker, Subjects.TASK_PENDING, name, batch=batch)
-    async def on_task_pending(event: TaskPending) -> None:
-        await recorder.record(event)
-
-    @durable(broker, Subjects.TASK_REJECTED, name, batch=batch)
-    async def on_task_rejected(event: TaskRejected) -> None:
-        await recorder.record(event)
-
-    @durable(broker, Subjects.TASK_PREEMPTED, name, batch=batch)
-    async def on_task_preempted(event: TaskPreempted) -> None:
-        await recorder.record(event)
-
-    @durable(broker, Subjects.TASK_STATUS, name, batch=batch)
-    async def on_task_status(event: TaskStatusReported) -> None:
-        await recorder.record(event)
+    @durable_stream(broker, Streams.ALLOCATIONS, name, batch=batch)
+    async def on_allocation_event(message: NatsMessage) -> None:
+        await recorder.on_message(message)
 
     async def start_loops() -> None:
         if not endpoints:

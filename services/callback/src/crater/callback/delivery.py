@@ -5,6 +5,11 @@ in a consumer), a circuit breaker per endpoint, and every attempt recorded.
 Per endpoint at most `max_in_flight` POSTs run at once; a task's next delivery to an endpoint
 only becomes due once the earlier one is settled (delivered or dead-lettered), which the log's
 `due` query enforces, so order holds across replicas and restarts too.
+
+Batched: one transaction finds and claims the due deliveries of every endpoint with room; the
+attempts that finish while a commit is under way are recorded together in the next one (a
+POST's task ends once its attempt is committed). A crash between a POST and its commit leaves
+the claim to lapse: the delivery goes again with the same webhook-id, which receivers drop.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from uuid import UUID
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from crater.callback.adapters.sender import Response, WebhookSender
-from crater.callback.adapters.store import Attempt, DeliveryLog, Due
+from crater.callback.adapters.store import Attempt, DeliveryLog, Due, Settlement
 from crater.callback.domain.breaker import CircuitBreaker
 from crater.callback.domain.retry import (
     DeliveryState,
@@ -130,6 +135,10 @@ class Dispatcher:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._backlog_at = float("-inf")
+        # Attempts waiting for the next commit, and the task committing them.
+        self._unrecorded: list[tuple[Settlement, asyncio.Future[bool]]] = []
+        self._recording: asyncio.Task[None] | None = None
+        self._settling: set[asyncio.Task[None]] = set()  # POSTs done, attempts not committed
         for route in routes:
             metrics.circuit_open.labels(endpoint=route.name).set(0)
             metrics.in_flight.labels(endpoint=route.name).set(0)
@@ -164,6 +173,12 @@ class Dispatcher:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            if self._recording is not None:  # attempts already made are still recorded
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._recording
+            for task in list(self._settling):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             with contextlib.suppress(Exception):
                 await self.log.release(ids, self.owner)
 
@@ -193,28 +208,52 @@ class Dispatcher:
 
     async def dispatch(self) -> int:
         """Start every delivery that may go now; how many were started."""
-        started = 0
         now = datetime.now(UTC)
         until = now + timedelta(seconds=self.claim_seconds)
+        wanted: dict[str, int] = {}
         for route in self.routes.values():
             free = route.max_in_flight - len(route.in_flight)
             allowance = route.breaker.allowance(self.clock())
             self.metrics.circuit_open.labels(endpoint=route.name).set(int(allowance == 0))
             if allowance is not None:
                 free = min(free, allowance)
-            if free <= 0:
+            if free > 0:
+                wanted[route.name] = free
+        if not wanted or self._stopping:
+            return 0
+        busy = [i for route in self.routes.values() for i in route.in_flight]
+        claimed = await self.log.claim_due(wanted, self.owner, now, until, exclude=busy)
+        for delivery in claimed:
+            route = self.routes[delivery.endpoint]
+            route.breaker.started(self.clock())
+            route.in_flight[delivery.id] = asyncio.create_task(self._send(route, delivery))
+        for name in wanted:
+            self.metrics.in_flight.labels(endpoint=name).set(len(self.routes[name].in_flight))
+        return len(claimed)
+
+    async def _record(self, settlement: Settlement) -> bool:
+        """Record an attempt in the next commit, with whatever else finished meanwhile; True
+        once committed, False if the claim was lost before."""
+        committed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._unrecorded.append((settlement, committed))
+        if self._recording is None or self._recording.done():
+            self._recording = asyncio.create_task(self._record_batches())
+        # Shielded: a POST task cancelled now still has its attempt recorded.
+        return await asyncio.shield(committed)
+
+    async def _record_batches(self) -> None:
+        while self._unrecorded:
+            batch, self._unrecorded = self._unrecorded, []
+            try:
+                recorded = await self.log.record_many(self.owner, [s for s, _ in batch])
+            except Exception as error:
+                for _, committed in batch:
+                    if not committed.done():
+                        committed.set_exception(error)
                 continue
-            due = await self.log.due(route.name, now, free, exclude=list(route.in_flight))
-            claimed = await self.log.claim([x.id for x in due], self.owner, now, until)
-            for delivery in due:
-                if delivery.id not in claimed or self._stopping:
-                    continue
-                route.breaker.started(self.clock())
-                task = asyncio.create_task(self._send(route, delivery))
-                route.in_flight[delivery.id] = task
-                started += 1
-            self.metrics.in_flight.labels(endpoint=route.name).set(len(route.in_flight))
-        return started
+            for settlement, committed in batch:
+                if not committed.done():
+                    committed.set_result(settlement.delivery_id in recorded)
 
     async def _send(self, route: Route, delivery: Due) -> None:
         try:
@@ -224,12 +263,23 @@ class Dispatcher:
         except Exception:
             log.exception("webhook %s: recording the attempt failed", delivery.webhook_id)
         finally:
-            route.in_flight.pop(delivery.id, None)
-            self.metrics.in_flight.labels(endpoint=route.name).set(len(route.in_flight))
-            self.wake()  # the task's next delivery may be due now, and a slot is free
+            self._posted(route, delivery)
+            self.wake()  # the task's next delivery may be due now
+
+    def _posted(self, route: Route, delivery: Due) -> None:
+        """The POST is over: its slot is free for another (the endpoint's limit is on POSTs
+        under way), while its attempt waits for the next commit; until then the delivery
+        stays claimed, so nobody sends it again meanwhile, and its task's next one waits."""
+        task = route.in_flight.pop(delivery.id, None)
+        if task is not None and not task.done():
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+        self.metrics.in_flight.labels(endpoint=route.name).set(len(route.in_flight))
 
     async def _attempt(self, route: Route, delivery: Due) -> None:
         response = await route.sender.post(delivery.payload.encode(), delivery.webhook_id)
+        self._posted(route, delivery)
+        self.wake()
         now = datetime.now(UTC)
         number = delivery.attempts + 1
         verdict = classify(response.status_code, response.retry_after, now)
@@ -273,7 +323,7 @@ class Dispatcher:
             self.metrics.circuit_open.labels(endpoint=endpoint).set(0)
             moved = await self.log.pull_forward(endpoint, now)
             log.info("endpoint %s is back; %d waiting deliveries are due now", endpoint, moved)
-        if not await self.log.record(delivery.id, self.owner, attempt, state, next_at, events):
+        if not await self._record(Settlement(delivery.id, attempt, state, next_at, events)):
             log.warning("webhook %s: claim lost before recording its attempt", delivery.webhook_id)
             return
         if events:

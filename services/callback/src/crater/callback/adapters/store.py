@@ -9,24 +9,28 @@ by whoever comes next, with the same webhook-id.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import and_, func, insert, or_, select, update
-from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy import and_, bindparam, func, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crater.callback.adapters import tables
+from crater.callback.domain.ordering import Placement, Recorded, arrange, arrival
 from crater.callback.domain.retry import DeliveryState, Outcome
 from crater.contracts import Event
-from crater.runtime.outbox import first_delivery, stage
+from crater.runtime.outbox import stage
 
 CONSUMER = "callback"
 NO_ENDPOINT = ""  # the endpoint recorded for deliveries skipped because none is configured
 
 d = tables.deliveries.c
+t = tables.task_events.c
 SETTLED = (DeliveryState.DELIVERED.value, DeliveryState.DEAD.value)
 
 
@@ -39,6 +43,32 @@ class Attempt:
     status_code: int | None
     latency_ms: float
     error: str | None
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """An event to record: its deliveries, one per endpoint that wants it."""
+
+    source_event_id: UUID
+    endpoints: Sequence[str]
+    task_id: str
+    task_status: str
+    event_type: str
+    payload: str
+    configured: bool = True  # False: no endpoint at all; one delivery recorded as skipped
+    order: Recorded | None = None  # its place among its task's events (default: arrival)
+    hold_seconds: float = 0.0  # the longest it waits for an earlier event of its task
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """One attempt to record: what came of it and where the delivery stands after it."""
+
+    delivery_id: int
+    attempt: Attempt
+    state: DeliveryState
+    next_attempt_at: datetime | None = None
+    events: tuple[Event, ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -87,67 +117,113 @@ class DeliveryLog:
     def __init__(self, sessions: async_sessionmaker[Any], consumer: str = CONSUMER) -> None:
         self.sessions = sessions
         self.consumer = consumer
+        # SQLite has one writer at a time and makes the others poll, sleeping up to 100 ms
+        # a try: this process's writers (consumers, delivery loop) queue here instead.
+        bind = sessions.kw.get("bind")
+        self._one_writer = bind is not None and bind.dialect.name == "sqlite"
+        self._write_lock = asyncio.Lock()
+
+    def _writing(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self._write_lock if self._one_writer else contextlib.nullcontext()
 
     # The consumers' side -------------------------------------------------------------------
 
-    async def enqueue(
-        self,
-        *,
-        source_event_id: UUID,
-        endpoints: Sequence[str],
-        task_id: str,
-        task_status: str,
-        event_type: str,
-        payload: str,
-        configured: bool = True,
-    ) -> int | None:
-        """Record the event's deliveries, due now, with its inbox mark; None if this consumer
-        saw the event before (nothing written). With no endpoint configured at all, one
-        delivery is recorded as skipped. Returns how many deliveries were created."""
-        webhook_id = str(source_event_id)
+    async def enqueue(self, **fields: Any) -> int | None:
+        """Record one event's deliveries (the fields of `Enqueued`); see `enqueue_many`."""
+        [created] = await self.enqueue_many([Enqueued(**fields)])
+        return created
+
+    async def enqueue_many(self, events: Sequence[Enqueued]) -> list[int | None]:
+        """Record the events' deliveries, due now, each with its inbox mark, in one
+        transaction and in the order given; per event, how many deliveries were created, or
+        None if this consumer saw it before (nothing written). With no endpoint configured at
+        all, one delivery is recorded as skipped.
+
+        Each event takes its place among its task's events (`order`: its sequence number and
+        allocation; domain/ordering.py). While an earlier one is missing, its deliveries are
+        held, `hold_seconds` at most; the task's held ones it completes go free. A handful of
+        statements per batch, not per event: on a busy machine each round trip costs.
+        """
+        if not events:
+            return []
         now = datetime.now(UTC)
-        async with self.sessions() as session:
-            if not await first_delivery(session, tables.inbox, self.consumer, source_event_id):
-                await session.rollback()
-                return None
-            existing = set(
-                (await session.scalars(select(d.endpoint).where(d.webhook_id == webhook_id))).all()
+        ids = list(dict.fromkeys(str(e.source_event_id) for e in events))
+        task_ids = list(dict.fromkeys(e.task_id for e in events))
+        async with self._writing(), self.sessions() as session:
+            seen = set(
+                (
+                    await session.scalars(
+                        select(tables.inbox.c.event_id).where(
+                            tables.inbox.c.consumer == self.consumer,
+                            tables.inbox.c.event_id.in_(ids),
+                        )
+                    )
+                ).all()
             )
-            common = {
-                "webhook_id": webhook_id,
-                "task_id": task_id,
-                "task_status": task_status,
-                "event_type": event_type,
-                "attempts": 0,
-                "round": 0,
-                "payload": payload,
-                "created_at": now,
-                "updated_at": now,
+            existing = {
+                (row.webhook_id, row.endpoint)
+                for row in (
+                    await session.execute(
+                        select(d.webhook_id, d.endpoint).where(d.webhook_id.in_(ids))
+                    )
+                ).all()
             }
-            if configured:
-                rows = [
-                    common
-                    | {
-                        "endpoint": name,
-                        "state": DeliveryState.PENDING.value,
-                        "next_attempt_at": now,
+            tasks: dict[str, list[Recorded]] = {task_id: [] for task_id in task_ids}
+            for r in (
+                await session.execute(select(tables.task_events).where(t.task_id.in_(task_ids)))
+            ).all():
+                tasks[r.task_id].append(
+                    Recorded(
+                        r.event_id,
+                        r.number,
+                        r.previous,
+                        r.allocation_id,
+                        r.grants,
+                        r.position,
+                        r.waiting,
+                    )
+                )
+            created: list[int | None] = []
+            inbox_rows: list[dict[str, Any]] = []
+            event_rows: list[dict[str, Any]] = []
+            delivery_rows: list[dict[str, Any]] = []
+            moved: dict[str, Placement] = {}
+            for event in events:
+                webhook_id = str(event.source_event_id)
+                if webhook_id in seen:
+                    created.append(None)
+                    continue
+                seen.add(webhook_id)
+                inbox_rows.append(
+                    {"consumer": self.consumer, "event_id": webhook_id, "processed_at": now}
+                )
+                placed, changes = _place(tasks[event.task_id], event.order or Recorded(webhook_id))
+                moved.update(changes)
+                event_rows.append(
+                    {
+                        "event_id": webhook_id,
+                        "task_id": event.task_id,
+                        "event_type": event.event_type,
+                        "number": placed.number,
+                        "previous": placed.previous,
+                        "allocation_id": placed.allocation_id,
+                        "grants": placed.grants,
+                        "position": placed.position,
+                        "waiting": placed.waiting,
+                        "recorded_at": now,
                     }
-                    for name in endpoints
-                    if name not in existing
-                ]
-            else:
-                rows = [
-                    common
-                    | {
-                        "endpoint": NO_ENDPOINT,
-                        "state": DeliveryState.SKIPPED.value,
-                        "completed_at": now,
-                    }
-                ]
-            if rows:
-                await session.execute(insert(tables.deliveries), rows)
+                )
+                rows = _delivery_rows(event, placed, now, existing)
+                delivery_rows += rows
+                created.append(len(rows))
+            if inbox_rows:
+                await session.execute(insert(tables.inbox), inbox_rows)
+                await session.execute(insert(tables.task_events), event_rows)
+            if delivery_rows:
+                await session.execute(insert(tables.deliveries), delivery_rows)
+            await _move(session, moved)
             await session.commit()
-            return len(rows)
+        return created
 
     # The delivery loop's side --------------------------------------------------------------
 
@@ -155,47 +231,40 @@ class DeliveryLog:
         self, endpoint: str, now: datetime, limit: int, exclude: Sequence[int] = ()
     ) -> list[Due]:
         """Up to `limit` deliveries to `endpoint` that may go now, oldest first: pending, due,
-        unclaimed (or their claim lapsed), and with no earlier pending delivery of their task
-        to this endpoint (a task's deliveries go one after another, in order)."""
+        not held, unclaimed (or their claim lapsed), and with no pending delivery of their
+        task to this endpoint placed before them (a task's deliveries go one after another,
+        in order)."""
         if limit <= 0:
             return []
-        earlier = tables.deliveries.alias("earlier")
-        blocked = (
-            select(earlier.c.id)
-            .where(
-                earlier.c.task_id == d.task_id,
-                earlier.c.endpoint == d.endpoint,
-                earlier.c.state == DeliveryState.PENDING.value,
-                earlier.c.id < d.id,
-            )
-            .exists()
-        )
-        query = (
-            select(
-                d.id,
-                d.webhook_id,
-                d.endpoint,
-                d.task_id,
-                d.task_status,
-                d.payload,
-                d.attempts,
-                d.round,
-                d.attempt_limit,
-            )
-            .where(
-                d.endpoint == endpoint,
-                d.state == DeliveryState.PENDING.value,
-                d.next_attempt_at <= now,
-                or_(d.claimed_until.is_(None), d.claimed_until < now),
-                ~blocked,
-            )
-            .order_by(d.id)
-            .limit(limit + len(exclude))
-        )
-        skip = set(exclude)
         async with self.sessions() as session:
-            rows = (await session.execute(query)).all()
+            rows = (await session.execute(_due_query(endpoint, now, limit + len(exclude)))).all()
+        skip = set(exclude)
         return [Due(*row) for row in rows if row.id not in skip][:limit]
+
+    async def claim_due(
+        self,
+        wanted: Mapping[str, int],
+        owner: str,
+        now: datetime,
+        until: datetime,
+        exclude: Sequence[int] = (),
+    ) -> list[Due]:
+        """Find and claim, in one transaction, up to `wanted[endpoint]` due deliveries per
+        endpoint: the deliveries this replica now owns until `until`."""
+        skip = set(exclude)
+        async with self._writing(), self.sessions() as session:
+            found: list[Due] = []
+            for endpoint, limit in wanted.items():
+                if limit <= 0:
+                    continue
+                rows = (await session.execute(_due_query(endpoint, now, limit + len(skip)))).all()
+                found += [Due(*row) for row in rows if row.id not in skip][:limit]
+            if not found:
+                await session.rollback()
+                return []
+            claimed = await _claim(session, [x.id for x in found], owner, now, until)
+            await session.commit()
+        return [x for x in found if x.id in claimed]
 
     async def claim(
         self, ids: Sequence[int], owner: str, now: datetime, until: datetime
@@ -204,18 +273,8 @@ class DeliveryLog:
         replica may have taken some since they were read)."""
         if not ids:
             return set()
-        async with self.sessions() as session:
-            result = await session.execute(
-                update(tables.deliveries)
-                .where(
-                    d.id.in_(list(ids)),
-                    d.state == DeliveryState.PENDING.value,
-                    or_(d.claimed_until.is_(None), d.claimed_until < now),
-                )
-                .values(claimed_by=owner, claimed_until=until)
-                .returning(d.id)
-            )
-            claimed = {int(row_id) for (row_id,) in result.all()}
+        async with self._writing(), self.sessions() as session:
+            claimed = await _claim(session, ids, owner, now, until)
             await session.commit()
         return claimed
 
@@ -223,7 +282,7 @@ class DeliveryLog:
         """Give up claims without an attempt (the service stops): due again at once."""
         if not ids:
             return
-        async with self.sessions() as session:
+        async with self._writing(), self.sessions() as session:
             await session.execute(
                 update(tables.deliveries)
                 .where(d.id.in_(list(ids)), d.claimed_by == owner)
@@ -242,49 +301,104 @@ class DeliveryLog:
     ) -> bool:
         """One attempt, the delivery's new state and (when settled) its outcome events, in one
         transaction. False, with nothing written, if the claim was lost meanwhile."""
+        settlement = Settlement(delivery_id, attempt, state, next_attempt_at, events)
+        return delivery_id in await self.record_many(owner, [settlement])
+
+    async def record_many(self, owner: str, settlements: Sequence[Settlement]) -> set[int]:
+        """Several attempts, each with its delivery's new state and outcome events, in one
+        transaction; the ids recorded (not those whose claim was lost meanwhile)."""
+        if not settlements:
+            return set()
         now = datetime.now(UTC)
-        final = state.is_final
-        async with self.sessions() as session:
+        async with self._writing(), self.sessions() as session:
+            held = set(
+                (
+                    await session.scalars(
+                        select(d.id)
+                        .where(
+                            d.id.in_([s.delivery_id for s in settlements]),
+                            d.claimed_by == owner,
+                            d.state == DeliveryState.PENDING.value,
+                        )
+                        .with_for_update()
+                    )
+                ).all()
+            )
+            recorded = [s for s in settlements if s.delivery_id in held]
+            if not recorded:
+                await session.rollback()
+                return set()
             result = await session.execute(
                 update(tables.deliveries)
                 .where(
-                    d.id == delivery_id,
+                    d.id == bindparam("settled_id"),
                     d.claimed_by == owner,
                     d.state == DeliveryState.PENDING.value,
                 )
                 .values(
-                    state=state.value,
-                    attempts=attempt.number,
-                    last_status_code=attempt.status_code,
-                    last_error=attempt.error,
+                    state=bindparam("new_state"),
+                    attempts=bindparam("number"),
+                    last_status_code=bindparam("status_code"),
+                    last_error=bindparam("error"),
                     updated_at=now,
-                    completed_at=now if final else None,
-                    next_attempt_at=None if final else next_attempt_at,
+                    completed_at=bindparam("completed"),
+                    next_attempt_at=bindparam("next_at"),
                     claimed_by=None,
                     claimed_until=None,
-                )
+                ),
+                [
+                    {
+                        "settled_id": s.delivery_id,
+                        "new_state": s.state.value,
+                        "number": s.attempt.number,
+                        "status_code": s.attempt.status_code,
+                        "error": s.attempt.error,
+                        "completed": now if s.state.is_final else None,
+                        "next_at": None if s.state.is_final else s.next_attempt_at,
+                    }
+                    for s in recorded
+                ],
             )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
+            # A claim lapsed and was taken between the look and the write (SQLite: the look
+            # locks nothing). asyncpg reports no count for a batch (-1): there the look's
+            # FOR UPDATE already holds the rows.
+            if result.rowcount not in (-1, len(recorded)):  # type: ignore[attr-defined]
                 await session.rollback()
-                return False
-            await session.execute(
-                insert(tables.attempts).values(
-                    delivery_id=delivery_id,
-                    attempt=attempt.number,
-                    outcome=attempt.outcome.value,
-                    status_code=attempt.status_code,
-                    latency_ms=attempt.latency_ms,
-                    error=attempt.error,
-                    attempted_at=now,
-                )
-            )
-            await stage(session, tables.outbox, *events)
-            await session.commit()
-            return True
+                recorded = []
+            else:
+                await self._record_attempts(session, recorded, now)
+        if recorded or len(settlements) == 1:
+            return {s.delivery_id for s in recorded}
+        done: set[int] = set()  # one by one: only the lost claims stay unrecorded
+        for s in settlements:
+            done |= await self.record_many(owner, [s])
+        return done
+
+    @staticmethod
+    async def _record_attempts(
+        session: AsyncSession, recorded: Sequence[Settlement], now: datetime
+    ) -> None:
+        await session.execute(
+            insert(tables.attempts),
+            [
+                {
+                    "delivery_id": s.delivery_id,
+                    "attempt": s.attempt.number,
+                    "outcome": s.attempt.outcome.value,
+                    "status_code": s.attempt.status_code,
+                    "latency_ms": s.attempt.latency_ms,
+                    "error": s.attempt.error,
+                    "attempted_at": now,
+                }
+                for s in recorded
+            ],
+        )
+        await stage(session, tables.outbox, *(e for s in recorded for e in s.events))
+        await session.commit()
 
     async def pull_forward(self, endpoint: str, now: datetime) -> int:
         """The endpoint is back: what waits in backoff for it is due now."""
-        async with self.sessions() as session:
+        async with self._writing(), self.sessions() as session:
             result = await session.execute(
                 update(tables.deliveries)
                 .where(
@@ -410,3 +524,129 @@ def _filters(
     if since is not None:
         filters.append(d.created_at >= since)
     return filters
+
+
+def _place(task: list[Recorded], order: Recorded) -> tuple[Recorded, dict[str, Placement]]:
+    """Place a new event among its task's recorded ones (updated in place): the event as
+    placed, and the task's earlier events that moved or went free."""
+    new = arrival(order, task)
+    placements = arrange([*task, new])
+    placement = placements.pop(new.event_id, Placement(new.position, new.waiting))
+    new = replace(new, position=placement.position, waiting=placement.waiting)
+    for i, recorded in enumerate(task):
+        if recorded.event_id in placements:
+            moved = placements[recorded.event_id]
+            task[i] = replace(recorded, position=moved.position, waiting=moved.waiting)
+    task.append(new)
+    return new, placements
+
+
+def _delivery_rows(
+    event: Enqueued, placed: Recorded, now: datetime, existing: set[tuple[str, str]]
+) -> list[dict[str, Any]]:
+    webhook_id = str(event.source_event_id)
+    common = {
+        "webhook_id": webhook_id,
+        "task_id": event.task_id,
+        "task_status": event.task_status,
+        "event_type": event.event_type,
+        "attempts": 0,
+        "round": 0,
+        "payload": event.payload,
+        "created_at": now,
+        "updated_at": now,
+        "position": placed.position,
+    }
+    if not event.configured:
+        return [
+            common
+            | {"endpoint": NO_ENDPOINT, "state": DeliveryState.SKIPPED.value, "completed_at": now}
+        ]
+    held_until = now + timedelta(seconds=event.hold_seconds) if placed.waiting else None
+    return [
+        common
+        | {
+            "endpoint": name,
+            "state": DeliveryState.PENDING.value,
+            "next_attempt_at": now,
+            "held_until": held_until,
+        }
+        for name in event.endpoints
+        if (webhook_id, name) not in existing
+    ]
+
+
+async def _move(session: AsyncSession, moved: dict[str, Placement]) -> None:
+    """Earlier events that moved or went free, and their pending deliveries (rare: only when
+    an event completes a waiting one's predecessors)."""
+    for event_id, placement in moved.items():
+        await session.execute(
+            update(tables.task_events)
+            .where(t.event_id == event_id)
+            .values(position=placement.position, waiting=placement.waiting)
+        )
+        values: dict[str, Any] = {"position": placement.position}
+        if not placement.waiting:
+            values["held_until"] = None
+        await session.execute(
+            update(tables.deliveries)
+            .where(d.webhook_id == event_id, d.state == DeliveryState.PENDING.value)
+            .values(**values)
+        )
+
+
+def _due_query(endpoint: str, now: datetime, limit: int) -> Any:
+    """Deliveries to `endpoint` that may go now, oldest first (see `DeliveryLog.due`)."""
+    earlier = tables.deliveries.alias("earlier")
+    blocked = (
+        select(earlier.c.id)
+        .where(
+            earlier.c.task_id == d.task_id,
+            earlier.c.endpoint == d.endpoint,
+            earlier.c.state == DeliveryState.PENDING.value,
+            or_(
+                earlier.c.position < d.position,
+                and_(earlier.c.position == d.position, earlier.c.id < d.id),
+            ),
+        )
+        .exists()
+    )
+    return (
+        select(
+            d.id,
+            d.webhook_id,
+            d.endpoint,
+            d.task_id,
+            d.task_status,
+            d.payload,
+            d.attempts,
+            d.round,
+            d.attempt_limit,
+        )
+        .where(
+            d.endpoint == endpoint,
+            d.state == DeliveryState.PENDING.value,
+            d.next_attempt_at <= now,
+            or_(d.held_until.is_(None), d.held_until <= now),
+            or_(d.claimed_until.is_(None), d.claimed_until < now),
+            ~blocked,
+        )
+        .order_by(d.id)
+        .limit(limit)
+    )
+
+
+async def _claim(
+    session: AsyncSession, ids: Sequence[int], owner: str, now: datetime, until: datetime
+) -> set[int]:
+    result = await session.execute(
+        update(tables.deliveries)
+        .where(
+            d.id.in_(list(ids)),
+            d.state == DeliveryState.PENDING.value,
+            or_(d.claimed_until.is_(None), d.claimed_until < now),
+        )
+        .values(claimed_by=owner, claimed_until=until)
+        .returning(d.id)
+    )
+    return {int(row_id) for (row_id,) in result.all()}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
+    Boolean,
     Column,
     DateTime,
     Float,
@@ -57,12 +59,35 @@ deliveries = Table(
     Column("round", Integer, nullable=False, default=0, server_default="0"),
     # Attempts allowed in all (None: the service's max_attempts); raised by retry/replay.
     Column("attempt_limit", Integer, nullable=True),
+    # Revision 0003: order per task across subjects and streams (domain/ordering.py).
+    # Where it goes among its task's deliveries to the endpoint (equal: by id).
+    Column("position", BigInteger, nullable=False, default=0, server_default="0"),
+    # Waits until then for an earlier event of its task that has not arrived (None: free).
+    Column("held_until", DateTime(timezone=True), nullable=True),
     UniqueConstraint("webhook_id", "endpoint"),
     Index(None, "task_id"),
     Index(None, "state"),
     # The delivery loop: due heads per (task, endpoint), oldest first.
     Index(None, "task_id", "endpoint", "state"),
     Index(None, "state", "next_attempt_at"),
+)
+
+# Revision 0003: every recorded event of a task (with or without a delivery), so the next
+# one can be placed after its predecessors.
+task_events = Table(
+    "callback_task_events",
+    metadata,
+    Column("event_id", String(36), primary_key=True),
+    Column("task_id", String(256), nullable=False, index=True),
+    Column("event_type", String(64), nullable=False),
+    # The scheduler's task_sequence (None for other producers' events).
+    Column("number", BigInteger, nullable=True),
+    Column("previous", BigInteger, nullable=True),
+    Column("allocation_id", String(128), nullable=True),
+    Column("grants", Boolean, nullable=False),
+    Column("position", BigInteger, nullable=False),
+    Column("waiting", Boolean, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
 )
 
 attempts = Table(

@@ -15,7 +15,14 @@ from crater.callback.domain.signing import decode_secret
 from crater.contracts import WebhookStatus
 
 EVENT_TYPES = frozenset(
-    {"AllocationGranted", "TaskPending", "TaskRejected", "TaskPreempted", "TaskStatusReported"}
+    {
+        "AllocationGranted",
+        "AllocationReleased",
+        "TaskPending",
+        "TaskRejected",
+        "TaskPreempted",
+        "TaskStatusReported",
+    }
 )
 STATUSES = frozenset(s.value for s in WebhookStatus)
 

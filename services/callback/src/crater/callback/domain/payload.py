@@ -5,6 +5,8 @@ from __future__ import annotations
 from crater.contracts import (
     AllocatedResources,
     AllocationGranted,
+    AllocationReleased,
+    ReleaseReason,
     TaskPending,
     TaskPreempted,
     TaskRejected,
@@ -13,7 +15,32 @@ from crater.contracts import (
     WebhookStatus,
 )
 
-LifecycleEvent = AllocationGranted | TaskPending | TaskRejected | TaskPreempted | TaskStatusReported
+LifecycleEvent = (
+    AllocationGranted
+    | AllocationReleased
+    | TaskPending
+    | TaskRejected
+    | TaskPreempted
+    | TaskStatusReported
+)
+
+# What AllData hears when a task's resources go back; `release_reason` says exactly why.
+RELEASE_STATUS = {
+    ReleaseReason.SUCCEEDED: WebhookStatus.SUCCEEDED,
+    ReleaseReason.FAILED: WebhookStatus.FAILED,
+    ReleaseReason.CANCELLED: WebhookStatus.CANCELLED,
+    ReleaseReason.PREEMPTED: WebhookStatus.PREEMPTED,
+    # The task never confirmed it runs within its reservation: it will not run.
+    ReleaseReason.EXPIRED: WebhookStatus.FAILED,
+    ReleaseReason.NODE_LOST: WebhookStatus.FAILED,
+    ReleaseReason.SCALED_IN: WebhookStatus.CANCELLED,
+}
+RELEASE_EXPLANATION = {
+    ReleaseReason.EXPIRED: "the task never reported running within its reservation",
+    ReleaseReason.NODE_LOST: "its node stopped answering",
+    ReleaseReason.SCALED_IN: "the autoscaler removed this replica",
+    ReleaseReason.PREEMPTED: "it yielded to a higher-priority task",
+}
 
 
 def webhook_body(event: LifecycleEvent) -> WebhookBody:
@@ -45,6 +72,12 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
             )
         case TaskStatusReported():
             status, reason = WebhookStatus(event.status.value), event.message
+        case AllocationReleased():
+            status = RELEASE_STATUS.get(event.reason, WebhookStatus.FAILED)
+            gpus = ",".join(map(str, event.gpu_ids)) or "none"
+            reason = f"{event.allocation_id} released on {event.node} (GPUs {gpus}): {event.reason}"
+            if event.reason in RELEASE_EXPLANATION:
+                reason += f", {RELEASE_EXPLANATION[event.reason]}"
         case _:
             raise TypeError(f"no webhook for {type(event).__name__}")
     return WebhookBody(
@@ -54,4 +87,8 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
         event_id=event.event_id,
         occurred_at=event.occurred_at,
         reason=reason,
+        release_reason=event.reason.value if isinstance(event, AllocationReleased) else None,
+        sequence=event.task_sequence.number
+        if not isinstance(event, TaskStatusReported) and event.task_sequence
+        else None,
     )

@@ -3,6 +3,7 @@ filters and scores run vectorised over every node at once."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -12,6 +13,7 @@ import numpy.typing as npt
 
 from crater.contracts import Disk, NodeCondition, NodeTopology, Taint
 from crater.scheduler.domain.mig import MigProfile, card_geometry
+from crater.scheduler.domain.workload import WorkloadModel
 
 IntArray = npt.NDArray[np.int64]
 WHOLE = 1000  # a whole card, in thousandths
@@ -300,11 +302,23 @@ class ClusterArrays:
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
+        # the request shapes seen (fed by the core): what fragmentation is measured against
+        self.workload = WorkloadModel()
         self.index: dict[str, int] = {}
+        # Each column is a view of the first len(nodes) rows of a larger array, which
+        # doubles when full: adding n nodes copies O(n) rows in all, not O(n^2).
+        self._room = 0
+        self._backing: dict[str, npt.NDArray[np.generic]] = {}
         for name, dtype in _COLUMNS.items():
-            setattr(self, name, np.zeros(0, dtype))
-        self.name_rank: IntArray = np.zeros(0, np.int64)
-        self.everywhere: BoolArray = _read_only(np.ones(0, np.bool_))  # True on every row
+            self._backing[name] = np.zeros(0, dtype)
+            setattr(self, name, self._backing[name])
+        self._rank_backing: IntArray = np.zeros(0, np.int64)
+        self.name_rank: IntArray = self._rank_backing  # each row's place in name order
+        self._sorted_names: list[str] = []
+        self._everywhere_backing: BoolArray = _read_only(np.ones(0, np.bool_))
+        self.everywhere: BoolArray = self._everywhere_backing  # True on every row
+        # Counts node additions and topology changes: what depends on totals caches on it.
+        self.topology_version = 0
         self.label_sets: list[dict[str, str]] = []
         self.taint_sets: list[tuple[Taint, ...]] = []
         self._label_ids: dict[tuple[tuple[str, str], ...], int] = {}
@@ -323,9 +337,10 @@ class ClusterArrays:
             self.index[node.name] = len(self.nodes)
             self.nodes.append(node)
             self._grow()
-            self._rank_names()
+            self._rank_name(node.name)
         else:
             self.nodes[i] = node
+        self.topology_version += 1
         self._describe(self.index[node.name])
         self.refresh(node.name)
 
@@ -373,16 +388,30 @@ class ClusterArrays:
         return self._taint_ids[taints]
 
     def _grow(self) -> None:
-        for name in _COLUMNS:
-            column = getattr(self, name)
-            setattr(self, name, np.append(column, np.zeros(1, column.dtype)))
-        self.everywhere = _read_only(np.ones(len(self.nodes), np.bool_))
+        """One row more (zeros): the backing arrays double when full."""
+        rows = len(self.nodes)
+        if rows > self._room:
+            self._room = max(16, 2 * self._room)
+            for name, old in self._backing.items():
+                grown = np.zeros(self._room, old.dtype)
+                grown[: len(old)] = old
+                self._backing[name] = grown
+            rank = np.zeros(self._room, np.int64)
+            rank[: len(self._rank_backing)] = self._rank_backing
+            self._rank_backing = rank
+            self._everywhere_backing = _read_only(np.ones(self._room, np.bool_))
+        for name, backing in self._backing.items():
+            setattr(self, name, backing[:rows])
+        self.name_rank = self._rank_backing[:rows]
+        self.everywhere = self._everywhere_backing[:rows]
 
-    def _rank_names(self) -> None:
-        order = sorted(range(len(self.nodes)), key=lambda i: self.nodes[i].name)
-        rank = np.empty(len(order), np.int64)
-        rank[order] = np.arange(len(order))
-        self.name_rank = rank
+    def _rank_name(self, name: str) -> None:
+        """The new last row's place in name order; the names after it move down one."""
+        place = bisect.bisect_left(self._sorted_names, name)
+        self._sorted_names.insert(place, name)
+        ranks = self.name_rank
+        ranks[:-1][ranks[:-1] >= place] += 1
+        ranks[-1] = place
 
 
 def _read_only(column: BoolArray) -> BoolArray:

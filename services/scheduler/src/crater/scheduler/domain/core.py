@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import hmac
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -74,6 +74,8 @@ from crater.scheduler.domain.quotas import QUOTA_FIELDS, Quota, Quotas, Usage
 
 # (node row, total score, per-plugin scores)
 Ranked = tuple[int, float, list[ScoreDetail]]
+# (nodes that pass every filter, why the others do not)
+Diagnosis = tuple[BoolArray, list[FilterReason]]
 
 # The most nodes a blocked head examines for the ones to keep (backfill), closest first.
 HEAD_CANDIDATES = 64
@@ -204,9 +206,30 @@ class Scheduler:
     # that most events skip the scans over every allocation and node. None: unknown, scan.
     expiry_floor: datetime | None = field(default=None, compare=False, repr=False)
     heartbeat_floor: float | None = field(default=None, compare=False, repr=False)
+    # Pools whose waiting tasks may decide otherwise than at their last retry (None: every
+    # pool): a retry skips the others, whose tasks would fail again, unseen and unchanged.
+    stale_pools: set[str] | None = field(default=None, compare=False, repr=False)
+    # Allocations (a gang's head) that may be preempted and are not yielding, by priority:
+    # a waiting task looks for victims only when one ranks below it.
+    preemptible: Counter[int] = field(default_factory=Counter, compare=False, repr=False)
+    # Pools where a retry ranked nodes: ranking teaches the workload model and draws from a
+    # seeded policy, so such a pool is retried again as a naive retry would.
+    ranked_pools: set[str] = field(default_factory=set, compare=False, repr=False)
+    # Each pool's totals (the DRF denominator), for the cluster's topology version.
+    capacity: dict[str, Usage] = field(default_factory=dict, compare=False, repr=False)
+    capacity_version: int = field(default=-1, compare=False, repr=False)
+    # Each (pool, tenant)'s dominant share, with the holdings it was computed from.
+    shares: dict[QueueKey, tuple[Usage, float]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    # Whether every pipeline filters on readiness and pool before any free amount, so that a
+    # pool's waiting tasks are judged on that pool's nodes alone (see `_pools_to_retry`).
+    pools_independent: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.quotas.limits = dict(self.config.quotas)
+        pipelines = [self.config.pipeline, *(p.pipeline for p in self.config.pools.values())]
+        self.pools_independent = all(map(_pool_filtered_first, pipelines))
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -244,6 +267,15 @@ class Scheduler:
         for task in pending:
             self._enqueue(task)
         self.next_seq = next_seq
+        # The workload fragmentation is measured against, rebuilt from what is still here:
+        # the live allocations as granted, then the queue (what had left is forgotten).
+        for live in sorted(self.allocations.values(), key=lambda a: a.granted_seq):
+            if live.mig_profile is None:
+                self.cluster.workload.observe_shape(
+                    len(live.gpu_ids), live.gpu_milli, None, len(live.cpu_cores), live.memory_mb
+                )
+        for task in sorted(pending, key=lambda t: t.seq):
+            self.cluster.workload.observe(task.demand)
         # Each pool's blocked head keeps its nodes from the start, as before the restart.
         self.backfill = {}
         for task in self._queue():
@@ -251,6 +283,10 @@ class Scheduler:
             if task.request.pool not in self.backfill and not blocked:
                 self._make_head(task)
         self.expiry_floor = self.heartbeat_floor = None
+        self.stale_pools = None
+        self.preemptible = Counter(
+            a.priority for a in self.allocations.values() if a.preemptible and a.yield_by is None
+        )
 
     def handle(self, event: Event) -> list[Event]:
         self.clock = max(self.clock or event.occurred_at, event.occurred_at)
@@ -302,15 +338,18 @@ class Scheduler:
         ] or self._never_fits(task)
         if errors:
             return [self._reject(event, request.task_id, errors)]
+        self.cluster.workload.observe(demand)
         avoid = self._reserved_for(task)
         granted = self._try_place(task, event, avoid)
         if granted:
             return list(granted)
         self._enqueue(task)
-        decisions: list[Event] = [self._pending_event(task, event, avoid)]
+        over = self.quotas.blocking(request.tenant, demand, members)
+        found = None if over else self.diagnose(task.filter_demand)
+        reasons, summary = self._why_waiting(task, avoid, over, found)
+        decisions: list[Event] = [self._pending_event(task, event, reasons, summary)]
         head = self.backfill.get(request.pool)
-        blocked_by_quota = self.quotas.blocking(request.tenant, demand, members)
-        if not blocked_by_quota and (
+        if not over and (
             head is None or head.task_id not in self.pending or self._order(task) < head.order
         ):
             self._make_head(task)
@@ -318,6 +357,7 @@ class Scheduler:
 
     def _enqueue(self, task: PendingTask) -> None:
         self.pending[task.request.task_id] = task
+        self._stale(task.request.pool)
         limit = task.request.sla.max_queue_time_seconds
         if limit is not None and task.submitted_at is not None and not task.escalated:
             deadline = task.submitted_at + timedelta(seconds=limit)
@@ -372,7 +412,9 @@ class Scheduler:
         allocation = self.allocations.get(event.task_id)
         if allocation is None:
             if event.status is not TaskStatus.RUNNING:
-                self.pending.pop(event.task_id, None)  # cancelled before it was placed
+                cancelled = self.pending.pop(event.task_id, None)  # cancelled before placed
+                if cancelled is not None:
+                    self._stale(cancelled.request.pool)
             return []
         members = allocation.members()
         ids = {m.allocation_id for m in members}
@@ -405,6 +447,7 @@ class Scheduler:
                 continue  # placed, cancelled, or escalated already
             before = task.priority
             task.escalated = True
+            self._stale(task.request.pool)
             limit = task.request.sla.max_queue_time_seconds or 0
             escalated.append(
                 TaskEscalated(
@@ -423,68 +466,152 @@ class Scheduler:
         """Queue order: priority (larger first), the tenant's dominant share of the pool
         (smaller first), submission order."""
         key = (task.request.pool, task.request.tenant)
-        return -task.priority, self._share(key, {}), task.seq
+        return -task.priority, self._share(key), task.seq
 
-    def _share(self, key: QueueKey, capacity: dict[str, Usage]) -> float:
-        """The tenant's dominant share of the pool; `capacity` caches pool totals."""
+    def _share(self, key: QueueKey) -> float:
+        """The tenant's dominant share of the pool."""
         used = self.pool_usage.get(key)
         if not used:
             return 0.0
+        if self.capacity_version != self.cluster.topology_version:
+            self.capacity, self.shares = {}, {}  # nodes came, went or changed: afresh
+            self.capacity_version = self.cluster.topology_version
+        known = self.shares.get(key)
+        if known is not None and known[0] is used:  # holdings replaced on every change
+            return known[1]
         pool = key[0]
-        if pool not in capacity:
-            capacity[pool] = pool_capacity(self.cluster, pool)
-        return dominant_share(used, capacity[pool])
+        capacity = self.capacity.get(pool)
+        if capacity is None:
+            capacity = self.capacity[pool] = pool_capacity(self.cluster, pool)
+        share = dominant_share(used, capacity)
+        self.shares[key] = (used, share)
+        return share
 
-    def _queue(self) -> Iterator[PendingTask]:
-        """The waiting tasks in queue order; shares are read afresh at every step, so a
-        tenant granted a task falls behind the others of its priority at once (DRF)."""
+    def _queue(self, pools: set[str] | None = None) -> Iterator[PendingTask]:
+        """The waiting tasks (of `pools`; None: all) in queue order; shares are read afresh
+        at every step, so a tenant granted a task falls behind the others of its priority at
+        once (DRF). A pool's tasks come in the same order with or without the other pools:
+        a share is one pool's."""
         bands: dict[int, dict[QueueKey, deque[PendingTask]]] = {}
         for task in sorted(self.pending.values(), key=lambda t: t.seq):
             key = (task.request.pool, task.request.tenant)
-            bands.setdefault(task.priority, {}).setdefault(key, deque()).append(task)
-        capacity: dict[str, Usage] = {}
+            if pools is None or key[0] in pools:
+                bands.setdefault(task.priority, {}).setdefault(key, deque()).append(task)
         for priority in sorted(bands, reverse=True):
             queues = bands[priority]
             while queues:
-                key = min(queues, key=lambda k: (self._share(k, capacity), queues[k][0].seq))
+                key = min(queues, key=lambda k: (self._share(k), queues[k][0].seq))
                 task = queues[key].popleft()
                 if not queues[key]:
                     del queues[key]
                 yield task
 
     def _retry_pending(self, cause: Event) -> list[Event]:
+        """Try the waiting tasks again, in queue order. Only those of stale pools: in any
+        other, nothing a task's decision reads has changed since its last try.
+
+        Within the pass, a task whose demand and reserved nodes equal those of one that found
+        no candidate node since the last grant finds none either: it takes that diagnosis
+        instead of running the filters again (nothing ranked, nothing learned, as before)."""
         decisions: list[Event] = []
-        self.backfill = {}
-        for task in self._queue():
+        pools = self._pools_to_retry()
+        self.stale_pools, self.ranked_pools = set(), set()
+        if pools is None:
+            self.backfill = {}
+        else:
+            for pool in pools:
+                self.backfill.pop(pool, None)
+        no_candidates: dict[tuple[Demand, Backfill | None], Diagnosis] = {}
+        # ... and, for such a task, why it waits: a function of the same, and of its gang
+        said: dict[tuple[Demand, Backfill | None, int, bool], tuple[list[FilterReason], str]] = {}
+        masks: dict[Backfill, BoolArray] = {}
+        for task in self._queue(pools):
             if task.request.task_id not in self.pending:
                 continue
-            avoid = self._reserved_for(task)
-            granted = self._try_place(task, cause, avoid)
-            if granted:
-                del self.pending[task.request.task_id]
-                decisions += granted
-                continue
-            said = task.last_summary
-            pending = self._pending_event(task, cause, avoid)
-            if pending.summary != said:  # only news: the reasons changed
-                decisions.append(pending)
+            head = self._reserving_head(task)
+            avoid = None if head is None else masks.get(head)
+            if head is not None and avoid is None:
+                avoid = masks[head] = head.mask(self.cluster)
+            over = self.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
+            found: Diagnosis | None = None
+            why: tuple[list[FilterReason], str] | None = None
+            if not over:
+                memo = (task.filter_demand, head)
+                found = no_candidates.get(memo)
+                if found is not None:
+                    why = said.get((*memo, task.gang_size, task.same_node))
+                    if why is None:
+                        why = said[(*memo, task.gang_size, task.same_node)] = self._why_waiting(
+                            task, avoid, over, found
+                        )
+                else:
+                    found = self.diagnose(task.filter_demand)
+                    if (found[0] if avoid is None else found[0] & ~avoid).any():
+                        granted = self._place(task, cause, found[0], avoid)
+                        if granted:
+                            del self.pending[task.request.task_id]
+                            decisions += granted
+                            no_candidates.clear()  # less is free now
+                            said.clear()
+                            continue
+                    else:
+                        no_candidates[memo] = found
+            reasons, summary = why or self._why_waiting(task, avoid, over, found)
+            if summary != task.last_summary:  # only news: the reasons changed
+                decisions.append(self._pending_event(task, cause, reasons, summary))
             pool = task.request.pool
-            if pool not in self.backfill and not self.quotas.blocking(
-                task.request.tenant, task.demand, task.gang_size
-            ):
+            if pool not in self.backfill and not over:
                 self._make_head(task)
             decisions += self._preempt_for(task, cause)
+        # A pool where nodes were ranked would rank (and learn, and draw) again: retry it.
+        if self.stale_pools is not None:
+            self.stale_pools |= self.ranked_pools
         return decisions
 
-    def _reserved_for(self, task: PendingTask) -> BoolArray | None:
-        """The nodes `task` must leave alone: those kept for its pool's blocked head, when
-        the head comes first in the queue."""
+    def _pools_to_retry(self) -> set[str] | None:
+        """The stale pools, with every pool where a tenant with a quota waits that also waits
+        in one of them (a grant to it in one pool changes what it may take in the others);
+        None: every pool."""
+        if self.stale_pools is None or not self.pools_independent:
+            return None
+        pools = set(self.stale_pools)
+        limited = [t for t in self.pending.values() if t.request.tenant in self.quotas.limits]
+        grown = True
+        while grown:
+            tenants = {t.request.tenant for t in limited if t.request.pool in pools}
+            linked = {t.request.pool for t in limited if t.request.tenant in tenants}
+            grown = not linked <= pools
+            pools |= linked
+        return pools
+
+    def _stale(self, pool: str) -> None:
+        """Something a waiting task of `pool` reads has changed: retry the pool."""
+        if self.stale_pools is not None:
+            self.stale_pools.add(pool)
+
+    def _tenant_changed(self, tenant: str) -> None:
+        """A tenant's holdings changed: with a quota, its tasks in every pool may now wait
+        (or fit) otherwise."""
+        if tenant in self.quotas.limits and self.stale_pools is not None:
+            self.stale_pools.update(
+                t.request.pool for t in self.pending.values() if t.request.tenant == tenant
+            )
+
+    def _reserving_head(self, task: PendingTask) -> Backfill | None:
+        """The blocked head of `task`'s pool whose nodes `task` must leave alone: when the
+        head comes first in the queue."""
         head = self.backfill.get(task.request.pool)
         if head is None or head.task_id == task.request.task_id or head.task_id not in self.pending:
             return None
         if self._order(task) < head.order:
             return None
-        return head.mask(self.cluster)
+        return head
+
+    def _reserved_for(self, task: PendingTask) -> BoolArray | None:
+        """The nodes `task` must leave alone: those kept for its pool's blocked head, when
+        the head comes first in the queue."""
+        head = self._reserving_head(task)
+        return None if head is None else head.mask(self.cluster)
 
     def _make_head(self, task: PendingTask) -> None:
         """`task` heads its pool's queue and cannot start: keep the node(s) it waits on."""
@@ -510,13 +637,14 @@ class Scheduler:
         """Ask lower-priority preemptible tasks to yield so `task` fits; they get a grace
         period to checkpoint, then their resources go back (see `_expire_reservations`).
         A gang waits for room instead: it does not preempt."""
+        mine = task.priority
         if (
             task.gang_size > 1
             or task.nominated_node is not None
+            or not any(p < mine for p in self.preemptible)  # nobody ranks below it
             or self.quotas.blocking(task.request.tenant, task.demand)
         ):
             return []
-        mine = task.priority
         owners: dict[str, Allocation] = {}
         candidates: list[Candidate] = []
         for head in self.allocations.values():
@@ -547,12 +675,15 @@ class Scheduler:
         if chosen is None:
             return []
         task.nominated_node = chosen.node
+        self._stale(task.request.pool)
         now = self.clock or cause.occurred_at
         grace = self.config.grace_period_seconds
         must_stop_by = now + timedelta(seconds=grace)
         decisions: list[Event] = []
         victims = {owners[v.allocation_id].task_id: owners[v.allocation_id] for v in chosen.victims}
         for victim in victims.values():
+            self._count_preemptible(victim, -1)
+            self._stale(victim.pool)
             for member in victim.members():  # a gang yields whole
                 member.yield_by = must_stop_by
                 if self.expiry_floor is not None:
@@ -607,6 +738,7 @@ class Scheduler:
             node.last_heartbeat_at = existing.last_heartbeat_at
         node.last_heartbeat_at = node.last_heartbeat_at or event.occurred_at.timestamp()
         self.cluster.upsert(node)
+        self.stale_pools = None  # a node more or changed: every summary counts it
         self._heard_from(node)
         for allocation in self.allocations.values():
             for member in allocation.members():
@@ -623,7 +755,10 @@ class Scheduler:
         node.condition = event.condition
         self.cluster.refresh(node.name)
         self._heard_from(node)
-        return was is not event.condition
+        if was is event.condition:
+            return False
+        self.stale_pools = None  # readiness is judged first, for every pool's tasks
+        return True
 
     def _expire_heartbeats(self, now: datetime) -> bool:
         deadline = now.timestamp() - self.config.heartbeat_timeout_seconds
@@ -636,6 +771,7 @@ class Scheduler:
             if silent and node.condition is not NodeCondition.NOT_READY:
                 node.condition = NodeCondition.NOT_READY
                 self.cluster.refresh(node.name)
+                self.stale_pools = None
                 changed = True
             elif (
                 node.last_heartbeat_at is not None and node.condition is not NodeCondition.NOT_READY
@@ -675,6 +811,7 @@ class Scheduler:
         idx = np.flatnonzero(candidates)
         if not len(idx):
             return
+        self.ranked_pools.add(demand.pool)
         total = np.zeros(len(idx))
         parts: list[tuple[str, npt.NDArray[np.float64]]] = []
         for score in self.config.pipeline_for(demand.pool).scores:
@@ -742,9 +879,14 @@ class Scheduler:
         """Place the task (every member of a gang, or none), off the `avoid` nodes."""
         if self.quotas.blocking(task.request.tenant, task.demand, task.gang_size):
             return []
-        candidates, _ = self.diagnose(task.filter_demand)
-        if avoid is not None:
-            candidates &= ~avoid
+        fits, _ = self.diagnose(task.filter_demand)
+        return self._place(task, cause, fits, avoid)
+
+    def _place(
+        self, task: PendingTask, cause: Event, fits: BoolArray, avoid: BoolArray | None
+    ) -> list[AllocationGranted]:
+        """`_try_place` once the filters have passed `fits` (for `task.filter_demand`)."""
+        candidates = fits if avoid is None else fits & ~avoid
         if task.gang_size == 1:
             for i, score, details in self.rank(task.demand, candidates):
                 node = self.cluster.nodes[i]
@@ -871,6 +1013,7 @@ class Scheduler:
             self.allocations[request.task_id].peers.append(allocation)
         else:
             self.allocations[request.task_id] = allocation
+            self._count_preemptible(allocation, +1)
         checkpoint = self._checkpoint_path(node, request.task_id)
         best = max(details, key=lambda d: d.score).plugin if details else "only fit"
         gang = f"gang member {member + 1}/{size}; " if size > 1 else ""
@@ -915,12 +1058,23 @@ class Scheduler:
         self.quotas.take(allocation.tenant, allocation.usage)
         key = (allocation.pool, allocation.tenant)
         self.pool_usage[key] = self.pool_usage.get(key, Usage()) + allocation.usage
+        self._stale(allocation.pool)
+        self._tenant_changed(allocation.tenant)
+
+    def _count_preemptible(self, head: Allocation, change: int) -> None:
+        """`head` (a task's first member) joins (+1) or leaves (-1) the possible victims."""
+        if not head.preemptible or head.yield_by is not None:
+            return
+        self.preemptible[head.priority] += change
+        if not self.preemptible[head.priority]:
+            del self.preemptible[head.priority]
 
     def _release(
         self, allocation: Allocation, reason: ReleaseReason, cause: Event
     ) -> list[AllocationReleased]:
         """The task's resources go back: every member of a gang."""
         del self.allocations[allocation.task_id]
+        self._count_preemptible(allocation, -1)
         return [self._release_member(m, reason, cause) for m in allocation.members()]
 
     def _release_member(
@@ -940,6 +1094,8 @@ class Scheduler:
         self.quotas.give_back(allocation.tenant, allocation.usage)
         key = (allocation.pool, allocation.tenant)
         self.pool_usage[key] = self.pool_usage.get(key, Usage()) - allocation.usage
+        self._stale(allocation.pool)
+        self._tenant_changed(allocation.tenant)
         return AllocationReleased(
             event_id=derived_event_id(cause.event_id, f"released:{_member_key(allocation)}"),
             occurred_at=cause.occurred_at,
@@ -953,12 +1109,18 @@ class Scheduler:
 
     # -- events ------------------------------------------------------------------------------
 
-    def _pending_event(
-        self, task: PendingTask, cause: Event, avoid: BoolArray | None = None
-    ) -> TaskPending:
+    def _why_waiting(
+        self,
+        task: PendingTask,
+        avoid: BoolArray | None,
+        over: list[tuple[str, float, int]],
+        found: Diagnosis | None,
+    ) -> tuple[list[FilterReason], str]:
+        """Why `task` waits, per filter, and the one-line summary. `over`: the quota limits
+        it passes; `found`: the filters' verdict on `task.filter_demand` (None when `over`:
+        the quota is the reason then)."""
         total = len(self.cluster)
-        over = self.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
-        fits, reasons = self.diagnose(task.filter_demand)
+        fits: BoolArray | None = None
         if over:
             reasons = [
                 FilterReason(
@@ -973,7 +1135,9 @@ class Scheduler:
                     ),
                 )
             ]
-        elif avoid is not None and (kept := int(np.count_nonzero(fits & avoid))):
+        else:
+            fits, reasons = found or self.diagnose(task.filter_demand)
+        if fits is not None and avoid is not None and (kept := int(np.count_nonzero(fits & avoid))):
             head = self.backfill[task.request.pool].task_id
             reasons = [
                 *reasons,
@@ -993,17 +1157,22 @@ class Scheduler:
             detail = "no node has the GPUs and CPU cores together on one NUMA node"
         else:
             detail = "no nodes yet"
-        if members > 1 and not task.same_node and not over:
+        if members > 1 and not task.same_node and fits is not None:
             room = int(np.count_nonzero(fits if avoid is None else fits & ~avoid))
             summary = f"{room}/{total} nodes can take a member, {members} needed at once: {detail}"
         else:
             summary = f"0/{total} nodes available: {detail}"
+        return reasons, summary
+
+    def _pending_event(
+        self, task: PendingTask, cause: Event, reasons: list[FilterReason], summary: str
+    ) -> TaskPending:
         task.last_summary = summary
         return TaskPending(
             event_id=derived_event_id(cause.event_id, f"pending:{task.request.task_id}"),
             occurred_at=cause.occurred_at,
             task_id=task.request.task_id,
-            nodes_total=total,
+            nodes_total=len(self.cluster),
             reasons=reasons,
             summary=summary,
         )
@@ -1083,6 +1252,14 @@ def _could_hold(node: Node, demand: Demand, members: int) -> bool:
             selection.mig_profile,
         )
     return True
+
+
+def _pool_filtered_first(pipeline: Pipeline) -> bool:
+    """Whether `pipeline` excludes other pools' nodes before any filter that reads free
+    amounts (only readiness may come first): its reasons for a task then change only with
+    its own pool's nodes, readiness and the node count."""
+    names = [f.name for f in pipeline.filters]
+    return "Pool" in names and set(names[: names.index("Pool")]) <= {"NodeReady"}
 
 
 def _member_key(allocation: Allocation) -> str:

@@ -3,7 +3,7 @@ the core has actually seen.
 
 FGD (Weng et al., USENIX ATC'23) measures a node's fragmentation against a target workload
 given up front. Production has no future trace, so this score learns the workload online:
-every request it is asked to place counts once, into a table of request shapes (GPU count,
+every task the core accepts counts once, into a table of request shapes (GPU count,
 per-card share, GPU model) whose weights decay with a half-life counted in requests, each
 with the decayed mean CPU and memory its requests ask for.
 
@@ -13,135 +13,24 @@ wrong model, or too little CPU or memory left: the node's CPU or memory strands 
 otherwise the free thousandths on cards too small for its share. The node's expected
 fragmentation weighs the shapes by popularity; the score rates how little it grows when
 the task lands there (the cards it takes as `placement.select` takes them).
+
+What is learned (`workload.WorkloadModel`, held as `ClusterArrays.workload`) is fed by the
+core, once per task it accepts; ranking, retries and dry runs only read it.
 """
 
 from __future__ import annotations
 
 import itertools
-import weakref
-from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from crater.scheduler.domain.cluster import WHOLE, BoolArray, ClusterArrays
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.workload import LearnedShape
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-# Requests after which a shape's weight halves: the mix of the last few thousand requests.
-HALF_LIFE_REQUESTS = 5000.0
-# The shapes that together make this share of the (decayed) requests are measured against;
-# the rare rest would cost time and shift little.
-COVERAGE = 0.95
-MAX_SHAPES = 32
-
-
-@dataclass(frozen=True)
-class LearnedShape:
-    """One request shape and its share of the requests seen, with the mean CPU and memory
-    its requests asked for."""
-
-    gpus: int
-    gpu_milli: int  # per card; 0 without GPUs
-    gpu_model: str | None
-    popularity: float
-    cpu_cores: float
-    memory_mb: float
-
-
-@dataclass
-class _Tally:
-    weight: float = 0.0
-    cpu: float = 0.0  # decayed sums: mean = sum / weight
-    memory: float = 0.0
-
-
-@dataclass
-class WorkloadModel:
-    """Request shapes seen so far, each request counted once, older ones weighing less."""
-
-    half_life: float = HALF_LIFE_REQUESTS
-    tallies: dict[tuple[int, int, str | None], _Tally] = field(default_factory=dict)
-    seen: int = 0
-    _shapes: tuple[LearnedShape, ...] | None = None
-    # the requests already counted, by identity: a pending task retried is the same request
-    _counted: weakref.WeakValueDictionary[int, Demand] = field(
-        default_factory=weakref.WeakValueDictionary
-    )
-
-    def observe(self, demand: Demand) -> None:
-        if self._counted.get(id(demand)) is demand:
-            return
-        self._counted[id(demand)] = demand
-        keep = 0.5 ** (1.0 / self.half_life)
-        for tally in self.tallies.values():
-            tally.weight *= keep
-            tally.cpu *= keep
-            tally.memory *= keep
-        key = (demand.gpus, demand.gpu_milli if demand.gpus else 0, demand.gpu_model or None)
-        tally = self.tallies.setdefault(key, _Tally())
-        tally.weight += 1.0
-        tally.cpu += demand.cpu_cores
-        tally.memory += demand.memory_mb
-        self.seen += 1
-        self._shapes = None
-        if len(self.tallies) > 4 * MAX_SHAPES:  # forget shapes nobody asks for any more
-            floor = sorted(t.weight for t in self.tallies.values())[-2 * MAX_SHAPES]
-            self.tallies = {k: t for k, t in self.tallies.items() if t.weight >= floor}
-
-    def shapes(self) -> tuple[LearnedShape, ...]:
-        """The most requested shapes covering `COVERAGE` of the decayed weight, most popular
-        first (ties in a fixed order), popularity as a share of all requests."""
-        if self._shapes is None:
-            total = sum(t.weight for t in self.tallies.values())
-            ranked = sorted(
-                self.tallies.items(), key=lambda kv: (-kv[1].weight, kv[0][:2], kv[0][2] or "")
-            )
-            shapes: list[LearnedShape] = []
-            covered = 0.0
-            for (gpus, milli, model), tally in ranked:
-                if covered >= COVERAGE * total or len(shapes) == MAX_SHAPES:
-                    break
-                covered += tally.weight
-                shapes.append(
-                    LearnedShape(
-                        gpus,
-                        milli,
-                        model,
-                        tally.weight / total,
-                        tally.cpu / tally.weight,
-                        tally.memory / tally.weight,
-                    )
-                )
-            self._shapes = tuple(shapes)
-        return self._shapes
-
-    def host_per_gpu_milli(self) -> tuple[float, float]:
-        """CPU cores and memory MiB the GPU requests seen ask per GPU thousandth: what a
-        node's free GPUs need beside them to be usable."""
-        gpu = cpu = memory = 0.0
-        for (gpus, milli, _), tally in self.tallies.items():
-            if gpus:
-                gpu += tally.weight * gpus * milli
-                cpu += tally.cpu
-                memory += tally.memory
-        if not gpu:
-            return 0.0, 0.0
-        return cpu / gpu, memory / gpu
-
-
-# One model per cluster: every `Scheduler` owns its cluster, so schedulers sharing a pipeline
-# (the default one) never share what they learned.
-_MODELS: weakref.WeakKeyDictionary[ClusterArrays, WorkloadModel] = weakref.WeakKeyDictionary()
-
-
-def workload_model(cluster: ClusterArrays) -> WorkloadModel:
-    model = _MODELS.get(cluster)
-    if model is None:
-        model = _MODELS[cluster] = WorkloadModel()
-    return model
 
 
 def card_matrix(c: ClusterArrays, idx: IntArray) -> IntArray:
@@ -234,13 +123,12 @@ def _models_ok(c: ClusterArrays, idx: IntArray, shapes: tuple[LearnedShape, ...]
 
 def fragmentation_growth(c: ClusterArrays, d: Demand, idx: IntArray) -> FloatArray:
     """How much each candidate node's expected fragmentation grows (in GPU thousandths; less
-    than 0: shrinks) when `d` lands there, against the workload learned so far (`d`
-    included). Nodes without GPUs: 0."""
+    than 0: shrinks) when `d` lands there, against the workload learned so far. Nodes
+    without GPUs: 0."""
     growth = np.zeros(len(idx))
     if d.mig_profile is not None:  # a MIG slice takes no share of the cards counted here
         return growth
-    model = workload_model(c)
-    model.observe(d)
+    model = c.workload
     gpu_rows = np.flatnonzero(c.gpus_total[idx] > 0)
     shapes = model.shapes()
     if not len(gpu_rows) or not any(s.gpus for s in shapes):

@@ -548,8 +548,9 @@ class Pipeline:
         )
 
 
-# Least fragmentation growth decides; bin packing and card fit only break its ties (weighed
-# any higher they override real fragmentation differences: 1.6 points lost on openb at 1%).
+# Crater's placement, the default of every pool: least fragmentation growth against the
+# workload seen decides; bin packing and card fit only break its ties (weighed any higher
+# they override real fragmentation differences: 1.6 points lost on openb at 1%).
 TIE_BREAK = 1e-4
 DEFAULT_PIPELINE = Pipeline.from_names(
     list(FILTERS),
@@ -575,9 +576,10 @@ def policy_pipeline(
 ) -> Pipeline:
     """A named placement policy: every filter, and the policy's score plugins.
 
-    `crater` is the default pipeline; `bestfit`, `fgd` and `random` are the baselines of the
-    FGD paper (FGD measures fragmentation against `workload`; random draws from `seed`;
-    BestFit weighs CPU in milli-CPU, one of the core's CPUs being `cpu_milli_per_unit`)."""
+    `crater` is `DEFAULT_PIPELINE`, what production runs (least fragmentation growth);
+    `bestfit`, `fgd` and `random` are the baselines of the FGD paper (FGD measures
+    fragmentation against `workload`; random draws from `seed`; BestFit weighs CPU in
+    milli-CPU, one of the core's CPUs being `cpu_milli_per_unit`)."""
     if policy == "crater":
         return DEFAULT_PIPELINE
     scores = {"random": "Random", "bestfit": "BestFit", "fgd": "FGD"}

@@ -4,6 +4,7 @@ it causes commit together (outbox), and only then is the message acknowledged.""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from dataclasses import dataclass
@@ -246,8 +247,13 @@ class SchedulerService:
         self.metrics.nodes.set(len(self.scheduler.cluster))
 
     def _log(self, decisions: list[Event]) -> None:
+        """Count the decisions by kind and log them. Cheap on the hot path: one counter
+        update per kind, and the messages are formatted only if INFO is on (lazy %-args)."""
+        for kind, count in collections.Counter(type(d).__name__ for d in decisions).items():
+            self.metrics.decisions.labels(kind=kind).inc(count)
+        if not log.isEnabledFor(logging.INFO):
+            return
         for d in decisions:
-            self.metrics.decisions.labels(kind=type(d).__name__).inc()
             if isinstance(d, AllocationGranted):
                 log.info("placed %s on %s gpus=%s: %s", d.task_id, d.node, d.gpu_ids, d.explanation)
             elif isinstance(d, TaskPending):

@@ -1,0 +1,164 @@
+"""One task's webhooks in the order its events were emitted, though they travel on two
+streams (task.* on CRATER_TASKS, allocation.* on CRATER_ALLOCATIONS) and reach the callback
+in another order. Real nats-server, real database, the reference receiver over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from faststream import TestApp
+from sqlalchemy import Column, Integer, MetaData, String, Table, select
+
+from crater.callback.app import CallbackSettings, build
+from crater.contracts import (
+    AllocationReleased,
+    Event,
+    ReleaseReason,
+    TaskSequence,
+    TaskStatusReported,
+    WebhookDelivered,
+)
+from crater.runtime.bus import publish
+from crater.runtime.db import make_engine, make_session_factory
+from crater.runtime.nats_server import NatsServer
+from crater.runtime.outbox import TaskSequencer, outbox_table, stage
+from tests.integration.callback.conftest import PASSWORD, USERNAME, ServedReceiver
+from tests.integration.callback.sequenced import Numbering, report
+from tests.support.events import EventTap
+from tests.support.lifecycle import OCCURRED, granted, pending
+
+
+def settings(nats: NatsServer, database_url: str, url: str, **fields: object) -> CallbackSettings:
+    values: dict[str, object] = {
+        "nats_url": nats.url,
+        "database_url": database_url,
+        "webhook_url": url,
+        "webhook_username": USERNAME,
+        "webhook_password": PASSWORD,
+        "poll_seconds": 0.05,
+        "order_wait_seconds": 20.0,
+    }
+    return CallbackSettings.model_validate(values | fields)
+
+
+def released(task_id: str, reason: ReleaseReason) -> AllocationReleased:
+    return AllocationReleased(
+        allocation_id=f"alloc-{task_id}",
+        task_id=task_id,
+        node="gpu-01",
+        gpu_ids=[0, 1],
+        cpu_cores=[0, 1, 2, 3],
+        reason=reason,
+        occurred_at=OCCURRED,
+    )
+
+
+def statuses(receiver: ServedReceiver, task_id: str) -> list[str]:
+    return [d.body["status"] for d in receiver.state.deliveries if d.body["task_id"] == task_id]
+
+
+async def test_a_tasks_events_published_out_of_order_on_two_streams_arrive_in_order(
+    fresh_nats: NatsServer, tap: EventTap, receiver: ServedReceiver, database_url: str
+) -> None:
+    numbered = Numbering()
+    emitted: list[Event] = [
+        numbered(pending("t1")),  # task.pending (CRATER_TASKS)
+        numbered(granted("t1")),  # allocation.granted (CRATER_ALLOCATIONS)
+        report("t1"),  # task.status from the node, about the grant's allocation
+        numbered(released("t1", ReleaseReason.PREEMPTED)),  # allocation.released
+    ]
+    service, app = build(settings(fresh_nats, database_url, receiver.url))
+    async with TestApp(app):
+        # Everything after the first arrives first, each stream in its own order.
+        for event in reversed(emitted[1:]):
+            await publish(service.broker, event)
+        await asyncio.sleep(1.0)
+        assert receiver.state.deliveries == []  # held: the task's first event is missing
+        await publish(service.broker, emitted[0])
+        await tap.wait_for(WebhookDelivered, count=4, timeout=10)
+
+    assert statuses(receiver, "t1") == ["pending", "scheduled", "running", "preempted"]
+    [release] = [d.body for d in receiver.state.deliveries if d.body["release_reason"]]
+    assert release["release_reason"] == "preempted"
+    assert release["sequence"] == emitted[3].task_sequence.number  # type: ignore[attr-defined]
+
+
+async def test_an_expired_reservation_is_told_as_failed_after_the_grant(
+    fresh_nats: NatsServer, tap: EventTap, receiver: ServedReceiver, database_url: str
+) -> None:
+    numbered = Numbering()
+    grant = numbered(granted("late-start"))
+    expiry = numbered(released("late-start", ReleaseReason.EXPIRED))
+    service, app = build(settings(fresh_nats, database_url, receiver.url))
+    async with TestApp(app):
+        await publish(service.broker, expiry)
+        await asyncio.sleep(0.3)
+        await publish(service.broker, grant)
+        await tap.wait_for(WebhookDelivered, count=2, timeout=10)
+
+    assert statuses(receiver, "late-start") == ["scheduled", "failed"]
+    body = receiver.state.deliveries[-1].body
+    assert body["release_reason"] == "expired"
+    assert "never reported running" in body["reason"]
+
+
+async def test_a_lost_earlier_event_delays_its_task_for_the_order_wait_only(
+    fresh_nats: NatsServer, tap: EventTap, receiver: ServedReceiver, database_url: str
+) -> None:
+    numbered = Numbering()
+    numbered(pending("orphan"))  # numbered, never published: lost on the way
+    grant = numbered(granted("orphan"))
+    service, app = build(settings(fresh_nats, database_url, receiver.url, order_wait_seconds=1.5))
+    async with TestApp(app):
+        started = time.monotonic()
+        await publish(service.broker, grant)
+        await publish(service.broker, granted("other"))  # another task is not held up
+        [other] = await tap.wait_for(WebhookDelivered, lambda e: e.task_id == "other")
+        assert time.monotonic() - started < 1.0
+        await tap.wait_for(WebhookDelivered, lambda e: e.task_id == "orphan", timeout=10)
+        waited = time.monotonic() - started
+
+    assert waited >= 1.4
+    assert statuses(receiver, "orphan") == ["scheduled"]
+    assert other.task_id == "other"
+
+
+async def test_the_scheduler_numbers_each_tasks_events_across_transactions(
+    database_url: str,
+) -> None:
+    """The stamp the callback relies on: numbers grow per task over every transaction and
+    across a restart (read from the outbox), each naming the task's previous one."""
+    metadata = MetaData()
+    outbox = outbox_table(metadata, "seqtest")
+    Table("seqtest_other", metadata, Column("id", Integer, primary_key=True), Column("x", String))
+    engine = make_engine(database_url)
+    async with engine.begin() as connection:
+        await connection.run_sync(metadata.create_all)
+    sessions = make_session_factory(engine)
+    sequencer = TaskSequencer(outbox)
+
+    async def emit(*events: Event) -> list[Event]:
+        async with sessions() as session, session.begin():
+            stamped = await sequencer.stamp(session, events)
+            await stage(session, outbox, *stamped)
+        return stamped
+
+    first = await emit(pending("a"), granted("b"), report("b"))
+    second = await emit(granted("a"))
+    sequencer.reset()  # as after a restart
+    third = await emit(released("a", ReleaseReason.SUCCEEDED))
+    async with sessions() as session:
+        stored = (await session.scalars(select(outbox.c.payload).order_by(outbox.c.id))).all()
+    await engine.dispose()
+
+    sequences = [getattr(e, "task_sequence", None) for e in (*first, *second, *third)]
+    assert sequences == [
+        TaskSequence(number=1, previous=None),
+        TaskSequence(number=2, previous=None),
+        None,  # a node's report is not the scheduler's to number
+        TaskSequence(number=4, previous=1),
+        TaskSequence(number=5, previous=None),  # restarted: the previous is not known
+    ]
+    assert isinstance(third[0], AllocationReleased)
+    assert TaskStatusReported.model_validate_json(stored[2]).allocation_id == "alloc-b"
