@@ -212,8 +212,8 @@ class Scheduler:
     # Allocations (a gang's head) that may be preempted and are not yielding, by priority:
     # a waiting task looks for victims only when one ranks below it.
     preemptible: Counter[int] = field(default_factory=Counter, compare=False, repr=False)
-    # Pools where a retry ranked nodes: ranking teaches the workload model and draws from a
-    # seeded policy, so such a pool is retried again as a naive retry would.
+    # Pools where a retry ranked nodes: a score may keep state across calls (a seeded
+    # policy draws), so such a pool is retried again as a naive retry would.
     ranked_pools: set[str] = field(default_factory=set, compare=False, repr=False)
     # Each pool's totals (the DRF denominator), for the cluster's topology version.
     capacity: dict[str, Usage] = field(default_factory=dict, compare=False, repr=False)
@@ -512,7 +512,7 @@ class Scheduler:
 
         Within the pass, a task whose demand and reserved nodes equal those of one that found
         no candidate node since the last grant finds none either: it takes that diagnosis
-        instead of running the filters again (nothing ranked, nothing learned, as before)."""
+        instead of running the filters again (nothing was ranked for it before either)."""
         decisions: list[Event] = []
         pools = self._pools_to_retry()
         self.stale_pools, self.ranked_pools = set(), set()
@@ -563,7 +563,7 @@ class Scheduler:
             if pool not in self.backfill and not over:
                 self._make_head(task)
             decisions += self._preempt_for(task, cause)
-        # A pool where nodes were ranked would rank (and learn, and draw) again: retry it.
+        # A pool where nodes were ranked would rank (and draw) again: retry it.
         if self.stale_pools is not None:
             self.stale_pools |= self.ranked_pools
         return decisions
