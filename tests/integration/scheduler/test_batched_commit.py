@@ -63,8 +63,8 @@ class FailsOn(SchedulerService):
 
     poison = "poison"
 
-    async def _decide(self, session: Any, repository: Any, event: Event, consumer: str) -> Any:
-        decisions = await super()._decide(session, repository, event, consumer)
+    async def _decide(self, repository: Any, event: Event, known: set[str]) -> Any:
+        decisions = await super()._decide(repository, event, known)
         if isinstance(event, TaskProfiled) and event.task.task_id == self.poison:
             raise RuntimeError("the disk is full")
         return decisions
@@ -138,3 +138,26 @@ async def test_a_failing_event_takes_back_only_itself(sessions: Any) -> None:
     async with sessions() as session:
         stored = await SchedulerRepository(session).load(SchedulerConfig())
     assert sorted(stored.allocations) == ["a", "b", "c"]
+
+
+async def test_repeats_within_one_batch_take_effect_once(sessions: Any) -> None:
+    scheduler = service(SchedulerService, sessions)
+    await scheduler.load()
+    await scheduler.handle(NodeTopologyReported(node=node("n0", gpus=8)), "node-topology")
+    first = profiled("once")
+    resubmitted = profiled("once")  # the same task under a new event id
+    outcomes = await asyncio.gather(
+        scheduler.handle(first, "task-profiled"),
+        scheduler.handle(first, "task-profiled"),  # redelivered while the first is pending
+        scheduler.handle(resubmitted, "task-profiled"),
+        scheduler.handle(profiled("other"), "task-profiled"),
+    )
+
+    assert [[type(d) for d in o] for o in outcomes] == [
+        [AllocationGranted],
+        [],
+        [],
+        [AllocationGranted],
+    ]
+    assert await counts(sessions) == (2, 2)
+    assert sorted(scheduler.scheduler.allocations) == ["once", "other"]

@@ -8,6 +8,7 @@ from crater.callback.domain.payload import RELEASE_STATUS, webhook_body
 from crater.contracts import (
     AllocationReleased,
     ReleaseReason,
+    TaskEscalated,
     TaskSequence,
     TaskStatus,
     WebhookStatus,
@@ -40,6 +41,9 @@ def test_granted_allocation_is_scheduled_with_its_resources() -> None:
         "reason": event.explanation,
         "release_reason": None,
         "sequence": None,
+        "gang_index": None,
+        "gang_size": None,
+        "escalated_priority": None,
     }
 
 
@@ -133,3 +137,38 @@ def test_every_release_reason_maps_to_a_status_alldata_knows(
 
 def test_no_release_reason_is_left_unmapped() -> None:
     assert set(RELEASE_STATUS) == set(ReleaseReason)
+
+
+def test_each_gang_member_says_which_member_it_is() -> None:
+    members = [
+        webhook_body(granted("ddp", node=f"gpu-0{i}", gang_index=i, gang_size=2)) for i in (0, 1)
+    ]
+    assert [(b.status, b.gang_index, b.gang_size) for b in members] == [
+        (WebhookStatus.SCHEDULED, 0, 2),
+        (WebhookStatus.SCHEDULED, 1, 2),
+    ]
+    assert [b.allocated_resources.node for b in members if b.allocated_resources] == [
+        "gpu-00",
+        "gpu-01",
+    ]
+    alone = webhook_body(granted("single"))
+    assert (alone.gang_index, alone.gang_size) == (None, None)
+
+
+def test_an_escalated_task_is_still_pending_and_says_it_escalated() -> None:
+    event = TaskEscalated(
+        task_id="late",
+        waited_seconds=90.0,
+        max_queue_time_seconds=60,
+        priority=100,
+        escalated_priority=500,
+        task_sequence=TaskSequence(number=7, previous=3),
+        occurred_at=OCCURRED,
+    )
+    body = webhook_body(event)
+    assert body.status is WebhookStatus.PENDING
+    assert body.escalated_priority == 500
+    assert body.sequence == 7
+    assert body.reason == (
+        "escalated: waited 90 s, past its max_queue_time_seconds 60; priority 100 -> 500"
+    )

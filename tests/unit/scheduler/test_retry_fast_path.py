@@ -99,6 +99,8 @@ steps = st.lists(
         st.tuples(st.just("running"), st.integers(0, 500)),
         st.tuples(st.just("finish"), st.integers(0, 500)),
         st.tuples(st.just("cancel"), st.integers(0, 500)),
+        # a cancel of a task submitted a few steps later: it ends cancelled on arrival
+        st.tuples(st.just("early-cancel"), st.integers(1, 6)),
         st.tuples(st.just("health"), st.tuples(st.integers(0, 5), st.booleans())),
         st.tuples(st.just("wait"), st.integers(1, 40)),
     ),
@@ -163,6 +165,11 @@ def events(script: list[tuple[str, object]]) -> list[Event]:
                 submitted.append(f"t{i}-{copy}")
                 task = request(submitted[-1], shape)
                 out.append(TaskProfiled(occurred_at=at, task=task, prediction=PREDICTION))
+        elif kind == "early-cancel":
+            ahead = f"t{i + int(arg)}-0"  # type: ignore[call-overload]
+            out.append(
+                TaskStatusReported(occurred_at=at, task_id=ahead, status=TaskStatus.CANCELLED)
+            )
         elif kind == "health":
             row, up = cast(tuple[int, bool], arg)
             condition = NodeCondition.READY if up else NodeCondition.NOT_READY
@@ -203,6 +210,7 @@ def test_the_shortcuts_decide_exactly_as_a_naive_retry(
             p: h.task_id for p, h in naive.backfill.items()
         }
         assert fast.pending.keys() == naive.pending.keys()
+        assert fast.early_cancels == naive.early_cancels
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -398,9 +398,10 @@ class TaskPreempted(TaskEvent):
     )
 
 
-class TaskEscalated(Event):
+class TaskEscalated(TaskEvent):
     """A task waited past its `sla.max_queue_time_seconds`: it now ranks one class higher
-    (+400 on the 0..1000 scale) and may preempt tasks below that."""
+    (+400 on the 0..1000 scale) and may preempt tasks below that. A task event: the scheduler
+    numbers it among the task's events, so its webhook keeps its place."""
 
     task_id: TaskId
     waited_seconds: float = Field(ge=0)

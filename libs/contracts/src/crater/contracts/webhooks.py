@@ -70,6 +70,20 @@ class WebhookBody(Contract):
         description="The scheduler's number for the source event: grows with each event of the "
         "task (with gaps); None for events of other producers (a node's status report).",
     )
+    gang_index: int | None = Field(
+        default=None,
+        ge=0,
+        description="A gang's webhooks come one per member (each `scheduled` with its own "
+        "node and GPUs): which member this is, 0-based; None for a task that is not a gang.",
+    )
+    gang_size: int | None = Field(
+        default=None, ge=2, description="How many members the gang has; None when not a gang."
+    )
+    escalated_priority: int | None = Field(
+        default=None,
+        description="Set on the `pending` webhook sent when the task waited past "
+        "sla.max_queue_time_seconds: the priority (0..1000) it now waits at.",
+    )
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

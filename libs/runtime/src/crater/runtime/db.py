@@ -13,13 +13,33 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import MetaData, event, pool
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+
+# SQLite's `synchronous` in WAL mode, chosen with `?synchronous=` on the database URL.
+# FULL (the default) syncs the WAL at every commit: a commit survives power loss, so acking
+# the message after it is safe. NORMAL syncs only at checkpoints: still safe if the process
+# crashes, but power loss or an OS crash can roll back the last commits, and the messages
+# acked after them are then lost for good (JetStream will not redeliver an acked message).
+# OFF is refused: power loss could corrupt the database itself.
+SQLITE_SYNCHRONOUS = ("FULL", "EXTRA", "NORMAL")
+
+
+def sqlite_synchronous(url: URL) -> tuple[URL, str]:
+    """The URL without its `synchronous` query parameter, and that parameter (FULL if none)."""
+    value = url.query.get("synchronous", "FULL")
+    chosen = (value if isinstance(value, str) else value[-1]).upper()
+    if chosen not in SQLITE_SYNCHRONOUS:
+        raise ValueError(
+            f"database_url: synchronous={value!r} is not one of {', '.join(SQLITE_SYNCHRONOUS)}"
+        )
+    return url.difference_update_query(["synchronous"]), chosen
 
 
 def make_engine(database_url: str, **kwargs: Any) -> AsyncEngine:
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite":
+        url, synchronous = sqlite_synchronous(url)
         if url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
         # Several service processes share the file: WAL lets readers run beside one writer.
@@ -29,6 +49,7 @@ def make_engine(database_url: str, **kwargs: Any) -> AsyncEngine:
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA synchronous={synchronous}")  # one of SQLITE_SYNCHRONOUS
             cursor.execute("PRAGMA busy_timeout=30000")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()

@@ -31,7 +31,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from crater.contracts import Event, TaskEvent, TaskSequence
 from crater.contracts.catalog import channel_for
@@ -39,6 +39,8 @@ from crater.runtime.bus import encode, publish_raw, subject_of
 from crater.runtime.telemetry import current_trace_context
 
 log = logging.getLogger("crater.outbox")
+# Values in one IN (...) list: well under SQLite's oldest bound parameter limit (999).
+IN_LIST_LIMIT = 500
 
 
 def outbox_table(metadata: MetaData, owner: str) -> Table:
@@ -66,7 +68,7 @@ def inbox_table(metadata: MetaData, owner: str) -> Table:
     )
 
 
-async def stage(session: AsyncSession, outbox: Table, *events: Event) -> None:
+async def stage(session: AsyncSession | AsyncConnection, outbox: Table, *events: Event) -> None:
     """Add events to the outbox inside the caller's transaction."""
     if not events:
         return
@@ -107,7 +109,9 @@ class TaskSequencer:
         self.remember = remember
         self._last: OrderedDict[str, int] = OrderedDict()
 
-    async def stamp(self, session: AsyncSession, events: Sequence[Event]) -> list[Event]:
+    async def stamp(
+        self, session: AsyncSession | AsyncConnection, events: Sequence[Event]
+    ) -> list[Event]:
         """`events` with their task events numbered, in order; call it in the transaction that
         stages them, right before `stage`."""
         if not any(_unstamped(e) for e in events):
@@ -136,7 +140,7 @@ def _unstamped(event: Event) -> bool:
 
 
 async def first_delivery(
-    session: AsyncSession, inbox: Table, consumer: str, event_id: UUID
+    session: AsyncSession | AsyncConnection, inbox: Table, consumer: str, event_id: UUID
 ) -> bool:
     """True the first time `consumer` sees `event_id`; records it in the caller's transaction."""
     seen = await session.scalar(
@@ -152,6 +156,41 @@ async def first_delivery(
         )
     )
     return True
+
+
+async def first_deliveries(
+    session: AsyncSession | AsyncConnection, inbox: Table, deliveries: Sequence[tuple[str, UUID]]
+) -> list[bool]:
+    """`first_delivery` for many (consumer, event id) pairs in two statements, not two each:
+    True for each pair seen for the first time (an id repeated in `deliveries` is True once);
+    records the new ones in the caller's transaction."""
+    if not deliveries:
+        return []
+    keys = [(consumer, str(event_id)) for consumer, event_id in deliveries]
+    seen: set[tuple[str, str]] = set()
+    for consumer in sorted({c for c, _ in keys}):
+        ids = [e for c, e in keys if c == consumer]
+        for start in range(0, len(ids), IN_LIST_LIMIT):
+            rows = await session.execute(
+                select(inbox.c.event_id).where(
+                    inbox.c.consumer == consumer,
+                    inbox.c.event_id.in_(ids[start : start + IN_LIST_LIMIT]),
+                )
+            )
+            seen.update((consumer, event_id) for (event_id,) in rows)
+    firsts: list[bool] = []
+    for key in keys:
+        firsts.append(key not in seen)
+        seen.add(key)
+    now = datetime.now(UTC)
+    new = [
+        {"consumer": c, "event_id": e, "processed_at": now}
+        for (c, e), first in zip(keys, firsts, strict=True)
+        if first
+    ]
+    if new:
+        await session.execute(insert(inbox), new)
+    return firsts
 
 
 class OutboxRelay:
@@ -170,6 +209,10 @@ class OutboxRelay:
         self.broker = broker
         self.poll_seconds = poll_seconds
         self.batch = batch
+        # Built once: the relay runs it after every commit.
+        self.pending = (
+            select(outbox).where(outbox.c.published_at.is_(None)).order_by(outbox.c.id).limit(batch)
+        )
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -210,14 +253,9 @@ class OutboxRelay:
     async def publish_pending(self) -> int:
         """Publish up to one batch; returns how many were published."""
         async with self.sessions() as session:
-            rows = (
-                await session.execute(
-                    select(self.outbox)
-                    .where(self.outbox.c.published_at.is_(None))
-                    .order_by(self.outbox.c.id)
-                    .limit(self.batch)
-                )
-            ).all()
+            # Core statements only: the connection skips the ORM session's per-statement work.
+            connection = await session.connection()
+            rows = (await connection.execute(self.pending)).all()
             if not rows:
                 return 0
             # The whole batch in flight at once, acks awaited together: one round trip, not
@@ -242,7 +280,7 @@ class OutboxRelay:
                 row.id for row, outcome in zip(rows, outcomes, strict=True) if outcome is None
             ]
             if published:
-                await session.execute(
+                await connection.execute(
                     update(self.outbox)
                     .where(self.outbox.c.id.in_(published))
                     .values(published_at=datetime.now(UTC))

@@ -334,6 +334,7 @@ LIFECYCLE_CHANNELS: dict[str, Channel] = {
         Subjects.ALLOCATION_GRANTED,
         Subjects.ALLOCATION_RELEASED,
         Subjects.TASK_PENDING,
+        Subjects.TASK_ESCALATED,
         Subjects.TASK_REJECTED,
         Subjects.TASK_PREEMPTED,
         Subjects.TASK_STATUS,

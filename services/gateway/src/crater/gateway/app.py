@@ -3,6 +3,7 @@ NATS request-reply, for what it knows; it keeps nothing itself."""
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -10,11 +11,13 @@ from typing import Annotated, Any, Literal, TypeVar
 from uuid import UUID
 
 import nats.errors
+import nats.js.errors
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from faststream.exceptions import IncorrectState
 from faststream.nats import NatsBroker
+from nats.js.kv import KeyValue
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from pydantic import BaseModel, Field, ValidationError
@@ -55,6 +58,9 @@ Answer = TypeVar("Answer", bound=Contract)
 # What a NATS call raises when the server is away, the connection closed, or nobody answers.
 BUS_ERRORS = (nats.errors.Error, TimeoutError, IncorrectState)
 SCHEDULER_NOT_ANSWERING = "scheduler not answering"
+# The task ids the gateway accepted (a JetStream key-value bucket, shared by every replica):
+# a task still with the predictor is unknown to the scheduler, yet may be cancelled.
+ACCEPTED_BUCKET = "crater_gateway_accepted"
 
 
 class GatewaySettings(ServiceSettings):
@@ -70,6 +76,12 @@ class GatewaySettings(ServiceSettings):
         default=2.0, gt=0, le=60, description="How long to wait for the scheduler's answer."
     )
     health_timeout_seconds: float = Field(default=1.0, gt=0, le=30)
+    remember_accepted_seconds: int = Field(
+        default=7 * 24 * 3600,
+        ge=60,
+        description="How long an accepted task id is remembered, so that a task the scheduler "
+        "has not heard of yet (still being profiled) can be cancelled.",
+    )
 
 
 class ScheduleAccepted(BaseModel):
@@ -82,7 +94,10 @@ class CancelAccepted(BaseModel):
     task_id: str
     event_id: UUID
     status: Literal["cancelling"] = "cancelling"
-    previous: TaskStatus
+    previous: TaskStatus | Literal["submitted"] = Field(
+        description="The task's status when cancelled; `submitted`: accepted here, not yet "
+        "known to the scheduler (the cancel waits for it there)."
+    )
 
 
 class FieldErrors(BaseModel):
@@ -108,6 +123,11 @@ def _field_errors(status: int, errors: list[FieldError]) -> JSONResponse:
 
 def _problem(status: int, detail: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"detail": detail})
+
+
+def accepted_key(task_id: str) -> str:
+    """A key-value key for `task_id`: task ids may hold ':', which keys may not."""
+    return base64.urlsafe_b64encode(task_id.encode()).decode()
 
 
 class GatewayApi(FastAPI):
@@ -146,6 +166,9 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await ensure_streams(settings.nats_url)
         await broker.start()
+        app.state.accepted = await broker.key_value(
+            ACCEPTED_BUCKET, ttl=settings.remember_accepted_seconds, history=1
+        )
         log.info("gateway connected to %s", settings.nats_url)
         try:
             yield
@@ -181,6 +204,18 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, error: RequestValidationError) -> JSONResponse:
         return _field_errors(422, request_errors(error.errors()))
+
+    def accepted() -> KeyValue:
+        bucket: KeyValue = app.state.accepted
+        return bucket
+
+    async def was_accepted(task_id: str) -> bool:
+        """Whether this gateway (any replica) accepted `task_id` lately."""
+        try:
+            await accepted().get(accepted_key(task_id))
+        except nats.js.errors.KeyNotFoundError:
+            return False
+        return True
 
     async def ask(subject: str, query: Contract, answer: type[Answer]) -> Answer | JSONResponse:
         try:
@@ -243,6 +278,11 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         except BUS_ERRORS as error:
             log.warning("could not publish task %s: %r", parsed.task_id, error)
             return _problem(503, f"NATS unavailable: {type(error).__name__}")
+        try:
+            await accepted().put(accepted_key(parsed.task_id), event.event_id.bytes)
+        except BUS_ERRORS as error:
+            # Submitted all the same: only a cancel before the scheduler knows it will miss.
+            log.warning("could not remember task %s as accepted: %r", parsed.task_id, error)
         return ScheduleAccepted(task_id=event.task_id, event_id=event.event_id)
 
     answers: dict[int | str, dict[str, Any]] = {
@@ -293,19 +333,32 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         status_code=202,
         response_model=CancelAccepted,
         responses={
-            404: {"model": Problem, "description": "The scheduler does not know the task."},
+            404: {"model": Problem, "description": "No such task was ever accepted."},
             409: {"model": Problem, "description": "The task has ended already."},
             **answers,
         },
     )
     async def cancel(task_id: str) -> CancelAccepted | JSONResponse:
         """Cancel a task: a waiting one leaves the queue, a placed or running one has its
-        resources released (reason `cancelled`); its status ends `cancelled`."""
+        resources released (reason `cancelled`); its status ends `cancelled`. A task accepted
+        but not yet known to the scheduler (still being profiled) is cancelled as it arrives
+        there, and is never placed."""
         known = await task(task_id)
-        if not isinstance(known, TaskSummary):
+        previous: TaskStatus | Literal["submitted"]
+        if isinstance(known, TaskSummary):
+            if known.status.is_final:
+                return _problem(409, f"task {task_id!r} has ended already: {known.status.value}")
+            previous = known.status
+        elif known.status_code != 404:
             return known
-        if known.status.is_final:
-            return _problem(409, f"task {task_id!r} has ended already: {known.status.value}")
+        else:
+            try:
+                if not await was_accepted(task_id):
+                    return known
+            except BUS_ERRORS as error:
+                log.warning("could not look up task %s: %r", task_id, error)
+                return _problem(503, f"NATS unavailable: {type(error).__name__}")
+            previous = "submitted"
         event = TaskStatusReported(
             task_id=task_id, status=TaskStatus.CANCELLED, message="cancelled through the API"
         )
@@ -315,7 +368,7 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         except BUS_ERRORS as error:
             log.warning("could not publish the cancel of %s: %r", task_id, error)
             return _problem(503, f"NATS unavailable: {type(error).__name__}")
-        return CancelAccepted(task_id=task_id, event_id=event.event_id, previous=known.status)
+        return CancelAccepted(task_id=task_id, event_id=event.event_id, previous=previous)
 
     app.add_api_route(
         "/api/v1/tasks/{task_id}",

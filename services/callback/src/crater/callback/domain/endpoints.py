@@ -19,6 +19,7 @@ EVENT_TYPES = frozenset(
         "AllocationGranted",
         "AllocationReleased",
         "TaskPending",
+        "TaskEscalated",
         "TaskRejected",
         "TaskPreempted",
         "TaskStatusReported",

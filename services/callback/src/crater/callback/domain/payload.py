@@ -7,6 +7,7 @@ from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
     ReleaseReason,
+    TaskEscalated,
     TaskPending,
     TaskPreempted,
     TaskRejected,
@@ -19,6 +20,7 @@ LifecycleEvent = (
     AllocationGranted
     | AllocationReleased
     | TaskPending
+    | TaskEscalated
     | TaskRejected
     | TaskPreempted
     | TaskStatusReported
@@ -47,6 +49,8 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
     """The body for `event`; deterministic, so a redelivered event yields the same bytes."""
     resources: AllocatedResources | None = None
     reason: str | None
+    gang_index: int | None = None
+    gang_size: int | None = None
     match event:
         case AllocationGranted():
             status = WebhookStatus.SCHEDULED
@@ -58,8 +62,18 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
                 checkpoint_path=event.checkpoint_path,
             )
             reason = event.explanation
+            if event.gang_size > 1:  # a gang is told member by member: each names its own
+                gang_index, gang_size = event.gang_index, event.gang_size
         case TaskPending():
             status, reason = WebhookStatus.PENDING, event.summary
+        case TaskEscalated():
+            # Still waiting, now one class higher: AllData hears it as a `pending` that says so.
+            status = WebhookStatus.PENDING
+            reason = (
+                f"escalated: waited {event.waited_seconds:g} s, past its "
+                f"max_queue_time_seconds {event.max_queue_time_seconds}; priority "
+                f"{event.priority} -> {event.escalated_priority}"
+            )
         case TaskRejected():
             # AllData has no "rejected": a task that can never run has failed, and says why.
             status = WebhookStatus.FAILED
@@ -91,4 +105,7 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
         sequence=event.task_sequence.number
         if not isinstance(event, TaskStatusReported) and event.task_sequence
         else None,
+        gang_index=gang_index,
+        gang_size=gang_size,
+        escalated_priority=event.escalated_priority if isinstance(event, TaskEscalated) else None,
     )

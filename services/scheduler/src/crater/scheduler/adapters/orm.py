@@ -51,6 +51,8 @@ tasks = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False),
     # where victims are yielding for this waiting task (preemption in flight)
     Column("nominated_node", String(63), nullable=True),
+    # a gang's: every node where victims are yielding for it (nominated_node: the first)
+    Column("nominated_nodes", JSON, nullable=True),
     Column("escalated", Boolean, nullable=False, default=False, server_default=false()),
 )
 
@@ -74,6 +76,15 @@ allocations = Table(
     Column("gang_index", Integer, nullable=False, default=0, server_default="0"),
     # preempted: the resources go back at this time at the latest
     Column("yield_by", DateTime(timezone=True), nullable=True),
+)
+
+# Cancels of tasks the scheduler has not received yet (still being profiled): when the task
+# comes it ends cancelled, and its row here goes.
+early_cancels = Table(
+    "scheduler_early_cancels",
+    metadata,
+    Column("task_id", String(128), primary_key=True),
+    Column("cancelled_at", DateTime(timezone=True), nullable=False),
 )
 
 outbox = outbox_table(metadata, "scheduler")

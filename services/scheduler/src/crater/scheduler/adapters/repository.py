@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from crater.contracts import (
     FINAL_STATUSES,
@@ -31,7 +31,8 @@ from crater.contracts import (
     TaskStatusReported,
     TaskSummary,
 )
-from crater.scheduler.adapters.orm import allocations, nodes, tasks
+from crater.runtime.outbox import IN_LIST_LIMIT
+from crater.scheduler.adapters.orm import allocations, early_cancels, nodes, tasks
 from crater.scheduler.domain.core import (
     Allocation,
     PendingTask,
@@ -43,9 +44,32 @@ from crater.scheduler.domain.quotas import Usage
 
 FINAL = [s.value for s in FINAL_STATUSES]
 
+# The hot writes, built once: a statement built per row costs more CPU than running it
+# (coercing every value, then a cache key for the compiled form); these are compiled once
+# and take their values as parameters. Parameters that name a row start with `b_`, apart
+# from the columns they set.
+INSERT_TASK = insert(tasks)
+INSERT_ALLOCATION = insert(allocations)
+SET_TASK = update(tasks).where(tasks.c.task_id == bindparam("b_task_id"))
+SET_ALLOCATION = update(allocations).where(
+    allocations.c.allocation_id == bindparam("b_allocation_id")
+)
+REPORT_TASK_STATUS = (  # a late report (or a cancel) never rewrites how a task ended
+    update(tasks)
+    .where(tasks.c.task_id == bindparam("b_task_id"))
+    .where(tasks.c.status.notin_(FINAL))
+)
+MARK_RUNNING = (
+    update(allocations)
+    .where(allocations.c.task_id == bindparam("b_task_id"))
+    .where(allocations.c.released_at.is_(None))
+    .values(running=True)
+)
+SET_NODE = update(nodes).where(nodes.c.node_id == bindparam("b_node_id"))
+
 
 class SchedulerRepository:
-    def __init__(self, session: AsyncSession) -> None:
+    def __init__(self, session: AsyncSession | AsyncConnection) -> None:
         self.session = session
 
     # -- writes ------------------------------------------------------------------------------
@@ -56,53 +80,76 @@ class SchedulerRepository:
         if isinstance(event, TaskProfiled) and seq is not None:
             await self._insert_task(event, seq, now)
         elif isinstance(event, TaskStatusReported):
-            # A late report (or a cancel) never rewrites how a task ended.
             await self.session.execute(
-                update(tasks)
-                .where(tasks.c.task_id == event.task_id)
-                .where(tasks.c.status.notin_(FINAL))
-                .values(status=event.status.value, updated_at=now)
+                REPORT_TASK_STATUS,
+                {"b_task_id": event.task_id, "status": event.status.value, "updated_at": now},
             )
+            if event.status is TaskStatus.CANCELLED and event.allocation_id is None:
+                await self._remember_early_cancel(event.task_id, now)
             if event.status is TaskStatus.RUNNING:
-                await self.session.execute(
-                    update(allocations)
-                    .where(allocations.c.task_id == event.task_id)
-                    .where(allocations.c.released_at.is_(None))
-                    .values(running=True)
-                )
+                await self.session.execute(MARK_RUNNING, {"b_task_id": event.task_id})
         elif isinstance(event, NodeTopologyReported):
             await self._upsert_node(event.node, None, event.occurred_at.timestamp(), now)
         elif isinstance(event, NodeHealthReported):
             await self.session.execute(
-                update(nodes)
-                .where(nodes.c.node_id == event.node_id)
-                .values(
-                    condition=event.condition.value,
-                    last_heartbeat_at=event.occurred_at.timestamp(),
-                    updated_at=now,
-                )
+                SET_NODE,
+                {
+                    "b_node_id": event.node_id,
+                    "condition": event.condition.value,
+                    "last_heartbeat_at": event.occurred_at.timestamp(),
+                    "updated_at": now,
+                },
             )
         for decision in decisions:
             await self._apply(decision, now)
 
-    async def _apply(self, decision: Event, now: datetime) -> None:
-        if isinstance(decision, AllocationGranted):
+    async def _nominate(self, task_id: str, node: str, now: datetime) -> None:
+        """Victims yield on `node` for `task_id` (a gang's may yield on several nodes)."""
+        known = await self.session.scalar(
+            select(tasks.c.nominated_nodes).where(tasks.c.task_id == task_id)
+        )
+        nominated = sorted({*(known or []), node})
+        await self._set_task(task_id, now, nominated_node=nominated[0], nominated_nodes=nominated)
+
+    async def _remember_early_cancel(self, task_id: str, now: datetime) -> None:
+        """A cancel of a task not received yet waits for it (the core does the same)."""
+        if await self.task_known(task_id):
+            return
+        waiting = await self.session.scalar(
+            select(early_cancels.c.task_id).where(early_cancels.c.task_id == task_id)
+        )
+        if waiting is None:
             await self.session.execute(
-                insert(allocations).values(
-                    allocation_id=decision.allocation_id,
-                    task_id=decision.task_id,
-                    node=decision.node,
-                    gpu_ids=decision.gpu_ids,
-                    cpu_cores=decision.cpu_cores,
-                    memory_mb=decision.memory_mb,
-                    numa_node=decision.numa_node,
-                    checkpoint_path=decision.checkpoint_path,
-                    reservation_token=decision.reservation_token,
-                    reservation_expires_at=decision.reservation_expires_at,
-                    running=False,
-                    granted_at=decision.occurred_at,
-                    gang_index=decision.gang_index,
-                )
+                insert(early_cancels).values(task_id=task_id, cancelled_at=now)
+            )
+
+    async def _apply(self, decision: Event, now: datetime) -> None:
+        if isinstance(decision, TaskStatusReported):
+            # The core ended a task cancelled before it arrived: the cancel has been used.
+            await self._set_task(
+                decision.task_id, now, status=decision.status.value, reason=decision.message
+            )
+            await self.session.execute(
+                delete(early_cancels).where(early_cancels.c.task_id == decision.task_id)
+            )
+        elif isinstance(decision, AllocationGranted):
+            await self.session.execute(
+                INSERT_ALLOCATION,
+                {
+                    "allocation_id": decision.allocation_id,
+                    "task_id": decision.task_id,
+                    "node": decision.node,
+                    "gpu_ids": decision.gpu_ids,
+                    "cpu_cores": decision.cpu_cores,
+                    "memory_mb": decision.memory_mb,
+                    "numa_node": decision.numa_node,
+                    "checkpoint_path": decision.checkpoint_path,
+                    "reservation_token": decision.reservation_token,
+                    "reservation_expires_at": decision.reservation_expires_at,
+                    "running": False,
+                    "granted_at": decision.occurred_at,
+                    "gang_index": decision.gang_index,
+                },
             )
             if decision.gang_index:
                 return  # the task's row shows its first member; every member is a row above
@@ -127,11 +174,10 @@ class SchedulerRepository:
             await self._set_task(decision.task_id, now, escalated=True)
         elif isinstance(decision, TaskPreempted):
             await self.session.execute(
-                update(allocations)
-                .where(allocations.c.allocation_id == decision.allocation_id)
-                .values(yield_by=decision.must_stop_by)
+                SET_ALLOCATION,
+                {"b_allocation_id": decision.allocation_id, "yield_by": decision.must_stop_by},
             )
-            await self._set_task(decision.preempted_by, now, nominated_node=decision.node)
+            await self._nominate(decision.preempted_by, decision.node, now)
             await self._set_task(
                 decision.task_id,
                 now,
@@ -142,9 +188,12 @@ class SchedulerRepository:
             )
         elif isinstance(decision, AllocationReleased):
             await self.session.execute(
-                update(allocations)
-                .where(allocations.c.allocation_id == decision.allocation_id)
-                .values(released_at=decision.occurred_at, release_reason=decision.reason.value)
+                SET_ALLOCATION,
+                {
+                    "b_allocation_id": decision.allocation_id,
+                    "released_at": decision.occurred_at,
+                    "release_reason": decision.reason.value,
+                },
             )
             if decision.reason is ReleaseReason.SCALED_IN:
                 await self._set_task(
@@ -166,31 +215,30 @@ class SchedulerRepository:
     async def _insert_task(self, event: TaskProfiled, seq: int, now: datetime) -> None:
         request = event.task
         await self.session.execute(
-            insert(tasks).values(
-                task_id=request.task_id,
-                seq=seq,
-                task_type=request.task_type.value,
-                pool=request.pool,
-                tenant=request.tenant,
-                priority=str(
+            INSERT_TASK,
+            {
+                "task_id": request.task_id,
+                "seq": seq,
+                "task_type": request.task_type.value,
+                "pool": request.pool,
+                "tenant": request.tenant,
+                "priority": str(
                     request.priority.value
                     if isinstance(request.priority, Priority)
                     else request.priority
                 ),
-                gpus=request.resource_requirements.gpu.count,
-                status=TaskStatus.PENDING.value,
-                request=request.model_dump(mode="json"),
-                prediction=event.prediction.model_dump(mode="json"),
-                gpu_ids=[],
-                submitted_at=event.occurred_at,
-                updated_at=now,
-            )
+                "gpus": request.resource_requirements.gpu.count,
+                "status": TaskStatus.PENDING.value,
+                "request": request.model_dump(mode="json"),
+                "prediction": event.prediction.model_dump(mode="json"),
+                "gpu_ids": [],
+                "submitted_at": event.occurred_at,
+                "updated_at": now,
+            },
         )
 
     async def _set_task(self, task_id: str, now: datetime, **values: Any) -> None:
-        await self.session.execute(
-            update(tasks).where(tasks.c.task_id == task_id).values(updated_at=now, **values)
-        )
+        await self.session.execute(SET_TASK, {"b_task_id": task_id, "updated_at": now, **values})
 
     async def _upsert_node(
         self,
@@ -235,6 +283,18 @@ class SchedulerRepository:
         prediction = ResourcePrediction.model_validate(row.prediction) if row.prediction else None
         return TaskRequest.model_validate(row.request), prediction
 
+    async def tasks_known(self, task_ids: list[str]) -> set[str]:
+        """Those of `task_ids` stored already."""
+        known: set[str] = set()
+        for start in range(0, len(task_ids), IN_LIST_LIMIT):
+            rows = await self.session.execute(
+                select(tasks.c.task_id).where(
+                    tasks.c.task_id.in_(task_ids[start : start + IN_LIST_LIMIT])
+                )
+            )
+            known.update(task_id for (task_id,) in rows)
+        return known
+
     async def task_known(self, task_id: str) -> bool:
         found = await self.session.scalar(select(tasks.c.task_id).where(tasks.c.task_id == task_id))
         return found is not None
@@ -266,6 +326,7 @@ class SchedulerRepository:
             )
         ).all()
         max_seq = await self.session.scalar(select(func.max(tasks.c.seq)))
+        waiting_cancels = (await self.session.scalars(select(early_cancels.c.task_id))).all()
         scheduler.restore(
             nodes=[
                 (
@@ -301,6 +362,7 @@ class SchedulerRepository:
             ],
             pending=[_pending(r, config.prediction_margin) for r in pending_rows],
             next_seq=(max_seq or 0) + 1,
+            early_cancels=sorted(waiting_cancels),
         )
         return scheduler
 
@@ -341,10 +403,19 @@ def _pending(row: Any, margin: float = PREDICTION_MARGIN) -> PendingTask:
         Demand.of(request, prediction, margin),
         seq,
         reason,
-        nominated_node=getattr(row, "nominated_node", None),
+        nominated=_nominated(row),
         submitted_at=_aware(submitted) if submitted is not None else None,
         escalated=bool(getattr(row, "escalated", False)),
     )
+
+
+def _nominated(row: Any) -> tuple[str, ...]:
+    """Where victims yield for the task; rows from before gangs preempted name one node."""
+    nodes = getattr(row, "nominated_nodes", None)
+    if nodes:
+        return tuple(nodes)
+    node = getattr(row, "nominated_node", None)
+    return (node,) if node else ()
 
 
 def _aware(moment: datetime) -> datetime:

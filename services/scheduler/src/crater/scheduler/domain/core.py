@@ -59,7 +59,7 @@ from crater.scheduler.domain.demand import PREDICTION_MARGIN, Demand
 from crater.scheduler.domain.placement import Selection, select
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
 from crater.scheduler.domain.pools import PoolPolicy
-from crater.scheduler.domain.preemption import Candidate, plan
+from crater.scheduler.domain.preemption import Candidate, plan, plan_gang
 from crater.scheduler.domain.queue import (
     Backfill,
     QueueKey,
@@ -132,7 +132,8 @@ class PendingTask:
     demand: Demand  # what each gang member needs (the task itself when not a gang)
     seq: int
     last_summary: str | None = None
-    nominated_node: str | None = None  # where victims are yielding for it
+    # where victims are yielding for it (a gang's: every node where some yield), by name
+    nominated: tuple[str, ...] = ()
     submitted_at: datetime | None = None  # the queue-time SLA counts from here
     escalated: bool = False  # waited past sla.max_queue_time_seconds
 
@@ -145,6 +146,11 @@ class PendingTask:
     @property
     def gang_size(self) -> int:
         return self.request.gang_size
+
+    @property
+    def nominated_node(self) -> str | None:
+        """The first node victims are yielding on for it, if any."""
+        return self.nominated[0] if self.nominated else None
 
     @property
     def same_node(self) -> bool:
@@ -225,6 +231,10 @@ class Scheduler:
     # Whether every pipeline filters on readiness and pool before any free amount, so that a
     # pool's waiting tasks are judged on that pool's nodes alone (see `_pools_to_retry`).
     pools_independent: bool = field(default=False, compare=False, repr=False)
+    # Cancels of tasks not yet profiled (the gateway accepted them; the predictor still has
+    # them), by task id: True once the task arrived and ended cancelled (its own cancel
+    # report, echoed back, must not start another wait).
+    early_cancels: dict[str, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.quotas.limits = dict(self.config.quotas)
@@ -239,9 +249,12 @@ class Scheduler:
         allocations: list[Allocation],
         pending: list[PendingTask],
         next_seq: int,
+        early_cancels: list[str] | None = None,
     ) -> None:
         """Load persisted state (service start): nodes, their live allocations (a gang's
-        members each one, in any order), the queue with its escalations and nominations."""
+        members each one, in any order), the queue with its escalations and nominations, and
+        the cancels waiting for their task to be profiled."""
+        self.early_cancels = dict.fromkeys(early_cancels or (), False)
         for topology, condition, heartbeat in nodes:
             node = Node.empty(topology, self.config.overcommit_for(topology.pool))
             node.condition = condition
@@ -321,10 +334,13 @@ class Scheduler:
 
     def _on_profiled(self, event: TaskProfiled) -> list[Event]:
         request = event.task
-        if request.task_id in self.pending or request.task_id in self.allocations:
-            return []  # already known: a redelivery
+        cancel = self.early_cancels.get(request.task_id)
+        if request.task_id in self.pending or request.task_id in self.allocations or cancel:
+            return []  # already known (or ended cancelled on arrival): a redelivery
         seq = self.next_seq
         self.next_seq += 1
+        if cancel is False:
+            return [self._cancelled_on_arrival(event)]
         demand = Demand.of(request, event.prediction, self.config.prediction_margin)
         task = PendingTask(request, event.prediction, demand, seq, submitted_at=event.occurred_at)
         members = task.gang_size
@@ -354,6 +370,19 @@ class Scheduler:
         ):
             self._make_head(task)
         return decisions + self._preempt_for(task, event)
+
+    def _cancelled_on_arrival(self, event: TaskProfiled) -> TaskStatusReported:
+        """A task cancelled while it was being profiled ends cancelled as it arrives: never
+        queued, never placed."""
+        task_id = event.task.task_id
+        self.early_cancels[task_id] = True
+        return TaskStatusReported(
+            event_id=derived_event_id(event.event_id, f"cancelled:{task_id}"),
+            occurred_at=event.occurred_at,
+            task_id=task_id,
+            status=TaskStatus.CANCELLED,
+            message="cancelled before the scheduler received it: never placed",
+        )
 
     def _enqueue(self, task: PendingTask) -> None:
         self.pending[task.request.task_id] = task
@@ -415,6 +444,10 @@ class Scheduler:
                 cancelled = self.pending.pop(event.task_id, None)  # cancelled before placed
                 if cancelled is not None:
                     self._stale(cancelled.request.pool)
+                elif event.status is TaskStatus.CANCELLED and event.allocation_id is None:
+                    # Not here yet (still being profiled): it ends cancelled when it comes. (A
+                    # report naming an allocation is about a task that was here and has ended.)
+                    self.early_cancels.setdefault(event.task_id, False)
             return []
         members = allocation.members()
         ids = {m.allocation_id for m in members}
@@ -615,8 +648,8 @@ class Scheduler:
 
     def _make_head(self, task: PendingTask) -> None:
         """`task` heads its pool's queue and cannot start: keep the node(s) it waits on."""
-        if task.nominated_node is not None:
-            nodes: tuple[str, ...] = (task.nominated_node,)
+        if task.nominated:
+            nodes: tuple[str, ...] = task.nominated
         else:
             could, _ = self.diagnose(task.filter_demand, free=False)
             rows = np.flatnonzero(could & self.cluster.ready)
@@ -636,13 +669,12 @@ class Scheduler:
     def _preempt_for(self, task: PendingTask, cause: Event) -> list[Event]:
         """Ask lower-priority preemptible tasks to yield so `task` fits; they get a grace
         period to checkpoint, then their resources go back (see `_expire_reservations`).
-        A gang waits for room instead: it does not preempt."""
+        A gang preempts all or nothing: only victims that make room for every member."""
         mine = task.priority
         if (
-            task.gang_size > 1
-            or task.nominated_node is not None
+            task.nominated
             or not any(p < mine for p in self.preemptible)  # nobody ranks below it
-            or self.quotas.blocking(task.request.tenant, task.demand)
+            or self.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
         ):
             return []
         owners: dict[str, Allocation] = {}
@@ -663,18 +695,24 @@ class Scheduler:
                         PRIORITY_MAX - a.priority,
                         a.granted_seq,
                         a.mig_profile,
+                        a.task_id,
                     )
                 )
         if not candidates:
             return []
         # Nodes the task could use if they were emptier: every filter but free amounts.
-        fits_empty, _ = self.diagnose(task.demand, free=False)
+        fits_empty, _ = self.diagnose(task.filter_demand, free=False)
         ready = fits_empty & self.cluster.ready
         nodes = [self.cluster.nodes[i] for i in np.flatnonzero(ready)]
-        chosen = plan(nodes, task.demand, candidates)
+        if task.gang_size > 1 and not task.same_node:
+            fits_now, _ = self.diagnose(task.demand)
+            roomy = {self.cluster.nodes[i].name for i in np.flatnonzero(fits_now & ready)}
+            chosen = plan_gang(nodes, task.demand, candidates, task.gang_size, roomy)
+        else:
+            chosen = plan(nodes, task.demand, candidates, task.gang_size)
         if chosen is None:
             return []
-        task.nominated_node = chosen.node
+        task.nominated = chosen.nodes
         self._stale(task.request.pool)
         now = self.clock or cause.occurred_at
         grace = self.config.grace_period_seconds

@@ -33,7 +33,13 @@ from crater.contracts import (
     TaskSummary,
     derived_event_id,
 )
-from crater.runtime.outbox import OutboxRelay, TaskSequencer, first_delivery, stage
+from crater.runtime.outbox import (
+    OutboxRelay,
+    TaskSequencer,
+    first_deliveries,
+    first_delivery,
+    stage,
+)
 from crater.scheduler.adapters.orm import inbox, outbox
 from crater.scheduler.adapters.repository import SchedulerRepository
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
@@ -128,6 +134,10 @@ class SchedulerService:
         messages instead of one each."""
         waiting = Waiting(event, consumer, asyncio.get_running_loop().create_future())
         self.arrived.append(waiting)
+        if len(self.arrived) == 1:
+            # The rest of a pull batch is handled by tasks that are ready to run: let them
+            # arrive too, so the first message does not commit alone.
+            await asyncio.sleep(0)
         async with self.lock:
             if not waiting.outcome.done():
                 batch, self.arrived = self.arrived, []
@@ -160,20 +170,47 @@ class SchedulerService:
                     waiting.outcome.set_exception(RuntimeError("the commit was interrupted"))
 
     async def _decide_and_commit(self, batch: list[Waiting]) -> list[list[Event]]:
+        """The batch in one transaction, each statement once for the batch where it can be
+        (inbox, duplicate tasks, sequence numbers, outbox) rather than once per event."""
         async with self.sessions() as session, session.begin():
-            repository = SchedulerRepository(session)
-            return [await self._decide(session, repository, w.event, w.consumer) for w in batch]
+            # Core statements only: the connection skips the ORM session's per-statement work.
+            connection = await session.connection()
+            repository = SchedulerRepository(connection)
+            checked = [
+                i for i, w in enumerate(batch) if not isinstance(w.event, IDEMPOTENT_BY_NATURE)
+            ]
+            firsts = await first_deliveries(
+                connection, inbox, [(batch[i].consumer, batch[i].event.event_id) for i in checked]
+            )
+            fresh = [True] * len(batch)
+            for i, first in zip(checked, firsts, strict=True):
+                fresh[i] = first
+            known = await repository.tasks_known(
+                [
+                    w.event.task.task_id
+                    for w, f in zip(batch, fresh, strict=True)
+                    if f and isinstance(w.event, TaskProfiled)
+                ]
+            )
+            outcomes = []
+            for waiting, first in zip(batch, fresh, strict=True):
+                outcomes.append(
+                    await self._decide(repository, waiting.event, known) if first else []
+                )
+            stamped = await self.sequencer.stamp(connection, [d for o in outcomes for d in o])
+            await stage(connection, outbox, *stamped)
+            numbered = iter(stamped)
+            return [[next(numbered) for _ in decisions] for decisions in outcomes]
 
     async def _decide(
-        self, session: Any, repository: SchedulerRepository, event: Event, consumer: str
+        self, repository: SchedulerRepository, event: Event, known: set[str]
     ) -> list[Event]:
-        """One event inside the batch's transaction: de-duplicate, decide, record, stage."""
-        if not isinstance(event, IDEMPOTENT_BY_NATURE) and not await first_delivery(
-            session, inbox, consumer, event.event_id
-        ):
-            return []
-        if isinstance(event, TaskProfiled) and await repository.task_known(event.task.task_id):
-            return []  # the same task submitted again under a new event id
+        """One new event inside the batch's transaction: decide and record. `known` holds the
+        task ids stored or recorded so far in this batch."""
+        if isinstance(event, TaskProfiled):
+            if event.task.task_id in known:
+                return []  # the same task submitted again under a new event id
+            known.add(event.task.task_id)
         seq = self.scheduler.next_seq
         started = time.perf_counter()
         decisions = self.scheduler.handle(event)
@@ -181,8 +218,6 @@ class SchedulerService:
         if isinstance(event, NodeHealthReported) and not decisions:
             return []  # a heartbeat like the last one: nothing to store
         await repository.record(event, decisions, seq)
-        decisions = await self.sequencer.stamp(session, decisions)
-        await stage(session, outbox, *decisions)
         return decisions
 
     async def request_replicas(self, event: ReplicasRequested, consumer: str) -> list[Event]:
