@@ -545,6 +545,9 @@ async def bench_async(config: BenchConfig, data_dir: Path) -> BenchResult:
             "CRATER_MIGRATE_ON_START": "false",
             "CRATER_LOG_LEVEL": "WARNING",
             "CRATER_CONSUMER_BATCH": str(config.consumer_batch),
+            # The simulated nodes send no heartbeats: without this a run longer than the
+            # default 30 s would see every node turn NotReady and place nothing.
+            "CRATER_SCHEDULER_HEARTBEAT_TIMEOUT_SECONDS": "86400",
         }
         scheduler = await asyncio.to_thread(spawn, "scheduler", data_dir, env, config.profile)
         services.append(scheduler)
