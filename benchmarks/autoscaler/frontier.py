@@ -1,7 +1,7 @@
 """Crater's autoscaling policy against the HPA baseline over several seeds and trace shapes:
 SLO attainment (TTFT <= 200 ms) against replica-minutes, per run and averaged per policy.
 
-    python benchmarks/autoscaler/frontier.py --seeds 1-5 --jobs 2
+    python benchmarks/autoscaler/frontier.py --seeds 1-5 --jobs 2 --crater-targets 0.8,0.7
 
 Each run is `crater autoscale-sim` on a generated trace (the same simulator, policies and
 defaults); the HPA baseline is run at several utilisation targets, since its target is the
@@ -15,6 +15,7 @@ import argparse
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from crater.autoscaler.domain import ScalingPolicy
@@ -25,6 +26,7 @@ from crater.autoscaler.sim import (
     generate_trace,
     simulate,
 )
+from crater.cli.autoscale import SIMULATED_SCALE_IN_STEP
 
 SHAPES = {
     # The CLI's default trace: a day in 4 h, 3 -> 30 requests/s, 1.5 bursts/h of 2.5-5x, 30-120 s.
@@ -45,13 +47,11 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "autoscale_seeds.jso
 def one(job: tuple[str, int, str, float]) -> dict[str, object]:
     shape, seed, policy, target = job
     trace = generate_trace(SHAPES[shape], seed)
+    # As `crater autoscale-sim` runs them: the service's defaults but max 24 replicas and the
+    # simulator's scale-in step.
+    scaling = ScalingPolicy(max_replicas=24, max_scale_in_step=SIMULATED_SCALE_IN_STEP)
     config = SimulationConfig(
-        # As `crater autoscale-sim` runs them: max 24 replicas, scale-in step 16, no warm pool.
-        policy=ScalingPolicy(
-            target_pressure=target if policy == "crater" else 0.8,
-            max_replicas=24,
-            max_scale_in_step=16,
-        ),
+        policy=replace(scaling, target_pressure=target) if policy == "crater" else scaling,
         hpa=HpaBaseline(target_utilisation=target if policy == "hpa" else 0.7),
         seed=seed,
     )
@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=seeds, default=seeds("1-5"))
     parser.add_argument("--shapes", default="diurnal,sharp")
     parser.add_argument("--crater-targets", default="0.8")
-    parser.add_argument("--hpa-targets", default="0.4,0.45,0.5,0.6,0.7")
+    parser.add_argument("--hpa-targets", default="0.35,0.4,0.45,0.5,0.6,0.7")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()

@@ -59,3 +59,19 @@ def test_a_bad_strategy_is_refused_by_name(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["autoscale-sim", "--trace", str(trace), "--strategy", "x"])
     assert result.exit_code != 0
     assert "--strategy" in result.output
+
+
+def test_the_simulator_starts_from_the_services_defaults() -> None:
+    # One source of defaults: what the simulator measures is what the service runs, except
+    # the flags the docs name (max replicas, scale-in step).
+    import inspect
+
+    from crater.autoscaler.app import AutoscalerSettings
+    from crater.cli.autoscale import SIMULATED_SCALE_IN_STEP, autoscale_sim
+
+    settings = AutoscalerSettings()
+    defaults = inspect.signature(autoscale_sim).parameters
+    assert defaults["drain_seconds"].default == settings.drain_seconds
+    assert defaults["strategy"].default == settings.strategy
+    assert defaults["scale_in_step"].default == SIMULATED_SCALE_IN_STEP
+    assert settings.max_scale_in_step == 1  # the service stays cautious; docs say why

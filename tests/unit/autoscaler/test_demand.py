@@ -187,7 +187,9 @@ def test_scale_in_waits_for_a_whole_stabilisation_window_then_goes_to_its_highes
     first, *rest = found
     assert first.occurred_at == T0 + timedelta(seconds=300)  # the window is whole
     assert (first.current_replicas, first.desired_replicas) == (10, 7)
-    assert "the most asked for over the stabilisation window (300 s) is 7" in first.reason
+    assert (
+        "the most the arrivals asked for over the stabilisation window (300 s) is 7" in first.reason
+    )
     # The busy minute (averaged over the 30 s demand window) leaves the window 300 s after
     # it ended, step by step; then the count is the load's.
     assert rest
@@ -197,6 +199,36 @@ def test_scale_in_waits_for_a_whole_stabilisation_window_then_goes_to_its_highes
         (d.desired_replicas for d in found), reverse=True
     )
     assert rest[-1].desired_replicas == 4
+
+
+def test_scale_in_sizes_for_the_arrivals_not_the_backlog() -> None:
+    # The queue adds replicas to serve a backlog within drain_seconds, but once served the
+    # backlog is gone: the stabilisation window keeps the count the arrivals asked for.
+    queued = Demand(load=3.0, queue_wait_s=15.0, target_pressure=0.8, drain_seconds=30)
+    assert queued.desired(1, 24) == 6
+    assert queued.desired_for_arrivals(1, 24) == 4
+    rising = Demand(
+        load=3.0, queue_wait_s=15.0, target_pressure=0.8, drain_seconds=30, wait_growth=0.5
+    )
+    assert rising.arrival_replicas == pytest.approx(7.5)  # arrivals beyond admissions count
+    policy = ScalingPolicy(
+        panic_p95_ms=None, stabilisation_seconds=300, max_scale_in_step=16, drain_seconds=30
+    )
+    scaler = Autoscaler(policy)
+    found: list[ScaleDecided] = []
+    replicas = 10
+    for t in range(0, 400, 2):  # a load of 3.0 (4 replicas at 0.8), a backlog for 90 s
+        slow = [15_100.0] * 20 if t < 90 else None
+        decision = scaler.observe(sample(t, 3.0 / replicas, replicas, latencies=slow)).decision
+        if decision is not None:
+            found.append(decision)
+            replicas = decision.desired_replicas
+    assert found
+    first = found[0]
+    assert first.direction is ScaleDirection.IN
+    assert first.occurred_at == T0 + timedelta(seconds=300)
+    # Sized on the backlog (load x 1.5) the window would have held 6 until t = 390.
+    assert (first.current_replicas, first.desired_replicas) == (10, 4)
 
 
 def test_scale_in_steps_are_capped_and_a_cooldown_apart() -> None:

@@ -29,6 +29,10 @@ from crater.autoscaler.sim import (
 )
 
 console = Console()
+# The service's defaults (its settings default to these too), except where a flag says.
+_POLICY = ScalingPolicy()
+# The simulator's scale-in step (set CRATER_AUTOSCALER_MAX_SCALE_IN_STEP to run the same).
+SIMULATED_SCALE_IN_STEP = 16
 
 
 def autoscale_sim(
@@ -65,7 +69,7 @@ def autoscale_sim(
     slo_ms: Annotated[float, typer.Option(help="SLO: time to first token at most this.")] = 200.0,
     strategy: Annotated[
         str, typer.Option(help="Crater: demand (the default) or rule (the field's rule alone).")
-    ] = "demand",
+    ] = _POLICY.strategy,
     target_pressure: Annotated[
         list[float] | None,
         typer.Option(
@@ -75,13 +79,17 @@ def autoscale_sim(
     ] = None,
     drain_seconds: Annotated[
         float, typer.Option(help="Crater (demand): serve the queue within this as well.")
-    ] = 60.0,
+    ] = _POLICY.drain_seconds,
     warm_pool: Annotated[int, typer.Option(help="Crater: standby replicas kept placed.")] = 0,
     max_replicas: Annotated[int, typer.Option(help="Both: most replicas serving.")] = 24,
     min_replicas: Annotated[int, typer.Option(help="Both: fewest replicas serving.")] = 1,
     scale_in_step: Annotated[
-        int, typer.Option(help="Crater: replicas removed per scale-in at most.")
-    ] = 16,
+        int,
+        typer.Option(
+            help="Crater: replicas removed per scale-in at most (the service's default is 1; "
+            "with demand the stabilisation window is the brake, as in HPA's scale-down)."
+        ),
+    ] = SIMULATED_SCALE_IN_STEP,
     headroom: Annotated[
         float,
         typer.Option(
@@ -127,7 +135,7 @@ def autoscale_sim(
     requests = read_trace(trace)
     if not requests:
         raise typer.BadParameter(f"{trace} holds no requests")
-    targets = target_pressure or [0.8]
+    targets = target_pressure or [_POLICY.target_pressure]
     hpa_targets = hpa_target or [0.7]
     try:
         base = SimulationConfig(

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Literal
+from typing import Literal, cast
 
 from faststream.asgi import AsgiFastStream
 from prometheus_client import Counter, Gauge
@@ -38,49 +38,82 @@ from crater.runtime.bus import durable, publish
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
 
+# One source of defaults: the settings' defaults are the policy's, which the simulator
+# (`crater autoscale-sim`) and the benchmarks run as well.
+_POLICY = ScalingPolicy()
+Strategy = Literal["demand", "rule"]
+
 
 class AutoscalerSettings(ServiceSettings):
     """The rule's numbers, each from CRATER_AUTOSCALER_<NAME>."""
 
     service = "autoscaler"
 
-    scale_out_p95_ms: float = Field(default=200.0, gt=0, description="Scale out above this p95.")
+    scale_out_p95_ms: float = Field(
+        default=_POLICY.scale_out_p95_ms, gt=0, description="Scale out above this p95."
+    )
     scale_out_pressure: float = Field(
-        default=0.8, ge=0, le=1, description="...and above this GPU memory pressure."
+        default=_POLICY.scale_out_pressure,
+        ge=0,
+        le=1,
+        description="...and above this GPU memory pressure.",
     )
-    scale_in_p95_ms: float = Field(default=100.0, gt=0, description="Scale in below this p95.")
+    scale_in_p95_ms: float = Field(
+        default=_POLICY.scale_in_p95_ms, gt=0, description="Scale in below this p95."
+    )
     scale_in_pressure: float = Field(
-        default=0.3, ge=0, le=1, description="...and below this GPU memory pressure."
+        default=_POLICY.scale_in_pressure,
+        ge=0,
+        le=1,
+        description="...and below this GPU memory pressure.",
     )
-    window_seconds: float = Field(default=60.0, gt=0, description="Latency window for the p95.")
+    window_seconds: float = Field(
+        default=_POLICY.window_seconds, gt=0, description="Latency window for the p95."
+    )
     stabilisation_seconds: float = Field(
-        default=300.0, ge=0, description="How long calm must hold before a scale-in."
+        default=_POLICY.stabilisation_seconds,
+        ge=0,
+        description="How long calm must hold before a scale-in.",
     )
     cooldown_seconds: float = Field(
-        default=15.0, ge=0, description="Least time between two scale-outs of one service."
+        default=_POLICY.cooldown_seconds,
+        ge=0,
+        description="Least time between two scale-outs of one service.",
     )
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=16, ge=1)
+    min_replicas: int = Field(default=_POLICY.min_replicas, ge=0)
+    max_replicas: int = Field(default=_POLICY.max_replicas, ge=1)
     min_samples: int = Field(
-        default=10, ge=1, description="Samples needed since the last decision to scale out."
+        default=_POLICY.min_samples,
+        ge=1,
+        description="Samples needed since the last decision to scale out.",
     )
     max_window_samples: int = Field(
-        default=50_000, ge=10_000, description="Per-service memory bound of the window."
+        default=_POLICY.max_samples,
+        ge=10_000,
+        description="Per-service memory bound of the window.",
     )
     max_scale_out_factor: float = Field(
-        default=2.0, ge=1, description="A scale-out at most multiplies the replicas by this."
+        default=_POLICY.max_scale_out_factor,
+        ge=1,
+        description="A scale-out at most multiplies the replicas by this.",
     )
     scale_out_period_seconds: float = Field(
-        default=60.0, ge=0, description="The period of the scale-out rate limit."
+        default=_POLICY.scale_out_period_seconds,
+        ge=0,
+        description="The period of the scale-out rate limit.",
     )
     scale_out_period_replicas: int = Field(
-        default=8, ge=1, description="Per period the fleet grows by at most +this..."
+        default=_POLICY.scale_out_period_replicas,
+        ge=1,
+        description="Per period the fleet grows by at most +this...",
     )
     scale_out_period_factor: float = Field(
-        default=4.0, ge=1, description="...or xthis, whichever allows more."
+        default=_POLICY.scale_out_period_factor,
+        ge=1,
+        description="...or xthis, whichever allows more.",
     )
     max_scale_in_step: int = Field(
-        default=1,
+        default=_POLICY.max_scale_in_step,
         ge=1,
         description="Replicas removed per scale-in (rule: one scale-in per stabilisation "
         "window; demand: scale-ins a cooldown apart).",
@@ -93,46 +126,58 @@ class AutoscalerSettings(ServiceSettings):
         "this share of the scale-out lines; 0: the field's rule alone.",
     )
     panic_p95_ms: float = Field(
-        default=400.0,
+        default=_POLICY.panic_p95_ms or 0.0,
         ge=0,
         description="Panic: p95 over the panic window above this scales out at once, ahead of "
         "the cooldown, and holds off scale-in; 0 turns panic mode off.",
     )
-    panic_window_seconds: float = Field(default=6.0, gt=0, description="The panic window.")
+    panic_window_seconds: float = Field(
+        default=_POLICY.panic_window_seconds, gt=0, description="The panic window."
+    )
     panic_hold_seconds: float = Field(
-        default=60.0, ge=0, description="No scale-in until the panic has been over this long."
+        default=_POLICY.panic_hold_seconds,
+        ge=0,
+        description="No scale-in until the panic has been over this long.",
     )
     warm_pool_size: int = Field(
-        default=0, ge=0, description="Standby replicas kept placed per service, promoted first."
+        default=_POLICY.warm_pool_size,
+        ge=0,
+        description="Standby replicas kept placed per service, promoted first.",
     )
     drain_timeout_seconds: float = Field(
-        default=60.0, ge=0, description="Release a draining replica after this even if busy."
+        default=_POLICY.drain_timeout_seconds,
+        ge=0,
+        description="Release a draining replica after this even if busy.",
     )
     replica_start_timeout_seconds: float = Field(
-        default=600.0, gt=0, description="A requested replica silent this long is not counted."
+        default=_POLICY.replica_start_timeout_seconds,
+        gt=0,
+        description="A requested replica silent this long is not counted.",
     )
     drain_check_seconds: float = Field(
         default=1.0, gt=0, description="How often the drain timeouts are checked."
     )
-    strategy: Literal["demand", "rule"] = Field(
-        default="demand",
+    strategy: Strategy = Field(
+        default=cast(Strategy, _POLICY.strategy),
         description="demand: size the fleet by Little's law to hold the mean GPU memory "
         "pressure at target_pressure, plus the queue; scale in to the most it asked for over "
         "the stabilisation window. rule: the field's rule alone (the thresholds above).",
     )
     target_pressure: float = Field(
-        default=0.8,
+        default=_POLICY.target_pressure,
         gt=0,
         le=1,
         description="demand: the mean GPU memory pressure the fleet is sized for.",
     )
     drain_seconds: float = Field(
-        default=60.0,
+        default=_POLICY.drain_seconds,
         gt=0,
         description="demand: serve the queued requests as well as the arrivals within this.",
     )
     demand_window_seconds: float = Field(
-        default=30.0, gt=0, description="demand: pressure and queue wait averaged over this."
+        default=_POLICY.demand_window_seconds,
+        gt=0,
+        description="demand: pressure and queue wait averaged over this.",
     )
 
     @model_validator(mode="after")

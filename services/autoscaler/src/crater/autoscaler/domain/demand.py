@@ -11,6 +11,10 @@ requests waiting are the throughput times their mean wait, and serving them with
 `drain_seconds` as well as the arrivals takes `1 + mean_wait / drain_seconds` times the
 capacity. Both are averaged over an interval (the stable window, or the short panic window),
 so one noisy report does not move the count.
+
+Scale-out sizes for both; scale-in for the arrivals alone (`arrival_replicas`): the replicas
+added to serve a burst's backlog are not needed once it is served, so the stabilisation
+window keeps the count the arrivals asked for, not the backlog's.
 """
 
 from __future__ import annotations
@@ -105,6 +109,11 @@ class SlidingMax:
         return self._kept[0][1] if self._kept else None
 
 
+def _whole(replicas: float, min_replicas: int, max_replicas: int) -> int:
+    wanted = math.ceil(replicas - _ROUNDING)
+    return min(max_replicas, max(min_replicas, wanted))
+
+
 @dataclass(frozen=True)
 class Demand:
     """The numbers behind a demand count, kept so a decision can show them."""
@@ -129,11 +138,20 @@ class Demand:
     @property
     def replicas(self) -> float:
         """Replicas needed, fractional: the arrivals at the target pressure, plus the queue."""
-        return self.load * self.arrival_factor / self.target_pressure * self.queue_factor
+        return self.arrival_replicas * self.queue_factor
+
+    @property
+    def arrival_replicas(self) -> float:
+        """Replicas the arrivals alone need, fractional: the queue left out. Scale-in sizes
+        for this, so a backlog a burst left behind (served within `drain_seconds` by the
+        replicas already there) does not keep surge replicas for a whole window."""
+        return self.load * self.arrival_factor / self.target_pressure
 
     def desired(self, min_replicas: int, max_replicas: int) -> int:
-        wanted = math.ceil(self.replicas - _ROUNDING)
-        return min(max_replicas, max(min_replicas, wanted))
+        return _whole(self.replicas, min_replicas, max_replicas)
+
+    def desired_for_arrivals(self, min_replicas: int, max_replicas: int) -> int:
+        return _whole(self.arrival_replicas, min_replicas, max_replicas)
 
     def explain(self) -> str:
         text = (

@@ -9,9 +9,10 @@ Two strategies (`ScalingPolicy.strategy`):
   than the replicas serving plus those still starting (so a scale-out is not asked twice
   while replicas load, and it comes before p95 crosses the SLO); scale in, no sooner than
   `cooldown_seconds` after the last decision and never while p95 is over the scale-out line or
-  a panic holds, to the highest count asked for over the stabilisation window (HPA's
-  scale-down rule), at most `max_scale_in_step` at a time. Without any pressure reading it
-  falls back to the rule.
+  a panic holds, to the highest count the arrivals asked for over the stabilisation window
+  (HPA's scale-down rule; the queue's share is left out, since a backlog once served is
+  gone), at most `max_scale_in_step` at a time. Without any pressure reading it falls back
+  to the rule.
 - 'rule': the field's rule, below.
 
 The field's rule: scale out when p95 latency > 200 ms AND GPU memory pressure > 0.8; scale in
@@ -96,7 +97,8 @@ class ScalingPolicy:
     scale_out_period_seconds: float = 60.0
     scale_out_period_replicas: int = 8
     scale_out_period_factor: float = 4.0
-    # A scale-in removes at most this many replicas, once per stabilisation window.
+    # A scale-in removes at most this many replicas (rule: once per stabilisation window;
+    # demand: a cooldown apart).
     max_scale_in_step: int = 1
     # None: scale in only on the field's rule (p95 < 100 ms and pressure < 0.3). A share
     # (e.g. 0.7): also when fewer replicas would keep p95 and the mean pressure within this
@@ -496,7 +498,9 @@ class Autoscaler:
         wanted = demand.desired(policy.min_replicas, policy.max_replicas)
         if state.recommending_since is None:
             state.recommending_since = now
-        state.recommendations.add(now, wanted)
+        state.recommendations.add(
+            now, demand.desired_for_arrivals(policy.min_replicas, policy.max_replicas)
+        )
         p95, count = evidence
         counts = f"{serving} serving + {starting} starting"
         if wanted > provisioned:
@@ -526,14 +530,16 @@ class Autoscaler:
             last = state.last_decision_at
             if last is not None and now - last < policy.cooldown_seconds:
                 return None
-            highest = state.recommendations.largest() or wanted
+            # The window holds the arrivals' counts; never below what the demand (queue
+            # included) asks for now, or the next sample would scale straight back out.
+            highest = max(state.recommendations.largest() or wanted, wanted)
             if highest >= provisioned or serving == 0:
                 return None
             desired = max(highest, provisioned - policy.max_scale_in_step, policy.min_replicas)
             limited_by = None if desired == highest else f"-{policy.max_scale_in_step} per scale-in"
             reason = (
-                f"{demand.explain()}; the most asked for over the stabilisation window "
-                f"({policy.stabilisation_seconds:g} s) is {highest}: "
+                f"{demand.explain()}; the most the arrivals asked for over the stabilisation "
+                f"window ({policy.stabilisation_seconds:g} s) is {highest}: "
                 f"{provisioned} ({counts}) -> {desired} replicas"
             )
             direction = ScaleDirection.IN
