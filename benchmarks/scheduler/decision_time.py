@@ -27,12 +27,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from crater.cli.bench import scaled_fleet
+from crater.cli.bench import PREDICTION, scaled_fleet
 from crater.contracts import (
     AllocationGranted,
-    Confidence,
     NodeTopologyReported,
-    ResourcePrediction,
     TaskProfiled,
     TaskRequest,
     TaskStatus,
@@ -49,14 +47,6 @@ SHAPES = [  # (gpus, milli, memory_mb per card, cores, memory_mb)
     (1, 500, 8000, 4, 16_000),
     (0, 1000, 0, 8, 16_000),
 ]
-PREDICTION = ResourcePrediction(
-    gpu_memory_per_gpu_mb=0,
-    host_memory_mb=0,
-    confidence=Confidence.LOW,
-    method="benchmark",
-    dataloader_num_workers=1,
-    dataloader_prefetch_factor=2,
-)
 
 
 def task(n: int, rng: random.Random, pools: list[str]) -> TaskRequest:
