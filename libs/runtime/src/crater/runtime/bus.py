@@ -300,22 +300,15 @@ def durable(
     durable_name = (
         f"{service}-{name or channel.subject.removeprefix('crater.v1.').replace('.', '-')}"
     )
-    subscriber = broker.subscriber(
+    return _pull_consumer(
+        broker,
         channel.wildcard,
-        stream=JStream(channel.stream.name, declare=False),
-        durable=durable_name,
-        deliver_policy=deliver_policy,
-        pull_sub=PullSub(batch_size=batch, timeout=1.0),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        title=f"{durable_name}:{channel.wildcard}",
-        description=channel.description,
+        channel.stream.name,
+        durable_name,
+        batch,
+        channel.description,
+        deliver_policy,
     )
-
-    def register(handler: Handler) -> Handler:
-        subscriber(handler)
-        return handler
-
-    return register
 
 
 def durable_stream(
@@ -333,14 +326,31 @@ def durable_stream(
     if len(stream.subjects) != 1:
         raise ValueError(f"{stream.name} has {len(stream.subjects)} subjects; one is needed")
     durable_name = f"{service}-{name or stream.name.removeprefix('CRATER_').lower()}"
+    return _pull_consumer(
+        broker, stream.subjects[0], stream.name, durable_name, batch, stream.description
+    )
+
+
+def _pull_consumer(
+    broker: NatsBroker,
+    subject: str,
+    stream_name: str,
+    durable_name: str,
+    batch: int,
+    description: str,
+    deliver_policy: DeliverPolicy | None = None,
+) -> Callable[[Handler], Handler]:
+    """The durable pull subscriber both `durable` and `durable_stream` register: acked after
+    the handler returns, nacked (redelivered) if it raises."""
     subscriber = broker.subscriber(
-        stream.subjects[0],
-        stream=JStream(stream.name, declare=False),
+        subject,
+        stream=JStream(stream_name, declare=False),
         durable=durable_name,
+        deliver_policy=deliver_policy,
         pull_sub=PullSub(batch_size=batch, timeout=1.0),
         ack_policy=AckPolicy.NACK_ON_ERROR,
-        title=f"{durable_name}:{stream.subjects[0]}",
-        description=stream.description,
+        title=f"{durable_name}:{subject}",
+        description=description,
     )
 
     def register(handler: Handler) -> Handler:
