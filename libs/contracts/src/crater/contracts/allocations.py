@@ -43,6 +43,7 @@ class AllocationGranted(TaskEvent):
         default=0, ge=0, description="This member of a gang (one grant per member), from 0."
     )
     gang_size: int = Field(default=1, ge=1, description="Members granted together, all or none.")
+    attempt: int = Field(default=1, ge=1, description="Which attempt of the task (restart policy).")
 
 
 class ReleaseReason(StrEnum):

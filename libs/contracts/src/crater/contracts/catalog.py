@@ -18,6 +18,7 @@ from crater.contracts.base import Event
 from crater.contracts.nodes import NodeHealthReported, NodeMetricsReported, NodeTopologyReported
 from crater.contracts.rejections import MessageRejected
 from crater.contracts.tasks import (
+    TaskEnded,
     TaskEscalated,
     TaskPending,
     TaskPreempted,
@@ -202,6 +203,15 @@ class Subjects:
         "A task waited past its max_queue_time_seconds and now ranks one class higher.",
         producers=("scheduler",),
     )
+    TASK_ENDED = Channel(
+        f"{PREFIX}.task.ended",
+        TaskEnded,
+        Streams.TASKS,
+        "A task's end as the scheduler decided it, exactly once per task: succeeded, failed "
+        "or cancelled (task.rejected is the other end).",
+        producers=("scheduler",),
+        consumers=("callback",),
+    )
     TASK_STATUS = Channel(
         f"{PREFIX}.task.status",
         TaskStatusReported,
@@ -298,6 +308,7 @@ class Subjects:
         TASK_REJECTED,
         TASK_PREEMPTED,
         TASK_ESCALATED,
+        TASK_ENDED,
         TASK_STATUS,
         ALLOCATION_GRANTED,
         ALLOCATION_RELEASED,

@@ -235,6 +235,37 @@ class InferenceConfig(Contract):
     tensor_parallel: int = Field(default=1, ge=1, le=1024)
 
 
+class RestartOn(StrEnum):
+    """What ends an attempt that may be retried."""
+
+    FAILURE = "failure"  # the task failed, or never confirmed its reservation
+    PREEMPTION = "preemption"
+    NODE_LOST = "node-lost"
+
+
+class RestartPolicy(Contract):
+    """Whether a task whose attempt ended badly goes back to the queue, and how often.
+
+    Like a Kubernetes Job's `backoffLimit`: an attempt that ends for one of `on` is followed by
+    another after `backoff_seconds` (doubled for each further attempt, capped), until
+    `max_attempts` attempts have run; the last one's end is the task's."""
+
+    on: list[RestartOn] = Field(
+        default_factory=list, max_length=3, description="Empty: never restart."
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, le=100, description="Attempts in all, the first included."
+    )
+    backoff_seconds: float = Field(
+        default=10.0, ge=0, le=86_400, description="Wait before the second attempt; doubles."
+    )
+    max_backoff_seconds: float = Field(default=600.0, ge=0, le=86_400)
+
+    def backoff_before(self, attempt: int) -> float:
+        """Seconds to wait before attempt `attempt` (2, 3, ...)."""
+        return min(self.backoff_seconds * 2 ** max(attempt - 2, 0), self.max_backoff_seconds)
+
+
 class TaskRequest(Contract):
     """The body of `POST /api/v1/schedule`, and of the task-submitted event."""
 
@@ -270,6 +301,11 @@ class TaskRequest(Contract):
     )
     training_config: TrainingConfig | None = None
     inference_config: InferenceConfig | None = None
+    restart_policy: RestartPolicy | None = Field(
+        default=None,
+        description="Retry an attempt that failed, was preempted or lost its node; None: the "
+        "pool's policy (pools file), else never.",
+    )
 
     @field_validator("priority", mode="before")
     @classmethod
@@ -373,6 +409,7 @@ class TaskPending(TaskEvent):
     nodes_total: int = Field(ge=0)
     reasons: list[FilterReason]
     summary: str = Field(examples=["0/40 nodes: 32 InsufficientGpus, 8 GpuMemoryPerCard"])
+    attempt: int = Field(default=1, ge=1, description="Which attempt waits (restart policy).")
 
 
 class FieldError(Contract):
@@ -381,10 +418,35 @@ class FieldError(Contract):
 
 
 class TaskRejected(TaskEvent):
-    """The task can never be placed, or its request is invalid."""
+    """The task can never be placed, or its request is invalid: its end. Or, with
+    `duplicate` set, a submission reusing the id of a task Crater already knows was refused:
+    that says nothing of the known task, which goes on."""
 
     task_id: str = Field(max_length=256)
     errors: list[FieldError]
+    duplicate: bool = Field(
+        default=False,
+        description="The refused submission reused a known task id; the known task is unchanged.",
+    )
+
+
+class TaskEnded(TaskEvent):
+    """A task's end, exactly once per task, as the scheduler decided it: the one terminal
+    lifecycle event besides `task.rejected`. Whatever the nodes reported and in whatever
+    order the streams delivered it, this is what happened to the task."""
+
+    task_id: TaskId
+    status: Literal[TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED]
+    reason: str = Field(max_length=2048, description="Why, in one line.")
+    allocation_id: str | None = Field(
+        default=None, description="The last attempt's allocation; None if never placed."
+    )
+    release_reason: str | None = Field(
+        default=None,
+        description="How its last allocation went back (succeeded, failed, cancelled, expired, "
+        "preempted, node-lost, scaled-in); None if never placed.",
+    )
+    attempt: int = Field(default=1, ge=1, description="Attempts run, this one included.")
 
 
 class TaskPreempted(TaskEvent):

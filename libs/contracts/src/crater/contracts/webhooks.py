@@ -32,7 +32,8 @@ class WebhookDeadLettered(Event):
 
 
 class WebhookStatus(StrEnum):
-    """The statuses AllData knows; `cancelled` passes through from a node's report."""
+    """The statuses AllData hears. Terminal: succeeded, failed, cancelled, rejected (exactly
+    one per task); `rejected` with `duplicate_submission` is about a refused submission."""
 
     SCHEDULED = "scheduled"
     PENDING = "pending"
@@ -41,6 +42,7 @@ class WebhookStatus(StrEnum):
     FAILED = "failed"
     PREEMPTED = "preempted"
     CANCELLED = "cancelled"
+    REJECTED = "rejected"
 
 
 class AllocatedResources(Contract):
@@ -83,6 +85,17 @@ class WebhookBody(Contract):
         default=None,
         description="Set on the `pending` webhook sent when the task waited past "
         "sla.max_queue_time_seconds: the priority (0..1000) it now waits at.",
+    )
+
+    attempt: int | None = Field(
+        default=None,
+        ge=1,
+        description="Which attempt of the task (restart policy); None where it does not apply.",
+    )
+    duplicate_submission: bool | None = Field(
+        default=None,
+        description="True on a `rejected` that refuses a submission reusing a known task id: "
+        "not the known task's end.",
     )
 
     def encode(self) -> bytes:
