@@ -55,7 +55,7 @@ from crater.contracts.queries import (
     TasksQuery,
     TaskSummary,
 )
-from crater.contracts.rejections import MessageRejected
+from crater.contracts.rejections import FailureKind, MessageDeadLettered, MessageRejected
 from crater.contracts.tasks import (
     FINAL_STATUSES,
     PRIORITY_MAX,
@@ -121,6 +121,7 @@ __all__ = [
     "Disk",
     "DiskMetrics",
     "Event",
+    "FailureKind",
     "FieldError",
     "FilterReason",
     "Gpu",
@@ -130,6 +131,7 @@ __all__ = [
     "IoPattern",
     "LatencySamplesReported",
     "MemoryRequirement",
+    "MessageDeadLettered",
     "MessageRejected",
     "ModelSpec",
     "NodeCondition",

@@ -16,7 +16,7 @@ from crater.contracts.autoscaling import (
 )
 from crater.contracts.base import Event
 from crater.contracts.nodes import NodeHealthReported, NodeMetricsReported, NodeTopologyReported
-from crater.contracts.rejections import MessageRejected
+from crater.contracts.rejections import MessageDeadLettered, MessageRejected
 from crater.contracts.tasks import (
     TaskEnded,
     TaskEscalated,
@@ -116,6 +116,13 @@ class Streams:
         "Messages a consumer could not accept, with the field and the reason.",
         max_age_seconds=7 * 86_400,
     )
+    DEAD_LETTERS = StreamSpec(
+        "CRATER_DEAD_LETTERS",
+        (f"{PREFIX}.message.dead_lettered",),
+        "Messages a consumer gave up on (undecodable, or failing on every delivery up to the "
+        "limit), with payload, headers and reason, to inspect and replay.",
+        max_age_seconds=90 * 86_400,
+    )
 
     ALL: tuple[StreamSpec, ...] = (
         TASKS,
@@ -125,6 +132,7 @@ class Streams:
         AUTOSCALING,
         WEBHOOKS,
         REJECTIONS,
+        DEAD_LETTERS,
     )
 
 
@@ -294,8 +302,18 @@ class Subjects:
         f"{PREFIX}.message.rejected",
         MessageRejected,
         Streams.REJECTIONS,
-        "A consumer refused a malformed or invalid message, naming the field and reason.",
+        "A consumer refused a message it could not decode, validate or apply, naming the field "
+        "and reason.",
         producers=("every consumer",),
+    )
+    MESSAGE_DEAD_LETTERED = Channel(
+        f"{PREFIX}.message.dead_lettered",
+        MessageDeadLettered,
+        Streams.DEAD_LETTERS,
+        "A message a consumer gave up on, with its payload, headers, origin and reason "
+        "(`crater dead-letters`).",
+        producers=("every consumer",),
+        consumers=("crater dead-letters",),
     )
 
     ALL: tuple[Channel, ...] = (
@@ -320,6 +338,7 @@ class Subjects:
         WEBHOOK_DELIVERED,
         WEBHOOK_DEAD_LETTERED,
         MESSAGE_REJECTED,
+        MESSAGE_DEAD_LETTERED,
     )
 
 

@@ -3,14 +3,19 @@ publishing with de-duplication ids, and refusal of bad input."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
+from uuid import UUID, uuid5
+from weakref import WeakKeyDictionary
 
 import nats
 from faststream import AckPolicy
 from faststream._internal.middlewares import BaseMiddleware
+from faststream.exceptions import HandlerException, NackMessage, RejectMessage
 from faststream.message import StreamMessage
 from faststream.nats import (
     DeliverPolicy,
@@ -31,6 +36,7 @@ from faststream.nats.prometheus.provider import (
 from faststream.prometheus import ConsumeAttrs, MetricsSettingsProvider
 from faststream.prometheus.middleware import PrometheusMiddleware
 from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig
 from nats.js.errors import BadRequestError
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
@@ -42,13 +48,17 @@ from pydantic import ValidationError
 from crater.contracts import (
     Channel,
     Event,
+    FailureKind,
     FieldError,
+    MessageDeadLettered,
     MessageRejected,
     Streams,
     StreamSpec,
     Subjects,
+    derived_event_id,
 )
 from crater.contracts.catalog import channel_for
+from crater.runtime.jsondepth import TooDeep, check_json_depth
 from crater.runtime.telemetry import current_trace_context
 
 log = logging.getLogger("crater.bus")
@@ -59,6 +69,10 @@ HANDLER_PARAMETER = "event"
 # How long to wait for JetStream's ack of a publish: nats-py's 0.5 s default is too short on a
 # loaded 2-core machine, and a retry is safe (the Nats-Msg-Id de-duplicates it).
 PUBLISH_ACK_TIMEOUT_SECONDS = 5.0
+# The longest wait before a failed message is delivered again.
+MAX_REDELIVERY_DELAY_SECONDS = 300.0
+# JetStream's max_deliver is set this far above the service's own limit (a backstop).
+MAX_DELIVER_MARGIN = 3
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
 _RETENTION = {
@@ -97,49 +111,297 @@ def field_errors(error: ValidationError, root: str | None = None) -> list[FieldE
     return errors
 
 
-class Rejections:
-    """Counts and publishes refusals of bad input for one service."""
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    """How a service's consumers treat a message they cannot handle (from ServiceSettings)."""
 
-    def __init__(self, broker: NatsBroker, service: str, registry: CollectorRegistry) -> None:
+    max_deliveries: int = 5
+    redelivery_delay_seconds: float = 1.0
+    max_json_depth: int = 64
+
+    def redelivery_delay(self, deliveries: int) -> float:
+        """The wait before delivery `deliveries + 1`: doubling, so a poison message or a
+        database that is down never turns into a hot redelivery loop."""
+        return min(
+            self.redelivery_delay_seconds * 2.0 ** max(deliveries - 1, 0),
+            MAX_REDELIVERY_DELAY_SECONDS,
+        )
+
+    @property
+    def server_max_deliver(self) -> int:
+        """JetStream's own limit on the consumer, a backstop above ours: reached only when
+        handling never ends (the process is killed on the message, or overruns ack_wait)."""
+        return self.max_deliveries + MAX_DELIVER_MARGIN
+
+
+@dataclass(frozen=True)
+class _Delivery:
+    """Where a JetStream delivery came from and how often it was delivered."""
+
+    subject: str
+    stream: str
+    stream_sequence: int
+    consumer: str
+    deliveries: int
+    headers: dict[str, str]
+
+
+def _delivery(msg: StreamMessage[Any]) -> _Delivery | None:
+    """The JetStream side of a message; None for a core NATS one (a request)."""
+    raw = getattr(msg, "raw_message", None)
+    if not isinstance(raw, Msg) or not raw.reply or not raw.reply.startswith("$JS.ACK."):
+        return None
+    metadata = raw.metadata
+    return _Delivery(
+        subject=raw.subject,
+        stream=metadata.stream,
+        stream_sequence=metadata.sequence.stream,
+        consumer=metadata.consumer,
+        deliveries=metadata.num_delivered,
+        headers=dict(raw.headers or {}),
+    )
+
+
+class Rejections:
+    """Refuses what a service's consumers cannot take, names the reason, and moves on.
+
+    A message that cannot be decoded (nested too deep, not UTF-8, not JSON, not the subject's
+    schema) fails the same way every time: refused and dead-lettered at once. One whose handler
+    raises anything else may succeed later (a database that was down), so it is redelivered
+    after a growing delay, and moved to the dead-letter stream once it has failed
+    `max_deliveries` times. Either way a MessageRejected names the reason, and the message is
+    terminated so JetStream never delivers it again; the messages behind it go on.
+    """
+
+    def __init__(
+        self,
+        broker: NatsBroker,
+        service: str,
+        registry: CollectorRegistry,
+        policy: DeliveryPolicy | None = None,
+    ) -> None:
         self.broker = broker
         self.service = service
+        self.policy = policy or DeliveryPolicy()
         self.counter = Counter(
             "crater_messages_rejected",
-            "Messages refused as malformed or invalid.",
+            "Messages refused: undecodable, invalid, or failing on every delivery.",
             ["subject"],
             registry=registry,
         )
+        self.decode_refused = Counter(
+            "crater_messages_decode_refused",
+            "Messages refused before handling: nested too deep, not UTF-8, not JSON, invalid.",
+            ["subject", "reason"],
+            registry=registry,
+        )
+        self.redelivered = Counter(
+            "crater_messages_redelivered",
+            "Deliveries whose handling failed, handed back to JetStream to retry after a delay.",
+            ["subject"],
+            registry=registry,
+        )
+        self.dead_lettered = Counter(
+            "crater_messages_dead_lettered",
+            "Messages moved to the dead-letter stream (CRATER_DEAD_LETTERS).",
+            ["subject", "consumer", "reason"],
+            registry=registry,
+        )
 
-    async def reject(self, subject: str, body: bytes, errors: list[FieldError]) -> None:
-        self.counter.labels(subject=subject).inc()
+    async def reject(
+        self,
+        subject: str,
+        body: bytes,
+        errors: list[FieldError],
+        **details: Any,
+    ) -> None:
+        """Count, log once and publish a MessageRejected; `details` are its optional fields."""
+        self.counter.labels(subject=metric_subject(subject)).inc()
         log.warning(
             "rejected message on %s: %s",
             subject,
-            "; ".join(f"{e.field}: {e.reason}" for e in errors),
+            _clip("; ".join(f"{e.field}: {e.reason}" for e in errors)),
         )
         event = MessageRejected(
             subject=subject,
             consumer=self.service,
             errors=errors,
             payload_excerpt=body[:512].decode("utf-8", "replace")[:512],
+            **details,
         )
         await publish(self.broker, event)
+
+    async def undecodable(
+        self, msg: StreamMessage[Any], delivery: _Delivery | None, error: Exception
+    ) -> None:
+        """Refuse a message that cannot be decoded: never retried."""
+        subject = delivery.subject if delivery else _subject(msg)
+        reason = type(error).__name__
+        self.decode_refused.labels(subject=metric_subject(subject), reason=reason).inc()
+        errors = _explain(msg.body, error)
+        if delivery is None:  # a core NATS request: nothing to keep or to terminate
+            await self.reject(subject, msg.body, errors, error_class=reason)
+            return
+        await self._give_up(msg, delivery, "decode", error, errors)
+
+    async def failed(self, msg: StreamMessage[Any], delivery: _Delivery, error: Exception) -> None:
+        """A handler raised: redeliver after a delay, or give up once the limit is reached.
+        Always ends in a FastStream ack exception (nack with delay, or terminate)."""
+        reason = _describe(error)
+        if delivery.deliveries < self.policy.max_deliveries:
+            delay = self.policy.redelivery_delay(delivery.deliveries)
+            self.redelivered.labels(subject=metric_subject(delivery.subject)).inc()
+            # One line per delivery, no traceback: the bounded log of a poison message.
+            log.warning(
+                "%s failed on %s (stream %s #%d), delivery %d of %d; retrying in %.1f s: %s",
+                delivery.consumer,
+                delivery.subject,
+                delivery.stream,
+                delivery.stream_sequence,
+                delivery.deliveries,
+                self.policy.max_deliveries,
+                delay,
+                _clip(reason),
+            )
+            raise NackMessage(delay=delay)
+        log.error(
+            "%s failed on %s (stream %s #%d) %d times; moving it to %s",
+            delivery.consumer,
+            delivery.subject,
+            delivery.stream,
+            delivery.stream_sequence,
+            delivery.deliveries,
+            Streams.DEAD_LETTERS.name,
+            exc_info=error,
+        )
+        errors = [
+            FieldError(
+                field="body",
+                reason=_clip(f"{reason} (on each of {delivery.deliveries} deliveries)"),
+            )
+        ]
+        await self._give_up(msg, delivery, "apply", error, errors)
+
+    async def _give_up(
+        self,
+        msg: StreamMessage[Any],
+        delivery: _Delivery,
+        kind: FailureKind,
+        error: Exception,
+        errors: list[FieldError],
+    ) -> None:
+        """Dead-letter the message, say so, and terminate it; if the dead letter cannot be
+        published, the message is handed back instead, so it is never lost."""
+        reason = type(error).__name__
+        letter = dead_letter(self.service, delivery, msg.body, kind, reason, errors)
+        try:
+            await publish(self.broker, letter)
+            await self.reject(
+                delivery.subject,
+                msg.body,
+                errors,
+                kind=kind,
+                error_class=reason,
+                deliveries=delivery.deliveries,
+                dead_letter_id=str(letter.event_id),
+                event_id=derived_event_id(letter.event_id, "rejected"),
+            )
+        except Exception as publishing:
+            log.warning(
+                "could not dead-letter %s #%d: %r; handing it back",
+                delivery.stream,
+                delivery.stream_sequence,
+                publishing,
+            )
+            raise NackMessage(delay=MAX_REDELIVERY_DELAY_SECONDS) from publishing
+        self.dead_lettered.labels(
+            subject=metric_subject(delivery.subject), consumer=delivery.consumer, reason=reason
+        ).inc()
+        raise RejectMessage()  # JetStream's term: never delivered again
 
     def middleware(self) -> Callable[..., BaseMiddleware]:
         rejections = self
 
-        class RejectInvalidMessages(BaseMiddleware):
-            """Turns a body that is not JSON or fails validation into a MessageRejected event;
-            the message is then acknowledged, so the consumer moves on."""
+        class RefusePoisonMessages(BaseMiddleware):
+            """Decodes first (depth checked before), so a decode failure is told apart from a
+            failure to apply; every failure becomes a rejection or a delayed redelivery."""
 
             async def consume_scope(self, call_next: Any, msg: StreamMessage[Any]) -> Any:
+                delivery = _delivery(msg)
+                try:
+                    check_json_depth(msg.body, rejections.policy.max_json_depth)
+                    await msg.decode()
+                except Exception as error:
+                    await rejections.undecodable(msg, delivery, error)
+                    return None
                 try:
                     return await call_next(msg)
+                except HandlerException:
+                    raise  # an ack decision already taken
                 except ValidationError as error:
-                    await rejections.reject(_subject(msg), msg.body, _explain(msg.body, error))
+                    await rejections.undecodable(msg, delivery, error)
                     return None
+                except Exception as error:
+                    if delivery is None:
+                        raise  # a request: its caller hears of it
+                    await rejections.failed(msg, delivery, error)
+                    raise  # not reached: failed() always raises an ack decision
 
-        return RejectInvalidMessages
+        return RefusePoisonMessages
+
+
+_DEAD_LETTER_NAMESPACE = UUID("b7e0c2d4-5f1a-4e8b-9c3d-2a6f8e1b0d57")
+# Room for the envelope's other fields when the payload rides in it.
+_ENVELOPE_ROOM = 64 * 1024
+
+
+def dead_letter(
+    service: str,
+    delivery: _Delivery,
+    body: bytes,
+    kind: FailureKind,
+    error_class: str,
+    errors: list[FieldError],
+) -> MessageDeadLettered:
+    """The dead letter of one delivery. Its id is derived from the stream position and the
+    consumer, so dead-lettering the same message twice (a crash before the term) keeps one."""
+    try:
+        text: str | None = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    omitted = len(body) * (1 if text is not None else 4 / 3) > MAX_MESSAGE_BYTES - _ENVELOPE_ROOM
+    return MessageDeadLettered(
+        event_id=uuid5(
+            _DEAD_LETTER_NAMESPACE,
+            f"{delivery.stream}:{delivery.stream_sequence}:{delivery.consumer}",
+        ),
+        subject=delivery.subject,
+        stream=delivery.stream,
+        stream_sequence=delivery.stream_sequence,
+        service=service,
+        consumer=delivery.consumer,
+        deliveries=delivery.deliveries,
+        kind=kind,
+        error_class=error_class,
+        errors=errors,
+        headers=delivery.headers,
+        payload=None if omitted else text,
+        payload_base64=None if omitted or text is not None else base64.b64encode(body).decode(),
+        payload_bytes=len(body),
+        payload_omitted=omitted,
+    )
+
+
+def _describe(error: BaseException) -> str:
+    """`Class: message`, first line only: a database error goes on with the statement and its
+    parameters, which belong in the one traceback logged, not in every line and event."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _clip(text: str, limit: int = 500) -> str:
+    """Bounded log lines and reasons: a database error can quote a whole statement."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _subject(msg: StreamMessage[Any]) -> str:
@@ -147,12 +409,25 @@ def _subject(msg: StreamMessage[Any]) -> str:
     return str(getattr(raw, "subject", "") or "")
 
 
-def _explain(body: bytes, error: ValidationError) -> list[FieldError]:
-    try:
-        json.loads(body)
-    except ValueError as bad_json:
-        return [FieldError(field="body", reason=f"not valid JSON: {bad_json}")]
-    return field_errors(error, root=HANDLER_PARAMETER)
+def _explain(body: bytes, error: Exception) -> list[FieldError]:
+    """Why a message could not be decoded, as (field, reason) pairs."""
+    if isinstance(error, TooDeep):
+        return [FieldError(field="body", reason=str(error))]
+    if isinstance(error, RecursionError):
+        return [FieldError(field="body", reason=f"nested too deeply to decode: {error}")]
+    if isinstance(error, UnicodeDecodeError):
+        return [FieldError(field="body", reason=f"not UTF-8 text: {error}")]
+    if isinstance(error, ValidationError):
+        try:
+            json.loads(body)
+        except ValueError as bad_json:
+            return [FieldError(field="body", reason=f"not valid JSON: {bad_json}")]
+        except RecursionError as deep:
+            return [FieldError(field="body", reason=f"nested too deeply to decode: {deep}")]
+        return field_errors(error, root=HANDLER_PARAMETER)
+    if isinstance(error, ValueError):
+        return [FieldError(field="body", reason=f"not valid JSON: {error}")]
+    return [FieldError(field="body", reason=_clip(_describe(error)))]
 
 
 # Node-scoped subjects carry the node id: as a metric label that is a series per node (10,000
@@ -218,6 +493,7 @@ def make_broker(
     service: str,
     registry: CollectorRegistry,
     tracer_provider: TracerProvider | None,
+    policy: DeliveryPolicy | None = None,
 ) -> tuple[NatsBroker, Rejections]:
     broker = NatsBroker(
         nats_url,
@@ -229,9 +505,14 @@ def make_broker(
         log_level=logging.DEBUG,
         name=f"crater-{service}",
     )
-    rejections = Rejections(broker, service, registry)
+    rejections = Rejections(broker, service, registry, policy)
     broker.add_middleware(rejections.middleware())
+    _POLICIES[broker] = rejections.policy
     return broker, rejections
+
+
+# Each broker's delivery policy, for the consumers registered on it (`_pull_consumer`).
+_POLICIES: WeakKeyDictionary[NatsBroker, DeliveryPolicy] = WeakKeyDictionary()
 
 
 def subject_of(event: Event) -> str:
@@ -341,12 +622,16 @@ def _pull_consumer(
     deliver_policy: DeliverPolicy | None = None,
 ) -> Callable[[Handler], Handler]:
     """The durable pull subscriber both `durable` and `durable_stream` register: acked after
-    the handler returns, nacked (redelivered) if it raises."""
+    the handler returns; if it raises, redelivered after a delay up to the broker's delivery
+    limit, then dead-lettered (`Rejections`)."""
+    policy = _POLICIES.get(broker) or DeliveryPolicy()
     subscriber = broker.subscriber(
         subject,
         stream=JStream(stream_name, declare=False),
         durable=durable_name,
         deliver_policy=deliver_policy,
+        # Set when the consumer is created; one that exists keeps its own.
+        config=ConsumerConfig(max_deliver=policy.server_max_deliver, filter_subjects=[]),
         pull_sub=PullSub(batch_size=batch, timeout=1.0),
         ack_policy=AckPolicy.NACK_ON_ERROR,
         title=f"{durable_name}:{subject}",
@@ -381,8 +666,10 @@ async def ensure_streams(nats_url: str) -> None:
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "DeliveryPolicy",
     "Rejections",
     "Subjects",
+    "dead_letter",
     "durable",
     "durable_stream",
     "encode",

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, make_asgi_app
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from crater.runtime.bus import Rejections, ensure_streams, make_broker
+from crater.runtime.bus import DeliveryPolicy, Rejections, ensure_streams, make_broker
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.settings import ServiceSettings
 from crater.runtime.telemetry import make_registry, make_tracer_provider
@@ -96,7 +96,12 @@ def create_service(name: str, settings: ServiceSettings) -> Service:
     )
     registry = make_registry()
     tracer_provider = make_tracer_provider(name, settings.trace_file)
-    broker, rejections = make_broker(settings.nats_url, name, registry, tracer_provider)
+    policy = DeliveryPolicy(
+        max_deliveries=settings.max_deliveries,
+        redelivery_delay_seconds=settings.redelivery_delay_seconds,
+        max_json_depth=settings.max_json_depth,
+    )
+    broker, rejections = make_broker(settings.nats_url, name, registry, tracer_provider, policy)
     return Service(name, settings, broker, rejections, registry, tracer_provider)
 
 

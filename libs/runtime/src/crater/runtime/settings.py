@@ -64,6 +64,28 @@ class ServiceSettings(BaseSettings):
         default=None, description="Append finished spans as JSON lines here (demo, tests)."
     )
     consumer_batch: int = Field(default=64, ge=1, le=10_000, description="JetStream pull batch.")
+    max_deliveries: int = Field(
+        default=5,
+        ge=1,
+        le=100,
+        description="Deliveries of a message whose handling keeps failing before it is moved to "
+        "the dead-letter stream (CRATER_DEAD_LETTERS); a message that cannot be decoded is moved "
+        "at once.",
+    )
+    redelivery_delay_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="Delay before the first redelivery of a message whose handling failed; "
+        "doubled on each further delivery (at most 300 s).",
+    )
+    max_json_depth: int = Field(
+        default=64,
+        ge=2,
+        le=512,
+        description="Deepest JSON nesting accepted, on the bus and at the gateway; checked "
+        "before decoding.",
+    )
 
     @classmethod
     def own_prefix(cls) -> str | None:

@@ -1,0 +1,244 @@
+"""Poison messages on a real nats-server: each kind is refused with its reason and moved to
+the dead-letter stream (at once when it cannot be decoded, after the delivery limit when its
+handling keeps failing), while the good messages behind it are handled and the consumer
+keeps running."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from faststream import TestApp
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Column, MetaData, String, Table, insert, select
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from crater.contracts import (
+    MessageDeadLettered,
+    MessageRejected,
+    Subjects,
+    TaskStatus,
+    TaskStatusReported,
+)
+from crater.runtime.bus import DeliveryPolicy, durable, publish
+from crater.runtime.nats_server import NatsServer
+from crater.runtime.service import Service, create_service
+from crater.runtime.settings import ServiceSettings
+from tests.support.events import EventTap, publish_raw
+
+SUBJECT = Subjects.TASK_STATUS.subject
+LIMIT = 3
+JSON = {"content-type": "application/json"}
+
+
+class Poisoned(Exception):
+    """Stands in for an error that repeats on every delivery (a UniqueViolation)."""
+
+
+@dataclass
+class Consumer:
+    service: Service
+    handled: list[str] = field(default_factory=list)
+    attempts: dict[str, list[float]] = field(default_factory=dict)
+
+
+def report(task_id: str, message: str | None = None) -> TaskStatusReported:
+    return TaskStatusReported(task_id=task_id, status=TaskStatus.RUNNING, message=message)
+
+
+def consumer(nats: NatsServer, store: Table | None = None, engine: object = None) -> Consumer:
+    """A service with one durable consumer: it refuses task ids starting `poison`, and
+    stores each report in `store` when given one."""
+    settings = ServiceSettings(
+        nats_url=nats.url, max_deliveries=LIMIT, redelivery_delay_seconds=0.2
+    )
+    service = create_service("poisontest", settings)
+    state = Consumer(service)
+
+    @durable(service.broker, Subjects.TASK_STATUS, service.name, batch=8)
+    async def on_status(event: TaskStatusReported) -> None:
+        state.attempts.setdefault(event.task_id, []).append(time.monotonic())
+        if event.task_id.startswith("poison"):
+            raise Poisoned(f"duplicate key value violates unique constraint ({event.task_id})")
+        if store is not None:
+            async with engine.begin() as connection:  # type: ignore[attr-defined]
+                await connection.execute(
+                    insert(store).values(task_id=event.task_id, message=event.message)
+                )
+        state.handled.append(event.task_id)
+
+    return state
+
+
+async def eventually(check: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_undecodable_messages_are_dead_lettered_at_once(
+    fresh_nats: NatsServer, tap: EventTap
+) -> None:
+    state = consumer(fresh_nats)
+    async with TestApp(state.service.asgi()):
+        deep = b"[" * 1000 + b"]" * 1000
+        await publish_raw(fresh_nats.url, SUBJECT, deep, **JSON)
+        await publish_raw(fresh_nats.url, SUBJECT, b"{not json", **JSON)
+        await publish_raw(fresh_nats.url, SUBJECT, b'{"task_id": "\xff\xfe"}', **JSON)
+        await publish_raw(fresh_nats.url, SUBJECT, b'{"task_id": "t", "status": "asleep"}')
+        await publish(state.service.broker, report("after-poison"))
+
+        letters = await tap.wait_for(MessageDeadLettered, count=4)
+        rejected = await tap.wait_for(MessageRejected, count=4)
+        await eventually(lambda: state.handled == ["after-poison"])
+
+    assert [letter.kind for letter in letters] == ["decode"] * 4
+    assert [letter.deliveries for letter in letters] == [1] * 4  # never retried
+    assert [letter.error_class for letter in letters] == [
+        "TooDeep",
+        "JSONDecodeError",
+        "UnicodeDecodeError",
+        "ValidationError",
+    ]
+    assert letters[0].payload == deep.decode()
+    assert letters[0].consumer == "poisontest-task-status"
+    assert letters[0].stream == "CRATER_TASKS"
+    assert letters[0].stream_sequence == 1
+    assert letters[0].headers["content-type"] == "application/json"
+    assert letters[2].payload is None
+    assert letters[2].payload_base64 is not None
+    reasons = [r.errors[0] for r in rejected]
+    assert reasons[0].field == "body"
+    assert "nested 1000 levels deep; at most 64" in reasons[0].reason
+    assert "not valid JSON" in reasons[1].reason
+    assert "not UTF-8" in reasons[2].reason
+    assert reasons[3].field == "status"
+    assert [r.dead_letter_id for r in rejected] == [str(x.event_id) for x in letters]
+    registry = state.service.registry
+    assert (
+        sample(registry, "crater_messages_decode_refused_total", subject=SUBJECT, reason="TooDeep")
+        == 1
+    )
+    assert (
+        sample(
+            registry,
+            "crater_messages_dead_lettered_total",
+            subject=SUBJECT,
+            consumer="poisontest-task-status",
+            reason="TooDeep",
+        )
+        == 1
+    )
+    assert sample(registry, "crater_messages_rejected_total", subject=SUBJECT) == 4
+
+
+async def test_a_message_whose_handling_always_fails_is_dead_lettered_after_the_limit(
+    fresh_nats: NatsServer, tap: EventTap, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    state = consumer(fresh_nats)
+    async with TestApp(state.service.asgi()):
+        await publish(state.service.broker, report("poison-1"))
+        await publish(state.service.broker, report("good-1"))
+        await publish(state.service.broker, report("good-2"))
+        # the good ones behind it are handled while it waits to be redelivered
+        await eventually(lambda: state.handled == ["good-1", "good-2"])
+        assert len(state.attempts["poison-1"]) < LIMIT
+        [letter] = await tap.wait_for(MessageDeadLettered)
+        [rejected] = await tap.wait_for(MessageRejected)
+        await publish(state.service.broker, report("good-3"))
+        await eventually(lambda: state.handled[-1:] == ["good-3"])  # still consuming
+        await asyncio.sleep(1.0)  # time for a redelivery, were there one
+
+    attempts = state.attempts["poison-1"]
+    assert len(attempts) == LIMIT  # never delivered again once dead-lettered
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    policy = DeliveryPolicy(max_deliveries=LIMIT, redelivery_delay_seconds=0.2)
+    assert gaps[0] >= policy.redelivery_delay(1) * 0.9  # a delay, not a hot loop
+    assert gaps[1] >= policy.redelivery_delay(2) * 0.9  # and a growing one
+    assert letter.kind == "apply"
+    assert letter.deliveries == LIMIT
+    assert letter.error_class == "Poisoned"
+    assert json.loads(letter.payload or "")["task_id"] == "poison-1"
+    assert letter.headers["Nats-Msg-Id"] == str(json.loads(letter.payload or "")["event_id"])
+    assert rejected.kind == "apply"
+    assert rejected.error_class == "Poisoned"
+    assert rejected.errors[0].field == "body"
+    assert "duplicate key value violates unique constraint" in rejected.errors[0].reason
+    assert f"on each of {LIMIT} deliveries" in rejected.errors[0].reason
+    registry = state.service.registry
+    assert sample(registry, "crater_messages_redelivered_total", subject=SUBJECT) == LIMIT - 1
+    assert (
+        sample(
+            registry,
+            "crater_messages_dead_lettered_total",
+            subject=SUBJECT,
+            consumer="poisontest-task-status",
+            reason="Poisoned",
+        )
+        == 1
+    )
+    # The log of a poison message is bounded: a line per delivery, nothing in between.
+    about_it = [r for r in caplog.records if "Poisoned" in r.getMessage() or r.exc_info]
+    assert len(about_it) <= LIMIT + 1, [r.getMessage() for r in about_it]
+    assert sum(len(r.getMessage()) for r in caplog.records if r.name == "crater.bus") < 8000
+
+
+@pytest.fixture
+async def postgres_url(postgres_server: str | None) -> AsyncIterator[str]:
+    from tests.support.databases import fresh_postgres_database
+
+    if postgres_server is None:
+        pytest.skip("no PostgreSQL: set CRATER_TEST_DATABASE_URL or run a Docker engine")
+    async with fresh_postgres_database(postgres_server) as url:
+        yield url
+
+
+@pytest.mark.postgres
+async def test_a_nul_byte_that_reaches_postgresql_is_dead_lettered_after_the_limit(
+    fresh_nats: NatsServer, tap: EventTap, postgres_url: str
+) -> None:
+    metadata = MetaData()
+    store = Table(
+        "reports",
+        metadata,
+        Column("task_id", String, primary_key=True),
+        Column("message", String),
+    )
+    engine = create_async_engine(postgres_url)
+    async with engine.begin() as connection:
+        await connection.run_sync(metadata.create_all)
+    try:
+        state = consumer(fresh_nats, store, engine)
+        async with TestApp(state.service.asgi()):
+            await publish(state.service.broker, report("nul", message="half\x00way"))
+            await publish(state.service.broker, report("fine", message="all text"))
+            [letter] = await tap.wait_for(MessageDeadLettered)
+            [rejected] = await tap.wait_for(MessageRejected)
+            await eventually(lambda: "fine" in state.handled)
+        async with engine.connect() as connection:
+            stored = (await connection.execute(select(store.c.task_id))).scalars().all()
+    finally:
+        await engine.dispose()
+
+    assert stored == ["fine"]
+    assert len(state.attempts["nul"]) == LIMIT
+    assert letter.kind == "apply"
+    assert letter.deliveries == LIMIT
+    # SQLAlchemy's wrapper of asyncpg's refusal (a DataError class in PostgreSQL's terms)
+    assert letter.error_class == "DBAPIError"
+    assert "0x00" in rejected.errors[0].reason
+    assert "[SQL:" not in rejected.errors[0].reason  # the first line, not the statement
+    # what was received is kept exactly: the JSON escape of the NUL byte
+    assert "half\\u0000way" in (letter.payload or "")
