@@ -11,7 +11,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from crater.cli import autoscale, bench, hardware, predict, schedule_test, simulate, webhooks
+from crater.cli import (
+    autoscale,
+    bench,
+    chaos,
+    hardware,
+    predict,
+    schedule_test,
+    simulate,
+    webhooks,
+)
 from crater.contracts import NodesAnswer, TasksAnswer
 
 app = typer.Typer(help="Crater: an event-driven scheduler for heterogeneous AI compute.")
@@ -169,6 +178,7 @@ app.command("autoscale-sim")(autoscale.autoscale_sim)
 app.command()(predict.predict)
 app.command()(simulate.simulate)
 app.command()(bench.bench)
+app.command()(chaos.chaos)
 
 db_app = typer.Typer(help="The database every stateful service shares.")
 app.add_typer(db_app, name="db")
