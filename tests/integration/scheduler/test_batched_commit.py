@@ -19,6 +19,7 @@ from crater.contracts import (
     NodeTopologyReported,
     ResourcePrediction,
     TaskProfiled,
+    TaskRejected,
     TaskRequest,
 )
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
@@ -63,7 +64,7 @@ class FailsOn(SchedulerService):
 
     poison = "poison"
 
-    async def _decide(self, repository: Any, event: Event, known: set[str]) -> Any:
+    async def _decide(self, repository: Any, event: Event, known: dict[str, str]) -> Any:
         decisions = await super()._decide(repository, event, known)
         if isinstance(event, TaskProfiled) and event.task.task_id == self.poison:
             raise RuntimeError("the disk is full")
@@ -155,9 +156,16 @@ async def test_repeats_within_one_batch_take_effect_once(sessions: Any) -> None:
 
     assert [[type(d) for d in o] for o in outcomes] == [
         [AllocationGranted],
-        [],
-        [],
+        [],  # a redelivery: the inbox, silently
+        [TaskRejected],  # a new submission of a known id: refused aloud
         [AllocationGranted],
     ]
-    assert await counts(sessions) == (2, 2)
+    [refused] = outcomes[2]
+    assert isinstance(refused, TaskRejected)
+    assert refused.duplicate
+    assert refused.task_id == "once"
+    [error] = refused.errors
+    assert error.field == "task_id"
+    assert "status scheduled" in error.reason  # placed earlier in the same batch
+    assert await counts(sessions) == (2, 3)  # two tasks; the refusal staged beside the grants
     assert sorted(scheduler.scheduler.allocations) == ["once", "other"]

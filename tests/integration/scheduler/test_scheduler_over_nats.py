@@ -245,11 +245,12 @@ async def test_replicas_the_autoscaler_asks_for_are_placed_and_released(
         assert sorted(g.task_id for g in granted) == ["chat-0", "chat-1", "chat-2"]
         assert len({g.node for g in granted}) == 3  # the template's anti-affinity holds
         orphan = ReplicasRequested(
-            service="chat", task_ids=["chat-9"], template_task_id="gone", reason="p95"
+            service="embed", task_ids=["embed-9"], template_task_id="gone", reason="p95"
         )
         await publish(service.broker, orphan)
         [rejected] = await tap.wait_for(TaskRejected)
         assert rejected.errors[0].field == "template_task_id"
+        assert "'embed'" in rejected.errors[0].reason
         release = ReplicaReleaseRequested(
             service="chat",
             replica_id="chat-2",

@@ -283,17 +283,37 @@ class SchedulerRepository:
         prediction = ResourcePrediction.model_validate(row.prediction) if row.prediction else None
         return TaskRequest.model_validate(row.request), prediction
 
-    async def tasks_known(self, task_ids: list[str]) -> set[str]:
-        """Those of `task_ids` stored already."""
-        known: set[str] = set()
+    async def task_states(self, task_ids: list[str]) -> dict[str, str]:
+        """Those of `task_ids` stored already, each with its status."""
+        known: dict[str, str] = {}
         for start in range(0, len(task_ids), IN_LIST_LIMIT):
             rows = await self.session.execute(
-                select(tasks.c.task_id).where(
+                select(tasks.c.task_id, tasks.c.status).where(
                     tasks.c.task_id.in_(task_ids[start : start + IN_LIST_LIMIT])
                 )
             )
-            known.update(task_id for (task_id,) in rows)
+            known.update((task_id, status) for task_id, status in rows)
         return known
+
+    async def service_template(
+        self, service: str
+    ) -> tuple[str, TaskRequest, ResourcePrediction | None] | None:
+        """The latest inference task of `service` (its `anti_affinity.group`), ended or not:
+        the fleet's request when the autoscaler names no template. A rare path (no replica
+        known to the autoscaler), so a scan of the inference tasks is acceptable."""
+        row = (
+            await self.session.execute(
+                select(tasks.c.task_id, tasks.c.request, tasks.c.prediction)
+                .where(tasks.c.task_type == "inference")
+                .where(tasks.c.request["anti_affinity"]["group"].as_string() == service)
+                .order_by(tasks.c.seq.desc())
+                .limit(1)
+            )
+        ).first()
+        if row is None:
+            return None
+        prediction = ResourcePrediction.model_validate(row.prediction) if row.prediction else None
+        return row.task_id, TaskRequest.model_validate(row.request), prediction
 
     async def task_known(self, task_id: str) -> bool:
         found = await self.session.scalar(select(tasks.c.task_id).where(tasks.c.task_id == task_id))

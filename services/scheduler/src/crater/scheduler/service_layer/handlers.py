@@ -9,6 +9,7 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -25,11 +26,13 @@ from crater.contracts import (
     PlacementQuery,
     ReplicasRequested,
     ResourcePrediction,
+    Streams,
     TaskPending,
     TaskProfiled,
     TaskRejected,
     TaskRequest,
     TasksQuery,
+    TaskStatus,
     TaskSummary,
     derived_event_id,
 )
@@ -47,6 +50,9 @@ from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.views import node_summaries
 
 log = logging.getLogger("crater.scheduler")
+
+# A task id is never reused: not while the task stream still holds the first task's events.
+TASK_ID_RETENTION_DAYS = Streams.TASKS.max_age_seconds // 86_400
 
 # Telemetry repeats itself by nature and applying it twice changes nothing: no inbox for it.
 IDEMPOTENT_BY_NATURE = (NodeTopologyReported, NodeHealthReported)
@@ -185,7 +191,7 @@ class SchedulerService:
             fresh = [True] * len(batch)
             for i, first in zip(checked, firsts, strict=True):
                 fresh[i] = first
-            known = await repository.tasks_known(
+            known = await repository.task_states(
                 [
                     w.event.task.task_id
                     for w, f in zip(batch, fresh, strict=True)
@@ -203,18 +209,24 @@ class SchedulerService:
             return [[next(numbered) for _ in decisions] for decisions in outcomes]
 
     async def _decide(
-        self, repository: SchedulerRepository, event: Event, known: set[str]
+        self, repository: SchedulerRepository, event: Event, known: dict[str, str]
     ) -> list[Event]:
         """One new event inside the batch's transaction: decide and record. `known` holds the
-        task ids stored or recorded so far in this batch."""
+        task ids stored or recorded so far in this batch, each with its status."""
         if isinstance(event, TaskProfiled):
-            if event.task.task_id in known:
-                return []  # the same task submitted again under a new event id
-            known.add(event.task.task_id)
+            task_id = event.task.task_id
+            if task_id in known:
+                # The same task id under a new event id (a redelivery never gets here: the
+                # inbox): refused aloud, outside the core and the task's row, which stay as
+                # they are.
+                return [duplicate_submission(event.event_id, task_id, known[task_id])]
+            known[task_id] = TaskStatus.PENDING.value
         seq = self.scheduler.next_seq
         started = time.perf_counter()
         decisions = self.scheduler.handle(event)
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        if isinstance(event, TaskProfiled):
+            known[event.task.task_id] = _status_after(event.task.task_id, decisions)
         if isinstance(event, NodeHealthReported) and not decisions:
             return []  # a heartbeat like the last one: nothing to store
         await repository.record(event, decisions, seq)
@@ -223,30 +235,36 @@ class SchedulerService:
     async def request_replicas(self, event: ReplicasRequested, consumer: str) -> list[Event]:
         """Turn the autoscaler's request into one task.profiled per new replica, copying the
         template replica's request: they come back through the normal path, and the log shows
-        where each replica came from."""
+        where each replica came from. A fleet keeps a template while any of its tasks is
+        stored: the named template, else the service's latest task (`anti_affinity.group`),
+        ended or not; with neither, each replica is refused naming the service and why."""
         async with self.lock, self.sessions() as session, session.begin():
             if not await first_delivery(session, inbox, consumer, event.event_id):
                 return []
             repository = SchedulerRepository(session)
-            template = (
-                await repository.task_request(event.template_task_id)
-                if event.template_task_id
-                else None
-            )
+            named = event.template_task_id
+            template = await repository.task_request(named) if named else None
+            fallback: str | None = None  # the service's task copied instead
+            if template is None and (found := await repository.service_template(event.service)):
+                fallback, template = found[0], (found[1], found[2])
+            known = await repository.task_states(event.task_ids)
             staged: list[Event] = []
             for task_id in event.task_ids:
-                if await repository.task_known(task_id):
-                    continue  # asked before: nothing is placed twice
+                event_id = derived_event_id(event.event_id, f"replica:{task_id}")
+                if task_id in known:
+                    # A new request (a redelivery stops at the inbox) naming a known task:
+                    # refused aloud, the known task untouched.
+                    staged.append(duplicate_submission(event_id, task_id, known[task_id]))
+                    continue
                 if template is None:
                     staged.append(
                         TaskRejected(
-                            event_id=derived_event_id(event.event_id, f"replica:{task_id}"),
+                            event_id=event_id,
                             task_id=task_id,
                             errors=[
                                 FieldError(
                                     field="template_task_id",
-                                    reason=f"no task {event.template_task_id!r} to copy "
-                                    f"for a replica of {event.service}",
+                                    reason=_no_template(event.service, named),
                                 )
                             ],
                         )
@@ -255,10 +273,17 @@ class SchedulerService:
                 request, prediction = template
                 staged.append(
                     TaskProfiled(
-                        event_id=derived_event_id(event.event_id, f"replica:{task_id}"),
+                        event_id=event_id,
                         task=request.model_copy(update={"task_id": task_id}),
                         prediction=prediction or _no_prediction(request),
                     )
+                )
+            if fallback is not None:
+                log.info(
+                    "replicas of %s copy %s: %s",
+                    event.service,
+                    fallback,
+                    f"template {named!r} is not known" if named else "no template was named",
                 )
             staged = await self.sequencer.stamp(session, staged)
             await stage(session, outbox, *staged)
@@ -295,6 +320,47 @@ class SchedulerService:
                 log.info("pending %s: %s", d.task_id, d.summary)
             elif isinstance(d, TaskRejected):
                 log.info("rejected %s: %s", d.task_id, d.errors)
+
+
+def duplicate_submission(source: UUID, task_id: str, status: str) -> TaskRejected:
+    """The refusal of a submission that reuses a known task id: `duplicate` set, so it says
+    nothing of the known task. Its id derives from the refused event's, so a retried commit
+    publishes it once."""
+    return TaskRejected(
+        event_id=derived_event_id(source, "duplicate"),
+        task_id=task_id,
+        duplicate=True,
+        errors=[FieldError(field="task_id", reason=duplicate_reason(task_id, status))],
+    )
+
+
+def duplicate_reason(task_id: str, status: str) -> str:
+    return (
+        f"task {task_id!r} is known already (status {status}): a task id is used once, an "
+        f"ended task's too (ids are unique for the task stream's {TASK_ID_RETENTION_DAYS}-day "
+        f"retention); this submission is refused and {task_id!r} is unchanged"
+    )
+
+
+def _no_template(service: str, named: str | None) -> str:
+    """Why no replica of `service` can be made; never a bare None in the text."""
+    asked = f"the named template {named!r} is not a known task" if named else "none was named"
+    return (
+        f"no request to copy for a replica of service {service!r}: {asked}, and no inference "
+        f"task with anti_affinity.group {service!r} is known; submit one replica of the "
+        "service first"
+    )
+
+
+def _status_after(task_id: str, decisions: list[Event]) -> str:
+    """A task's status after the core's first decision on it (for a duplicate in the same
+    batch): placed, refused or waiting."""
+    for decision in decisions:
+        if isinstance(decision, AllocationGranted) and decision.task_id == task_id:
+            return TaskStatus.SCHEDULED.value
+        if isinstance(decision, TaskRejected) and decision.task_id == task_id:
+            return TaskStatus.REJECTED.value
+    return TaskStatus.PENDING.value
 
 
 def _no_prediction(request: TaskRequest) -> ResourcePrediction:
