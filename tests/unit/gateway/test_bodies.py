@@ -85,3 +85,16 @@ def test_submission_ids_repeat_for_the_same_key_and_body_only() -> None:
     assert submission_id(request, "k") == submission_id(request, "k")
     assert submission_id(request, "k") != submission_id(request, "other")
     assert submission_id(request, "k") != submission_id(changed, "k")
+
+
+def test_a_body_nested_deeper_than_the_limit_is_refused_before_decoding() -> None:
+    deep = b'{"task_id": "t", "extra": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    assert parse_task_request(deep) == [
+        FieldError(
+            field="body",
+            reason="JSON nested 1001 levels deep; at most 64 are accepted (max_json_depth)",
+        )
+    ]
+    errors = parse_task_request(b"[[[[]]]]", max_depth=3)
+    assert isinstance(errors, list)
+    assert "at most 3" in errors[0].reason

@@ -265,7 +265,7 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
             )
         except BodyTooLarge as error:
             return _field_errors(413, [FieldError(field="body", reason=str(error))])
-        parsed = parse_task_request(body)
+        parsed = parse_task_request(body, settings.max_json_depth)
         if not isinstance(parsed, TaskRequest):
             return _field_errors(422, parsed)
 

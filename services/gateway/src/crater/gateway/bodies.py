@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from crater.contracts import FieldError, TaskRequest
 from crater.runtime.bus import field_errors
+from crater.runtime.jsondepth import TooDeep, check_json_depth
 
 _IDEMPOTENCY_NAMESPACE = UUID("3f0c6a4e-2b8d-4c1e-9a57-0d6c2f5b8e21")
 # FastAPI's error locations start with where the value came from; ours name the field only.
@@ -38,9 +39,14 @@ async def read_limited(
     return bytes(body)
 
 
-def parse_task_request(body: bytes) -> TaskRequest | list[FieldError]:
+def parse_task_request(body: bytes, max_depth: int = 64) -> TaskRequest | list[FieldError]:
     """A valid request, or every field that is wrong and why (paths as bus rejections name
-    them: dotted, e.g. `resource_requirements.gpu.count`; `body` for the body as a whole)."""
+    them: dotted, e.g. `resource_requirements.gpu.count`; `body` for the body as a whole).
+    A body nested deeper than `max_depth` is refused before it is decoded."""
+    try:
+        check_json_depth(body, max_depth)
+    except TooDeep as error:
+        return [FieldError(field="body", reason=str(error))]
     try:
         return TaskRequest.model_validate_json(body)
     except ValidationError as error:

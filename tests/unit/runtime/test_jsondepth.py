@@ -1,0 +1,56 @@
+"""The JSON depth scan: the nesting json.loads would recurse through, found without it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from crater.runtime.jsondepth import TooDeep, check_json_depth, json_depth
+
+
+@pytest.mark.parametrize(
+    ("body", "depth"),
+    [
+        (b"1", 0),
+        (b'"[[[["', 0),  # brackets inside a string do not count
+        (b"[]", 1),
+        (b'{"a": [1, {"b": []}]}', 4),
+        (b"[[1], [2], [3]]", 2),  # siblings do not add up
+        (b'{"a": "x\\"[[[", "b": [[]]}', 3),  # nor do they after an escaped quote
+        (b'{"a": "\\\\", "b": [[]]}', 3),  # an escaped backslash ends before the quote
+        ('{"ключ": ["значение"]}', 2),  # text as well as bytes
+        (b"[" * 1000 + b"]" * 1000, 1000),
+    ],
+)
+def test_depth_is_the_deepest_nesting_of_arrays_and_objects(body: bytes | str, depth: int) -> None:
+    assert json_depth(body) == depth
+
+
+def test_depth_agrees_with_a_decode_on_a_realistic_document() -> None:
+    def decoded_depth(value: object) -> int:
+        if isinstance(value, dict):
+            return 1 + max(map(decoded_depth, value.values()), default=0)
+        if isinstance(value, list):
+            return 1 + max(map(decoded_depth, value), default=0)
+        return 0
+
+    document = {
+        "node": {"gpus": [{"links": [{"peer": 1, "kind": "NVLINK"}]}] * 8, "name": "a{[b"},
+        "labels": {"crater.ai/gpu-model": "A100"},
+    }
+    assert json_depth(json.dumps(document)) == decoded_depth(document) == 6
+
+
+def test_too_deep_names_the_depth_and_the_limit() -> None:
+    check_json_depth(b"[" * 64 + b"]" * 64, limit=64)  # at the limit: accepted
+    with pytest.raises(TooDeep, match="nested 65 levels deep; at most 64") as refused:
+        check_json_depth(b"[" * 65 + b"]" * 65, limit=64)
+    assert (refused.value.depth, refused.value.limit) == (65, 64)
+    assert isinstance(refused.value, ValueError)  # a decode failure, as json's own are
+
+
+def test_unclosed_text_is_bounded_by_its_brackets() -> None:
+    assert json_depth(b"[[[") == 3
+    # an unterminated string is no string: its brackets count (decoding refuses it anyway)
+    assert json_depth(b'["unterminated [[[') == 4
