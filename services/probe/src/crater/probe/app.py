@@ -38,6 +38,7 @@ from crater.contracts import (
     Subjects,
     Taint,
     TaskPreempted,
+    TaskProfiled,
 )
 from crater.contracts.nodes import NODE_ID_PATTERN
 from crater.probe.adapters.host import HostSampler
@@ -599,6 +600,16 @@ def _subscribe_runner(
     async def on_allocation_released(event: AllocationReleased) -> None:
         runner.released(event)
         metrics.tasks.set(runner.running)
+
+    @durable(
+        service.broker,
+        Subjects.TASK_PROFILED,
+        service.name,
+        batch=batch,
+        name=f"{consumer}-task-profiled",
+    )
+    async def on_task_profiled(event: TaskProfiled) -> None:
+        runner.profiled(event)  # what the task will really use, once placed
 
     @durable(
         service.broker,

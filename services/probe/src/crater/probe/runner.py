@@ -22,12 +22,13 @@ from crater.contracts import (
     AllocationReleased,
     Event,
     TaskPreempted,
+    TaskProfiled,
     TaskStatus,
     TaskStatusReported,
     derived_event_id,
     utc_now,
 )
-from crater.probe.domain.simulation import FleetSimulator, Load, RunPlan, plan_run
+from crater.probe.domain.simulation import FleetSimulator, Load, RunPlan, plan_run, true_use_mb
 
 log = logging.getLogger("crater.probe.runner")
 
@@ -74,6 +75,7 @@ class TaskRunner:
         self._stale_after = stale_after
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._done: OrderedDict[str, None] = OrderedDict()
+        self._use: OrderedDict[str, int] = OrderedDict()  # task id -> true use per card, MiB
 
     @property
     def running(self) -> int:
@@ -104,6 +106,7 @@ class TaskRunner:
             gpu_memory_mb=event.gpu_memory_mb,
             cpu_cores=len(event.cpu_cores),
             memory_mb=event.memory_mb,
+            used_mb=self.true_use(event.task_id),
         )
         self.simulator.place(event.node, load)
         run = asyncio.create_task(
@@ -112,6 +115,30 @@ class TaskRunner:
         self._runs[allocation] = run
         run.add_done_callback(lambda _: self._finished(allocation, run))
         return GrantOutcome.STARTED
+
+    def profiled(self, event: TaskProfiled) -> bool:
+        """Learn what the task will really use per card once placed (`true_use_mb`): the
+        predictor's modelled figure without its learned correction, so that neither the
+        correction nor the reservation feeds the readings the predictor learns from. False
+        for a task with nothing modelled on a GPU (CPU-only, or an unknown model)."""
+        prediction = event.prediction
+        modelled = prediction.gpu_memory_per_gpu_mb - prediction.breakdown_mb.get(
+            "learned_correction", 0
+        )
+        if modelled <= 0 or not prediction.model_family or not prediction.parameters:
+            return False
+        task = event.task
+        self._use[task.task_id] = true_use_mb(
+            self._seed, prediction.model_family, task.task_type.value, modelled, task.task_id
+        )
+        self._use.move_to_end(task.task_id)
+        while len(self._use) > REMEMBERED:
+            self._use.popitem(last=False)
+        return True
+
+    def true_use(self, task_id: str) -> int | None:
+        """What the task will use per card, MiB, when its profile has been seen."""
+        return self._use.get(task_id)
 
     def released(self, event: AllocationReleased) -> bool:
         """The scheduler took the resources back (finished, expired, node lost, ...)."""

@@ -36,6 +36,10 @@ BUSY_GPU_UTILIZATION = (80.0, 99.0)
 IDLE_GPU_UTILIZATION = (0.0, 2.0)
 # A task that did not say how much GPU memory it needs is taken to fill most of its cards.
 DEFAULT_GPU_MEMORY_SHARE = 0.6
+# A simulated task's true use against the predictor's model: a bias per (model family, task
+# type), within which the demo's workloads still fit their pools' cards, and per task jitter.
+USE_BIAS = (0.85, 1.1)
+USE_JITTER = 0.03
 UTILIZATION_RESPONSE = 0.6  # share of the gap to the target closed in one tick
 TEMPERATURE_RESPONSE = 0.3  # heat sinks lag behind the load
 DEGREES_PER_UTILIZATION_POINT = 0.45
@@ -93,13 +97,26 @@ class SimulatedNode:
 
 @dataclass(frozen=True)
 class Load:
-    """What a placed task puts on its node."""
+    """What a placed task puts on its node. `gpu_memory_mb` is what was reserved per card;
+    `used_mb`, when the fleet knows it (`true_use_mb`), what the task really uses per card,
+    whatever was reserved. Without it the task is taken to fill most of its reservation."""
 
     allocation_id: str
     gpu_ids: tuple[int, ...]
     gpu_memory_mb: int
     cpu_cores: int
     memory_mb: int
+    used_mb: int | None = None
+
+
+def true_use_mb(seed: int, family: str, task_type: str, modelled_mb: int, task_id: str) -> int:
+    """What a simulated task really uses per card: the predictor's modelled figure (before
+    any learned correction), off by a bias per (model family, task type) that the model does
+    not know, and a little per task. It never depends on what was reserved for the task, so a
+    prediction cannot feed itself through the fleet's readings."""
+    bias = random.Random(f"{seed}:{family}:{task_type}:use").uniform(*USE_BIAS)
+    jitter = random.Random(f"{seed}:{task_id}:use").uniform(1 - USE_JITTER, 1 + USE_JITTER)
+    return max(round(modelled_mb * bias * jitter), 0)
 
 
 @dataclass
@@ -261,9 +278,11 @@ class FleetSimulator:
         for load in state.loads.values():
             for g in load.gpu_ids:
                 if g in state.gpus:
-                    wanted = load.gpu_memory_mb or int(
-                        state.gpus[g].total_mb * DEFAULT_GPU_MEMORY_SHARE
-                    )
+                    wanted = load.used_mb
+                    if wanted is None:
+                        wanted = load.gpu_memory_mb or int(
+                            state.gpus[g].total_mb * DEFAULT_GPU_MEMORY_SHARE
+                        )
                     reserved[g] = reserved.get(g, 0) + wanted
 
         idle_w, max_w = state.node.gpu_idle_w, state.node.gpu_max_w
