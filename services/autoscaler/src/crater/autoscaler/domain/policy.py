@@ -235,6 +235,10 @@ class _ServiceState:
     recommending_since: float | None = None
     # The replicas serving, as the latest sample reported it (None: never reported).
     reported_serving: int | None = None
+    # The fleet's template: the latest of its tasks seen placed. Kept after that replica
+    # ends (the scheduler keeps every task's request), so a fleet whose replicas all came and
+    # went still names a request to copy.
+    template: str | None = None
 
 
 class Autoscaler:
@@ -282,7 +286,10 @@ class Autoscaler:
         self._allocations[task_id] = (node, tuple(gpu_ids))
         service = self._service_of_task.get(task_id)
         state = self._services.get(service) if service else None
-        if state is not None and state.standby_pending.pop(task_id, None) is not None:
+        if state is None:
+            return
+        state.template = task_id
+        if state.standby_pending.pop(task_id, None) is not None:
             state.standby[task_id] = at
 
     def allocation_released(self, task_id: str) -> None:
@@ -821,6 +828,7 @@ class Autoscaler:
             cold = max(0, wanted - len(promoted))
             if cold:
                 ids = _task_ids(sample.service, decision.event_id, "replica", cold)
+                template = self._template(state)
                 for task in ids:
                     state.starting[task] = now
                     self._service_of_task[task] = sample.service
@@ -830,12 +838,12 @@ class Autoscaler:
                         occurred_at=decision.occurred_at,
                         service=sample.service,
                         task_ids=ids,
-                        template_task_id=self._template(state),
+                        template_task_id=template,
                         standby=False,
                         decision_id=decision.event_id,
                         reason=f"scale-out {decision.current_replicas} -> "
                         f"{decision.desired_replicas}: {len(promoted)} from the warm pool, "
-                        f"{cold} cold",
+                        f"{cold} cold{_copying(template, sample.service)}",
                     )
                 )
             if promoted:
@@ -867,6 +875,7 @@ class Autoscaler:
             return []
         event_id = derived_event_id(sample.event_id, "warm-pool")
         ids = _task_ids(sample.service, event_id, "standby", missing)
+        template = self._template(state)
         for task in ids:
             state.standby_pending[task] = now
             self._service_of_task[task] = sample.service
@@ -876,19 +885,25 @@ class Autoscaler:
                 occurred_at=sample.occurred_at,
                 service=sample.service,
                 task_ids=ids,
-                template_task_id=self._template(state),
+                template_task_id=template,
                 standby=True,
-                reason=f"warm pool {len(state.standby)}/{self.policy.warm_pool_size} placed",
+                reason=f"warm pool {len(state.standby)}/{self.policy.warm_pool_size} placed"
+                f"{_copying(template, sample.service)}",
             )
         ]
 
     def _template(self, state: _ServiceState) -> str | None:
-        placed = sorted(
-            info.task_id
-            for info in state.seen.values()
-            if info.task_id is not None and info.task_id in self._allocations
-        )
-        return placed[0] if placed else None
+        """The task whose request new replicas copy: a live placed replica, else the fleet's
+        remembered template (placed once; ended perhaps, its request is still stored), else
+        a task a replica reports running (say, after a restart, before any grant was seen).
+        None only for a fleet never seen placed nor reporting a task: the scheduler then
+        copies the service's latest task, or refuses naming the service."""
+        reported = sorted(info.task_id for info in state.seen.values() if info.task_id)
+        placed = [task for task in reported if task in self._allocations]
+        if placed:
+            state.template = placed[0]
+            return placed[0]
+        return state.template or (reported[0] if reported else None)
 
     def _forget_slow_starters(self, state: _ServiceState, now: float) -> None:
         timeout = self.policy.replica_start_timeout_seconds
@@ -964,6 +979,13 @@ def _wait_growth(waits: TimeSeries, since: float, now: float) -> float:
     if late_count <= 0 or early_count <= 0:
         return 0.0
     return (late / late_count - (whole - late) / early_count) / (now - middle)
+
+
+def _copying(template: str | None, service: str) -> str:
+    """What the replicas copy, in words (never a bare None)."""
+    if template is None:
+        return f"; no replica of {service} known here: the scheduler copies its latest task"
+    return f"; copying {template}"
 
 
 def _task_ids(service: str, source: UUID, kind: str, count: int) -> list[str]:
