@@ -18,15 +18,19 @@ from faststream import TestApp
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Column, MetaData, String, Table, insert, select
 from sqlalchemy.ext.asyncio import create_async_engine
+from typer.testing import CliRunner
 
+from crater.cli import dead_letters as dead_letters_cli
+from crater.cli.main import app as cli
 from crater.contracts import (
     MessageDeadLettered,
     MessageRejected,
+    MessageReplayed,
     Subjects,
     TaskStatus,
     TaskStatusReported,
 )
-from crater.runtime.bus import DeliveryPolicy, durable, publish
+from crater.runtime.bus import DeliveryPolicy, durable, encode, publish
 from crater.runtime.nats_server import NatsServer
 from crater.runtime.service import Service, create_service
 from crater.runtime.settings import ServiceSettings
@@ -46,6 +50,7 @@ class Consumer:
     service: Service
     handled: list[str] = field(default_factory=list)
     attempts: dict[str, list[float]] = field(default_factory=dict)
+    refuse: bool = True  # task ids starting `poison` fail while set
 
 
 def report(task_id: str, message: str | None = None) -> TaskStatusReported:
@@ -64,7 +69,7 @@ def consumer(nats: NatsServer, store: Table | None = None, engine: object = None
     @durable(service.broker, Subjects.TASK_STATUS, service.name, batch=8)
     async def on_status(event: TaskStatusReported) -> None:
         state.attempts.setdefault(event.task_id, []).append(time.monotonic())
-        if event.task_id.startswith("poison"):
+        if state.refuse and event.task_id.startswith("poison"):
             raise Poisoned(f"duplicate key value violates unique constraint ({event.task_id})")
         if store is not None:
             async with engine.begin() as connection:  # type: ignore[attr-defined]
@@ -242,3 +247,72 @@ async def test_a_nul_byte_that_reaches_postgresql_is_dead_lettered_after_the_lim
     assert "[SQL:" not in rejected.errors[0].reason  # the first line, not the statement
     # what was received is kept exactly: the JSON escape of the NUL byte
     assert "half\\u0000way" in (letter.payload or "")
+
+
+def dead_letters(*args: str) -> str:
+    """`crater dead-letters ARGS` as a user runs it; its output (on a wide terminal)."""
+    dead_letters_cli.console.width = 240
+    result = CliRunner().invoke(cli, ["dead-letters", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+async def test_dead_letters_are_listed_shown_and_replayed_by_the_cli(
+    fresh_nats: NatsServer, tap: EventTap
+) -> None:
+    state = consumer(fresh_nats)
+    url = ("--nats-url", fresh_nats.url)
+    async with TestApp(state.service.asgi()):
+        plain = encode(report("poison-a")).decode()
+        await publish_raw(fresh_nats.url, SUBJECT, plain.encode(), **JSON, **{"x-origin": "t"})
+        deduplicated = report("poison-b")
+        await publish(state.service.broker, deduplicated)
+        await publish_raw(fresh_nats.url, SUBJECT, b"[" * 100 + b"]" * 100, **JSON)
+        await tap.wait_for(MessageDeadLettered, count=3)
+
+        listed = [json.loads(line) for line in (await cli_run("list", "--json", *url)).splitlines()]
+        assert [x["id"] for x in listed] == [3, 2, 1]  # newest first
+        assert {x["error_class"] for x in listed} == {"Poisoned", "TooDeep"}
+        assert all(x["service"] == "poisontest" for x in listed)
+        assert all("payload" not in x for x in listed)  # `show` has it
+        table = await cli_run("list", *url)
+        assert "poisontest-task-status" in table
+        assert "TooDeep" in table
+        # by the order they were published in CRATER_TASKS
+        by_origin = {x["stream_sequence"]: x["id"] for x in listed}
+        ids = {"poison-a": by_origin[1], "poison-b": by_origin[2], "deep": by_origin[3]}
+
+        shown = json.loads(await cli_run("show", str(ids["poison-a"]), "--json", *url))
+        assert shown["payload"] == plain
+        assert shown["headers"]["x-origin"] == "t"
+        assert shown["deliveries"] == LIMIT
+        human = await cli_run("show", str(ids["poison-a"]), *url)
+        assert f"deliveries {LIMIT}" in human
+        assert '"task_id": "poison-a"' in human
+
+        state.refuse = False  # the bug is fixed: replaying now succeeds
+        replayed = json.loads(await cli_run("replay", str(ids["poison-a"]), "--json", *url))
+        assert replayed["duplicate"] is False
+        assert replayed["stream"] == "CRATER_TASKS"
+        await eventually(lambda: "poison-a" in state.handled)
+
+        # Its original Nats-Msg-Id is kept: inside the duplicate window JetStream drops it.
+        again = await cli_run("replay", str(ids["poison-b"]), *url)
+        assert "dropped by CRATER_TASKS as a duplicate" in again
+        assert "poison-b" not in state.handled
+
+        # --all: every letter never replayed; the deep one is refused again, at once.
+        everything = await cli_run("replay", "--all", "--json", *url)
+        assert [json.loads(line)["dead_letter_sequence"] for line in everything.splitlines()] == [
+            ids["deep"]
+        ]
+        await tap.wait_for(MessageDeadLettered, count=4)
+        pending = await cli_run("list", "--pending", "--json", *url)
+        assert [json.loads(line)["error_class"] for line in pending.splitlines()] == ["TooDeep"]
+        records = await tap.wait_for(MessageReplayed, count=3)
+        assert [r.duplicate for r in records] == [False, True, False]
+
+
+async def cli_run(*args: str) -> str:
+    # The CLI runs its own event loop, as it does for a user: off this test's loop.
+    return await asyncio.to_thread(dead_letters, *args)

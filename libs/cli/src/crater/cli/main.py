@@ -15,6 +15,7 @@ from crater.cli import (
     autoscale,
     bench,
     chaos,
+    dead_letters,
     hardware,
     predict,
     schedule_test,
@@ -183,6 +184,7 @@ app.command()(chaos.chaos)
 db_app = typer.Typer(help="The database every stateful service shares.")
 app.add_typer(db_app, name="db")
 app.add_typer(webhooks.app, name="webhooks")
+app.add_typer(dead_letters.app, name="dead-letters")
 
 
 @db_app.command("upgrade")

@@ -55,7 +55,12 @@ from crater.contracts.queries import (
     TasksQuery,
     TaskSummary,
 )
-from crater.contracts.rejections import FailureKind, MessageDeadLettered, MessageRejected
+from crater.contracts.rejections import (
+    FailureKind,
+    MessageDeadLettered,
+    MessageRejected,
+    MessageReplayed,
+)
 from crater.contracts.tasks import (
     FINAL_STATUSES,
     PRIORITY_MAX,
@@ -133,6 +138,7 @@ __all__ = [
     "MemoryRequirement",
     "MessageDeadLettered",
     "MessageRejected",
+    "MessageReplayed",
     "ModelSpec",
     "NodeCondition",
     "NodeFit",

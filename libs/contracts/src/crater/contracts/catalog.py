@@ -16,7 +16,7 @@ from crater.contracts.autoscaling import (
 )
 from crater.contracts.base import Event
 from crater.contracts.nodes import NodeHealthReported, NodeMetricsReported, NodeTopologyReported
-from crater.contracts.rejections import MessageDeadLettered, MessageRejected
+from crater.contracts.rejections import MessageDeadLettered, MessageRejected, MessageReplayed
 from crater.contracts.tasks import (
     TaskEnded,
     TaskEscalated,
@@ -118,9 +118,9 @@ class Streams:
     )
     DEAD_LETTERS = StreamSpec(
         "CRATER_DEAD_LETTERS",
-        (f"{PREFIX}.message.dead_lettered",),
+        (f"{PREFIX}.message.dead_lettered", f"{PREFIX}.message.replayed"),
         "Messages a consumer gave up on (undecodable, or failing on every delivery up to the "
-        "limit), with payload, headers and reason, to inspect and replay.",
+        "limit), with payload, headers and reason, to inspect and replay; and their replays.",
         max_age_seconds=90 * 86_400,
     )
 
@@ -315,6 +315,14 @@ class Subjects:
         producers=("every consumer",),
         consumers=("crater dead-letters",),
     )
+    MESSAGE_REPLAYED = Channel(
+        f"{PREFIX}.message.replayed",
+        MessageReplayed,
+        Streams.DEAD_LETTERS,
+        "A dead letter re-published to its original subject by `crater dead-letters replay`.",
+        producers=("crater dead-letters",),
+        consumers=("crater dead-letters",),
+    )
 
     ALL: tuple[Channel, ...] = (
         NODE_TOPOLOGY,
@@ -339,6 +347,7 @@ class Subjects:
         WEBHOOK_DEAD_LETTERED,
         MESSAGE_REJECTED,
         MESSAGE_DEAD_LETTERED,
+        MESSAGE_REPLAYED,
     )
 
 

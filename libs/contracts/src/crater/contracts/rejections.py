@@ -74,3 +74,20 @@ class MessageDeadLettered(Event):
         description="The body was too large to keep here: it is read from `stream` at "
         "`stream_sequence` (while the stream still holds it).",
     )
+
+
+class MessageReplayed(Event):
+    """`crater dead-letters replay` re-published a dead letter's message to where it came from:
+    the record of what was done (and whether JetStream took it or dropped it as a duplicate)."""
+
+    dead_letter_id: str = Field(max_length=256, description="The MessageDeadLettered replayed.")
+    dead_letter_sequence: int = Field(ge=1, description="Its sequence in CRATER_DEAD_LETTERS.")
+    subject: str = Field(description="Where the message was published again.")
+    stream: str = Field(description="The stream that took it.")
+    stream_sequence: int | None = Field(
+        default=None, ge=1, description="Its new sequence there; None when dropped as duplicate."
+    )
+    duplicate: bool = Field(
+        description="JetStream dropped it: the stream had seen its Nats-Msg-Id within its "
+        "duplicate window."
+    )
