@@ -4,11 +4,13 @@ Profiling stays idempotent by construction: the profiled (or rejected) event's i
 from the submitted one, so JetStream drops a re-publish after a redelivery, and the recorded
 prediction keeps its first row.
 
-Learning: `allocation.granted` and `allocation.released` say which task holds which GPUs of
-which node; `node.metrics.*` gives each GPU's memory in use, so each running task's observed
-peak is the highest reading on its cards. On release the peak is folded into a correction
-per (model family, task type), persisted, applied to later predictions, and the error of the
-published predictions is exported as `crater_predictor_mape{family,task_type}`.
+Learning (domain/learning.py has the rule): `allocation.granted` and `allocation.released` say
+which task holds which cards of which node, `task.status` when it started running, and
+`node.metrics.*` the memory in use on each card. On release, the highest reading taken while
+the task ran, on cards it held whole and alone, is folded into a bounded correction per
+(model family, task type), persisted, applied to later predictions once enough are in, and
+the error of the published predictions is exported as `crater_predictor_mape{family,task_type}`.
+A reservation never enters: learning from it would feed each prediction back into itself.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from crater.contracts import (
     Subjects,
     TaskProfiled,
     TaskRejected,
+    TaskStatusReported,
     TaskSubmitted,
     derived_event_id,
 )
@@ -69,8 +72,17 @@ class PredictorSettings(ServiceSettings):
     correction_alpha: float = Field(
         default=0.3, gt=0, le=1, description="Weight of the newest observed peak in a correction."
     )
-    correction_min: float = Field(default=0.25, gt=0, le=1, description="Lowest correction.")
-    correction_max: float = Field(default=4.0, ge=1, le=100, description="Highest correction.")
+    correction_min: float = Field(default=0.5, gt=0, le=1, description="Lowest correction.")
+    correction_max: float = Field(default=2.0, ge=1, le=10, description="Highest correction.")
+    correction_max_step: float = Field(
+        default=0.1, gt=0, le=1, description="Most a correction moves per observation (share)."
+    )
+    correction_min_samples: int = Field(
+        default=3, ge=1, le=1000, description="Readings of a running task an observation needs."
+    )
+    correction_min_observations: int = Field(
+        default=3, ge=1, le=1000, description="Observations before a correction is applied."
+    )
 
     def assumptions(self) -> Assumptions:
         return Assumptions(
@@ -83,7 +95,14 @@ class PredictorSettings(ServiceSettings):
         )
 
     def rule(self) -> Rule:
-        return Rule(self.correction_alpha, self.correction_min, self.correction_max)
+        return Rule(
+            alpha=self.correction_alpha,
+            minimum=self.correction_min,
+            maximum=self.correction_max,
+            max_step=self.correction_max_step,
+            min_samples=self.correction_min_samples,
+            min_observations=self.correction_min_observations,
+        )
 
 
 class PredictorMetrics:
@@ -122,6 +141,18 @@ class PredictorMetrics:
             ["family", "task_type"],
             registry=registry,
         )
+        self.releases = Counter(
+            "crater_predictor_releases",
+            "Released allocations by what their readings taught (learned, shared, never-ran, "
+            "too-few-samples, saturated, uninformative, no-prediction).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.duplicate_grants = Counter(
+            "crater_predictor_duplicate_grants",
+            "Grants repeating a known allocation id under a new event id (ignored).",
+            registry=registry,
+        )
 
     def show(self, family: str, task_type: str, track: Track) -> None:
         if track.mape is not None:
@@ -133,8 +164,8 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
     settings = settings or PredictorSettings()
     service = create_service("predictor", settings)
     metrics = PredictorMetrics(service)
-    assumptions = settings.assumptions()
-    store = LearningStore(service.database(MIGRATIONS_DIR), settings.rule(), service.name)
+    assumptions, rule = settings.assumptions(), settings.rule()
+    store = LearningStore(service.database(MIGRATIONS_DIR), rule, service.name)
     service.state = store
     broker, name, batch = service.broker, service.name, settings.consumer_batch
 
@@ -145,7 +176,11 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         try:
             family = model_family(request)
             track = await store.track(family, request.task_type.value)
-            correction = Correction(track.factor, track.samples, track.mape)
+            correction = (
+                Correction(rule.bounded(track.factor), track.samples, track.mape)
+                if rule.applies(track)
+                else None
+            )
             prediction = predict(request, assumptions, correction)
         except Refused as refused:
             metrics.rejected.inc()
@@ -179,7 +214,19 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
 
     @durable(broker, Subjects.ALLOCATION_GRANTED, name, batch=batch)
     async def on_allocation_granted(event: AllocationGranted) -> None:
-        await store.granted(event)
+        if not await store.granted(event):
+            # recorded with its event id in the inbox, so this is counted and logged once
+            metrics.duplicate_grants.inc()
+            log.warning(
+                "allocation.granted %s repeats allocation %s (task %s): ignored",
+                event.event_id,
+                event.allocation_id,
+                event.task_id,
+            )
+
+    @durable(broker, Subjects.TASK_STATUS, name, batch=batch)
+    async def on_task_status(event: TaskStatusReported) -> None:
+        await store.running(event)
 
     @durable(broker, Subjects.NODE_METRICS, name, batch=batch)
     async def on_node_metrics(event: NodeMetricsReported) -> None:
@@ -187,11 +234,14 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
 
     @durable(broker, Subjects.ALLOCATION_RELEASED, name, batch=batch)
     async def on_allocation_released(event: AllocationReleased) -> None:
-        learned = await store.released(event)
-        if learned is not None:
-            (family, task_type), track = learned
+        released = await store.released(event)
+        if released is None:
+            return
+        metrics.releases.labels(outcome=released.outcome.value).inc()
+        if released.key is not None and released.track is not None:
+            family, task_type = released.key
             metrics.observations.labels(family=family, task_type=task_type).inc()
-            metrics.show(family, task_type, track)
+            metrics.show(family, task_type, released.track)
 
     async def show_learned() -> None:
         for (family, task_type), track in (await store.tracks()).items():

@@ -37,7 +37,8 @@ predictions = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
 
-# Which task holds which GPUs of which node, and the highest memory seen on them.
+# Which task holds which GPUs of which node: whether whole cards (only then is their use its
+# own), when it started running, and the peak learned from it on release.
 allocations = Table(
     "predictor_allocations",
     metadata,
@@ -49,6 +50,26 @@ allocations = Table(
     Column("active", Boolean, nullable=False, default=True, index=True),
     Column("granted_at", DateTime(timezone=True), nullable=False),
     Column("released_at", DateTime(timezone=True), nullable=True),
+    Column("exclusive", Boolean, nullable=False, default=True),
+    Column("running_at", DateTime(timezone=True), nullable=True),
+)
+
+# Readings on an active allocation's cards, kept until its release decides which count.
+samples = Table(
+    "predictor_samples",
+    metadata,
+    Column("allocation_id", String(64), primary_key=True),
+    Column("sampled_at", DateTime(timezone=True), primary_key=True),
+    Column("used_mb", Integer, nullable=False),
+    Column("total_mb", Integer, nullable=False),
+)
+
+# A `running` report that arrived before its grant (another consumer, lagging).
+early_running = Table(
+    "predictor_early_running",
+    metadata,
+    Column("allocation_id", String(64), primary_key=True),
+    Column("running_at", DateTime(timezone=True), nullable=False),
 )
 
 # A learned multiplier per (model family, task type), and its error so far.

@@ -1,21 +1,60 @@
-"""What the predictor keeps: its predictions, who holds which GPUs and the peaks seen on them,
-and the learned corrections. Each handler's change is one transaction; granted and released
-events are recorded in the inbox in that same transaction, so a redelivery changes nothing."""
+"""What the predictor keeps: its predictions, who holds which GPUs (whole cards or not, since
+when running), the readings on those cards until the release decides which count, and the
+learned corrections. Each handler's change is one transaction; granted and released events
+are recorded in the inbox in that same transaction, so a redelivery changes nothing, and a
+grant is recorded once per allocation id whatever its event id."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from crater.contracts import AllocationGranted, AllocationReleased, NodeMetricsReported
-from crater.predictor.adapters.orm import allocations, corrections, inbox, predictions
-from crater.predictor.domain.learning import UNINFORMATIVE, Rule, Track, learn
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    NodeMetricsReported,
+    ReleaseReason,
+    TaskStatus,
+    TaskStatusReported,
+)
+from crater.predictor.adapters.orm import (
+    allocations,
+    corrections,
+    early_running,
+    inbox,
+    predictions,
+    samples,
+)
+from crater.predictor.domain.learning import (
+    UNINFORMATIVE,
+    Held,
+    Observation,
+    Outcome,
+    Rule,
+    Sample,
+    Track,
+    exclusive,
+    judge,
+    learn,
+    observe,
+    overlaps,
+)
 from crater.runtime.outbox import first_delivery
 
 Key = tuple[str, str]  # (model family, task type)
+
+
+@dataclass(frozen=True)
+class Released:
+    """What a release taught: the outcome, the correction it belongs to, the new track."""
+
+    outcome: Outcome
+    key: Key | None
+    track: Track | None
 
 
 class LearningStore:
@@ -60,10 +99,23 @@ class LearningStore:
                     )
                 )
 
-    async def granted(self, event: AllocationGranted) -> None:
+    async def granted(self, event: AllocationGranted) -> bool:
+        """Record who holds which cards; False for an allocation id already recorded (a grant
+        repeated under a new event id), which changes nothing."""
         async with self.sessions() as session, session.begin():
             if not await first_delivery(session, inbox, self.consumer, event.event_id):
-                return
+                return True  # this very event again: already handled
+            known = await session.scalar(
+                select(allocations.c.allocation_id).where(
+                    allocations.c.allocation_id == event.allocation_id
+                )
+            )
+            if known is not None:
+                return False
+            mine = early_running.c.allocation_id == event.allocation_id
+            early = await session.scalar(select(early_running.c.running_at).where(mine))
+            if early is not None:
+                await session.execute(delete(early_running).where(mine))
             await session.execute(
                 insert(allocations).values(
                     allocation_id=event.allocation_id,
@@ -73,36 +125,92 @@ class LearningStore:
                     observed_peak_mb=0,
                     active=True,
                     granted_at=event.occurred_at,
+                    exclusive=exclusive(event.gpu_milli, event.mig_profile),
+                    running_at=early,
                 )
             )
+        return True
+
+    async def running(self, event: TaskStatusReported) -> None:
+        """Note when the allocation started running: readings before it do not count."""
+        if event.status is not TaskStatus.RUNNING:
+            return
+        async with self.sessions() as session, session.begin():
+            where = (
+                [allocations.c.allocation_id == event.allocation_id]
+                if event.allocation_id
+                else [allocations.c.task_id == event.task_id, allocations.c.active.is_(True)]
+            )
+            rows = (await session.execute(select(allocations.c.allocation_id).where(*where))).all()
+            if rows:
+                await session.execute(
+                    update(allocations)
+                    .where(*where, allocations.c.running_at.is_(None))
+                    .values(running_at=event.occurred_at)
+                )
+            elif event.allocation_id:
+                # the grant is still on its way through the other consumer: keep the time
+                seen = await session.scalar(
+                    select(early_running.c.allocation_id).where(
+                        early_running.c.allocation_id == event.allocation_id
+                    )
+                )
+                if seen is None:
+                    await session.execute(
+                        insert(early_running).values(
+                            allocation_id=event.allocation_id, running_at=event.occurred_at
+                        )
+                    )
 
     async def observe(self, event: NodeMetricsReported) -> int:
-        """Raise the observed peak of every task running on the node; returns how many rose."""
-        used = {g.index: g.memory_used_mb for g in event.gpus}
-        if not used:
+        """Keep a reading for every allocation active on the node: the highest memory in use
+        on its cards. Which readings count is decided on release. Returns how many were kept."""
+        cards = {g.index: g for g in event.gpus}
+        if not cards:
             return 0
-        raised = 0
+        kept = 0
         async with self.sessions() as session, session.begin():
             rows = (
                 await session.execute(
-                    select(allocations).where(
+                    select(allocations.c.allocation_id, allocations.c.gpu_ids).where(
                         allocations.c.node == event.node_id, allocations.c.active.is_(True)
                     )
                 )
             ).all()
-            for row in rows:
-                seen = [used[i] for i in row.gpu_ids if i in used]
-                if seen and max(seen) > row.observed_peak_mb:
-                    await session.execute(
-                        update(allocations)
-                        .where(allocations.c.allocation_id == row.allocation_id)
-                        .values(observed_peak_mb=max(seen))
+            if not rows:
+                return 0
+            done = set(
+                (
+                    await session.scalars(
+                        select(samples.c.allocation_id).where(
+                            samples.c.allocation_id.in_([r.allocation_id for r in rows]),
+                            samples.c.sampled_at == event.occurred_at,
+                        )
                     )
-                    raised += 1
-        return raised
+                ).all()
+            )  # a redelivered report adds nothing
+            values = []
+            for row in rows:
+                seen = [cards[i] for i in row.gpu_ids if i in cards]
+                if not seen or row.allocation_id in done:
+                    continue
+                top = max(seen, key=lambda g: g.memory_used_mb)
+                values.append(
+                    {
+                        "allocation_id": row.allocation_id,
+                        "sampled_at": event.occurred_at,
+                        "used_mb": top.memory_used_mb,
+                        "total_mb": top.memory_total_mb,
+                    }
+                )
+            if values:
+                await session.execute(insert(samples), values)
+                kept = len(values)
+        return kept
 
-    async def released(self, event: AllocationReleased) -> tuple[Key, Track] | None:
-        """Close the allocation and fold its observed peak into the task's correction."""
+    async def released(self, event: AllocationReleased) -> Released | None:
+        """Close the allocation and fold the task's own measured peak into its correction;
+        None when the allocation is unknown or already closed (a redelivery)."""
         async with self.sessions() as session, session.begin():
             if not await first_delivery(session, inbox, self.consumer, event.event_id):
                 return None
@@ -113,22 +221,79 @@ class LearningStore:
             ).first()
             if allocation is None or not allocation.active:
                 return None
+            released_at = event.occurred_at
+            readings = [
+                Sample(_aware(r.sampled_at), r.used_mb, r.total_mb)
+                for r in await session.execute(
+                    select(samples).where(samples.c.allocation_id == event.allocation_id)
+                )
+            ]
             await session.execute(
-                update(allocations)
-                .where(allocations.c.allocation_id == event.allocation_id)
-                .values(active=False, released_at=event.occurred_at)
+                delete(samples).where(samples.c.allocation_id == event.allocation_id)
             )
-            if event.reason in UNINFORMATIVE or allocation.observed_peak_mb <= 0:
-                return None
             prediction = (
                 await session.execute(
                     select(predictions).where(predictions.c.task_id == event.task_id)
                 )
             ).first()
-            if prediction is None or prediction.raw_mb <= 0:
-                return None
-            key = (prediction.family, prediction.task_type)
-            return key, await self._learn(session, key, prediction, allocation.observed_peak_mb)
+            key = (prediction.family, prediction.task_type) if prediction else None
+            outcome, observation = await self._judge(
+                session, allocation, released_at, event.reason, readings, prediction
+            )
+            await session.execute(
+                update(allocations)
+                .where(allocations.c.allocation_id == event.allocation_id)
+                .values(
+                    active=False,
+                    released_at=released_at,
+                    observed_peak_mb=observation.peak_mb if observation else 0,
+                )
+            )
+            if outcome is not Outcome.LEARNED or key is None or observation is None:
+                return Released(outcome, key, None)
+            track = await self._learn(session, key, prediction, observation.peak_mb)
+            return Released(outcome, key, track)
+
+    async def _judge(
+        self,
+        session: AsyncSession,
+        allocation: Any,
+        released_at: datetime,
+        reason: ReleaseReason,
+        readings: list[Sample],
+        prediction: Any,
+    ) -> tuple[Outcome, Observation | None]:
+        if reason in UNINFORMATIVE:
+            return Outcome.UNINFORMATIVE, None
+        if not allocation.exclusive:
+            return Outcome.SHARED, None
+        if allocation.running_at is None:
+            return Outcome.NEVER_RAN, None
+        if prediction is None or prediction.raw_mb <= 0:
+            return Outcome.NO_PREDICTION, None
+        # anyone else on the same cards while this one held them: those moments do not count
+        neighbours = await session.execute(
+            select(
+                allocations.c.gpu_ids, allocations.c.granted_at, allocations.c.released_at
+            ).where(
+                allocations.c.node == allocation.node,
+                allocations.c.allocation_id != allocation.allocation_id,
+                allocations.c.granted_at < released_at,
+                or_(
+                    allocations.c.released_at.is_(None),
+                    allocations.c.released_at > allocation.granted_at,
+                ),
+            )
+        )
+        others = [
+            Held(_aware(n.granted_at), _aware(n.released_at) if n.released_at else None)
+            for n in neighbours
+            if overlaps(allocation.gpu_ids, n.gpu_ids)
+        ]
+        observation = observe(
+            readings, _aware(allocation.running_at), released_at, others, self.rule
+        )
+        return judge(observation, prediction.raw_mb, self.rule), observation
 
     async def _learn(
         self, session: AsyncSession, key: Key, prediction: Any, observed: int
@@ -149,6 +314,11 @@ class LearningStore:
         else:
             await session.execute(update(corrections).where(*where).values(**values))
         return track
+
+
+def _aware(moment: datetime) -> datetime:
+    """SQLite hands back naive datetimes; every time the store keeps is UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _track(row: Any) -> Track:
