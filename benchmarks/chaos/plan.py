@@ -74,11 +74,12 @@ def make_plan(config: ChaosConfig, silent_candidates: list[str]) -> list[Planned
 def describe_plan(actions: list[PlannedAction]) -> list[str]:
     lines = []
     for action in actions:
-        what = {
-            "kill": f"kill -9 {action.target}, restart",
-            "nats-restart": "restart nats-server (same store, same port)",
-            "silent": f"node {action.target} goes silent for {action.for_seconds:g} s",
-        }[action.kind]
+        if action.kind == "kill":
+            what = f"kill -9 {action.target}, restart"
+        elif action.kind == "nats-restart":
+            what = "restart nats-server (same store, same port)"
+        else:
+            what = f"node {action.target} goes silent for {action.for_seconds or 0:g} s"
         lines.append(f"{action.at_seconds:8.1f} s  {what}")
     return lines
 
