@@ -12,7 +12,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import nats
 import pytest
 from faststream import TestApp
 from prometheus_client import CollectorRegistry
@@ -27,10 +29,13 @@ from crater.contracts import (
     MessageRejected,
     MessageReplayed,
     Subjects,
+    TaskProfiled,
+    TaskRequest,
     TaskStatus,
     TaskStatusReported,
+    TaskSubmitted,
 )
-from crater.runtime.bus import DeliveryPolicy, durable, encode, publish
+from crater.runtime.bus import MAX_DELIVER_MARGIN, DeliveryPolicy, durable, encode, publish
 from crater.runtime.nats_server import NatsServer
 from crater.runtime.service import Service, create_service
 from crater.runtime.settings import ServiceSettings
@@ -316,3 +321,49 @@ async def test_dead_letters_are_listed_shown_and_replayed_by_the_cli(
 async def cli_run(*args: str) -> str:
     # The CLI runs its own event loop, as it does for a user: off this test's loop.
     return await asyncio.to_thread(dead_letters, *args)
+
+
+async def test_a_service_refuses_deep_json_at_once_and_its_consumers_have_a_backstop(
+    fresh_nats: NatsServer, tap: EventTap, tmp_path: Path
+) -> None:
+    """The issue's case on a real service: 1,000-level JSON on task.submitted looped in the
+    predictor (RecursionError); now it is dead-lettered on its first delivery."""
+    from crater.predictor.app import PredictorSettings, build
+
+    settings = PredictorSettings(
+        nats_url=fresh_nats.url,
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'predictor.db'}",
+        max_deliveries=4,
+    )
+    service, app = build(settings)
+    async with TestApp(app):
+        deep = b'{"task_id": "deep", "x": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+        await publish_raw(fresh_nats.url, Subjects.TASK_SUBMITTED.subject, deep, **JSON)
+        await publish(service.broker, TaskSubmitted.from_request(request("after-deep")))
+        [letter] = await tap.wait_for(MessageDeadLettered)
+        [rejected] = await tap.wait_for(MessageRejected)
+        await tap.wait_for(TaskProfiled, lambda e: e.task.task_id == "after-deep")
+        connection = await nats.connect(fresh_nats.url)
+        try:
+            info = await connection.jetstream().consumer_info(
+                "CRATER_TASKS", "predictor-task-submitted"
+            )
+        finally:
+            await connection.close()
+
+    assert letter.consumer == "predictor-task-submitted"
+    assert letter.service == "predictor"
+    assert letter.deliveries == 1
+    assert "nested 1001 levels deep" in rejected.errors[0].reason
+    assert info.config.max_deliver == 4 + MAX_DELIVER_MARGIN  # JetStream's own, above ours
+
+
+def request(task_id: str) -> TaskRequest:
+    return TaskRequest.model_validate(
+        {
+            "task_id": task_id,
+            "task_type": "inference",
+            "model_config": {"name": "gpt2"},
+            "resource_requirements": {"gpu": {"count": 1, "memory_mb": 8000}},
+        }
+    )

@@ -59,6 +59,7 @@ from crater.contracts import (
 )
 from crater.contracts.catalog import channel_for
 from crater.runtime.jsondepth import TooDeep, check_json_depth
+from crater.runtime.settings import ServiceSettings
 from crater.runtime.telemetry import current_trace_context
 
 log = logging.getLogger("crater.bus")
@@ -111,13 +112,25 @@ def field_errors(error: ValidationError, root: str | None = None) -> list[FieldE
     return errors
 
 
+_SHARED = ServiceSettings.model_fields
+
+
 @dataclass(frozen=True)
 class DeliveryPolicy:
     """How a service's consumers treat a message they cannot handle (from ServiceSettings)."""
 
-    max_deliveries: int = 5
-    redelivery_delay_seconds: float = 1.0
-    max_json_depth: int = 64
+    # One source for the defaults: the settings every service reads.
+    max_deliveries: int = _SHARED["max_deliveries"].default
+    redelivery_delay_seconds: float = _SHARED["redelivery_delay_seconds"].default
+    max_json_depth: int = _SHARED["max_json_depth"].default
+
+    @classmethod
+    def of(cls, settings: ServiceSettings) -> DeliveryPolicy:
+        return cls(
+            max_deliveries=settings.max_deliveries,
+            redelivery_delay_seconds=settings.redelivery_delay_seconds,
+            max_json_depth=settings.max_json_depth,
+        )
 
     def redelivery_delay(self, deliveries: int) -> float:
         """The wait before delivery `deliveries + 1`: doubling, so a poison message or a

@@ -96,12 +96,9 @@ def create_service(name: str, settings: ServiceSettings) -> Service:
     )
     registry = make_registry()
     tracer_provider = make_tracer_provider(name, settings.trace_file)
-    policy = DeliveryPolicy(
-        max_deliveries=settings.max_deliveries,
-        redelivery_delay_seconds=settings.redelivery_delay_seconds,
-        max_json_depth=settings.max_json_depth,
+    broker, rejections = make_broker(
+        settings.nats_url, name, registry, tracer_provider, DeliveryPolicy.of(settings)
     )
-    broker, rejections = make_broker(settings.nats_url, name, registry, tracer_provider, policy)
     return Service(name, settings, broker, rejections, registry, tracer_provider)
 
 

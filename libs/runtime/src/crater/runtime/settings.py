@@ -73,11 +73,12 @@ class ServiceSettings(BaseSettings):
         "at once.",
     )
     redelivery_delay_seconds: float = Field(
-        default=1.0,
+        default=3.0,
         gt=0,
         le=60,
         description="Delay before the first redelivery of a message whose handling failed; "
-        "doubled on each further delivery (at most 300 s).",
+        "doubled on each further delivery (at most 300 s): with 5 deliveries a message is "
+        "retried for 45 s (3+6+12+24), long enough for a database restart.",
     )
     max_json_depth: int = Field(
         default=64,
