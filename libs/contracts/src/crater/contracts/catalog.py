@@ -178,7 +178,7 @@ class Subjects:
         Streams.TASKS,
         "A task with its predicted peaks, ready to place.",
         producers=("predictor", "scheduler (replicas the autoscaler asked for)"),
-        consumers=("scheduler",),
+        consumers=("scheduler", "probe (simulated fleet: what the task will really use)"),
     )
     TASK_PENDING = Channel(
         f"{PREFIX}.task.pending",
@@ -227,7 +227,7 @@ class Subjects:
         "A placed task's progress as its node reports it; `cancelled` also from AllData "
         "through the gateway.",
         producers=("probe", "gateway (cancel)"),
-        consumers=("scheduler", "callback"),
+        consumers=("scheduler", "callback", "predictor"),
     )
     ALLOCATION_GRANTED = Channel(
         f"{PREFIX}.allocation.granted",
