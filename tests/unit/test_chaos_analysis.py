@@ -1,0 +1,140 @@
+"""The chaos harness's rules (benchmarks/chaos/analysis.py), on hand-made records."""
+
+from __future__ import annotations
+
+from benchmarks.chaos.analysis import (
+    Action,
+    Grant,
+    Release,
+    StatusReport,
+    TaskEnd,
+    Webhook,
+    false_failures,
+    order_violations,
+    recovery,
+    replay_allocations,
+    webhook_report,
+)
+
+
+def grant(seq: int, allocation: str, node: str, gpus: tuple[int, ...], **extra: object) -> Grant:
+    return Grant(seq, float(seq), allocation, f"task-{allocation}", node, gpus, **extra)  # type: ignore[arg-type]
+
+
+def release(seq: int, allocation: str, node: str, reason: str = "succeeded") -> Release:
+    return Release(seq, float(seq), allocation, f"task-{allocation}", node, reason)
+
+
+def hook(task: str, status: str, attempt: int = 1, n: int = 0, **extra: object) -> Webhook:
+    return Webhook(
+        webhook_id=f"{task}-{status}-{attempt}-{n}",
+        received_at=float(n),
+        task_id=task,
+        status=status,
+        attempt=attempt,
+        duplicate_submission=bool(extra.get("duplicate_submission", False)),
+        release_reason=None,
+    )
+
+
+def test_a_card_held_twice_is_double_booked_a_released_one_is_not() -> None:
+    records: list[Grant | Release] = [
+        grant(1, "a", "n1", (0, 1)),
+        release(2, "a", "n1"),
+        grant(3, "b", "n1", (1,)),
+        grant(4, "c", "n1", (1, 2)),
+    ]
+    found = replay_allocations(records)
+    assert found["double_booked_events"] == 1
+    assert found["double_booked_gpus"] == 1
+    assert found["examples"][0]["gpu"] == 1
+    assert found["held_at_end"] == 2
+
+
+def test_shares_and_mig_slices_add_up_to_one_card() -> None:
+    fits = [
+        grant(1, "a", "n1", (0,), gpu_milli=500),
+        grant(2, "b", "n1", (0,), gpu_milli=500),
+        grant(3, "c", "n1", (1,), mig_profile="3g.40gb"),
+        grant(4, "d", "n1", (1,), mig_profile="4g.40gb"),
+        grant(5, "a", "n1", (0,), gpu_milli=500),  # a redelivered grant: not a new holder
+    ]
+    assert replay_allocations(fits)["double_booked_events"] == 0
+    assert replay_allocations(fits)["repeated_grants"] == 1
+    over = [*fits, grant(6, "e", "n1", (1,), mig_profile="1g.10gb")]
+    assert replay_allocations(over)["double_booked_events"] == 1
+
+
+def test_lifecycle_order_per_attempt_and_nothing_after_a_terminal() -> None:
+    fine = [
+        hook("t", "pending"),
+        hook("t", "pending"),
+        hook("t", "scheduled"),
+        hook("t", "running"),
+        hook("t", "preempted"),
+        hook("t", "pending", attempt=2),
+        hook("t", "scheduled", attempt=2),
+        hook("t", "succeeded", attempt=2),
+        hook("t", "rejected", attempt=2, duplicate_submission=True),
+    ]
+    assert order_violations(fine) == []
+    late = [hook("t", "scheduled"), hook("t", "pending"), hook("t", "succeeded")]
+    assert order_violations(late) == ["pending after scheduled"]
+    after = [hook("t", "scheduled"), hook("t", "succeeded"), hook("t", "succeeded", n=1)]
+    assert order_violations(after) == ["succeeded after terminal"]
+
+
+def test_lost_terminals_and_pending_are_counted_over_accepted_tasks() -> None:
+    webhooks = [
+        hook("a", "pending", n=1),
+        hook("a", "pending", n=2),
+        hook("a", "pending", n=3),
+        hook("a", "pending", n=4),
+        hook("a", "scheduled"),
+        hook("a", "succeeded", n=1),
+        hook("a", "succeeded", n=2),
+        hook("b", "scheduled"),
+    ]
+    report = webhook_report(["a", "b"], webhooks, receiver_duplicates=3)
+    assert report["lost"] == 1
+    assert report["lost_examples"] == ["b"]
+    assert report["terminal_webhooks_per_task"] == {"0": 1, "2": 1}
+    assert report["duplicates_distinct_ids"] == {"succeeded": 1}
+    assert report["duplicate_deliveries_same_id"] == 3
+    assert report["pending_per_task"]["max"] == 4
+    assert report["pending_per_task"]["tasks_over_target"] == 1
+
+
+def test_a_failure_after_the_node_said_running_is_false_unless_the_node_went_silent() -> None:
+    grants = [grant(1, "a", "n1", (0,)), grant(2, "b", "n2", (0,)), grant(3, "c", "n1", (1,))]
+    releases = [release(4, "a", "n1", "expired"), release(5, "b", "n2", "node-lost")]
+    reports = [
+        StatusReport(3, 3.0, "task-a", "a", "running"),
+        StatusReport(3, 3.0, "task-b", "b", "running"),
+        StatusReport(3, 3.0, "task-c", "c", "running"),
+        StatusReport(6, 6.0, "task-c", "c", "failed"),
+    ]
+    ends = [TaskEnd(7, 7.0, "task-a", "failed", "a", "expired")]
+    webhooks = [hook("task-a", "failed"), hook("task-b", "failed"), hook("task-c", "failed")]
+    found = false_failures(webhooks, grants, releases, reports, ends, silent_nodes={"n2"})
+    assert found["false_failures"] == 1
+    assert found["causes"] == {"expired": 1}
+    assert found["failed_on_silent_nodes_excluded"] == 1
+    assert found["failed_as_the_node_reported"] == 1
+
+
+def test_recovery_is_the_time_to_the_next_allocation_after_each_kill() -> None:
+    actions = [
+        Action("kill", "scheduler", 10.0, 100.0, restart_seconds=3.0),
+        Action("silent", "n1", 12.0, 102.0, for_seconds=30.0),
+    ]
+    rows = recovery(actions, [90.0, 104.5, 110.0])
+    assert rows == [
+        {
+            "kind": "kill",
+            "target": "scheduler",
+            "at_seconds": 10.0,
+            "restart_seconds": 3.0,
+            "to_next_allocation_seconds": 4.5,
+        }
+    ]
