@@ -24,6 +24,7 @@ from crater.contracts import (
     ReplicaReleaseRequested,
     ReplicasRequested,
     ResourcePrediction,
+    TaskEnded,
     TaskPending,
     TaskPreempted,
     TaskProfiled,
@@ -214,10 +215,13 @@ async def test_preemption_over_nats_with_the_victim_recorded_as_preempted(
                 fresh_nats.url, QuerySubjects.TASKS, TasksQuery().model_dump_json().encode()
             )
         )
+        # no restart policy: the victim's preemption was its end
         assert {t.task_id: t.status for t in answer.tasks} == {
-            "low": TaskStatus.PREEMPTED,
+            "low": TaskStatus.FAILED,
             "urgent": TaskStatus.SCHEDULED,
         }
+        [ended] = tap.of(TaskEnded, lambda e: e.task_id == "low")
+        assert (ended.status, ended.release_reason) == (TaskStatus.FAILED, "preempted")
 
 
 async def test_replicas_the_autoscaler_asks_for_are_placed_and_released(

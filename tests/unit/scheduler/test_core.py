@@ -16,6 +16,7 @@ from crater.contracts import (
     NodeTopologyReported,
     ResourcePrediction,
     ResourceRequirements,
+    TaskEnded,
     TaskPending,
     TaskPreempted,
     TaskProfiled,
@@ -26,6 +27,7 @@ from crater.contracts import (
 )
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.quotas import Quota
 from tests.support.topologies import node
 
@@ -121,8 +123,14 @@ def test_pending_task_says_why_per_filter_and_is_placed_when_resources_free() ->
         "InsufficientGpuMemory": 1,
     }
     done = TaskStatusReported(occurred_at=at(3), task_id="big-1", status=TaskStatus.SUCCEEDED)
-    released, granted = scheduler.handle(done)
+    released, ended, granted = scheduler.handle(done)
     assert isinstance(released, AllocationReleased)
+    assert isinstance(ended, TaskEnded)
+    assert (ended.task_id, ended.status, ended.release_reason) == (
+        "big-1",
+        "succeeded",
+        "succeeded",
+    )
     assert isinstance(granted, AllocationGranted)
     assert granted.task_id == "big-2"
     assert granted.node == "a100-01"
@@ -203,12 +211,19 @@ def test_a_reservation_not_confirmed_in_time_is_released() -> None:
     assert isinstance(granted, AllocationGranted)
     assert granted.reservation_expires_at == at(31)
     assert isinstance(pending, TaskPending)
+    # the grant left the outbox at 3: its reservation runs to 33
+    assert scheduler.handle(ReservationArmed.of(granted, at(3))) == []
     heartbeat = NodeHealthReported(
         occurred_at=at(32), node_id="a100-01", condition=NodeCondition.READY, score=100
     )
-    released, placed = scheduler.handle(heartbeat)
+    assert scheduler.handle(heartbeat) == []
+    # a report of another task dated after the expiry: the reports of that time are in
+    other = TaskStatusReported(occurred_at=at(34), task_id="elsewhere", status=TaskStatus.RUNNING)
+    released, ended, placed = scheduler.handle(other)
     assert isinstance(released, AllocationReleased)
     assert (released.task_id, released.reason) == ("silent", "expired")
+    assert isinstance(ended, TaskEnded)
+    assert (ended.status, ended.release_reason) == ("failed", "expired")
     assert isinstance(placed, AllocationGranted)
     assert placed.task_id == "next"
 
@@ -219,9 +234,13 @@ def test_a_confirmed_reservation_is_kept() -> None:
     running = TaskStatusReported(occurred_at=at(5), task_id="busy", status=TaskStatus.RUNNING)
     assert scheduler.handle(running) == []
     later = NodeHealthReported(
-        occurred_at=at(100), node_id="a100-01", condition=NodeCondition.READY, score=100
+        occurred_at=at(20), node_id="a100-01", condition=NodeCondition.READY, score=100
     )
     assert scheduler.handle(later) == []
+    much_later = NodeHealthReported(
+        occurred_at=at(45), node_id="a100-01", condition=NodeCondition.READY, score=100
+    )
+    assert scheduler.handle(much_later) == []
 
 
 def test_dry_run_lists_every_fit_best_first_and_every_misfit_with_its_reason() -> None:
@@ -260,8 +279,9 @@ def test_tenant_quota_holds_tasks_back_and_refuses_what_could_never_fit() -> Non
     assert isinstance(never, TaskRejected)
     assert never.errors[0].field == "resource_requirements.gpu.count"
     done = TaskStatusReported(occurred_at=at(5), task_id="s1", status=TaskStatus.SUCCEEDED)
-    released, granted = scheduler.handle(done)
+    released, ended, granted = scheduler.handle(done)
     assert isinstance(released, AllocationReleased)
+    assert isinstance(ended, TaskEnded)
     assert isinstance(granted, AllocationGranted)
     assert granted.task_id == "s2"
 
@@ -290,9 +310,11 @@ def test_a_high_priority_task_preempts_the_fewest_least_progressed_preemptible_t
 
     # the victim stops within its grace period: its GPUs go to the urgent task
     stopped = TaskStatusReported(occurred_at=at(10), task_id="low-2", status=TaskStatus.CANCELLED)
-    released, granted = scheduler.handle(stopped)[:2]
+    released, ended, granted = scheduler.handle(stopped)[:3]
     assert isinstance(released, AllocationReleased)
     assert released.reason == "preempted"
+    assert isinstance(ended, TaskEnded)
+    assert (ended.task_id, ended.status, ended.release_reason) == ("low-2", "failed", "preempted")
     assert isinstance(granted, AllocationGranted)
     assert (granted.task_id, granted.node) == ("urgent", "a100-02")
 
@@ -305,9 +327,10 @@ def test_a_victim_that_ignores_preemption_is_released_after_its_grace_period() -
     late = NodeHealthReported(
         occurred_at=at(40), node_id="a100-01", condition=NodeCondition.READY, score=100
     )
-    released, granted = scheduler.handle(late)
+    released, ended, granted = scheduler.handle(late)
     assert isinstance(released, AllocationReleased)
     assert (released.task_id, released.reason) == ("low", "preempted")
+    assert isinstance(ended, TaskEnded)
     assert isinstance(granted, AllocationGranted)
     assert granted.task_id == "urgent"
 
@@ -342,7 +365,7 @@ def test_gpu_sharing_packs_shares_onto_the_fullest_card_and_keeps_whole_cards_wh
     [waits] = scheduler.handle(profiled("more", gpus=1, gpu_mb=4000, when=6, milli=100))
     assert isinstance(waits, TaskPending)
     done = TaskStatusReported(occurred_at=at(7), task_id="s1", status=TaskStatus.SUCCEEDED)
-    _, placed = scheduler.handle(done)
+    _, _, placed = scheduler.handle(done)
     assert isinstance(placed, AllocationGranted)
     assert (placed.task_id, placed.gpu_ids, placed.gpu_milli) == ("more", [0], 100)
 

@@ -7,6 +7,7 @@ from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
     Event,
+    TaskEnded,
     TaskPending,
     TaskPreempted,
     TaskStatus,
@@ -135,14 +136,14 @@ def test_a_task_cancelled_before_it_arrives_ends_cancelled_and_is_never_placed()
     assert scheduler.handle(cancel("early", 1)) == []
     arrival = profiled("early", gpus=1, when=2)
     [ended] = scheduler.handle(arrival)
-    assert isinstance(ended, TaskStatusReported)
+    assert isinstance(ended, TaskEnded)
     assert (ended.task_id, ended.status) == ("early", TaskStatus.CANCELLED)
     assert ended.allocation_id is None
     assert "early" not in scheduler.pending
     assert "early" not in scheduler.allocations
     assert scheduler.cluster.nodes[0].whole_gpus_free == 4
-    # its own report coming back, and the profile redelivered, change nothing
-    assert scheduler.handle(ended) == []
+    # the cancel delivered again, and the profile redelivered, change nothing
+    assert scheduler.handle(cancel("early", 2.5)) == []
     assert scheduler.handle(arrival) == []
     [placed] = scheduler.handle(profiled("later", gpus=4, when=3))
     assert isinstance(placed, AllocationGranted)
@@ -162,7 +163,7 @@ def test_an_early_cancel_survives_a_restart_and_touches_only_its_task() -> None:
     [other] = restored.handle(profiled("other", gpus=1, when=2))
     assert isinstance(other, AllocationGranted)
     [ended] = restored.handle(profiled("early", gpus=1, when=3))
-    assert isinstance(ended, TaskStatusReported)
+    assert isinstance(ended, TaskEnded)
     assert ended.status is TaskStatus.CANCELLED
 
 

@@ -154,6 +154,7 @@ def test_mig_slices_are_granted_named_and_returned() -> None:
     decisions = scheduler.handle(finished("s0", 4))
     assert [(type(d).__name__, d.task_id) for d in decisions] == [  # type: ignore[attr-defined]
         ("AllocationReleased", "s0"),
+        ("TaskEnded", "s0"),
         ("AllocationGranted", "s2"),
     ]
     # the card is cut: a whole-card task waits until every slice is back

@@ -16,6 +16,7 @@ from crater.contracts import (
     NodeHealthReported,
     NodeTopologyReported,
     Sla,
+    TaskEnded,
     TaskEscalated,
     TaskPending,
     TaskPreempted,
@@ -25,6 +26,7 @@ from crater.contracts import (
     TaskStatusReported,
 )
 from crater.scheduler.domain.core import Scheduler
+from crater.scheduler.domain.inputs import ReservationArmed
 from tests.support.topologies import node
 from tests.unit.scheduler.test_core import at, cluster, profiled, running
 
@@ -102,10 +104,11 @@ def test_a_gang_member_that_never_confirms_expires_the_whole_gang() -> None:
     first, second = scheduler.handle(profiled("gang", gpus=2, when=1, gang_size=2))
     assert isinstance(first, AllocationGranted)
     assert isinstance(second, AllocationGranted)
+    for grant in (first, second):  # both grants left the outbox at 1
+        scheduler.handle(ReservationArmed.of(grant, at(1)))
     scheduler.handle(status("gang", 2, TaskStatus.RUNNING, allocation_id=first.allocation_id))
-    later = NodeHealthReported(
-        occurred_at=at(40), node_id="n1", condition=NodeCondition.READY, score=100
-    )
+    # a report dated after the expiry (31) is in: the missing confirmation is not coming
+    later = status("other", 40, TaskStatus.RUNNING)
     expired = [d for d in scheduler.handle(later) if isinstance(d, AllocationReleased)]
     assert sorted(r.allocation_id for r in expired) == sorted(
         [first.allocation_id, second.allocation_id]
@@ -228,11 +231,15 @@ def test_cancelling_takes_a_waiting_task_off_the_queue_and_frees_a_placed_one() 
     scheduler.handle(profiled("placed", gpus=2, when=1))
     scheduler.handle(profiled("head", gpus=2, when=2))
     assert scheduler.backfill["default"].task_id == "head"
-    assert scheduler.handle(status("head", 3, TaskStatus.CANCELLED)) == []
+    [gone] = scheduler.handle(status("head", 3, TaskStatus.CANCELLED))
+    assert isinstance(gone, TaskEnded)
+    assert (gone.task_id, gone.status, gone.allocation_id) == ("head", "cancelled", None)
     assert "head" not in scheduler.pending
-    [released] = scheduler.handle(status("placed", 4, TaskStatus.CANCELLED))
+    released, ended = scheduler.handle(status("placed", 4, TaskStatus.CANCELLED))
     assert isinstance(released, AllocationReleased)
     assert released.reason == "cancelled"
+    assert isinstance(ended, TaskEnded)
+    assert (ended.status, ended.allocation_id) == ("cancelled", released.allocation_id)
     assert scheduler.handle(status("nobody", 5, TaskStatus.CANCELLED)) == []
     [placed] = scheduler.handle(profiled("next", gpus=2, when=6))
     assert isinstance(placed, AllocationGranted)  # the cancelled head keeps nothing
@@ -241,7 +248,7 @@ def test_cancelling_takes_a_waiting_task_off_the_queue_and_frees_a_placed_one() 
 # -- pending reasons -------------------------------------------------------------------------
 
 
-def test_pending_reasons_follow_the_cluster_and_are_sent_only_when_they_change() -> None:
+def test_pending_reasons_follow_the_cluster_and_are_sent_only_when_their_kind_changes() -> None:
     scheduler, _ = cluster(node("a", gpus=2))
     scheduler.handle(profiled("holder", gpus=2, when=1))
     [first] = scheduler.handle(profiled("waits", gpus=2, when=2))
@@ -253,8 +260,10 @@ def test_pending_reasons_follow_the_cluster_and_are_sent_only_when_they_change()
     scheduler.handle(heartbeat)
     small = node("small", gpus=1, gpu_memory_mb=16384)
     changed = scheduler.handle(NodeTopologyReported(occurred_at=at(4), node=small))
-    [update] = [d for d in changed if isinstance(d, TaskPending)]
-    assert update.summary == "0/2 nodes available: 2 fewer than 2 GPUs"
+    # the same kind of reason (too few GPUs) on more nodes: not news for AllData, but the
+    # live reason follows
+    assert [d for d in changed if isinstance(d, TaskPending)] == []
+    assert scheduler.pending["waits"].last_summary == "0/2 nodes available: 2 fewer than 2 GPUs"
     same = NodeTopologyReported(occurred_at=at(5), node=small)
     assert [d for d in scheduler.handle(same) if isinstance(d, TaskPending)] == []
 

@@ -59,7 +59,7 @@ class NaiveRetry(Scheduler):
         decisions: list[Event] = []
         self.backfill = {}
         for task in self._queue():
-            if task.request.task_id not in self.pending:
+            if task.request.task_id not in self.pending or task.not_before is not None:
                 continue
             avoid = self._reserved_for(task)
             granted = self._try_place(task, cause, avoid)
@@ -69,8 +69,7 @@ class NaiveRetry(Scheduler):
                 continue
             over = self.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
             reasons, summary = self._why_waiting(task, avoid, over, None)
-            if summary != task.last_summary:
-                decisions.append(self._pending_event(task, cause, reasons, summary))
+            decisions += self._announce(task, cause, reasons, summary)
             if task.request.pool not in self.backfill and not over:
                 self._make_head(task)
             decisions += self._preempt_for(task, cause)

@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from faststream.asgi import AsgiFastStream
+from faststream.nats import DeliverPolicy
+from faststream.nats.annotations import NatsMessage
 from pydantic import Field
 
 from crater.contracts import (
+    AllocationGranted,
     NodeHealthReported,
     NodesAnswer,
     NodesQuery,
@@ -31,7 +34,8 @@ from crater.runtime.settings import ServiceSettings
 from crater.scheduler.adapters.orm import outbox
 from crater.scheduler.adapters.pools_file import load_pools
 from crater.scheduler.adapters.quotas_file import load_quotas
-from crater.scheduler.domain.core import SchedulerConfig
+from crater.scheduler.domain.core import NODE_LOST_SECONDS, SchedulerConfig
+from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
 
 MIGRATIONS_DIR = Path(__file__).parent / "adapters" / "migrations"
@@ -53,6 +57,34 @@ class SchedulerSettings(ServiceSettings):
     )
     prediction_margin: float = Field(
         default=0.10, ge=0, le=2, description="Headroom placed over a predicted memory peak."
+    )
+    pending_interval_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=86_400,
+        description="A waiting task's task.pending (and webhook) is sent when it starts waiting, "
+        "then only when the kind of its reason changed and held this long, and no oftener.",
+    )
+    node_lost_seconds: float = Field(
+        default=NODE_LOST_SECONDS,
+        ge=0,
+        le=86_400,
+        description="Grace after a node's heartbeat timeout: then its allocations are released "
+        "(node-lost) and their tasks retried or failed.",
+    )
+    confirmation_lag_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=3_600,
+        description="An unconfirmed reservation expires once task reports of its expiry time "
+        "are in; with none that recent, this much after its expiry.",
+    )
+    max_clock_skew_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=86_400,
+        description="Events dated further ahead of this clock are refused: they would move "
+        "the core's clock for good.",
     )
     quotas_file: Path | None = Field(
         default=None,
@@ -82,8 +114,13 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
             pools=load_pools(settings.pools_file) if settings.pools_file else {},
             grace_period_seconds=settings.grace_period_seconds,
             prediction_margin=settings.prediction_margin,
+            pending_interval_seconds=settings.pending_interval_seconds,
+            node_lost_seconds=settings.node_lost_seconds,
+            confirmation_lag_seconds=settings.confirmation_lag_seconds,
         ),
         SchedulerMetrics(service.registry),
+        service.rejections,
+        settings.max_clock_skew_seconds,
     )
     broker, name, batch = service.broker, service.name, settings.consumer_batch
 
@@ -102,6 +139,20 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @durable(broker, Subjects.NODE_HEALTH, name, batch=batch)
     async def on_node_health(event: NodeHealthReported) -> None:
         await core.handle(event, "node-health")
+
+    # From new grants on: allocations granted before this consumer existed count as armed.
+    @durable(
+        broker,
+        Subjects.ALLOCATION_GRANTED,
+        name,
+        batch=batch,
+        name="own-grants",
+        deliver_policy=DeliverPolicy.NEW,
+    )
+    async def on_own_grant(event: AllocationGranted, message: NatsMessage) -> None:
+        # Its own grant, read back: the stream's time of it is when its node could know.
+        stored_at = message.raw_message.metadata.timestamp
+        await core.handle(ReservationArmed.of(event, stored_at), "own-grants")
 
     @durable(broker, Subjects.SCALE_REPLICAS_REQUESTED, name, batch=batch)
     async def on_replicas_requested(event: ReplicasRequested) -> None:

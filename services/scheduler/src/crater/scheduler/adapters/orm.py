@@ -14,6 +14,7 @@ from sqlalchemy import (
     Table,
     Text,
     false,
+    true,
 )
 
 from crater.runtime.outbox import inbox_table, outbox_table
@@ -54,6 +55,12 @@ tasks = Table(
     # a gang's: every node where victims are yielding for it (nominated_node: the first)
     Column("nominated_nodes", JSON, nullable=True),
     Column("escalated", Boolean, nullable=False, default=False, server_default=false()),
+    # restart policy: which attempt is waiting or placed, and a retry's end of backoff
+    Column("attempt", Integer, nullable=False, default=1, server_default="1"),
+    Column("not_before", DateTime(timezone=True), nullable=True),
+    # what AllData was last told of the wait: the filters holding it, and when
+    Column("pending_kind", JSON, nullable=True),
+    Column("pending_at", DateTime(timezone=True), nullable=True),
 )
 
 allocations = Table(
@@ -76,6 +83,9 @@ allocations = Table(
     Column("gang_index", Integer, nullable=False, default=0, server_default="0"),
     # preempted: the resources go back at this time at the latest
     Column("yield_by", DateTime(timezone=True), nullable=True),
+    # the grant was read back from the stream: its reservation counts from then
+    Column("armed", Boolean, nullable=False, default=True, server_default=true()),
+    Column("attempt", Integer, nullable=False, default=1, server_default="1"),
 )
 
 # Cancels of tasks the scheduler has not received yet (still being profiled): when the task

@@ -6,9 +6,11 @@ pools:
   inference:
     filters: [NodeReady, Pool, TaintToleration, GpuCount, GpuMemory, CpuCores, Memory]
     overcommit: {cpu: 2.0, memory: 1.5}      # GPU stays 1 unless set
+    restart_policy: {on: [failure, node-lost], max_attempts: 3, backoff_seconds: 10}
 
 A pool left out, or a field left out, keeps the default: every filter, the default scores,
-no over-commit. `filters` must keep NodeReady and Pool, the two that no pool can do without.
+no over-commit, no restart (a task's own `restart_policy` wins). `filters` must keep
+NodeReady and Pool, the two that no pool can do without.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from crater.contracts import RestartPolicy
 from crater.scheduler.domain.cluster import Overcommit
 from crater.scheduler.domain.plugins import (
     CONFIGURED_SCORES,
@@ -51,6 +54,7 @@ class _Pool(BaseModel):
     scores: dict[str, float] | None = None
     args: dict[str, dict[str, Any]] = Field(default_factory=dict)
     overcommit: _Overcommit = Field(default_factory=_Overcommit)
+    restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
 
     @field_validator("filters")
     @classmethod
@@ -89,7 +93,9 @@ class _Pool(BaseModel):
             self.filters if self.filters is not None else list(FILTERS), scores, self.args
         )
         ratios = self.overcommit
-        return PoolPolicy(pipeline, Overcommit(ratios.cpu, ratios.memory, ratios.gpu))
+        return PoolPolicy(
+            pipeline, Overcommit(ratios.cpu, ratios.memory, ratios.gpu), self.restart_policy
+        )
 
 
 class _PoolsFile(BaseModel):

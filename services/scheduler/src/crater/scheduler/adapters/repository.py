@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, insert, select, update
@@ -18,8 +18,8 @@ from crater.contracts import (
     NodeTopology,
     NodeTopologyReported,
     Priority,
-    ReleaseReason,
     ResourcePrediction,
+    TaskEnded,
     TaskEscalated,
     TaskPending,
     TaskPreempted,
@@ -40,6 +40,7 @@ from crater.scheduler.domain.core import (
     SchedulerConfig,
 )
 from crater.scheduler.domain.demand import PREDICTION_MARGIN, Demand
+from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.quotas import Usage
 
 FINAL = [s.value for s in FINAL_STATUSES]
@@ -54,16 +55,23 @@ SET_TASK = update(tasks).where(tasks.c.task_id == bindparam("b_task_id"))
 SET_ALLOCATION = update(allocations).where(
     allocations.c.allocation_id == bindparam("b_allocation_id")
 )
-REPORT_TASK_STATUS = (  # a late report (or a cancel) never rewrites how a task ended
+# A node's `running` shows on a placed task only: a late report of an earlier attempt never
+# turns a waiting (or ended) task into a running one. Ends are the core's (task.ended).
+REPORT_RUNNING = (
     update(tasks)
     .where(tasks.c.task_id == bindparam("b_task_id"))
-    .where(tasks.c.status.notin_(FINAL))
+    .where(tasks.c.status.in_([TaskStatus.SCHEDULED.value, TaskStatus.RUNNING.value]))
 )
 MARK_RUNNING = (
     update(allocations)
     .where(allocations.c.task_id == bindparam("b_task_id"))
     .where(allocations.c.released_at.is_(None))
     .values(running=True)
+)
+ARM_RESERVATION = (
+    update(allocations)
+    .where(allocations.c.allocation_id == bindparam("b_allocation_id"))
+    .where(allocations.c.armed.is_(False))
 )
 SET_NODE = update(nodes).where(nodes.c.node_id == bindparam("b_node_id"))
 
@@ -74,19 +82,36 @@ class SchedulerRepository:
 
     # -- writes ------------------------------------------------------------------------------
 
-    async def record(self, event: Event, decisions: list[Event], seq: int | None) -> None:
-        """Persist what `event` and the decisions it caused changed."""
+    async def record(
+        self,
+        event: Event,
+        decisions: list[Event],
+        seq: int | None,
+        core: Scheduler | None = None,
+    ) -> None:
+        """Persist what `event` and the decisions it caused changed. `core`: the scheduler
+        that decided, for the state a decision does not carry (a retry's backoff, what a
+        waiting task was last announced as)."""
         now = datetime.now(UTC)
         if isinstance(event, TaskProfiled) and seq is not None:
             await self._insert_task(event, seq, now)
-        elif isinstance(event, TaskStatusReported):
+        elif isinstance(event, ReservationArmed):
             await self.session.execute(
-                REPORT_TASK_STATUS,
-                {"b_task_id": event.task_id, "status": event.status.value, "updated_at": now},
+                ARM_RESERVATION,
+                {
+                    "b_allocation_id": event.allocation_id,
+                    "armed": True,
+                    "reservation_expires_at": _armed_expiry(core, event),
+                },
             )
+        elif isinstance(event, TaskStatusReported):
             if event.status is TaskStatus.CANCELLED and event.allocation_id is None:
                 await self._remember_early_cancel(event.task_id, now)
             if event.status is TaskStatus.RUNNING:
+                await self.session.execute(
+                    REPORT_RUNNING,
+                    {"b_task_id": event.task_id, "status": event.status.value, "updated_at": now},
+                )
                 await self.session.execute(MARK_RUNNING, {"b_task_id": event.task_id})
         elif isinstance(event, NodeTopologyReported):
             await self._upsert_node(event.node, None, event.occurred_at.timestamp(), now)
@@ -101,7 +126,7 @@ class SchedulerRepository:
                 },
             )
         for decision in decisions:
-            await self._apply(decision, now)
+            await self._apply(decision, now, core)
 
     async def _nominate(self, task_id: str, node: str, now: datetime) -> None:
         """Victims yield on `node` for `task_id` (a gang's may yield on several nodes)."""
@@ -123,12 +148,16 @@ class SchedulerRepository:
                 insert(early_cancels).values(task_id=task_id, cancelled_at=now)
             )
 
-    async def _apply(self, decision: Event, now: datetime) -> None:
-        if isinstance(decision, TaskStatusReported):
-            # The core ended a task cancelled before it arrived: the cancel has been used.
+    async def _apply(self, decision: Event, now: datetime, core: Scheduler | None) -> None:
+        if isinstance(decision, TaskEnded):
             await self._set_task(
-                decision.task_id, now, status=decision.status.value, reason=decision.message
+                decision.task_id,
+                now,
+                status=decision.status.value,
+                reason=decision.reason,
+                not_before=None,
             )
+            # A task cancelled before it arrived has ended: the cancel has been used.
             await self.session.execute(
                 delete(early_cancels).where(early_cancels.c.task_id == decision.task_id)
             )
@@ -149,6 +178,8 @@ class SchedulerRepository:
                     "running": False,
                     "granted_at": decision.occurred_at,
                     "gang_index": decision.gang_index,
+                    "armed": False,
+                    "attempt": decision.attempt,
                 },
             )
             if decision.gang_index:
@@ -162,9 +193,17 @@ class SchedulerRepository:
                 reason=decision.explanation,
             )
         elif isinstance(decision, TaskPending):
-            await self._set_task(
-                decision.task_id, now, status=TaskStatus.PENDING.value, reason=decision.summary
-            )
+            waiting = core.pending.get(decision.task_id) if core is not None else None
+            values: dict[str, Any] = {
+                "status": TaskStatus.PENDING.value,
+                "reason": decision.summary,
+            }
+            values["attempt"] = decision.attempt
+            if waiting is not None:
+                values["not_before"] = waiting.not_before
+                values["pending_kind"] = sorted(waiting.announced_kind or ())
+                values["pending_at"] = waiting.announced_at
+            await self._set_task(decision.task_id, now, **values)
         elif isinstance(decision, TaskRejected):
             reason = "; ".join(f"{e.field}: {e.reason}" for e in decision.errors)
             await self._set_task(
@@ -195,22 +234,7 @@ class SchedulerRepository:
                     "release_reason": decision.reason.value,
                 },
             )
-            if decision.reason is ReleaseReason.SCALED_IN:
-                await self._set_task(
-                    decision.task_id,
-                    now,
-                    status=TaskStatus.CANCELLED.value,
-                    reason="scaled in by the autoscaler",
-                )
-            if decision.reason is ReleaseReason.PREEMPTED:
-                await self._set_task(decision.task_id, now, status=TaskStatus.PREEMPTED.value)
-            if decision.reason is ReleaseReason.EXPIRED:
-                await self._set_task(
-                    decision.task_id,
-                    now,
-                    status=TaskStatus.FAILED.value,
-                    reason="reservation expired: the task never reported running",
-                )
+            # What becomes of the task (retried, or its end) is the decision that follows.
 
     async def _insert_task(self, event: TaskProfiled, seq: int, now: datetime) -> None:
         request = event.task
@@ -335,6 +359,7 @@ class SchedulerRepository:
                     tasks.c.seq,
                     tasks.c.escalated,
                     tasks.c.submitted_at,
+                    tasks.c.attempt.label("task_attempt"),
                 )
                 .join(tasks, tasks.c.task_id == allocations.c.task_id)
                 .where(allocations.c.released_at.is_(None))
@@ -377,6 +402,9 @@ class SchedulerRepository:
                     pool=r.request["pool"],
                     gang_index=r.gang_index,
                     yield_by=_aware(r.yield_by) if r.yield_by is not None else None,
+                    armed=r.armed,
+                    attempt=r.attempt,
+                    task=_pending(r, config.prediction_margin),
                 )
                 for r in alloc_rows
             ],
@@ -417,6 +445,9 @@ def _pending(row: Any, margin: float = PREDICTION_MARGIN) -> PendingTask:
     prediction = ResourcePrediction.model_validate(row.prediction) if row.prediction else None
     seq, reason = getattr(row, "seq", 0), getattr(row, "reason", None)
     submitted = getattr(row, "submitted_at", None)
+    not_before = getattr(row, "not_before", None)
+    announced_at = getattr(row, "pending_at", None)
+    kind = getattr(row, "pending_kind", None)
     return PendingTask(
         request,
         prediction,
@@ -426,7 +457,26 @@ def _pending(row: Any, margin: float = PREDICTION_MARGIN) -> PendingTask:
         nominated=_nominated(row),
         submitted_at=_aware(submitted) if submitted is not None else None,
         escalated=bool(getattr(row, "escalated", False)),
+        attempt=getattr(row, "task_attempt", None) or getattr(row, "attempt", 1) or 1,
+        not_before=_aware(not_before) if not_before is not None else None,
+        # a task announced before these were kept counts as announced at its submission
+        announced_kind=frozenset(kind) if kind is not None else frozenset(),
+        announced_at=_aware(announced_at)
+        if announced_at is not None
+        else _aware(submitted)
+        if submitted is not None
+        else None,
     )
+
+
+def _armed_expiry(core: Scheduler | None, event: ReservationArmed) -> datetime:
+    """The reservation's end as the core set it on arming."""
+    head = core.allocations.get(event.task_id) if core is not None else None
+    for member in head.members() if head is not None else ():
+        if member.allocation_id == event.allocation_id:
+            return member.expires_at
+    seconds = core.config.reservation_seconds if core is not None else 30
+    return event.occurred_at + timedelta(seconds=seconds)
 
 
 def _nominated(row: Any) -> tuple[str, ...]:

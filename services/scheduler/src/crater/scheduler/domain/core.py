@@ -35,7 +35,10 @@ from crater.contracts import (
     ReleaseReason,
     ReplicaReleaseRequested,
     ResourcePrediction,
+    RestartOn,
+    RestartPolicy,
     ScoreDetail,
+    TaskEnded,
     TaskEscalated,
     TaskPending,
     TaskPreempted,
@@ -56,9 +59,10 @@ from crater.scheduler.domain.cluster import (
     Overcommit,
 )
 from crater.scheduler.domain.demand import PREDICTION_MARGIN, Demand
+from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.placement import Selection, select
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
-from crater.scheduler.domain.pools import PoolPolicy
+from crater.scheduler.domain.pools import NEVER_RESTART, PoolPolicy
 from crater.scheduler.domain.preemption import Candidate, plan, plan_gang
 from crater.scheduler.domain.queue import (
     Backfill,
@@ -82,6 +86,37 @@ HEAD_CANDIDATES = 64
 
 # A time after every expiry: the floor when nothing can expire.
 NEVER = datetime.max.replace(tzinfo=UTC)
+
+# How long a node may stay silent past its heartbeat timeout before what it holds is given
+# back (`node-lost`); and the least event time between two scans for such nodes.
+NODE_LOST_SECONDS = 60.0
+NODE_LOST_SCAN_SECONDS = 1.0
+
+# Which attempt endings a restart policy can retry, by how the attempt's resources went back.
+RESTART_ON = {
+    ReleaseReason.FAILED: RestartOn.FAILURE,
+    ReleaseReason.EXPIRED: RestartOn.FAILURE,
+    ReleaseReason.PREEMPTED: RestartOn.PREEMPTION,
+    ReleaseReason.NODE_LOST: RestartOn.NODE_LOST,
+}
+# What a task's end says when its last attempt ended so.
+END_STATUS = {
+    ReleaseReason.SUCCEEDED: TaskStatus.SUCCEEDED,
+    ReleaseReason.FAILED: TaskStatus.FAILED,
+    ReleaseReason.CANCELLED: TaskStatus.CANCELLED,
+    ReleaseReason.PREEMPTED: TaskStatus.FAILED,
+    ReleaseReason.EXPIRED: TaskStatus.FAILED,
+    ReleaseReason.NODE_LOST: TaskStatus.FAILED,
+    ReleaseReason.SCALED_IN: TaskStatus.CANCELLED,
+}
+END_REASON = {
+    ReleaseReason.EXPIRED: "its node never confirmed the reservation",
+    ReleaseReason.NODE_LOST: "its node stopped answering",
+    ReleaseReason.SCALED_IN: "the autoscaler removed this replica",
+}
+# Filters whose verdict is only where the task may go now, not what it needs: a change among
+# them alone is not a new kind of reason to wait (backfill comes and goes with the queue).
+TRANSIENT_FILTERS = frozenset({"Backfill"})
 
 # Which request field a filter judges: named in a rejection.
 FILTER_FIELDS = {
@@ -115,6 +150,21 @@ class SchedulerConfig:
     prediction_margin: float = PREDICTION_MARGIN
     # per pool: its pipeline and over-commit; a pool not named uses `pipeline`, no over-commit
     pools: dict[str, PoolPolicy] = field(default_factory=dict)
+    # a waiting task is announced (task.pending) when it starts waiting, then only when the
+    # kind of its reason has changed and held this long, and no oftener than this
+    pending_interval_seconds: float = 60.0
+    # a node silent this long past its heartbeat timeout is lost: its allocations go back
+    node_lost_seconds: float = NODE_LOST_SECONDS
+    # an unconfirmed reservation expires once the node reports (task.status) consumed reach
+    # past its expiry; with none that recent, this much later (a quiet status stream)
+    confirmation_lag_seconds: float = 30.0
+
+    def restart_for(self, request: TaskRequest) -> RestartPolicy:
+        """The task's own restart policy, else its pool's, else never."""
+        if request.restart_policy is not None:
+            return request.restart_policy
+        policy = self.pools.get(request.pool)
+        return NEVER_RESTART if policy is None else policy.restart
 
     def pipeline_for(self, pool: str) -> Pipeline:
         policy = self.pools.get(pool)
@@ -136,6 +186,15 @@ class PendingTask:
     nominated: tuple[str, ...] = ()
     submitted_at: datetime | None = None  # the queue-time SLA counts from here
     escalated: bool = False  # waited past sla.max_queue_time_seconds
+    attempt: int = 1  # restart policy: which attempt waits
+    not_before: datetime | None = None  # a retried attempt waits out its backoff until then
+    # What AllData was last told of its wait: the kind of reason (filters) and when; and a
+    # different kind seen since `kind_since`, announced once it has held for the interval.
+    announced_kind: frozenset[str] | None = None
+    announced_at: datetime | None = None
+    seen_kind: frozenset[str] | None = None
+    kind_since: datetime | None = None
+    live_reasons: list[FilterReason] = field(default_factory=list)
 
     @property
     def priority(self) -> int:
@@ -186,6 +245,11 @@ class Allocation:
     gang_index: int = 0
     # A gang's members after the first; the first (held in `Scheduler.allocations`) owns them.
     peers: list[Allocation] = field(default_factory=list)
+    # The scheduler has read its own grant back from the stream: the reservation counts.
+    armed: bool = True
+    attempt: int = 1
+    # The task as it waited (request, prediction): a retried attempt queues it again.
+    task: PendingTask | None = field(default=None, compare=False, repr=False)
 
     def members(self) -> list[Allocation]:
         return [self, *self.peers]
@@ -201,6 +265,17 @@ class Scheduler:
     # The core's clock: the latest `occurred_at` it has seen. Events arrive from many
     # producers, a little out of order; time never runs backwards inside the core.
     clock: datetime | None = None
+    # The latest `occurred_at` of the task reports (task.status) consumed: a reservation
+    # expires only once the reports of its time are in, so a report that lags in its own
+    # consumer still confirms it.
+    reports_clock: datetime | None = None
+    # (time, seq, task id) of retried attempts waiting out their backoff, earliest first.
+    backoffs: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # (time, seq, task id): a waiting task's new kind of reason may be announced from then;
+    # its pool is retried at that time, so the announcement does not wait for other news.
+    announcements: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # The event time of the last scan for lost nodes (they are looked for once a second).
+    lost_scan_at: datetime | None = field(default=None, compare=False, repr=False)
     quotas: Quotas = field(default_factory=Quotas)
     # What each tenant holds in each pool: its dominant share orders a priority class (DRF).
     pool_usage: dict[QueueKey, Usage] = field(default_factory=dict)
@@ -304,11 +379,20 @@ class Scheduler:
     def handle(self, event: Event) -> list[Event]:
         self.clock = max(self.clock or event.occurred_at, event.occurred_at)
         now = self.clock
+        if isinstance(event, TaskStatusReported):
+            # Before expiring anything: this report may be the confirmation that was due, and
+            # a later one that is in says the reports of an expiry's time are in too.
+            self.reports_clock = max(self.reports_clock or event.occurred_at, event.occurred_at)
+            if event.status is TaskStatus.RUNNING:
+                self._confirm(event)
         decisions: list[Event] = self._expire_reservations(now, event)
-        escalated = self._escalate(now, event)
-        decisions += escalated
+        decisions += self._escalate(now, event)
         changed = self._expire_heartbeats(now) or bool(decisions)
-        if isinstance(event, TaskProfiled):
+        changed = self._end_backoffs(now) or changed
+        changed = self._announcements_due(now) or changed
+        if isinstance(event, ReservationArmed):
+            self._on_armed(event)
+        elif isinstance(event, TaskProfiled):
             decisions += self._on_profiled(event)
         elif isinstance(event, TaskStatusReported):
             left = len(self.pending)
@@ -326,6 +410,10 @@ class Scheduler:
         elif isinstance(event, ReplicaReleaseRequested):
             decisions += self._on_release_requested(event)
             changed = changed or bool(decisions)
+        # After the event: a node's own heartbeat shows it is not lost.
+        lost = self._release_lost_nodes(now, event)
+        decisions += lost
+        changed = changed or bool(lost)
         if changed:
             decisions += self._retry_pending(event)
         return decisions
@@ -363,7 +451,7 @@ class Scheduler:
         over = self.quotas.blocking(request.tenant, demand, members)
         found = None if over else self.diagnose(task.filter_demand)
         reasons, summary = self._why_waiting(task, avoid, over, found)
-        decisions: list[Event] = [self._pending_event(task, event, reasons, summary)]
+        decisions: list[Event] = self._announce(task, event, reasons, summary)
         head = self.backfill.get(request.pool)
         if not over and (
             head is None or head.task_id not in self.pending or self._order(task) < head.order
@@ -371,17 +459,16 @@ class Scheduler:
             self._make_head(task)
         return decisions + self._preempt_for(task, event)
 
-    def _cancelled_on_arrival(self, event: TaskProfiled) -> TaskStatusReported:
+    def _cancelled_on_arrival(self, event: TaskProfiled) -> TaskEnded:
         """A task cancelled while it was being profiled ends cancelled as it arrives: never
         queued, never placed."""
         task_id = event.task.task_id
         self.early_cancels[task_id] = True
-        return TaskStatusReported(
-            event_id=derived_event_id(event.event_id, f"cancelled:{task_id}"),
-            occurred_at=event.occurred_at,
-            task_id=task_id,
-            status=TaskStatus.CANCELLED,
-            message="cancelled before the scheduler received it: never placed",
+        return self._ended(
+            task_id,
+            TaskStatus.CANCELLED,
+            "cancelled before the scheduler received it: never placed",
+            event,
         )
 
     def _enqueue(self, task: PendingTask) -> None:
@@ -391,6 +478,32 @@ class Scheduler:
         if limit is not None and task.submitted_at is not None and not task.escalated:
             deadline = task.submitted_at + timedelta(seconds=limit)
             heapq.heappush(self.deadlines, (deadline, task.seq, task.request.task_id))
+        if task.not_before is not None:
+            heapq.heappush(self.backoffs, (task.not_before, task.seq, task.request.task_id))
+
+    def _announcements_due(self, now: datetime) -> bool:
+        """Pools with a waiting task whose new kind of reason may now be announced are
+        retried: True if any."""
+        due = False
+        while self.announcements and self.announcements[0][0] <= now:
+            _, _, task_id = heapq.heappop(self.announcements)
+            task = self.pending.get(task_id)
+            if task is not None and task.kind_since is not None:
+                self._stale(task.request.pool)
+                due = True
+        return due
+
+    def _end_backoffs(self, now: datetime) -> bool:
+        """Retried attempts whose backoff is over may be placed again: True if any."""
+        woke = False
+        while self.backoffs and self.backoffs[0][0] <= now:
+            _, _, task_id = heapq.heappop(self.backoffs)
+            task = self.pending.get(task_id)
+            if task is not None and task.not_before is not None and task.not_before <= now:
+                task.not_before = None
+                self._stale(task.request.pool)
+                woke = True
+        return woke
 
     def _never_fits(self, task: PendingTask) -> list[FieldError]:
         """Why no node of the task's pool could hold it even empty; [] when one could (or
@@ -440,35 +553,162 @@ class Scheduler:
     def _on_status(self, event: TaskStatusReported) -> list[Event]:
         allocation = self.allocations.get(event.task_id)
         if allocation is None:
-            if event.status is not TaskStatus.RUNNING:
-                cancelled = self.pending.pop(event.task_id, None)  # cancelled before placed
-                if cancelled is not None:
-                    self._stale(cancelled.request.pool)
-                elif event.status is TaskStatus.CANCELLED and event.allocation_id is None:
-                    # Not here yet (still being profiled): it ends cancelled when it comes. (A
-                    # report naming an allocation is about a task that was here and has ended.)
-                    self.early_cancels.setdefault(event.task_id, False)
+            waiting = self.pending.get(event.task_id)
+            if event.status is TaskStatus.CANCELLED and event.allocation_id is None:
+                if waiting is not None:  # cancelled before placed (or between attempts)
+                    del self.pending[event.task_id]
+                    self._stale(waiting.request.pool)
+                    reason = event.message or "cancelled while waiting"
+                    return [
+                        self._ended(
+                            event.task_id, TaskStatus.CANCELLED, reason, event, waiting.attempt
+                        )
+                    ]
+                # Not here yet (still being profiled): it ends cancelled when it comes. (A
+                # report naming an allocation is about a task that was here and has ended.)
+                self.early_cancels.setdefault(event.task_id, False)
+            # Anything else is news of an attempt that is over: the task waits or has ended.
             return []
         members = allocation.members()
         ids = {m.allocation_id for m in members}
         if event.allocation_id not in (None, *ids):
             return []  # news of an earlier allocation of the same task: not this one
         if event.status is TaskStatus.RUNNING:
-            for member in members:
-                if event.allocation_id in (None, member.allocation_id):
-                    member.running = True
-            return []
-        # Any member's end (or a cancel) ends the task: every member goes back.
-        if allocation.yield_by is not None:
-            return list(self._release(allocation, ReleaseReason.PREEMPTED, event))
-        return list(self._release(allocation, ReleaseReason(event.status.value), event))
+            return []  # confirmed already (`_confirm`)
+        # Any member's end (or a cancel) ends the attempt: every member goes back.
+        if allocation.yield_by is not None and event.status is not TaskStatus.SUCCEEDED:
+            return self._attempt_over(allocation, ReleaseReason.PREEMPTED, event)
+        return self._attempt_over(allocation, ReleaseReason(event.status.value), event)
+
+    def _confirm(self, event: TaskStatusReported) -> None:
+        """A node reports the task running: its reservation (the member named, or every
+        member) is confirmed and no longer expires."""
+        allocation = self.allocations.get(event.task_id)
+        if allocation is None:
+            return
+        for member in allocation.members():
+            if event.allocation_id in (None, member.allocation_id):
+                member.running = True
 
     def _on_release_requested(self, event: ReplicaReleaseRequested) -> list[Event]:
         """A scaled-in replica, drained: its resources go back."""
         allocation = self.allocations.get(event.task_id) if event.task_id else None
         if allocation is None:
             return []
-        return list(self._release(allocation, ReleaseReason.SCALED_IN, event))
+        return self._attempt_over(allocation, ReleaseReason.SCALED_IN, event)
+
+    def _on_armed(self, event: ReservationArmed) -> None:
+        """The grant has left the outbox: its reservation runs from when the stream took it."""
+        head = self.allocations.get(event.task_id)
+        if head is None:
+            return  # ended already
+        for member in head.members():
+            if member.allocation_id == event.allocation_id and not member.armed:
+                member.armed = True
+                member.expires_at = event.occurred_at + timedelta(
+                    seconds=self.config.reservation_seconds
+                )
+                if self.expiry_floor is not None:
+                    self.expiry_floor = min(self.expiry_floor, member.expires_at)
+
+    def _attempt_over(
+        self, allocation: Allocation, reason: ReleaseReason, cause: Event
+    ) -> list[Event]:
+        """An attempt's resources go back (every member of a gang); then the task is retried,
+        as its restart policy says, or ends: exactly one `task.ended` per task."""
+        released: list[Event] = list(self._release(allocation, reason, cause))
+        task = allocation.task
+        attempt = allocation.attempt
+        if task is not None:
+            policy = self.config.restart_for(task.request)
+            on = RESTART_ON.get(reason)
+            if on is not None and on in policy.on and attempt < policy.max_attempts:
+                return [*released, self._retry(task, attempt + 1, reason, policy, cause)]
+        why = END_REASON.get(reason, f"its attempt ended: {reason.value}")
+        if reason is ReleaseReason.PREEMPTED and allocation.yield_by is not None:
+            why = "it yielded its resources to a higher-priority task"
+        elif reason in (ReleaseReason.SUCCEEDED, ReleaseReason.FAILED, ReleaseReason.CANCELLED):
+            why = f"{reason.value} as its node reported"
+            reported = getattr(cause, "message", None)
+            if reported:
+                why += f": {reported}"
+        if attempt > 1:
+            why += f" (attempt {attempt})"
+        return [
+            *released,
+            self._ended(
+                allocation.task_id,
+                END_STATUS[reason],
+                why,
+                cause,
+                attempt,
+                allocation_id=allocation.allocation_id,
+                release_reason=reason,
+            ),
+        ]
+
+    def _retry(
+        self,
+        task: PendingTask,
+        attempt: int,
+        reason: ReleaseReason,
+        policy: RestartPolicy,
+        cause: Event,
+    ) -> TaskPending:
+        """Queue the task again for its next attempt, after the policy's backoff."""
+        now = self.clock or cause.occurred_at
+        backoff = policy.backoff_before(attempt)
+        retried = PendingTask(
+            task.request,
+            task.prediction,
+            task.demand,
+            task.seq,  # keeps its place in the queue
+            submitted_at=now,  # a queue-time SLA counts from the new wait
+            attempt=attempt,
+            not_before=now + timedelta(seconds=backoff) if backoff > 0 else None,
+        )
+        self._enqueue(retried)
+        summary = (
+            f"attempt {attempt} of {policy.max_attempts} after the last ended {reason.value}"
+            + (f"; starts after a backoff of {backoff:g} s" if backoff > 0 else "")
+        )
+        reasons = [FilterReason(filter="RestartBackoff", code="Retrying", nodes=0, message=summary)]
+        task_id = task.request.task_id
+        retried.live_reasons = reasons
+        retried.last_summary = summary
+        retried.announced_kind = retried.seen_kind = _kind(reasons)
+        retried.announced_at = now
+        return TaskPending(
+            event_id=derived_event_id(cause.event_id, f"retry:{task_id}:{attempt}"),
+            occurred_at=cause.occurred_at,
+            task_id=task_id,
+            nodes_total=len(self.cluster),
+            reasons=reasons,
+            summary=summary,
+            attempt=attempt,
+        )
+
+    def _ended(
+        self,
+        task_id: str,
+        status: TaskStatus,
+        reason: str,
+        cause: Event,
+        attempt: int = 1,
+        allocation_id: str | None = None,
+        release_reason: ReleaseReason | None = None,
+    ) -> TaskEnded:
+        """The task's end: the one event AllData hears it from."""
+        return TaskEnded(
+            event_id=derived_event_id(cause.event_id, f"ended:{task_id}"),
+            occurred_at=cause.occurred_at,
+            task_id=task_id,
+            status=status,
+            reason=reason[:2048],
+            allocation_id=allocation_id,
+            release_reason=None if release_reason is None else release_reason.value,
+            attempt=attempt,
+        )
 
     def _escalate(self, now: datetime, cause: Event) -> list[Event]:
         """Tasks waiting past their queue-time SLA rank one class higher, once."""
@@ -559,8 +799,8 @@ class Scheduler:
         said: dict[tuple[Demand, Backfill | None, int, bool], tuple[list[FilterReason], str]] = {}
         masks: dict[Backfill, BoolArray] = {}
         for task in self._queue(pools):
-            if task.request.task_id not in self.pending:
-                continue
+            if task.request.task_id not in self.pending or task.not_before is not None:
+                continue  # placed or cancelled in this pass, or waiting out a backoff
             head = self._reserving_head(task)
             avoid = None if head is None else masks.get(head)
             if head is not None and avoid is None:
@@ -590,8 +830,7 @@ class Scheduler:
                     else:
                         no_candidates[memo] = found
             reasons, summary = why or self._why_waiting(task, avoid, over, found)
-            if summary != task.last_summary:  # only news: the reasons changed
-                decisions.append(self._pending_event(task, cause, reasons, summary))
+            decisions += self._announce(task, cause, reasons, summary)
             pool = task.request.pool
             if pool not in self.backfill and not over:
                 self._make_head(task)
@@ -750,23 +989,63 @@ class Scheduler:
         expired: list[Allocation] = []
         yielded: list[Allocation] = []
         for a in self.allocations.values():
-            if (not a.running and a.expires_at < now) or (
-                a.peers and any(not m.running and m.expires_at < now for m in a.peers)
-            ):
+            if any(self._unconfirmed(m, now) for m in a.members()):
                 expired.append(a)
             elif a.yield_by is not None and a.yield_by < now:
                 yielded.append(a)
         released: list[Event] = []
         for a in sorted(expired, key=lambda a: a.task_id):
-            released += self._release(a, ReleaseReason.EXPIRED, cause)
+            released += self._attempt_over(a, ReleaseReason.EXPIRED, cause)
         for a in sorted(yielded, key=lambda a: a.task_id):
-            released += self._release(a, ReleaseReason.PREEMPTED, cause)
+            released += self._attempt_over(a, ReleaseReason.PREEMPTED, cause)
         self.expiry_floor = min(
             (t for a in self.allocations.values() for t in _expiries(a)), default=NEVER
         )
         return released
 
+    def _unconfirmed(self, member: Allocation, now: datetime) -> bool:
+        """Whether `member`'s node has truly not confirmed it in time: its reservation, counted
+        from when the grant left the outbox, is over, and the task reports of that time have
+        been consumed (or, none being that recent, a further lag allowance is over too)."""
+        if member.running or not member.armed or member.expires_at >= now:
+            return False
+        if self.reports_clock is not None and self.reports_clock > member.expires_at:
+            return True
+        allowance = timedelta(seconds=self.config.confirmation_lag_seconds)
+        return member.expires_at + allowance < now
+
     # -- nodes -------------------------------------------------------------------------------
+
+    def _release_lost_nodes(self, now: datetime, cause: Event) -> list[Event]:
+        """Allocations on nodes silent past their heartbeat timeout and the lost-node grace go
+        back (`node-lost`); their tasks are retried or end failed. Looked for once a second of
+        event time at most."""
+        if self.lost_scan_at is not None and (now - self.lost_scan_at).total_seconds() < (
+            NODE_LOST_SCAN_SECONDS
+        ):
+            return []
+        self.lost_scan_at = now
+        if not self.allocations:
+            return []
+        silence = self.config.heartbeat_timeout_seconds + self.config.node_lost_seconds
+        deadline = now.timestamp() - silence
+        lost = {
+            node.name
+            for node in self.cluster.nodes
+            if node.last_heartbeat_at is not None
+            and node.last_heartbeat_at < deadline
+            and node.condition is NodeCondition.NOT_READY
+        }
+        if not lost:
+            return []
+        heads = sorted(
+            (a for a in self.allocations.values() if any(m.node in lost for m in a.members())),
+            key=lambda a: a.task_id,
+        )
+        released: list[Event] = []
+        for head in heads:
+            released += self._attempt_over(head, ReleaseReason.NODE_LOST, cause)
+        return released
 
     def _on_topology(self, event: NodeTopologyReported) -> None:
         existing = self.cluster.get(event.node.node_id)
@@ -1020,7 +1299,7 @@ class Scheduler:
     ) -> AllocationGranted:
         request = task.request
         size = task.gang_size
-        suffix = f":{member}" if member else ""
+        suffix = (f":{member}" if member else "") + _attempt_key(task.attempt)
         event_id = derived_event_id(cause.event_id, f"granted:{request.task_id}{suffix}")
         allocation_id = f"alloc-{event_id.hex[:16]}"
         now = self.clock or cause.occurred_at
@@ -1043,6 +1322,9 @@ class Scheduler:
             pool=request.pool,
             gang_index=member,
             mig_profile=selection.mig_profile,
+            armed=False,  # until the grant is read back from the stream
+            attempt=task.attempt,
+            task=task,
         )
         self._take(allocation)
         _hold(node, allocation)
@@ -1088,6 +1370,7 @@ class Scheduler:
             environment=environment,
             gang_index=member,
             gang_size=size,
+            attempt=task.attempt,
         )
 
     def _take(self, allocation: Allocation) -> None:
@@ -1202,18 +1485,43 @@ class Scheduler:
             summary = f"0/{total} nodes available: {detail}"
         return reasons, summary
 
-    def _pending_event(
+    def _announce(
         self, task: PendingTask, cause: Event, reasons: list[FilterReason], summary: str
-    ) -> TaskPending:
+    ) -> list[Event]:
+        """Keep why `task` waits (queryable at any time), and tell AllData (task.pending) when
+        it starts waiting, or when the kind of reason (which filters hold it) has changed and
+        the new kind has held for the pending interval, no oftener than that interval. Node
+        counts moving inside one kind are not news: announcing them sent hundreds a second."""
+        task.live_reasons = reasons
         task.last_summary = summary
-        return TaskPending(
-            event_id=derived_event_id(cause.event_id, f"pending:{task.request.task_id}"),
-            occurred_at=cause.occurred_at,
-            task_id=task.request.task_id,
-            nodes_total=len(self.cluster),
-            reasons=reasons,
-            summary=summary,
-        )
+        now = self.clock or cause.occurred_at
+        kind = _kind(reasons)
+        if task.announced_kind is not None and task.announced_at is not None:
+            if kind == task.announced_kind:
+                task.seen_kind = task.kind_since = None
+                return []
+            interval = timedelta(seconds=self.config.pending_interval_seconds)
+            if kind != task.seen_kind or task.kind_since is None:
+                task.seen_kind, task.kind_since = kind, now
+                due = max(task.kind_since, task.announced_at) + interval
+                heapq.heappush(self.announcements, (due, task.seq, task.request.task_id))
+            if now - task.kind_since < interval or now - task.announced_at < interval:
+                return []
+        task.announced_kind, task.announced_at = kind, now
+        task.seen_kind = task.kind_since = None
+        return [
+            TaskPending(
+                event_id=derived_event_id(
+                    cause.event_id, f"pending:{task.request.task_id}{_attempt_key(task.attempt)}"
+                ),
+                occurred_at=cause.occurred_at,
+                task_id=task.request.task_id,
+                nodes_total=len(self.cluster),
+                reasons=reasons,
+                summary=summary,
+                attempt=task.attempt,
+            )
+        ]
 
     @staticmethod
     def _reject(cause: Event, task_id: str, errors: list[FieldError]) -> TaskRejected:
@@ -1254,10 +1562,20 @@ class Scheduler:
         return env
 
 
+def _kind(reasons: list[FilterReason]) -> frozenset[str]:
+    """The kind of a wait: which filters hold the task, whatever their node counts."""
+    return frozenset(r.filter for r in reasons if r.filter not in TRANSIENT_FILTERS)
+
+
+def _attempt_key(attempt: int) -> str:
+    """An attempt's mark in derived event ids; the first attempt's ids are as they were."""
+    return f":a{attempt}" if attempt > 1 else ""
+
+
 def _expiries(allocation: Allocation) -> Iterator[datetime]:
     """When `allocation` (a gang: any member) could expire or must have yielded."""
     for member in allocation.members():
-        if not member.running:
+        if not member.running and member.armed:
             yield member.expires_at
     if allocation.yield_by is not None:
         yield allocation.yield_by
@@ -1303,4 +1621,5 @@ def _pool_filtered_first(pipeline: Pipeline) -> bool:
 def _member_key(allocation: Allocation) -> str:
     """A gang member's name in derived event ids; the first member keeps the task's own."""
     index = allocation.gang_index
-    return f"{allocation.task_id}:{index}" if index else allocation.task_id
+    key = f"{allocation.task_id}:{index}" if index else allocation.task_id
+    return key + _attempt_key(allocation.attempt)

@@ -1,17 +1,23 @@
-"""A pool's placement policy: its filter and score pipeline and its over-commit ratios."""
+"""A pool's policy: its filter and score pipeline, its over-commit ratios, and whether its
+tasks are retried when an attempt ends badly."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from crater.contracts import RestartPolicy
 from crater.scheduler.domain.cluster import NO_OVERCOMMIT, Overcommit
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
+
+NEVER_RESTART = RestartPolicy()
 
 
 @dataclass(frozen=True)
 class PoolPolicy:
     pipeline: Pipeline = DEFAULT_PIPELINE
     overcommit: Overcommit = NO_OVERCOMMIT
+    # for the pool's tasks that name no restart policy of their own
+    restart: RestartPolicy = field(default=NEVER_RESTART)
 
 
 DEFAULT_POLICY = PoolPolicy()

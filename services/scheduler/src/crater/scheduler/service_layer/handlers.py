@@ -8,10 +8,12 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from crater.contracts import (
@@ -36,7 +38,9 @@ from crater.contracts import (
     TaskSummary,
     derived_event_id,
 )
+from crater.runtime.bus import Rejections, subject_of
 from crater.runtime.outbox import (
+    IN_LIST_LIMIT,
     OutboxRelay,
     TaskSequencer,
     first_deliveries,
@@ -47,6 +51,7 @@ from crater.scheduler.adapters.orm import inbox, outbox
 from crater.scheduler.adapters.repository import SchedulerRepository
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.views import node_summaries
 
 log = logging.getLogger("crater.scheduler")
@@ -54,8 +59,11 @@ log = logging.getLogger("crater.scheduler")
 # A task id is never reused: not while the task stream still holds the first task's events.
 TASK_ID_RETENTION_DAYS = Streams.TASKS.max_age_seconds // 86_400
 
-# Telemetry repeats itself by nature and applying it twice changes nothing: no inbox for it.
-IDEMPOTENT_BY_NATURE = (NodeTopologyReported, NodeHealthReported)
+# Telemetry repeats itself by nature and applying it twice changes nothing: no inbox for it
+# (nor for a grant read back: arming twice arms once). What the core decides on such an event
+# may still repeat a decision already staged (the same event delivered again after a crash
+# between commit and ack): those are left out by their id, see `_already_staged`.
+IDEMPOTENT_BY_NATURE = (NodeTopologyReported, NodeHealthReported, ReservationArmed)
 
 
 # Fine below 10 ms: the targets are p99 < 2 ms at 1,000 nodes and < 10 ms at 10,000.
@@ -91,7 +99,18 @@ class SchedulerMetrics:
             "crater_scheduler_active_allocations", "Allocations held now.", registry=registry
         )
         self.nodes = Gauge("crater_scheduler_nodes", "Nodes known.", registry=registry)
-
+        self.from_the_future = Counter(
+            "crater_scheduler_events_from_the_future",
+            "Events dated further ahead of this scheduler's clock than the allowed skew: "
+            "refused, so they cannot move the core's clock.",
+            ["kind"],
+            registry=registry,
+        )
+        self.repeated_decisions = Counter(
+            "crater_scheduler_repeated_decisions",
+            "Decisions left out because an earlier delivery of the same event staged them.",
+            registry=registry,
+        )
 
 @dataclass
 class Waiting:
@@ -109,11 +128,17 @@ class SchedulerService:
         relay: OutboxRelay,
         config: SchedulerConfig,
         metrics: SchedulerMetrics,
+        rejections: Rejections | None = None,
+        max_clock_skew_seconds: float = 30.0,
     ) -> None:
         self.sessions = sessions
         self.relay = relay
         self.config = config
         self.metrics = metrics
+        self.rejections = rejections
+        # The core's clock is the latest event time it saw: one event from the future would
+        # move it for good (every node NotReady, every reservation expired).
+        self.max_skew = timedelta(seconds=max_clock_skew_seconds)
         self.scheduler = Scheduler(config=config)
         # Numbers each task's lifecycle events, so the callback can deliver them in order.
         self.sequencer = TaskSequencer(outbox)
@@ -138,6 +163,9 @@ class SchedulerService:
         acked). Events that arrive while a commit runs (a pull batch is handled concurrently)
         wait and then commit together, in arrival order: one transaction, one fsync, for many
         messages instead of one each."""
+        if event.occurred_at - datetime.now(UTC) > self.max_skew:
+            await self._refuse_future(event)
+            return []
         waiting = Waiting(event, consumer, asyncio.get_running_loop().create_future())
         self.arrived.append(waiting)
         if len(self.arrived) == 1:
@@ -191,6 +219,10 @@ class SchedulerService:
             fresh = [True] * len(batch)
             for i, first in zip(checked, firsts, strict=True):
                 fresh[i] = first
+            seen: set[UUID] = set()
+            for i, waiting in enumerate(batch):  # one event twice in a batch: decided once
+                fresh[i] = fresh[i] and waiting.event.event_id not in seen
+                seen.add(waiting.event.event_id)
             known = await repository.task_states(
                 [
                     w.event.task.task_id
@@ -203,6 +235,7 @@ class SchedulerService:
                 outcomes.append(
                     await self._decide(repository, waiting.event, known) if first else []
                 )
+            outcomes = await self._already_staged(connection, batch, outcomes)
             stamped = await self.sequencer.stamp(connection, [d for o in outcomes for d in o])
             await stage(connection, outbox, *stamped)
             numbered = iter(stamped)
@@ -229,8 +262,55 @@ class SchedulerService:
             known[event.task.task_id] = _status_after(event.task.task_id, decisions)
         if isinstance(event, NodeHealthReported) and not decisions:
             return []  # a heartbeat like the last one: nothing to store
-        await repository.record(event, decisions, seq)
+        await repository.record(event, decisions, seq, self.scheduler)
         return decisions
+
+    async def _already_staged(
+        self, connection: Any, batch: list[Waiting], outcomes: list[list[Event]]
+    ) -> list[list[Event]]:
+        """`outcomes` without the decisions, on events that have no inbox, whose id is in the
+        outbox already: the same event delivered again repeats them (their ids derive from
+        it). Staging them again would break the outbox's unique id and fail the batch."""
+        ids = [
+            str(d.event_id)
+            for w, decisions in zip(batch, outcomes, strict=True)
+            if isinstance(w.event, IDEMPOTENT_BY_NATURE)
+            for d in decisions
+        ]
+        if not ids:
+            return outcomes
+        staged: set[str] = set()
+        for start in range(0, len(ids), IN_LIST_LIMIT):
+            rows = await connection.execute(
+                select(outbox.c.event_id).where(
+                    outbox.c.event_id.in_(ids[start : start + IN_LIST_LIMIT])
+                )
+            )
+            staged.update(event_id for (event_id,) in rows)
+        if not staged:
+            return outcomes
+        self.metrics.repeated_decisions.inc(len(staged))
+        return [[d for d in decisions if str(d.event_id) not in staged] for decisions in outcomes]
+
+    async def _refuse_future(self, event: Event) -> None:
+        """An event dated too far ahead: counted and refused by name; the core never sees it."""
+        kind = type(event).__name__
+        self.metrics.from_the_future.labels(kind=kind).inc()
+        if self.rejections is None:
+            return
+        ahead = (event.occurred_at - datetime.now(UTC)).total_seconds()
+        await self.rejections.reject(
+            subject_of(event) if not isinstance(event, ReservationArmed) else "",
+            event.model_dump_json().encode(),
+            [
+                FieldError(
+                    field="occurred_at",
+                    reason=f"{ahead:.0f} s ahead of the scheduler's clock; at most "
+                    f"{self.max_skew.total_seconds():g} s of skew is accepted",
+                )
+            ],
+        )
+
 
     async def request_replicas(self, event: ReplicasRequested, consumer: str) -> list[Event]:
         """Turn the autoscaler's request into one task.profiled per new replica, copying the
@@ -291,8 +371,17 @@ class SchedulerService:
         return staged
 
     async def tasks(self, query: TasksQuery) -> list[TaskSummary]:
+        """Stored summaries, with each waiting task's live reason: `task.pending` is sent
+        only when the kind of reason changes, the answer here is always current."""
         async with self.sessions() as session:
-            return await SchedulerRepository(session).task_summaries(query)
+            summaries = await SchedulerRepository(session).task_summaries(query)
+        live = self.scheduler.pending
+        return [
+            s.model_copy(update={"reason": live[s.task_id].last_summary})
+            if s.task_id in live and live[s.task_id].last_summary
+            else s
+            for s in summaries
+        ]
 
     def dry_run(self, query: PlacementQuery) -> PlacementAnswer:
         demand = Demand.of_query(query)
