@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from crater.contracts import (
     GpuMetrics,
     MessageRejected,
     NodeMetricsReported,
+    NodeTopologyReported,
     ReleaseReason,
     TaskProfiled,
     TaskRejected,
@@ -33,6 +35,10 @@ from crater.predictor.adapters import orm
 from crater.predictor.adapters.orm import allocations, early_running, samples
 from crater.predictor.adapters.store import LearningStore
 from crater.predictor.app import MIGRATIONS_DIR, PredictorSettings, build
+from crater.probe.app import ProbeSettings
+from crater.probe.app import build as build_probe
+from crater.probe.domain.simulation import true_use_mb
+from crater.probe.runner import TaskRunner
 from crater.runtime.bus import publish
 from crater.runtime.db import make_engine, upgrade_to_head_async
 from crater.runtime.nats_server import NatsServer
@@ -394,3 +400,61 @@ async def test_migrations_create_exactly_the_tables_the_code_uses(database_url: 
             assert await connection.run_sync(differences) == []
     finally:
         await engine.dispose()
+
+
+async def test_the_simulated_fleet_s_true_use_teaches_the_predictor_not_the_reservation(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str, tmp_path: Path
+) -> None:
+    """Predictor and simulated fleet over one nats-server, the scheduler played by the test:
+    the probe learns the task's true use from its profile, shows it on the cards it runs on
+    (whatever was reserved: here nearly the whole card), and the predictor learns that."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("seed: 5\nnodes:\n  - {profile: dgx-a100-8, count: 1, pool: training}\n")
+    probe_settings = ProbeSettings(
+        nats_url=fresh_nats.url,
+        mode="fleet",
+        fleet_file=fleet,
+        metrics_interval_seconds=0.2,
+        health_interval_seconds=0.2,
+        task_seconds_min=2.0,
+        task_seconds_max=2.0,
+        task_start_seconds=0.05,
+    )
+    predictor, predictor_app = build(settings(fresh_nats, database_url))
+    probe, probe_app = build_probe(probe_settings)
+    store: LearningStore = predictor.state
+    runner: TaskRunner = probe.state
+    async with TestApp(predictor_app), TestApp(probe_app):
+        await tap.wait_for(NodeTopologyReported)
+        await publish(predictor.broker, submitted("first", pool="training"))
+        [profiled] = await tap.wait_for(TaskProfiled)
+        raw = profiled.prediction.gpu_memory_per_gpu_mb
+        true = true_use_mb(5, "llama", "training", raw, "first")
+
+        async def probe_knows() -> bool:
+            return runner.true_use("first") == true
+
+        await until(probe_knows)
+        grant = granted("first", "alloc-1", [0, 1]).model_copy(
+            update={"node": "a100-01", "pool": "training", "gpu_memory_mb": 80_000}
+        )
+        await publish(predictor.broker, grant)
+        await tap.wait_for(
+            TaskStatusReported, lambda e: e.status is TaskStatus.SUCCEEDED, timeout=30
+        )
+        release = released("first", "alloc-1", [0, 1], ReleaseReason.SUCCEEDED)
+        await publish(predictor.broker, release.model_copy(update={"node": "a100-01"}))
+
+        async def learned() -> bool:
+            return (await store.track("llama", "training")).samples == 1
+
+        await until(learned, timeout=30)
+        peak = await scalar(
+            store,
+            select(allocations.c.observed_peak_mb).where(allocations.c.allocation_id == "alloc-1"),
+        )
+        assert 0.85 * true <= peak <= true  # the task's use, read below its peak by 0-15%
+        assert peak < 0.8 * 80_000  # not the reservation
+        track = await store.track("llama", "training")
+        # alpha 0.5 from 1.0 toward what was read, one step of at most 10%
+        assert track.factor == pytest.approx(min(max(0.5 + 0.5 * peak / raw, 1 / 1.1), 1.1))

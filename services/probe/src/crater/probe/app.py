@@ -438,6 +438,7 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
             failure_rate=settings.task_failure_rate,
         )
         _subscribe_runner(service, runner, metrics, f"fleet-{fleet.name}")
+        service.state = runner
     else:
         nodes = LocalNode(settings)
 
