@@ -254,11 +254,11 @@ async def test_a_nul_byte_that_reaches_postgresql_is_dead_lettered_after_the_lim
     assert "half\\u0000way" in (letter.payload or "")
 
 
-def dead_letters(*args: str) -> str:
+def dead_letters(*args: str, exit_code: int = 0) -> str:
     """`crater dead-letters ARGS` as a user runs it; its output (on a wide terminal)."""
     dead_letters_cli.console.width = 240
     result = CliRunner().invoke(cli, ["dead-letters", *args])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == exit_code, result.output
     return result.output
 
 
@@ -318,9 +318,41 @@ async def test_dead_letters_are_listed_shown_and_replayed_by_the_cli(
         assert [r.duplicate for r in records] == [False, True, False]
 
 
-async def cli_run(*args: str) -> str:
+async def cli_run(*args: str, exit_code: int = 0) -> str:
     # The CLI runs its own event loop, as it does for a user: off this test's loop.
-    return await asyncio.to_thread(dead_letters, *args)
+    return await asyncio.to_thread(lambda: dead_letters(*args, exit_code=exit_code))
+
+
+async def test_a_payload_too_large_for_its_dead_letter_is_replayed_from_its_stream(
+    fresh_nats: NatsServer, tap: EventTap
+) -> None:
+    state = consumer(fresh_nats)
+    url = ("--nats-url", fresh_nats.url)
+    # 200 KB of control characters: JSON-escaped (\u0001) it would be 1.2 MB, past the limit
+    body = b"\x01" * 200_000
+    async with TestApp(state.service.asgi()):
+        await publish_raw(fresh_nats.url, SUBJECT, body, **JSON)
+        [letter] = await tap.wait_for(MessageDeadLettered)
+        assert letter.payload_omitted
+        assert letter.payload is None
+        assert letter.payload_base64 is None
+        assert letter.payload_bytes == len(body)
+        shown = await cli_run("show", "1", *url)
+        assert "too large to keep here: CRATER_TASKS #1" in shown
+
+        replayed = json.loads(await cli_run("replay", "1", "--json", *url))
+        assert replayed["stream_sequence"] == 2  # read from CRATER_TASKS #1, published again
+        again = await tap.wait_for(MessageDeadLettered, count=2)
+        assert again[1].stream_sequence == 2
+        assert again[1].payload_bytes == len(body)
+
+        connection = await nats.connect(fresh_nats.url)
+        try:
+            await connection.jetstream().delete_msg("CRATER_TASKS", 2)
+        finally:
+            await connection.close()
+        gone = await cli_run("replay", "--all", *url, exit_code=1)
+        assert "CRATER_TASKS no longer holds #2" in gone
 
 
 async def test_a_service_refuses_deep_json_at_once_and_its_consumers_have_a_backstop(

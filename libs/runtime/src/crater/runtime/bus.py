@@ -364,8 +364,8 @@ class Rejections:
 
 
 _DEAD_LETTER_NAMESPACE = UUID("b7e0c2d4-5f1a-4e8b-9c3d-2a6f8e1b0d57")
-# Room for the envelope's other fields when the payload rides in it.
-_ENVELOPE_ROOM = 64 * 1024
+# Room for the NATS headers of the dead letter itself (its id, content type, trace context).
+_HEADER_ROOM = 8 * 1024
 
 
 def dead_letter(
@@ -377,13 +377,14 @@ def dead_letter(
     errors: list[FieldError],
 ) -> MessageDeadLettered:
     """The dead letter of one delivery. Its id is derived from the stream position and the
-    consumer, so dead-lettering the same message twice (a crash before the term) keeps one."""
+    consumer, so dead-lettering the same message twice (a crash before the term) keeps one.
+    A payload that would not fit in it (JSON escaping can grow a body sixfold) is left out:
+    the original stream still holds it at its sequence."""
     try:
         text: str | None = body.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    omitted = len(body) * (1 if text is not None else 4 / 3) > MAX_MESSAGE_BYTES - _ENVELOPE_ROOM
-    return MessageDeadLettered(
+    letter = MessageDeadLettered(
         event_id=uuid5(
             _DEAD_LETTER_NAMESPACE,
             f"{delivery.stream}:{delivery.stream_sequence}:{delivery.consumer}",
@@ -398,10 +399,14 @@ def dead_letter(
         error_class=error_class,
         errors=errors,
         headers=delivery.headers,
-        payload=None if omitted else text,
-        payload_base64=None if omitted or text is not None else base64.b64encode(body).decode(),
+        payload=text,
+        payload_base64=None if text is not None else base64.b64encode(body).decode(),
         payload_bytes=len(body),
-        payload_omitted=omitted,
+    )
+    if len(encode(letter)) <= MAX_MESSAGE_BYTES - _HEADER_ROOM:
+        return letter
+    return letter.model_copy(
+        update={"payload": None, "payload_base64": None, "payload_omitted": True}
     )
 
 
