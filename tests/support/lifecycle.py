@@ -9,6 +9,7 @@ from crater.contracts import (
     AllocationGranted,
     FieldError,
     FilterReason,
+    TaskEnded,
     TaskPending,
     TaskPreempted,
     TaskRejected,
@@ -56,13 +57,31 @@ def pending(task_id: str = "train-1") -> TaskPending:
     )
 
 
-def rejected(task_id: str = "train-1") -> TaskRejected:
-    return TaskRejected(
-        task_id=task_id,
-        errors=[
+def rejected(task_id: str = "train-1", duplicate: bool = False) -> TaskRejected:
+    if duplicate:
+        errors = [FieldError(field="task_id", reason=f"task {task_id} is already known")]
+    else:
+        errors = [
             FieldError(field="resource_requirements.gpu.count", reason="no node has 64 GPUs"),
             FieldError(field="pool", reason="unknown pool 'x'"),
-        ],
+        ]
+    return TaskRejected(task_id=task_id, errors=errors, duplicate=duplicate, occurred_at=OCCURRED)
+
+
+def ended(
+    task_id: str = "train-1",
+    value: TaskStatus = TaskStatus.SUCCEEDED,
+    release_reason: str | None = None,
+    attempt: int = 1,
+) -> TaskEnded:
+    """The scheduler's one end of a task, after the allocation `granted` makes."""
+    return TaskEnded(
+        task_id=task_id,
+        status=value,  # type: ignore[arg-type]
+        reason=f"{value.value}: allocation alloc-{task_id} released",
+        allocation_id=f"alloc-{task_id}",
+        release_reason=release_reason if release_reason is not None else value.value,
+        attempt=attempt,
         occurred_at=OCCURRED,
     )
 

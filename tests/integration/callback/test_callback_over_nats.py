@@ -17,7 +17,7 @@ from crater.runtime.db import make_engine
 from crater.runtime.nats_server import NatsServer
 from tests.integration.callback.conftest import PASSWORD, USERNAME, ServedReceiver
 from tests.support.events import EventTap, publish_raw
-from tests.support.lifecycle import granted, status
+from tests.support.lifecycle import ended, granted, pending, status
 
 
 def settings(
@@ -110,13 +110,19 @@ async def test_one_tasks_webhooks_arrive_in_the_order_of_its_events(
 ) -> None:
     service, app = build(settings(fresh_nats, database_url, receiver.url))
     async with TestApp(app):
-        statuses = [TaskStatus.RUNNING, TaskStatus.FAILED, TaskStatus.RUNNING, TaskStatus.SUCCEEDED]
-        for value in statuses:
-            await publish(service.broker, status("train-5", value))
-        await tap.wait_for(WebhookDelivered, count=len(statuses))
+        emitted = [
+            pending("train-5"),
+            status("train-5", TaskStatus.RUNNING),
+            status("train-5", TaskStatus.FAILED),  # a node's view: not a webhook any more
+            status("train-5", TaskStatus.RUNNING),
+            ended("train-5", TaskStatus.SUCCEEDED),  # the scheduler's end is the one told
+        ]
+        for event in emitted:
+            await publish(service.broker, event)
+        await tap.wait_for(WebhookDelivered, count=4)
 
     got = [d.body["status"] for d in receiver.state.deliveries]
-    assert got == [s.value for s in statuses]
+    assert got == ["pending", "running", "running", "succeeded"]
 
 
 async def test_malformed_input_is_rejected_and_consuming_goes_on(

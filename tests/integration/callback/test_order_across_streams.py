@@ -16,6 +16,7 @@ from crater.contracts import (
     Event,
     ReleaseReason,
     TaskSequence,
+    TaskStatus,
     TaskStatusReported,
     WebhookDelivered,
 )
@@ -26,7 +27,7 @@ from crater.runtime.outbox import TaskSequencer, outbox_table, stage
 from tests.integration.callback.conftest import PASSWORD, USERNAME, ServedReceiver
 from tests.integration.callback.sequenced import Numbering, report
 from tests.support.events import EventTap
-from tests.support.lifecycle import OCCURRED, granted, pending
+from tests.support.lifecycle import OCCURRED, ended, granted, pending, preempted
 
 
 def settings(nats: NatsServer, database_url: str, url: str, **fields: object) -> CallbackSettings:
@@ -66,7 +67,9 @@ async def test_a_tasks_events_published_out_of_order_on_two_streams_arrive_in_or
         numbered(pending("t1")),  # task.pending (CRATER_TASKS)
         numbered(granted("t1")),  # allocation.granted (CRATER_ALLOCATIONS)
         report("t1"),  # task.status from the node, about the grant's allocation
-        numbered(released("t1", ReleaseReason.PREEMPTED)),  # allocation.released
+        numbered(preempted("t1")),  # task.preempted
+        numbered(released("t1", ReleaseReason.PREEMPTED)),  # allocation.released: a link
+        numbered(ended("t1", TaskStatus.FAILED, "preempted")),  # task.ended
     ]
     service, app = build(settings(fresh_nats, database_url, receiver.url))
     async with TestApp(app):
@@ -76,12 +79,12 @@ async def test_a_tasks_events_published_out_of_order_on_two_streams_arrive_in_or
         await asyncio.sleep(1.0)
         assert receiver.state.deliveries == []  # held: the task's first event is missing
         await publish(service.broker, emitted[0])
-        await tap.wait_for(WebhookDelivered, count=4, timeout=10)
+        await tap.wait_for(WebhookDelivered, count=5, timeout=10)
 
-    assert statuses(receiver, "t1") == ["pending", "scheduled", "running", "preempted"]
-    [release] = [d.body for d in receiver.state.deliveries if d.body["release_reason"]]
-    assert release["release_reason"] == "preempted"
-    assert release["sequence"] == emitted[3].task_sequence.number  # type: ignore[attr-defined]
+    assert statuses(receiver, "t1") == ["pending", "scheduled", "running", "preempted", "failed"]
+    [end] = [d.body for d in receiver.state.deliveries if d.body["release_reason"]]
+    assert end["release_reason"] == "preempted"
+    assert end["sequence"] == emitted[5].task_sequence.number  # type: ignore[attr-defined]
 
 
 async def test_an_expired_reservation_is_told_as_failed_after_the_grant(
@@ -90,9 +93,13 @@ async def test_an_expired_reservation_is_told_as_failed_after_the_grant(
     numbered = Numbering()
     grant = numbered(granted("late-start"))
     expiry = numbered(released("late-start", ReleaseReason.EXPIRED))
+    end = numbered(ended("late-start", TaskStatus.FAILED, "expired")).model_copy(
+        update={"reason": "the task never reported running within its reservation"}
+    )
     service, app = build(settings(fresh_nats, database_url, receiver.url))
     async with TestApp(app):
         await publish(service.broker, expiry)
+        await publish(service.broker, end)
         await asyncio.sleep(0.3)
         await publish(service.broker, grant)
         await tap.wait_for(WebhookDelivered, count=2, timeout=10)

@@ -4,17 +4,11 @@ import json
 
 import pytest
 
-from crater.callback.domain.payload import RELEASE_STATUS, webhook_body
-from crater.contracts import (
-    AllocationReleased,
-    ReleaseReason,
-    TaskEscalated,
-    TaskSequence,
-    TaskStatus,
-    WebhookStatus,
-)
+from crater.callback.domain.payload import has_webhook, webhook_body
+from crater.contracts import TaskEscalated, TaskSequence, TaskStatus, WebhookStatus
 from tests.support.lifecycle import (
     OCCURRED,
+    ended,
     granted,
     pending,
     preempted,
@@ -44,6 +38,8 @@ def test_granted_allocation_is_scheduled_with_its_resources() -> None:
         "gang_index": None,
         "gang_size": None,
         "escalated_priority": None,
+        "attempt": 1,
+        "duplicate_submission": None,
     }
 
 
@@ -56,12 +52,19 @@ def test_pending_task_says_why_it_waits() -> None:
     assert json.loads(body.encode())["allocated_resources"] is None
 
 
-def test_rejected_task_has_failed_with_every_field_error_as_reason() -> None:
+def test_rejected_task_is_rejected_with_every_field_error_as_reason() -> None:
     body = webhook_body(rejected())
-    assert body.status is WebhookStatus.FAILED
+    assert body.status is WebhookStatus.REJECTED
     assert body.reason == (
         "resource_requirements.gpu.count: no node has 64 GPUs; pool: unknown pool 'x'"
     )
+    assert body.duplicate_submission is False
+
+
+def test_a_refused_duplicate_submission_says_so() -> None:
+    body = webhook_body(rejected("known-1", duplicate=True))
+    assert (body.status, body.duplicate_submission) == (WebhookStatus.REJECTED, True)
+    assert body.reason == "task_id: task known-1 is already known"
 
 
 def test_preempted_task_names_the_preemptor_and_grace_period() -> None:
@@ -72,20 +75,21 @@ def test_preempted_task_names_the_preemptor_and_grace_period() -> None:
     assert "30 s" in body.reason
 
 
-@pytest.mark.parametrize(
-    ("reported", "expected"),
-    [
-        (TaskStatus.RUNNING, "running"),
-        (TaskStatus.SUCCEEDED, "succeeded"),
-        (TaskStatus.FAILED, "failed"),
-        (TaskStatus.CANCELLED, "cancelled"),
-    ],
-)
-def test_reported_status_passes_through(reported: TaskStatus, expected: str) -> None:
-    body = webhook_body(status(value=reported))
-    assert body.status.value == expected
-    assert body.reason == f"{expected} on gpu-01"
+def test_a_running_report_passes_through() -> None:
+    event = status(value=TaskStatus.RUNNING)
+    assert has_webhook(event)
+    body = webhook_body(event)
+    assert (body.status, body.reason) == (WebhookStatus.RUNNING, "running on gpu-01")
     assert body.occurred_at == OCCURRED
+    assert (body.sequence, body.attempt) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "reported", [TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED]
+)
+def test_no_other_report_is_a_webhook(reported: TaskStatus) -> None:
+    """A node's `succeeded` is what one node saw; the scheduler's task.ended tells the end."""
+    assert not has_webhook(status(value=reported))
 
 
 def test_same_event_gives_the_same_bytes() -> None:
@@ -94,49 +98,39 @@ def test_same_event_gives_the_same_bytes() -> None:
     assert webhook_body(event).event_id == event.event_id
 
 
-def released(reason: ReleaseReason) -> AllocationReleased:
-    return AllocationReleased(
-        allocation_id="alloc-train-1",
-        task_id="train-1",
-        node="gpu-01",
-        gpu_ids=[0, 1],
-        cpu_cores=[0, 1],
-        reason=reason,
-        occurred_at=OCCURRED,
-        task_sequence=TaskSequence(number=7, previous=3),
-    )
-
-
-def test_an_expired_reservation_tells_alldata_the_task_failed_and_why() -> None:
-    body = json.loads(webhook_body(released(ReleaseReason.EXPIRED)).encode())
-    assert (body["status"], body["release_reason"], body["sequence"]) == ("failed", "expired", 7)
-    assert body["reason"] == (
-        "alloc-train-1 released on gpu-01 (GPUs 0,1): expired, "
-        "the task never reported running within its reservation"
-    )
-    assert body["allocated_resources"] is None
-
-
 @pytest.mark.parametrize(
-    ("reason", "expected"),
+    ("reported", "release_reason"),
     [
-        (ReleaseReason.SUCCEEDED, "succeeded"),
-        (ReleaseReason.FAILED, "failed"),
-        (ReleaseReason.CANCELLED, "cancelled"),
-        (ReleaseReason.PREEMPTED, "preempted"),
-        (ReleaseReason.NODE_LOST, "failed"),
-        (ReleaseReason.SCALED_IN, "cancelled"),
+        (TaskStatus.SUCCEEDED, "succeeded"),
+        (TaskStatus.FAILED, "expired"),
+        (TaskStatus.FAILED, "node-lost"),
+        (TaskStatus.CANCELLED, "cancelled"),
     ],
 )
-def test_every_release_reason_maps_to_a_status_alldata_knows(
-    reason: ReleaseReason, expected: str
+def test_the_end_tells_its_status_release_reason_and_attempt(
+    reported: TaskStatus, release_reason: str
 ) -> None:
-    body = webhook_body(released(reason))
-    assert (body.status.value, body.release_reason) == (expected, reason.value)
+    event = ended("train-1", reported, release_reason, attempt=3).model_copy(
+        update={"task_sequence": TaskSequence(number=9, previous=7)}
+    )
+    assert has_webhook(event)
+    body = json.loads(webhook_body(event).encode())
+    assert (body["status"], body["release_reason"], body["attempt"], body["sequence"]) == (
+        reported.value,
+        release_reason,
+        3,
+        9,
+    )
+    assert body["reason"] == event.reason
+    assert body["allocated_resources"] is None
+    assert body["duplicate_submission"] is None
 
 
-def test_no_release_reason_is_left_unmapped() -> None:
-    assert set(RELEASE_STATUS) == set(ReleaseReason)
+def test_pending_and_grants_say_which_attempt() -> None:
+    again = pending().model_copy(update={"attempt": 2})
+    assert webhook_body(again).attempt == 2
+    assert webhook_body(granted(attempt=2)).attempt == 2
+    assert webhook_body(preempted()).attempt is None
 
 
 def test_each_gang_member_says_which_member_it_is() -> None:

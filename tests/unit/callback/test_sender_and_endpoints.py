@@ -142,6 +142,10 @@ endpoints:
     [
         ("endpoints: []", "at least 1"),
         ("endpoints: [{url: 'http://a/', events: [started]}]", "unknown event"),
+        (
+            "endpoints: [{url: 'http://a/', events: [AllocationReleased]}]",
+            "AllocationReleased: no longer a webhook, use TaskEnded",
+        ),
         ("endpoints: [{url: 'http://a/', secret: 'whsec_!!'}]", "base64"),
         ("endpoints: [{url: 'http://a/'}, {url: 'http://a/'}]", "unique"),
         ("endpoints: [{url: 'http://a/', colour: red}]", "Extra inputs"),

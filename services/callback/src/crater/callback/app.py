@@ -10,8 +10,11 @@ hours, and settles each with an outcome event through the outbox.
 
 Order per task across the two streams: the scheduler numbers every lifecycle event it emits
 (`task_sequence`); a delivery waits for its task's earlier events, at most
-`order_wait_seconds` (domain/ordering.py has the rule). Subjects with no webhook
-(task.submitted, task.profiled, ...) are acked and skipped.
+`order_wait_seconds` (domain/ordering.py has the rule). What AllData is told: exactly one
+end per task (`task.ended`, or `task.rejected`), nothing after it and nothing out of order;
+what would break that is recorded superseded, never sent (domain/lifecycle.py). Subjects
+with no webhook (task.submitted, task.profiled, ...) are acked and skipped; numbered ones
+with none (allocation.released) are recorded as links of their task's chain.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from crater.callback.adapters.store import DeliveryLog, Enqueued
 from crater.callback.delivery import Dispatcher, Route, WebhookMetrics
 from crater.callback.domain.breaker import CircuitBreaker
 from crater.callback.domain.endpoints import Endpoint, load_endpoints
+from crater.callback.domain.lifecycle import ends_task, in_lifecycle
 from crater.callback.domain.ordering import Recorded
-from crater.callback.domain.payload import LifecycleEvent, webhook_body
+from crater.callback.domain.payload import LifecycleEvent, has_webhook, webhook_body
 from crater.callback.domain.retry import RetryPolicy
 from crater.callback.domain.signing import decode_secret
 from crater.contracts import (
@@ -258,6 +262,8 @@ class Recorder:
         if channel is not None:
             # A ValidationError is turned into a MessageRejected by the broker's middleware.
             event = channel.event.model_validate_json(message.body)
+            if not has_webhook(event):  # type: ignore[arg-type]
+                return None  # a node's terminal report: task.ended tells the end
             return self._queue(self._enqueued(event))  # type: ignore[arg-type]
         numbered = NUMBERED_ELSEWHERE.get(subject)
         if numbered is not None:
@@ -324,26 +330,30 @@ class Recorder:
             configured=bool(self.endpoints),
             order=order_of(event),
             hold_seconds=self.order_wait_seconds,
+            ends=ends_task(body),
+            lifecycle=in_lifecycle(body),
         )
 
 
-# The subjects the callback turns into webhooks, and what each carries.
+# The subjects the callback turns into webhooks, and what each carries (of task.status, only
+# `running`: payload.has_webhook).
 LIFECYCLE_CHANNELS: dict[str, Channel] = {
     channel.subject: channel
     for channel in (
         Subjects.ALLOCATION_GRANTED,
-        Subjects.ALLOCATION_RELEASED,
         Subjects.TASK_PENDING,
         Subjects.TASK_ESCALATED,
         Subjects.TASK_REJECTED,
         Subjects.TASK_PREEMPTED,
+        Subjects.TASK_ENDED,
         Subjects.TASK_STATUS,
     )
 }
 
 
-# Numbered task events on the consumed streams that AllData is not told of (none today):
-# recorded all the same, as links in their task's chain.
+# Numbered task events on the consumed streams that AllData is not told of (allocation.released:
+# the end, or the next attempt's `pending`, says what AllData needs): recorded all the same,
+# as links in their task's chain.
 NUMBERED_ELSEWHERE: dict[str, Channel] = {
     channel.subject: channel
     for channel in Subjects.ALL
@@ -377,7 +387,8 @@ def build(settings: CallbackSettings | None = None) -> tuple[Service, AsgiFastSt
     endpoints = settings.endpoints()
     sessions = service.database(MIGRATIONS_DIR)
     relay = OutboxRelay(sessions, tables.outbox, service.broker)
-    delivery_log = DeliveryLog(sessions)
+    metrics = WebhookMetrics(service.registry)
+    delivery_log = DeliveryLog(sessions, on_superseded=metrics.count_superseded)
     longest_timeout = max((e.timeout_seconds for e in endpoints), default=10.0)
     dispatcher = Dispatcher(
         delivery_log=delivery_log,
@@ -395,7 +406,7 @@ def build(settings: CallbackSettings | None = None) -> tuple[Service, AsgiFastSt
         ],
         policy=settings.policy(),
         rng=random.Random(settings.retry_seed),
-        metrics=WebhookMetrics(service.registry),
+        metrics=metrics,
         claim_seconds=settings.claim_seconds or longest_timeout + 10.0,
         poll_seconds=settings.poll_seconds,
         on_commit=relay.wake,

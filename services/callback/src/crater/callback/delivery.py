@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from crater.callback.adapters.sender import Response, WebhookSender
 from crater.callback.adapters.store import Attempt, DeliveryLog, Due, Settlement
 from crater.callback.domain.breaker import CircuitBreaker
+from crater.callback.domain.lifecycle import Superseded
 from crater.callback.domain.retry import (
     DeliveryState,
     Outcome,
@@ -83,12 +84,22 @@ class WebhookMetrics:
             ["endpoint"],
             registry=registry,
         )
+        self.superseded = Counter(
+            "crater_webhook_superseded",
+            "Deliveries recorded and never sent, by endpoint and reason (second_end, after_end, "
+            "out_of_order, no_grant): AllData must not hear them (domain/lifecycle.py).",
+            ["endpoint", "reason"],
+            registry=registry,
+        )
         self.circuit_open = Gauge(
             "crater_webhook_circuit_open",
             "1 while the endpoint's circuit breaker holds deliveries back.",
             ["endpoint"],
             registry=registry,
         )
+
+    def count_superseded(self, endpoint: str, reason: Superseded) -> None:
+        self.superseded.labels(endpoint=endpoint, reason=reason.value).inc()
 
 
 @dataclass
@@ -222,14 +233,16 @@ class Dispatcher:
         if not wanted or self._stopping:
             return 0
         busy = [i for route in self.routes.values() for i in route.in_flight]
-        claimed = await self.log.claim_due(wanted, self.owner, now, until, exclude=busy)
-        for delivery in claimed:
+        claim = await self.log.claim_due(wanted, self.owner, now, until, exclude=busy)
+        if claim.superseded:
+            self.wake()  # their tasks' next deliveries may be due now
+        for delivery in claim.due:
             route = self.routes[delivery.endpoint]
             route.breaker.started(self.clock())
             route.in_flight[delivery.id] = asyncio.create_task(self._send(route, delivery))
         for name in wanted:
             self.metrics.in_flight.labels(endpoint=name).set(len(self.routes[name].in_flight))
-        return len(claimed)
+        return len(claim.due)
 
     async def _record(self, settlement: Settlement) -> bool:
         """Record an attempt in the next commit, with whatever else finished meanwhile; True

@@ -11,17 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, func, insert, or_, select, true, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crater.callback.adapters import tables
-from crater.callback.domain.ordering import Placement, Recorded, arrange, arrival
+from crater.callback.domain.lifecycle import (
+    TERMINAL,
+    Candidate,
+    End,
+    Superseded,
+    Told,
+    end_after,
+    verdict,
+)
+from crater.callback.domain.ordering import Placement, Recorded, place
 from crater.callback.domain.retry import DeliveryState, Outcome
 from crater.contracts import Event
 from crater.runtime.outbox import stage
@@ -31,7 +41,12 @@ NO_ENDPOINT = ""  # the endpoint recorded for deliveries skipped because none is
 
 d = tables.deliveries.c
 t = tables.task_events.c
+k = tables.tasks.c
 SETTLED = (DeliveryState.DELIVERED.value, DeliveryState.DEAD.value)
+TERMINAL_STATUSES = frozenset(status.value for status in TERMINAL)
+
+# Told of each delivery superseded, after its commit: (endpoint, reason).
+SupersededHook = Callable[[str, Superseded], None]
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,8 @@ class Enqueued:
     configured: bool = True  # False: no endpoint at all; one delivery recorded as skipped
     order: Recorded | None = None  # its place among its task's events (default: arrival)
     hold_seconds: float = 0.0  # the longest it waits for an earlier event of its task
+    ends: bool = False  # a terminal webhook: the task's end if it is the first recorded
+    lifecycle: bool = True  # False: a refused duplicate submission, outside the lifecycle
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,14 @@ class Due:
     attempts: int
     round: int
     attempt_limit: int | None
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What one claim took: the deliveries to send, and how many it superseded instead."""
+
+    due: list[Due]
+    superseded: int
 
 
 @dataclass(frozen=True)
@@ -114,9 +139,15 @@ def utc(value: datetime | None) -> datetime | None:
 
 
 class DeliveryLog:
-    def __init__(self, sessions: async_sessionmaker[Any], consumer: str = CONSUMER) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[Any],
+        consumer: str = CONSUMER,
+        on_superseded: SupersededHook | None = None,
+    ) -> None:
         self.sessions = sessions
         self.consumer = consumer
+        self.on_superseded = on_superseded
         # SQLite has one writer at a time and makes the others poll, sleeping up to 100 ms
         # a try: this process's writers (consumers, delivery loop) queue here instead.
         bind = sessions.kw.get("bind")
@@ -141,7 +172,10 @@ class DeliveryLog:
 
         Each event takes its place among its task's events (`order`: its sequence number and
         allocation; domain/ordering.py). While an earlier one is missing, its deliveries are
-        held, `hold_seconds` at most; the task's held ones it completes go free. A handful of
+        held, `hold_seconds` at most; the task's held ones it completes go free. The first
+        terminal event recorded is the task's end; a delivery the guard already rules out
+        (domain/lifecycle.py) is recorded superseded, never sent. The tasks' rows are locked
+        first, so another replica's recording or release of the same task waits. A handful of
         statements per batch, not per event: on a busy machine each round trip costs.
         """
         if not events:
@@ -149,7 +183,9 @@ class DeliveryLog:
         now = datetime.now(UTC)
         ids = list(dict.fromkeys(str(e.source_event_id) for e in events))
         task_ids = list(dict.fromkeys(e.task_id for e in events))
+        superseded: list[tuple[str, Superseded]] = []
         async with self._writing(), self.sessions() as session:
+            ends = await _lock_tasks(session, task_ids, create=True)
             seen = set(
                 (
                     await session.scalars(
@@ -183,11 +219,13 @@ class DeliveryLog:
                         r.waiting,
                     )
                 )
+            released = await _released(session, task_ids)
             created: list[int | None] = []
             inbox_rows: list[dict[str, Any]] = []
             event_rows: list[dict[str, Any]] = []
             delivery_rows: list[dict[str, Any]] = []
             moved: dict[str, Placement] = {}
+            ended: dict[str, tuple[End, str]] = {}
             for event in events:
                 webhook_id = str(event.source_event_id)
                 if webhook_id in seen:
@@ -197,7 +235,8 @@ class DeliveryLog:
                 inbox_rows.append(
                     {"consumer": self.consumer, "event_id": webhook_id, "processed_at": now}
                 )
-                placed, changes = _place(tasks[event.task_id], event.order or Recorded(webhook_id))
+                order = replace(event.order or Recorded(webhook_id), ends=event.ends)
+                placed, changes = place(tasks[event.task_id], order)
                 moved.update(changes)
                 event_rows.append(
                     {
@@ -213,7 +252,27 @@ class DeliveryLog:
                         "recorded_at": now,
                     }
                 )
+                candidate = Candidate(
+                    webhook_id,
+                    placed.position,
+                    ends=event.ends,
+                    placed=not (placed.reports and placed.waiting),
+                )
+                end = ends.get(event.task_id)
+                new_end = end_after(end, candidate) if event.lifecycle else end
+                if new_end is not None and new_end != end:
+                    ends[event.task_id] = new_end
+                    ended[event.task_id] = (new_end, event.task_status)
                 rows = _delivery_rows(event, placed, now, existing)
+                for row in rows:
+                    if not event.lifecycle or row["state"] != DeliveryState.PENDING.value:
+                        continue
+                    key = (event.task_id, row["endpoint"])
+                    told = Told(ends.get(event.task_id), released.get(key))
+                    why = verdict(told, candidate, releasing=False)
+                    if why is not None:
+                        row.update(_superseded_values(why, told.end, now))
+                        superseded.append((row["endpoint"], why))
                 delivery_rows += rows
                 created.append(len(rows))
             if inbox_rows:
@@ -222,8 +281,16 @@ class DeliveryLog:
             if delivery_rows:
                 await session.execute(insert(tables.deliveries), delivery_rows)
             await _move(session, moved)
+            await _record_ends(session, ended, now)
             await session.commit()
+        self._tell_superseded(superseded)
         return created
+
+    def _tell_superseded(self, superseded: Iterable[tuple[str, Superseded]]) -> None:
+        if self.on_superseded is None:
+            return
+        for endpoint, why in superseded:
+            self.on_superseded(endpoint, why)
 
     # The delivery loop's side --------------------------------------------------------------
 
@@ -233,7 +300,7 @@ class DeliveryLog:
         """Up to `limit` deliveries to `endpoint` that may go now, oldest first: pending, due,
         not held, unclaimed (or their claim lapsed), and with no pending delivery of their
         task to this endpoint placed before them (a task's deliveries go one after another,
-        in order)."""
+        in order). The guard judges them when they are claimed."""
         if limit <= 0:
             return []
         async with self.sessions() as session:
@@ -248,9 +315,10 @@ class DeliveryLog:
         now: datetime,
         until: datetime,
         exclude: Sequence[int] = (),
-    ) -> list[Due]:
+    ) -> Claimed:
         """Find and claim, in one transaction, up to `wanted[endpoint]` due deliveries per
-        endpoint: the deliveries this replica now owns until `until`."""
+        endpoint: the deliveries this replica now owns until `until`, and how many the guard
+        superseded instead (their task's next ones may be due now)."""
         skip = set(exclude)
         async with self._writing(), self.sessions() as session:
             found: list[Due] = []
@@ -261,21 +329,29 @@ class DeliveryLog:
                 found += [Due(*row) for row in rows if row.id not in skip][:limit]
             if not found:
                 await session.rollback()
-                return []
-            claimed = await _claim(session, [x.id for x in found], owner, now, until)
+                return Claimed([], 0)
+            task_ids = sorted({x.task_id for x in found})
+            ids = [x.id for x in found]
+            claimed, superseded = await _release(session, task_ids, ids, owner, now, until)
             await session.commit()
-        return [x for x in found if x.id in claimed]
+        self._tell_superseded(superseded)
+        return Claimed([x for x in found if x.id in claimed], len(superseded))
 
     async def claim(
         self, ids: Sequence[int], owner: str, now: datetime, until: datetime
     ) -> set[int]:
-        """Claim these deliveries for `owner` until `until`; the ids actually claimed (another
-        replica may have taken some since they were read)."""
+        """Claim these deliveries for `owner` until `until` if they may go now, as
+        `claim_due` does; the ids actually claimed (another replica may have taken some since
+        they were read, or the guard superseded them)."""
         if not ids:
             return set()
         async with self._writing(), self.sessions() as session:
-            claimed = await _claim(session, ids, owner, now, until)
+            task_ids = (
+                await session.scalars(select(d.task_id).where(d.id.in_(list(ids))).distinct())
+            ).all()
+            claimed, superseded = await _release(session, sorted(task_ids), ids, owner, now, until)
             await session.commit()
+        self._tell_superseded(superseded)
         return claimed
 
     async def release(self, ids: Sequence[int], owner: str) -> None:
@@ -464,10 +540,15 @@ class DeliveryLog:
 
     async def retry(self, delivery_id: int, max_attempts: int) -> bool:
         """Send one delivery again now: a settled one starts a new round of `max_attempts`
-        attempts (same webhook-id); a pending one is due at once. False if there is none."""
+        attempts (same webhook-id); a pending one is due at once. False if there is none (a
+        superseded one is never sent)."""
         async with self.sessions() as session:
             found = await session.scalar(
-                select(d.id).where(d.id == delivery_id, d.endpoint != NO_ENDPOINT)
+                select(d.id).where(
+                    d.id == delivery_id,
+                    d.endpoint != NO_ENDPOINT,
+                    d.state != DeliveryState.SUPERSEDED.value,
+                )
             )
         if found is None:
             return False
@@ -526,24 +607,10 @@ def _filters(
     return filters
 
 
-def _place(task: list[Recorded], order: Recorded) -> tuple[Recorded, dict[str, Placement]]:
-    """Place a new event among its task's recorded ones (updated in place): the event as
-    placed, and the task's earlier events that moved or went free."""
-    new = arrival(order, task)
-    placements = arrange([*task, new])
-    placement = placements.pop(new.event_id, Placement(new.position, new.waiting))
-    new = replace(new, position=placement.position, waiting=placement.waiting)
-    for i, recorded in enumerate(task):
-        if recorded.event_id in placements:
-            moved = placements[recorded.event_id]
-            task[i] = replace(recorded, position=moved.position, waiting=moved.waiting)
-    task.append(new)
-    return new, placements
-
-
 def _delivery_rows(
     event: Enqueued, placed: Recorded, now: datetime, existing: set[tuple[str, str]]
 ) -> list[dict[str, Any]]:
+    """The event's new deliveries, every row with the same keys (one multi-row insert)."""
     webhook_id = str(event.source_event_id)
     common = {
         "webhook_id": webhook_id,
@@ -556,24 +623,138 @@ def _delivery_rows(
         "created_at": now,
         "updated_at": now,
         "position": placed.position,
+        "lifecycle": event.lifecycle,
+        "last_error": None,
+        "completed_at": None,
+        "next_attempt_at": None,
+        "held_until": None,
     }
     if not event.configured:
         return [
             common
             | {"endpoint": NO_ENDPOINT, "state": DeliveryState.SKIPPED.value, "completed_at": now}
         ]
-    held_until = now + timedelta(seconds=event.hold_seconds) if placed.waiting else None
+    # A refused duplicate submission waits for nothing of the task it is not part of.
+    waits = placed.waiting and event.lifecycle
     return [
         common
         | {
             "endpoint": name,
             "state": DeliveryState.PENDING.value,
             "next_attempt_at": now,
-            "held_until": held_until,
+            "held_until": now + timedelta(seconds=event.hold_seconds) if waits else None,
         }
         for name in event.endpoints
         if (webhook_id, name) not in existing
     ]
+
+
+def _superseded_reason(why: Superseded, end: End | None) -> str:
+    """Why a delivery was never sent, as operators read it (`crater webhooks list`)."""
+    reason = f"superseded ({why.value}): {why.explanation}"
+    if end is not None and why in (Superseded.SECOND_END, Superseded.AFTER_END):
+        reason += f"; the end is webhook {end.event_id}"
+    return reason
+
+
+def _superseded_values(why: Superseded, end: End | None, now: datetime) -> dict[str, Any]:
+    """A delivery recorded, never sent: its state and its reason."""
+    return {
+        "state": DeliveryState.SUPERSEDED.value,
+        "last_error": _superseded_reason(why, end),
+        "completed_at": now,
+        "updated_at": now,
+        "next_attempt_at": None,
+        "held_until": None,
+    }
+
+
+async def _insert_ignoring_existing(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
+    """Create the tasks' rows that are not there yet (another replica may create one now)."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        await session.execute(
+            postgresql.insert(tables.tasks).on_conflict_do_nothing(index_elements=["task_id"]),
+            rows,
+        )
+    elif dialect == "sqlite":
+        await session.execute(
+            sqlite.insert(tables.tasks).on_conflict_do_nothing(index_elements=["task_id"]),
+            rows,
+        )
+    else:  # pragma: no cover - the two databases Crater runs on are above
+        raise NotImplementedError(f"no insert-or-ignore for {dialect}")
+
+
+async def _lock_tasks(
+    session: AsyncSession, task_ids: Sequence[str], create: bool = False
+) -> dict[str, End | None]:
+    """Lock the tasks' rows (PostgreSQL: FOR UPDATE, in task id order, so two transactions
+    never wait on each other in a circle; SQLite: the single writer) and read their ends.
+    What this transaction reads of the tasks afterwards includes whatever a transaction that
+    held them committed."""
+    if not task_ids:
+        return {}
+    if create:
+        await _insert_ignoring_existing(session, [{"task_id": x} for x in sorted(task_ids)])
+    rows = (
+        await session.execute(
+            select(k.task_id, k.end_event_id, k.end_position)
+            .where(k.task_id.in_(list(task_ids)))
+            .order_by(k.task_id)
+            .with_for_update()
+        )
+    ).all()
+    return {
+        row.task_id: End(row.end_event_id, row.end_position)
+        if row.end_event_id is not None
+        else None
+        for row in rows
+    }
+
+
+async def _released(session: AsyncSession, task_ids: Sequence[str]) -> dict[tuple[str, str], int]:
+    """Per (task, endpoint), the highest position of a lifecycle delivery already released."""
+    if not task_ids:
+        return {}
+    rows = (
+        await session.execute(
+            select(d.task_id, d.endpoint, func.max(d.position))
+            .where(
+                d.task_id.in_(list(task_ids)),
+                d.released_at.is_not(None),
+                d.lifecycle == true(),
+            )
+            .group_by(d.task_id, d.endpoint)
+        )
+    ).all()
+    return {(task_id, endpoint): int(top) for task_id, endpoint, top in rows}
+
+
+async def _record_ends(
+    session: AsyncSession, ended: Mapping[str, tuple[End, str]], now: datetime
+) -> None:
+    if not ended:
+        return
+    await session.execute(
+        update(tables.tasks)
+        .where(k.task_id == bindparam("ended_task"))
+        .values(
+            end_event_id=bindparam("end_id"),
+            end_position=bindparam("end_at"),
+            end_status=bindparam("status"),
+            ended_at=now,
+        ),
+        [
+            {
+                "ended_task": task_id,
+                "end_id": end.event_id,
+                "end_at": end.position,
+                "status": status,
+            }
+            for task_id, (end, status) in ended.items()
+        ],
+    )
 
 
 async def _move(session: AsyncSession, moved: dict[str, Placement]) -> None:
@@ -595,14 +776,15 @@ async def _move(session: AsyncSession, moved: dict[str, Placement]) -> None:
         )
 
 
-def _due_query(endpoint: str, now: datetime, limit: int) -> Any:
-    """Deliveries to `endpoint` that may go now, oldest first (see `DeliveryLog.due`)."""
+def _due(now: datetime) -> list[Any]:
+    """What makes a delivery one that may go now (see `DeliveryLog.due`)."""
     earlier = tables.deliveries.alias("earlier")
     blocked = (
         select(earlier.c.id)
         .where(
             earlier.c.task_id == d.task_id,
             earlier.c.endpoint == d.endpoint,
+            earlier.c.lifecycle == d.lifecycle,  # a refused duplicate is a queue of its own
             earlier.c.state == DeliveryState.PENDING.value,
             or_(
                 earlier.c.position < d.position,
@@ -611,6 +793,17 @@ def _due_query(endpoint: str, now: datetime, limit: int) -> Any:
         )
         .exists()
     )
+    return [
+        d.state == DeliveryState.PENDING.value,
+        d.next_attempt_at <= now,
+        or_(d.held_until.is_(None), d.held_until <= now),
+        or_(d.claimed_until.is_(None), d.claimed_until < now),
+        ~blocked,
+    ]
+
+
+def _due_query(endpoint: str, now: datetime, limit: int) -> Any:
+    """Deliveries to `endpoint` that may go now, oldest first (see `DeliveryLog.due`)."""
     return (
         select(
             d.id,
@@ -623,22 +816,97 @@ def _due_query(endpoint: str, now: datetime, limit: int) -> Any:
             d.round,
             d.attempt_limit,
         )
-        .where(
-            d.endpoint == endpoint,
-            d.state == DeliveryState.PENDING.value,
-            d.next_attempt_at <= now,
-            or_(d.held_until.is_(None), d.held_until <= now),
-            or_(d.claimed_until.is_(None), d.claimed_until < now),
-            ~blocked,
-        )
+        .where(d.endpoint == endpoint, *_due(now))
         .order_by(d.id)
         .limit(limit)
     )
 
 
+async def _release(
+    session: AsyncSession,
+    task_ids: Sequence[str],
+    ids: Sequence[int],
+    owner: str,
+    now: datetime,
+    until: datetime,
+) -> tuple[set[int], list[tuple[str, Superseded]]]:
+    """Claim those of `ids` that may still go now, judging each lifecycle delivery released
+    for the first time (domain/lifecycle.py): the ids claimed, and the (endpoint, reason) of
+    each superseded instead. The tasks' rows are locked first, then the deliveries are read
+    again: a recording or release of the same task that committed meanwhile is seen."""
+    ends = await _lock_tasks(session, task_ids)
+    rows = (
+        await session.execute(
+            select(
+                d.id,
+                d.webhook_id,
+                d.task_id,
+                d.endpoint,
+                d.task_status,
+                d.position,
+                d.lifecycle,
+                d.released_at,
+                t.waiting,
+                t.allocation_id,
+                t.grants,
+            )
+            .outerjoin(tables.task_events, t.event_id == d.webhook_id)
+            .where(d.id.in_(list(ids)), *_due(now))
+            .order_by(d.position, d.id)
+        )
+    ).all()
+    released = await _released(session, task_ids)
+    keep: list[int] = []
+    superseded: dict[int, tuple[str, Superseded, End | None]] = {}
+    for row in rows:
+        if row.released_at is not None or not row.lifecycle:
+            keep.append(row.id)  # a repeat keeps the place it was given; a duplicate has none
+            continue
+        key = (row.task_id, row.endpoint)
+        told = Told(ends.get(row.task_id), released.get(key))
+        waits_for_grant = bool(row.waiting) and row.allocation_id is not None and not row.grants
+        candidate = Candidate(
+            row.webhook_id,
+            row.position,
+            ends=row.task_status in TERMINAL_STATUSES,
+            placed=not waits_for_grant,
+        )
+        why = verdict(told, candidate, releasing=True)
+        if why is None:
+            keep.append(row.id)
+            released[key] = max(released.get(key, row.position), row.position)
+        else:
+            superseded[row.id] = (row.endpoint, why, told.end)
+    claimed = await _claim(session, keep, owner, now, until)
+    if superseded:
+        await session.execute(
+            update(tables.deliveries)
+            .where(d.id == bindparam("superseded_id"), d.state == DeliveryState.PENDING.value)
+            .values(
+                state=bindparam("new_state"),
+                last_error=bindparam("reason"),
+                completed_at=now,
+                updated_at=now,
+                next_attempt_at=None,
+                held_until=None,
+            ),
+            [
+                {
+                    "superseded_id": delivery_id,
+                    "new_state": DeliveryState.SUPERSEDED.value,
+                    "reason": _superseded_reason(why, end),
+                }
+                for delivery_id, (_, why, end) in superseded.items()
+            ],
+        )
+    return claimed, [(endpoint, why) for endpoint, why, _ in superseded.values()]
+
+
 async def _claim(
     session: AsyncSession, ids: Sequence[int], owner: str, now: datetime, until: datetime
 ) -> set[int]:
+    if not ids:
+        return set()
     result = await session.execute(
         update(tables.deliveries)
         .where(
@@ -646,7 +914,11 @@ async def _claim(
             d.state == DeliveryState.PENDING.value,
             or_(d.claimed_until.is_(None), d.claimed_until < now),
         )
-        .values(claimed_by=owner, claimed_until=until)
+        .values(
+            claimed_by=owner,
+            claimed_until=until,
+            released_at=func.coalesce(d.released_at, now),
+        )
         .returning(d.id)
     )
     return {int(row_id) for (row_id,) in result.all()}

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    true,
 )
 
 from crater.runtime.outbox import inbox_table, outbox_table
@@ -64,6 +65,12 @@ deliveries = Table(
     Column("position", BigInteger, nullable=False, default=0, server_default="0"),
     # Waits until then for an earlier event of its task that has not arrived (None: free).
     Column("held_until", DateTime(timezone=True), nullable=True),
+    # Revision 0004: what AllData is told (domain/lifecycle.py).
+    # When first released for sending (claimed): judged then, once; a repeat keeps its place.
+    Column("released_at", DateTime(timezone=True), nullable=True),
+    # False: a refused duplicate submission, outside its task's lifecycle: neither ordered
+    # against the task's deliveries nor judged by the guard.
+    Column("lifecycle", Boolean, nullable=False, default=True, server_default=true()),
     UniqueConstraint("webhook_id", "endpoint"),
     Index(None, "task_id"),
     Index(None, "state"),
@@ -88,6 +95,18 @@ task_events = Table(
     Column("position", BigInteger, nullable=False),
     Column("waiting", Boolean, nullable=False),
     Column("recorded_at", DateTime(timezone=True), nullable=False),
+)
+
+# Revision 0004: one row per task: the lock that serialises recording and releasing its
+# deliveries across replicas, and its end (the first terminal webhook recorded).
+tasks = Table(
+    "callback_tasks",
+    metadata,
+    Column("task_id", String(256), primary_key=True),
+    Column("end_event_id", String(36), nullable=True),
+    Column("end_position", BigInteger, nullable=True),
+    Column("end_status", String(32), nullable=True),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
 )
 
 attempts = Table(

@@ -17,14 +17,16 @@ from crater.contracts import WebhookStatus
 EVENT_TYPES = frozenset(
     {
         "AllocationGranted",
-        "AllocationReleased",
         "TaskPending",
         "TaskEscalated",
         "TaskRejected",
         "TaskPreempted",
+        "TaskEnded",
         "TaskStatusReported",
     }
 )
+# Event types that were webhooks once, and what tells AllData the same now.
+RETIRED_EVENT_TYPES = {"AllocationReleased": "TaskEnded (or the next attempt's TaskPending)"}
 STATUSES = frozenset(s.value for s in WebhookStatus)
 
 
@@ -66,6 +68,13 @@ class Endpoint(BaseModel):
     @field_validator("events")
     @classmethod
     def _known_events(cls, events: tuple[str, ...]) -> tuple[str, ...]:
+        retired = [
+            f"{e}: no longer a webhook, use {RETIRED_EVENT_TYPES[e]}"
+            for e in events
+            if e in RETIRED_EVENT_TYPES
+        ]
+        if retired:
+            raise ValueError("; ".join(retired))
         unknown = [e for e in events if e not in EVENT_TYPES and e not in STATUSES]
         if unknown:
             known = ", ".join(sorted(STATUSES | EVENT_TYPES))

@@ -10,9 +10,9 @@ The rule (positions order a task's deliveries to each endpoint; equal ones go by
 - A node's report about an allocation (`task.status` with `allocation_id`) goes right after
   that allocation's grant (before what the scheduler emitted next, such as the release the
   report caused), and waits for the grant the same way.
-- Any other event (no number, no allocation: a rejection by the predictor, a cancel through
-  the gateway, a report about an allocation never seen) goes after everything recorded for
-  its task so far.
+- Any other event (no number, no allocation: a rejection by the predictor, a report with no
+  allocation) goes after everything recorded for its task so far; one that ends the task
+  strictly after it, never level with an earlier arrival.
 
 Waiting events are placed again whenever another event of their task is recorded.
 """
@@ -34,6 +34,12 @@ class Recorded:
     grants: bool = False  # an AllocationGranted: reports about allocation_id come after it
     position: int = 0
     waiting: bool = True
+    ends: bool = False  # the task's end (placed on arrival only; not kept)
+
+    @property
+    def reports(self) -> bool:
+        """A node's report about an allocation: its place is right after that grant."""
+        return self.allocation_id is not None and not self.grants
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ def arrange(events: Sequence[Recorded]) -> dict[str, Placement]:
             continue
         if event.number is not None:
             placement = Placement(2 * event.number, not _chain_recorded(event, numbered))
-        elif event.allocation_id is not None and not event.grants:
+        elif event.reports and event.allocation_id is not None:
             grant = grants.get(event.allocation_id)
             if grant is None:
                 placement = Placement(event.position, True)
@@ -68,11 +74,29 @@ def arrange(events: Sequence[Recorded]) -> dict[str, Placement]:
 
 def arrival(new: Recorded, recorded: Sequence[Recorded]) -> Recorded:
     """`new` as it arrives: numbered at 2n, anything else after all recorded so far (an odd
-    position, so it sorts between the scheduler's numbered events)."""
+    position, so it sorts between the scheduler's numbered events). Level with an earlier
+    arrival at the top, it goes after it by arrival; an end goes strictly above, so whatever
+    sits at its position arrived after it."""
     if new.number is not None:
         return replace(new, position=2 * new.number, waiting=True)
     top = max((e.position for e in recorded), default=0)
-    return replace(new, position=top | 1, waiting=True)
+    position = top + 2 if new.ends and top % 2 else top | 1
+    return replace(new, position=position, waiting=True)
+
+
+def place(task: list[Recorded], order: Recorded) -> tuple[Recorded, dict[str, Placement]]:
+    """Place a new event among its task's recorded ones (`task`, updated in place): the event
+    as placed, and the task's earlier events that moved or went free."""
+    new = arrival(order, task)
+    placements = arrange([*task, new])
+    placement = placements.pop(new.event_id, Placement(new.position, new.waiting))
+    new = replace(new, position=placement.position, waiting=placement.waiting)
+    for i, recorded in enumerate(task):
+        if recorded.event_id in placements:
+            moved = placements[recorded.event_id]
+            task[i] = replace(recorded, position=moved.position, waiting=moved.waiting)
+    task.append(new)
+    return new, placements
 
 
 def _chain_recorded(event: Recorded, numbered: Mapping[int, Recorded]) -> bool:

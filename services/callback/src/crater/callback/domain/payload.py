@@ -5,12 +5,12 @@ from __future__ import annotations
 from crater.contracts import (
     AllocatedResources,
     AllocationGranted,
-    AllocationReleased,
-    ReleaseReason,
+    TaskEnded,
     TaskEscalated,
     TaskPending,
     TaskPreempted,
     TaskRejected,
+    TaskStatus,
     TaskStatusReported,
     WebhookBody,
     WebhookStatus,
@@ -18,31 +18,22 @@ from crater.contracts import (
 
 LifecycleEvent = (
     AllocationGranted
-    | AllocationReleased
     | TaskPending
     | TaskEscalated
     | TaskRejected
     | TaskPreempted
+    | TaskEnded
     | TaskStatusReported
 )
 
-# What AllData hears when a task's resources go back; `release_reason` says exactly why.
-RELEASE_STATUS = {
-    ReleaseReason.SUCCEEDED: WebhookStatus.SUCCEEDED,
-    ReleaseReason.FAILED: WebhookStatus.FAILED,
-    ReleaseReason.CANCELLED: WebhookStatus.CANCELLED,
-    ReleaseReason.PREEMPTED: WebhookStatus.PREEMPTED,
-    # The task never confirmed it runs within its reservation: it will not run.
-    ReleaseReason.EXPIRED: WebhookStatus.FAILED,
-    ReleaseReason.NODE_LOST: WebhookStatus.FAILED,
-    ReleaseReason.SCALED_IN: WebhookStatus.CANCELLED,
-}
-RELEASE_EXPLANATION = {
-    ReleaseReason.EXPIRED: "the task never reported running within its reservation",
-    ReleaseReason.NODE_LOST: "its node stopped answering",
-    ReleaseReason.SCALED_IN: "the autoscaler removed this replica",
-    ReleaseReason.PREEMPTED: "it yielded to a higher-priority task",
-}
+
+def has_webhook(event: LifecycleEvent) -> bool:
+    """Whether AllData is told of the event. Of a node's (or the gateway's) reports only
+    `running` is: the scheduler's `task.ended` says how a task ended, once, and a report's
+    `succeeded`, `failed` or `cancelled` is only what one node saw."""
+    if isinstance(event, TaskStatusReported):
+        return event.status is TaskStatus.RUNNING
+    return True
 
 
 def webhook_body(event: LifecycleEvent) -> WebhookBody:
@@ -75,8 +66,8 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
                 f"{event.priority} -> {event.escalated_priority}"
             )
         case TaskRejected():
-            # AllData has no "rejected": a task that can never run has failed, and says why.
-            status = WebhookStatus.FAILED
+            # The task's end; or, as a duplicate, a refused submission that leaves it be.
+            status = WebhookStatus.REJECTED
             reason = "; ".join(f"{e.field}: {e.reason}" for e in event.errors) or "rejected"
         case TaskPreempted():
             status = WebhookStatus.PREEMPTED
@@ -84,14 +75,10 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
                 f"preempted by {event.preempted_by} on {event.node}; "
                 f"grace period {event.grace_period_seconds} s"
             )
+        case TaskEnded():
+            status, reason = WebhookStatus(event.status.value), event.reason
         case TaskStatusReported():
             status, reason = WebhookStatus(event.status.value), event.message
-        case AllocationReleased():
-            status = RELEASE_STATUS.get(event.reason, WebhookStatus.FAILED)
-            gpus = ",".join(map(str, event.gpu_ids)) or "none"
-            reason = f"{event.allocation_id} released on {event.node} (GPUs {gpus}): {event.reason}"
-            if event.reason in RELEASE_EXPLANATION:
-                reason += f", {RELEASE_EXPLANATION[event.reason]}"
         case _:
             raise TypeError(f"no webhook for {type(event).__name__}")
     return WebhookBody(
@@ -101,11 +88,15 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
         event_id=event.event_id,
         occurred_at=event.occurred_at,
         reason=reason,
-        release_reason=event.reason.value if isinstance(event, AllocationReleased) else None,
+        release_reason=event.release_reason if isinstance(event, TaskEnded) else None,
         sequence=event.task_sequence.number
         if not isinstance(event, TaskStatusReported) and event.task_sequence
         else None,
         gang_index=gang_index,
         gang_size=gang_size,
         escalated_priority=event.escalated_priority if isinstance(event, TaskEscalated) else None,
+        attempt=event.attempt
+        if isinstance(event, TaskPending | AllocationGranted | TaskEnded)
+        else None,
+        duplicate_submission=event.duplicate if isinstance(event, TaskRejected) else None,
     )

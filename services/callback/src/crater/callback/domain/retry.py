@@ -28,6 +28,7 @@ class DeliveryState(StrEnum):
     DELIVERED = "delivered"
     DEAD = "dead"
     SKIPPED = "skipped"  # no endpoint configured
+    SUPERSEDED = "superseded"  # never sent: AllData must not hear it (domain/lifecycle.py)
 
     @property
     def is_final(self) -> bool:
