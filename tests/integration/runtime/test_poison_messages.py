@@ -35,7 +35,14 @@ from crater.contracts import (
     TaskStatusReported,
     TaskSubmitted,
 )
-from crater.runtime.bus import MAX_DELIVER_MARGIN, DeliveryPolicy, durable, encode, publish
+from crater.runtime.bus import (
+    MAX_DELIVER_MARGIN,
+    DeliveryPolicy,
+    durable,
+    encode,
+    ensure_streams,
+    publish,
+)
 from crater.runtime.nats_server import NatsServer
 from crater.runtime.service import Service, create_service
 from crater.runtime.settings import ServiceSettings
@@ -252,6 +259,33 @@ async def test_a_nul_byte_that_reaches_postgresql_is_dead_lettered_after_the_lim
     assert "[SQL:" not in rejected.errors[0].reason  # the first line, not the statement
     # what was received is kept exactly: the JSON escape of the NUL byte
     assert "half\\u0000way" in (letter.payload or "")
+
+
+async def test_a_message_that_cannot_be_dead_lettered_is_handed_back_not_lost(
+    fresh_nats: NatsServer, tap: EventTap, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = consumer(fresh_nats)
+    async with TestApp(state.service.asgi()):
+        connection = await nats.connect(fresh_nats.url)
+        try:
+            await connection.jetstream().delete_stream("CRATER_DEAD_LETTERS")  # NATS trouble
+            await publish_raw(fresh_nats.url, SUBJECT, b"{not json", **JSON)
+            await eventually(lambda: "could not dead-letter" in caplog.text)
+            assert tap.of(MessageRejected) == []  # not refused yet: nothing kept to show
+            await ensure_streams(fresh_nats.url)  # the stream is back
+            # (the tap hears the failed attempt too: a core subscription, not the stream)
+            await tap.wait_for(MessageDeadLettered, lambda e: e.deliveries >= 2)
+            await tap.wait_for(MessageRejected)
+        finally:
+            await connection.close()
+        [kept] = [
+            json.loads(line)
+            for line in (await cli_run("list", "--json", "--nats-url", fresh_nats.url)).splitlines()
+        ]
+
+    assert kept["deliveries"] >= 2  # the same message, delivered again, kept this time
+    assert kept["stream_sequence"] == 1
+    assert kept["error_class"] == "JSONDecodeError"
 
 
 def dead_letters(*args: str, exit_code: int = 0) -> str:

@@ -320,13 +320,15 @@ class Rejections:
                 event_id=derived_event_id(letter.event_id, "rejected"),
             )
         except Exception as publishing:
+            delay = self.policy.redelivery_delay(delivery.deliveries)
             log.warning(
-                "could not dead-letter %s #%d: %r; handing it back",
+                "could not dead-letter %s #%d: %r; handing it back for %.1f s",
                 delivery.stream,
                 delivery.stream_sequence,
                 publishing,
+                delay,
             )
-            raise NackMessage(delay=MAX_REDELIVERY_DELAY_SECONDS) from publishing
+            raise NackMessage(delay=delay) from publishing
         self.dead_lettered.labels(
             subject=metric_subject(delivery.subject), consumer=delivery.consumer, reason=reason
         ).inc()
