@@ -62,7 +62,7 @@ TASK_ID_RETENTION_DAYS = Streams.TASKS.max_age_seconds // 86_400
 # Telemetry repeats itself by nature and applying it twice changes nothing: no inbox for it
 # (nor for a grant read back: arming twice arms once). What the core decides on such an event
 # may still repeat a decision already staged (the same event delivered again after a crash
-# between commit and ack): those are left out by their id, see `_already_staged`.
+# between commit and ack): those are left out by their id, see `_not_staged_before`.
 IDEMPOTENT_BY_NATURE = (NodeTopologyReported, NodeHealthReported, ReservationArmed)
 
 
@@ -235,7 +235,6 @@ class SchedulerService:
                 outcomes.append(
                     await self._decide(repository, waiting.event, known) if first else []
                 )
-            outcomes = await self._already_staged(connection, batch, outcomes)
             stamped = await self.sequencer.stamp(connection, [d for o in outcomes for d in o])
             await stage(connection, outbox, *stamped)
             numbered = iter(stamped)
@@ -262,35 +261,30 @@ class SchedulerService:
             known[event.task.task_id] = _status_after(event.task.task_id, decisions)
         if isinstance(event, NodeHealthReported) and not decisions:
             return []  # a heartbeat like the last one: nothing to store
+        if decisions and isinstance(event, IDEMPOTENT_BY_NATURE):
+            decisions = await self._not_staged_before(repository, decisions)
         await repository.record(event, decisions, seq, self.scheduler)
         return decisions
 
-    async def _already_staged(
-        self, connection: Any, batch: list[Waiting], outcomes: list[list[Event]]
-    ) -> list[list[Event]]:
-        """`outcomes` without the decisions, on events that have no inbox, whose id is in the
-        outbox already: the same event delivered again repeats them (their ids derive from
-        it). Staging them again would break the outbox's unique id and fail the batch."""
-        ids = [
-            str(d.event_id)
-            for w, decisions in zip(batch, outcomes, strict=True)
-            if isinstance(w.event, IDEMPOTENT_BY_NATURE)
-            for d in decisions
-        ]
-        if not ids:
-            return outcomes
+    async def _not_staged_before(
+        self, repository: SchedulerRepository, decisions: list[Event]
+    ) -> list[Event]:
+        """`decisions` (on an event that has no inbox) without those already in the outbox:
+        the same event delivered again repeats them (their ids derive from it). Recording and
+        staging them again would break the unique keys and fail the batch."""
+        ids = [str(d.event_id) for d in decisions]
         staged: set[str] = set()
         for start in range(0, len(ids), IN_LIST_LIMIT):
-            rows = await connection.execute(
+            rows = await repository.session.execute(
                 select(outbox.c.event_id).where(
                     outbox.c.event_id.in_(ids[start : start + IN_LIST_LIMIT])
                 )
             )
             staged.update(event_id for (event_id,) in rows)
         if not staged:
-            return outcomes
+            return decisions
         self.metrics.repeated_decisions.inc(len(staged))
-        return [[d for d in decisions if str(d.event_id) not in staged] for decisions in outcomes]
+        return [d for d in decisions if str(d.event_id) not in staged]
 
     async def _refuse_future(self, event: Event) -> None:
         """An event dated too far ahead: counted and refused by name; the core never sees it."""
