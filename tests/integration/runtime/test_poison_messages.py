@@ -17,6 +17,7 @@ from pathlib import Path
 import nats
 import pytest
 from faststream import TestApp
+from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Column, MetaData, String, Table, insert, select
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -433,3 +434,31 @@ def request(task_id: str) -> TaskRequest:
             "resource_requirements": {"gpu": {"count": 1, "memory_mb": 8000}},
         }
     )
+
+
+async def test_a_consumer_created_before_the_limit_gets_the_backstop_on_start(
+    fresh_nats: NatsServer,
+) -> None:
+    await ensure_streams(fresh_nats.url)
+    connection = await nats.connect(fresh_nats.url)
+    try:
+        js = connection.jetstream()
+        # as every durable consumer was created before: no max_deliver
+        await js.add_consumer(
+            "CRATER_TASKS",
+            ConsumerConfig(
+                durable_name="poisontest-task-status",
+                filter_subject=SUBJECT,
+                ack_policy=AckPolicy.EXPLICIT,
+            ),
+        )
+        state = consumer(fresh_nats)
+        async with TestApp(state.service.asgi()):
+            await publish(state.service.broker, report("still-consumed"))
+            await eventually(lambda: state.handled == ["still-consumed"])
+        info = await js.consumer_info("CRATER_TASKS", "poisontest-task-status")
+    finally:
+        await connection.close()
+
+    assert info.config.max_deliver == LIMIT + MAX_DELIVER_MARGIN
+    assert info.config.filter_subject == SUBJECT  # the rest as it was

@@ -37,7 +37,7 @@ from faststream.prometheus import ConsumeAttrs, MetricsSettingsProvider
 from faststream.prometheus.middleware import PrometheusMiddleware
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.propagate import extract
@@ -531,8 +531,10 @@ def make_broker(
     return broker, rejections
 
 
-# Each broker's delivery policy, for the consumers registered on it (`_pull_consumer`).
+# Each broker's delivery policy, for the consumers registered on it (`_pull_consumer`), and
+# those consumers as (stream, durable name), for `align_consumers`.
 _POLICIES: WeakKeyDictionary[NatsBroker, DeliveryPolicy] = WeakKeyDictionary()
+_DURABLES: WeakKeyDictionary[NatsBroker, list[tuple[str, str]]] = WeakKeyDictionary()
 
 
 def subject_of(event: Event) -> str:
@@ -645,6 +647,7 @@ def _pull_consumer(
     the handler returns; if it raises, redelivered after a delay up to the broker's delivery
     limit, then dead-lettered (`Rejections`)."""
     policy = _POLICIES.get(broker) or DeliveryPolicy()
+    _DURABLES.setdefault(broker, []).append((stream_name, durable_name))
     subscriber = broker.subscriber(
         subject,
         stream=JStream(stream_name, declare=False),
@@ -663,6 +666,26 @@ def _pull_consumer(
         return handler
 
     return register
+
+
+async def align_consumers(nats_url: str, broker: NatsBroker) -> None:
+    """Give the broker's durable consumers that already exist JetStream's backstop for its
+    delivery limit (`max_deliver`): nats-py binds to an existing consumer as it is, so one
+    created before the limit (or under another limit) would otherwise keep its own."""
+    wanted = (_POLICIES.get(broker) or DeliveryPolicy()).server_max_deliver
+    connection = await nats.connect(nats_url, connect_timeout=5)
+    try:
+        js = connection.jetstream()
+        for stream, durable_name in _DURABLES.get(broker, []):
+            try:
+                info = await js.consumer_info(stream, durable_name)
+            except NotFoundError:
+                continue  # created with it when the subscriber starts
+            if info.config.max_deliver != wanted:
+                await js.add_consumer(stream, config=info.config.evolve(max_deliver=wanted))
+                log.info("%s: max_deliver %s -> %d", durable_name, info.config.max_deliver, wanted)
+    finally:
+        await connection.close()
 
 
 async def ensure_streams(nats_url: str) -> None:
@@ -689,6 +712,7 @@ __all__ = [
     "DeliveryPolicy",
     "Rejections",
     "Subjects",
+    "align_consumers",
     "dead_letter",
     "durable",
     "durable_stream",

@@ -16,7 +16,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, make_asgi_app
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from crater.runtime.bus import DeliveryPolicy, Rejections, ensure_streams, make_broker
+from crater.runtime.bus import (
+    DeliveryPolicy,
+    Rejections,
+    align_consumers,
+    ensure_streams,
+    make_broker,
+)
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.settings import ServiceSettings
 from crater.runtime.telemetry import make_registry, make_tracer_provider
@@ -70,6 +76,7 @@ class Service:
 
         async def declare_streams() -> None:
             await ensure_streams(self.settings.nats_url)
+            await align_consumers(self.settings.nats_url, self.broker)
 
         async def flush_traces() -> None:
             self.tracer_provider.force_flush()
