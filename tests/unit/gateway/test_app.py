@@ -36,7 +36,7 @@ def test_openapi_documents_the_task_request_and_every_reference_resolves() -> No
     assert body == {"$ref": "#/components/schemas/TaskRequest"}
     components = schema["components"]["schemas"]
     assert "model_config" in components["TaskRequest"]["properties"]
-    assert {"202", "413", "422", "503"} <= set(operation["responses"])
+    assert {"202", "409", "413", "422", "503"} <= set(operation["responses"])
     missing = {r for r in refs(schema) if r.removeprefix("#/components/schemas/") not in components}
     assert missing == set()
     assert {"/api/v1/nodes", "/api/v1/tasks", "/api/v1/tasks/{task_id}", "/healthz"} <= set(

@@ -3,10 +3,10 @@ NATS request-reply, for what it knows; it keeps nothing itself."""
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
 from uuid import UUID
 
@@ -47,6 +47,15 @@ from crater.gateway.bodies import (
     request_errors,
     submission_id,
 )
+from crater.gateway.claims import (
+    Claim,
+    Verdict,
+    claim_key,
+    claimed_reason,
+    held,
+    judge,
+    known_reason,
+)
 from crater.gateway.observe import ObserveRequests
 from crater.runtime.bus import ensure_streams, publish
 from crater.runtime.service import Service, create_service, serve
@@ -59,7 +68,8 @@ Answer = TypeVar("Answer", bound=Contract)
 BUS_ERRORS = (nats.errors.Error, TimeoutError, IncorrectState)
 SCHEDULER_NOT_ANSWERING = "scheduler not answering"
 # The task ids the gateway accepted (a JetStream key-value bucket, shared by every replica):
-# a task still with the predictor is unknown to the scheduler, yet may be cancelled.
+# each is claimed there once (claims.py), and a task still with the predictor, unknown to the
+# scheduler, may yet be cancelled.
 ACCEPTED_BUCKET = "crater_gateway_accepted"
 
 
@@ -80,7 +90,15 @@ class GatewaySettings(ServiceSettings):
         default=7 * 24 * 3600,
         ge=60,
         description="How long an accepted task id is remembered, so that a task the scheduler "
-        "has not heard of yet (still being profiled) can be cancelled.",
+        "has not heard of yet (still being profiled) can be cancelled, and its id is not "
+        "submitted twice (the scheduler refuses ids it stored for good).",
+    )
+    abandoned_claim_seconds: float = Field(
+        default=30.0,
+        ge=10,
+        le=3600,
+        description="A task id claimed but never confirmed published (a gateway that died "
+        "between the two) may be submitted again after this long; longer than any publish.",
     )
 
 
@@ -106,6 +124,18 @@ class FieldErrors(BaseModel):
     detail: list[FieldError]
 
 
+class TaskKnown(BaseModel):
+    """A submission reusing a task id Crater knows: refused, and the known task unchanged.
+    A task id is used once, an ended task's too."""
+
+    detail: list[FieldError] = Field(description="`task_id` and why.")
+    task_id: str
+    status: TaskStatus | Literal["submitted"] = Field(
+        description="The known task's status; `submitted`: accepted here, not yet known to "
+        "the scheduler (being profiled, or refused by the predictor)."
+    )
+
+
 class Problem(BaseModel):
     detail: str
 
@@ -125,9 +155,11 @@ def _problem(status: int, detail: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"detail": detail})
 
 
-def accepted_key(task_id: str) -> str:
-    """A key-value key for `task_id`: task ids may hold ':', which keys may not."""
-    return base64.urlsafe_b64encode(task_id.encode()).decode()
+def _task_known(task_id: str, status: str, reason: str) -> JSONResponse:
+    known = TaskKnown(
+        detail=[FieldError(field="task_id", reason=reason)], task_id=task_id, status=status
+    )
+    return JSONResponse(status_code=409, content=known.model_dump(mode="json"))
 
 
 class GatewayApi(FastAPI):
@@ -209,13 +241,91 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         bucket: KeyValue = app.state.accepted
         return bucket
 
+    grace = timedelta(seconds=settings.abandoned_claim_seconds)
+
+    async def claim_of(task_id: str) -> tuple[Claim, int] | None:
+        """The id's claim and its revision (for a compare-and-set), if any."""
+        try:
+            entry = await accepted().get(claim_key(task_id))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return Claim.decode(entry.value or b""), entry.revision or 0
+
     async def was_accepted(task_id: str) -> bool:
         """Whether this gateway (any replica) accepted `task_id` lately."""
+        found = await claim_of(task_id)
+        return held(found[0] if found else None, datetime.now(UTC), grace)
+
+    async def scheduler_summary(task_id: str) -> TaskSummary | None:
+        """The scheduler's view of `task_id`; None if it does not know it, or does not answer
+        (then the claim alone decides here, and the scheduler refuses on the bus a duplicate
+        it knows)."""
+        query = TasksQuery(task_id=task_id, limit=1).model_dump_json().encode()
         try:
-            await accepted().get(accepted_key(task_id))
-        except nats.js.errors.KeyNotFoundError:
-            return False
-        return True
+            # nats-py's own request: with no scheduler subscribed it fails at once (no
+            # responders) instead of holding every submission for the whole timeout.
+            reply = await broker.connection.request(
+                QuerySubjects.TASKS, query, timeout=settings.query_timeout_seconds
+            )
+            answer = TasksAnswer.model_validate_json(reply.data)
+        except (*BUS_ERRORS, ValidationError) as error:
+            log.debug("no scheduler view of task %s: %r", task_id, error)
+            return None
+        return next((t for t in answer.tasks if t.task_id == task_id), None)
+
+    async def publish_claimed(event: TaskSubmitted, claim: Claim, revision: int) -> None:
+        """Publish under the claim, then mark it submitted (a failed mark is only logged: the
+        claim then reads as abandoned after the grace, and a second submission is refused
+        on the bus)."""
+        await publish(broker, event)
+        done = claim.model_copy(update={"submitted": True}).encode()
+        try:
+            await accepted().update(claim_key(event.task_id), done, last=revision)
+        except (nats.js.errors.KeyWrongLastSequenceError, *BUS_ERRORS) as error:
+            log.warning("could not confirm the claim of task %s: %r", event.task_id, error)
+
+    async def submit(event: TaskSubmitted) -> ScheduleAccepted | JSONResponse:
+        """Claim the task id, then publish: once per id across every replica (claims.py)."""
+        task_id, key = event.task_id, claim_key(event.task_id)
+        accepted_now = ScheduleAccepted(task_id=task_id, event_id=event.event_id)
+        for _ in range(2):  # a claim lost to another replica is judged again, once
+            found = await claim_of(task_id)
+            claim, revision = found if found else (None, 0)
+            now = datetime.now(UTC)
+            verdict = judge(claim, event.event_id, now, grace)
+            if verdict is Verdict.RETRY and claim is not None:
+                # The same submission again (Idempotency-Key): published once; a claim not
+                # yet confirmed is published again, and JetStream drops the copy.
+                if not claim.submitted:
+                    await publish_claimed(event, claim, revision)
+                return accepted_now
+            known = await scheduler_summary(task_id)
+            if known is not None:
+                return _task_known(
+                    task_id, known.status.value, known_reason(task_id, known.status.value)
+                )
+            if verdict is Verdict.KNOWN and claim is not None:
+                return _task_known(task_id, "submitted", claimed_reason(task_id, claim))
+            mine = Claim(event_id=event.event_id, claimed_at=now)
+            try:
+                if verdict is Verdict.NEW:
+                    revision = await accepted().create(key, mine.encode())
+                else:  # abandoned: taken over only if nobody changed it meanwhile
+                    revision = await accepted().update(key, mine.encode(), last=revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            try:
+                await publish_claimed(event, mine, revision)
+            except BUS_ERRORS:
+                # Not submitted: free the id for a retry, unless someone else holds it now.
+                with suppress(nats.js.errors.KeyWrongLastSequenceError, *BUS_ERRORS):
+                    await accepted().delete(key, last=revision)
+                raise
+            return accepted_now
+        found = await claim_of(task_id)
+        if found is None:  # claimed and freed again meanwhile: the caller may retry
+            return _problem(503, f"task {task_id!r} is being submitted concurrently: retry")
+        return _task_known(task_id, "submitted", claimed_reason(task_id, found[0]))
 
     async def ask(subject: str, query: Contract, answer: type[Answer]) -> Answer | JSONResponse:
         try:
@@ -239,6 +349,11 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         status_code=202,
         response_model=ScheduleAccepted,
         responses={
+            409: {
+                "model": TaskKnown,
+                "description": "The task id is known already (its status says how far it "
+                "got): a task id is used once, an ended task's too.",
+            },
             413: {"model": FieldErrors, "description": "Body larger than max_body_bytes."},
             422: {"model": FieldErrors, "description": "Every invalid field and why."},
             503: {"model": Problem, "description": "NATS unavailable."},
@@ -274,16 +389,10 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
             event = event.model_copy(update={"event_id": submission_id(parsed, idempotency_key)})
         trace.get_current_span().set_attribute("crater.task_id", parsed.task_id)
         try:
-            await publish(broker, event)
+            return await submit(event)
         except BUS_ERRORS as error:
-            log.warning("could not publish task %s: %r", parsed.task_id, error)
+            log.warning("could not submit task %s: %r", parsed.task_id, error)
             return _problem(503, f"NATS unavailable: {type(error).__name__}")
-        try:
-            await accepted().put(accepted_key(parsed.task_id), event.event_id.bytes)
-        except BUS_ERRORS as error:
-            # Submitted all the same: only a cancel before the scheduler knows it will miss.
-            log.warning("could not remember task %s as accepted: %r", parsed.task_id, error)
-        return ScheduleAccepted(task_id=event.task_id, event_id=event.event_id)
 
     answers: dict[int | str, dict[str, Any]] = {
         503: {"model": Problem, "description": SCHEDULER_NOT_ANSWERING},
