@@ -148,7 +148,7 @@ class DeliveryPolicy:
 
 
 @dataclass(frozen=True)
-class _Delivery:
+class Delivery:
     """Where a JetStream delivery came from and how often it was delivered."""
 
     subject: str
@@ -159,13 +159,13 @@ class _Delivery:
     headers: dict[str, str]
 
 
-def _delivery(msg: StreamMessage[Any]) -> _Delivery | None:
+def _delivery(msg: StreamMessage[Any]) -> Delivery | None:
     """The JetStream side of a message; None for a core NATS one (a request)."""
     raw = getattr(msg, "raw_message", None)
     if not isinstance(raw, Msg) or not raw.reply or not raw.reply.startswith("$JS.ACK."):
         return None
     metadata = raw.metadata
-    return _Delivery(
+    return Delivery(
         subject=raw.subject,
         stream=metadata.stream,
         stream_sequence=metadata.sequence.stream,
@@ -245,7 +245,7 @@ class Rejections:
         await publish(self.broker, event)
 
     async def undecodable(
-        self, msg: StreamMessage[Any], delivery: _Delivery | None, error: Exception
+        self, msg: StreamMessage[Any], delivery: Delivery | None, error: Exception
     ) -> None:
         """Refuse a message that cannot be decoded: never retried."""
         subject = delivery.subject if delivery else _subject(msg)
@@ -257,7 +257,7 @@ class Rejections:
             return
         await self._give_up(msg, delivery, "decode", error, errors)
 
-    async def failed(self, msg: StreamMessage[Any], delivery: _Delivery, error: Exception) -> None:
+    async def failed(self, msg: StreamMessage[Any], delivery: Delivery, error: Exception) -> None:
         """A handler raised: redeliver after a delay, or give up once the limit is reached.
         Always ends in a FastStream ack exception (nack with delay, or terminate)."""
         reason = _describe(error)
@@ -298,7 +298,7 @@ class Rejections:
     async def _give_up(
         self,
         msg: StreamMessage[Any],
-        delivery: _Delivery,
+        delivery: Delivery,
         kind: FailureKind,
         error: Exception,
         errors: list[FieldError],
@@ -372,7 +372,7 @@ _HEADER_ROOM = 8 * 1024
 
 def dead_letter(
     service: str,
-    delivery: _Delivery,
+    delivery: Delivery,
     body: bytes,
     kind: FailureKind,
     error_class: str,
@@ -709,6 +709,7 @@ async def ensure_streams(nats_url: str) -> None:
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "Delivery",
     "DeliveryPolicy",
     "Rejections",
     "Subjects",
