@@ -167,5 +167,6 @@ async def test_repeats_within_one_batch_take_effect_once(sessions: Any) -> None:
     [error] = refused.errors
     assert error.field == "task_id"
     assert "status scheduled" in error.reason  # placed earlier in the same batch
+    assert "new task_id" in error.reason
     assert await counts(sessions) == (2, 3)  # two tasks; the refusal staged beside the grants
     assert sorted(scheduler.scheduler.allocations) == ["once", "other"]

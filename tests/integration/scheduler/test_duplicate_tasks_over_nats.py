@@ -66,6 +66,11 @@ async def test_a_known_task_id_submitted_again_is_refused_and_the_task_goes_on(
             task_id="train-7", status=TaskStatus.RUNNING, allocation_id=granted.allocation_id
         )
         await publish(service.broker, running)
+        # Its own consumer: wait until the report is in, so the status below is known.
+        for _ in range(100):
+            if (await statuses(fresh_nats.url)).get("train-7") is TaskStatus.RUNNING:
+                break
+            await asyncio.sleep(0.05)
 
         # Same id, a new body (two GPUs), a new event id: what bypassed the gateway.
         await publish(service.broker, profiled("train-7", gpus=2))

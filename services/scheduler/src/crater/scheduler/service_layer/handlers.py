@@ -28,7 +28,6 @@ from crater.contracts import (
     PlacementQuery,
     ReplicasRequested,
     ResourcePrediction,
-    Streams,
     TaskPending,
     TaskProfiled,
     TaskRejected,
@@ -55,9 +54,6 @@ from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.views import node_summaries
 
 log = logging.getLogger("crater.scheduler")
-
-# A task id is never reused: not while the task stream still holds the first task's events.
-TASK_ID_RETENTION_DAYS = Streams.TASKS.max_age_seconds // 86_400
 
 # Telemetry repeats itself by nature and applying it twice changes nothing: no inbox for it
 # (nor for a grant read back: arming twice arms once). What the core decides on such an event
@@ -418,10 +414,12 @@ def duplicate_submission(source: UUID, task_id: str, status: str) -> TaskRejecte
 
 
 def duplicate_reason(task_id: str, status: str) -> str:
+    """The gateway's 409 says the same (gateway/claims.py): a task id is never reused, for the
+    scheduler keeps every task it stored."""
     return (
         f"task {task_id!r} is known already (status {status}): a task id is used once, an "
-        f"ended task's too (ids are unique for the task stream's {TASK_ID_RETENTION_DAYS}-day "
-        f"retention); this submission is refused and {task_id!r} is unchanged"
+        f"ended task's too; this submission is refused and {task_id!r} is unchanged: "
+        "submit under a new task_id"
     )
 
 
