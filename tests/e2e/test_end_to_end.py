@@ -109,6 +109,9 @@ async def check_cli(stack: Stack) -> None:
     assert "t4-01" in {m["node_id"] for m in placement["misfits"]}
 
 
+TERMINAL = {"succeeded", "failed", "cancelled", "rejected"}
+
+
 async def test_tasks_flow_from_gateway_to_webhooks_in_one_trace(stack: Stack) -> None:
     tap = await EventTap.start(stack.nats_url)
     gateway = httpx.AsyncClient(base_url=stack.url("gateway"), timeout=10)
@@ -142,11 +145,17 @@ async def test_tasks_flow_from_gateway_to_webhooks_in_one_trace(stack: Stack) ->
                 ("train-e2e", "succeeded"),
                 ("serve-e2e", "scheduled"),
                 ("serve-e2e", "succeeded"),
-                ("huge-e2e", "failed"),
+                ("huge-e2e", "rejected"),
             },
             seconds=60,
         )
         received = await deliveries(stack)
+        # what AllData was told: one end per task, and nothing after it
+        for task_id in ("train-e2e", "serve-e2e", "huge-e2e"):
+            told = [d["body"] for d in received if d["body"]["task_id"] == task_id]
+            ends = {b["event_id"] for b in told if b["status"] in TERMINAL}
+            assert len(ends) == 1, told
+            assert told[-1]["status"] in TERMINAL, told  # received last
         scheduled = next(
             d["body"]
             for d in received
