@@ -360,9 +360,11 @@ def false_failures(
     ends: Sequence[TaskEnd],
     silent_nodes: set[str],
 ) -> dict[str, Any]:
-    """Tasks AllData was told `failed` although the node had reported the allocation in
-    question `running` (and never `failed`), on a node that did not go silent. The allocation
-    in question is the one the scheduler's task.ended names, else the task's last grant."""
+    """Tasks AllData was told `failed` because the reservation expired or the node was
+    declared lost (or for no reason the streams show) although the node had reported the
+    allocation in question `running` (and never `failed`), on a node that did not go silent.
+    The allocation in question is the one the scheduler's task.ended names, else the task's
+    last grant. A preemption is a true end, counted apart."""
     last_grant: dict[str, Grant] = {}
     grant_of: dict[str, Grant] = {}
     for each in grants:
@@ -377,6 +379,7 @@ def false_failures(
     failed_tasks = {w.task_id for w in webhooks if w.status == "failed" and is_terminal(w)}
     found: list[dict[str, Any]] = []
     causes: Counter[str] = Counter()
+    other_causes: Counter[str] = Counter()
     silent_excluded = 0
     node_failed = 0
     never_placed = 0
@@ -393,11 +396,15 @@ def false_failures(
             continue
         if "running" not in said and "succeeded" not in said:
             continue
+        release = release_of.get(grant.allocation_id)
+        cause = release.reason if release else (end.release_reason if end else None)
+        if cause is not None and cause not in UNCONFIRMED_REASONS:
+            # Preempted (without a restart policy), cancelled, ...: a true end, said so.
+            other_causes[cause] += 1
+            continue
         if grant.node in silent_nodes:
             silent_excluded += 1
             continue
-        release = release_of.get(grant.allocation_id)
-        cause = release.reason if release else (end.release_reason if end else None)
         causes[cause or "unknown"] += 1
         found.append(
             {
@@ -417,6 +424,7 @@ def false_failures(
         "failed_never_placed": never_placed,
         "failed_as_the_node_reported": node_failed,
         "failed_on_silent_nodes_excluded": silent_excluded,
+        "failed_after_running_for_other_reasons": dict(other_causes),
     }
 
 

@@ -246,6 +246,8 @@ async def _with_stack(
         "actions": [asdict(a) for a in actions],
         "submitted": [s.offered_at for s in submissions.values()],
         "health_seen": live.health_seen,
+        "reports": [asdict(r) for r in records["reports"]],
+        "ends": [asdict(e) for e in records["ends"]],
     }
     return build_report(
         config=config,
@@ -575,19 +577,12 @@ async def _drain(
     `settle_seconds` more, so late duplicates are counted too."""
     started = time.monotonic()
     wanted = set(accepted)
-    last_echo = started
     outcome = "timed out"
+    echo(f"  {time.time() - t0:7.1f} s  draining: waiting for {len(wanted)} tasks to end")
     while time.monotonic() - started < config.drain_seconds:
-        missing = wanted - _ended(receiver_file)
-        if not missing:
+        if not wanted - _ended(receiver_file):
             outcome = "every task ended"
             break
-        if time.monotonic() - last_echo >= PROGRESS_SECONDS:
-            last_echo = time.monotonic()
-            echo(
-                f"  {time.time() - t0:7.1f} s  draining: {len(wanted) - len(missing)}/"
-                f"{len(wanted)} tasks ended"
-            )
         await asyncio.sleep(1.0)
     seconds = round(time.monotonic() - started, 1)
     await asyncio.sleep(config.settle_seconds)

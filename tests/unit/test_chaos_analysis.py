@@ -106,21 +106,32 @@ def test_lost_terminals_and_pending_are_counted_over_accepted_tasks() -> None:
 
 
 def test_a_failure_after_the_node_said_running_is_false_unless_the_node_went_silent() -> None:
-    grants = [grant(1, "a", "n1", (0,)), grant(2, "b", "n2", (0,)), grant(3, "c", "n1", (1,))]
-    releases = [release(4, "a", "n1", "expired"), release(5, "b", "n2", "node-lost")]
+    grants = [
+        grant(1, "a", "n1", (0,)),
+        grant(2, "b", "n2", (0,)),
+        grant(3, "c", "n1", (1,)),
+        grant(4, "d", "n1", (2,)),
+    ]
+    releases = [
+        release(4, "a", "n1", "expired"),
+        release(5, "b", "n2", "node-lost"),
+        release(6, "d", "n1", "preempted"),
+    ]
     reports = [
         StatusReport(3, 3.0, "task-a", "a", "running"),
         StatusReport(3, 3.0, "task-b", "b", "running"),
         StatusReport(3, 3.0, "task-c", "c", "running"),
         StatusReport(6, 6.0, "task-c", "c", "failed"),
+        StatusReport(3, 3.0, "task-d", "d", "running"),
     ]
     ends = [TaskEnd(7, 7.0, "task-a", "failed", "a", "expired")]
-    webhooks = [hook("task-a", "failed"), hook("task-b", "failed"), hook("task-c", "failed")]
+    webhooks = [hook(f"task-{t}", "failed") for t in "abcd"]
     found = false_failures(webhooks, grants, releases, reports, ends, silent_nodes={"n2"})
     assert found["false_failures"] == 1
     assert found["causes"] == {"expired": 1}
     assert found["failed_on_silent_nodes_excluded"] == 1
     assert found["failed_as_the_node_reported"] == 1
+    assert found["failed_after_running_for_other_reasons"] == {"preempted": 1}
 
 
 def test_recovery_is_the_time_to_the_next_allocation_after_each_kill() -> None:
