@@ -6,6 +6,7 @@ the truth: one terminal webhook per task, in lifecycle order, no false failures,
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def test_short_chaos_run_loses_nothing_and_tells_the_truth(
         if postgres_required():
             pytest.fail(message)
         pytest.skip(message)
-    config = ChaosConfig(**{**SHORT.__dict__, "database_url": postgres_server})
+    config = replace(SHORT, database_url=postgres_server)
     report = run(config, tmp_path / "chaos", out=tmp_path / "chaos.json", echo=print)
     summary = "\n".join(summary_lines(report))
 
