@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from rich.table import Table
 
 from crater.contracts import MessageDeadLettered, MessageReplayed, Streams, Subjects
 from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS, encode
+from crater.runtime.jsondepth import json_depth
 
 app = typer.Typer(help="Messages the consumers gave up on: list, show, replay.")
 console = Console()
@@ -36,6 +38,8 @@ NatsOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON lines.")]
 DEFAULT_NATS = "nats://127.0.0.1:4222"
+PRETTY_DEPTH = 16  # payloads nested deeper are shown as received
+SHOWN_CHARS = 8000
 STREAM = Streams.DEAD_LETTERS.name
 
 
@@ -172,7 +176,7 @@ def list_letters(
             print(json.dumps(letter.as_json()))
         return
     table = Table(
-        "id", "when", "service", "consumer", "subject", "kind", "tries", "error", "replayed"
+        "id", "when", "service", "consumer", "subject", "kind", "tries", "why", "replayed"
     )
     for letter in letters:
         event = letter.event
@@ -184,7 +188,7 @@ def list_letters(
             event.subject,
             event.kind,
             str(event.deliveries),
-            f"{event.error_class}: {_reason(event)}"[:80],
+            _reason(event)[:100],
             str(len(letter.replays)) if letter.replays else "-",
         )
     console.print(table)
@@ -215,10 +219,12 @@ def show(
         console.print(f"    {key}: {value}", markup=False)
     console.print(f"  payload ({event.payload_bytes} bytes)")
     if event.payload is not None:
-        try:
-            text = json.dumps(json.loads(event.payload), indent=2)
-        except (ValueError, RecursionError):
-            text = event.payload
+        text = event.payload
+        if json_depth(text) <= PRETTY_DEPTH:  # never decode what was refused as too deep
+            with contextlib.suppress(ValueError):
+                text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+        if len(text) > SHOWN_CHARS:
+            text = text[:SHOWN_CHARS] + f"\n... ({len(text) - SHOWN_CHARS} more; --json has all)"
         console.print(text, markup=False, highlight=False)
     elif event.payload_base64 is not None:
         console.print(f"    (not UTF-8; base64) {event.payload_base64}", markup=False)
