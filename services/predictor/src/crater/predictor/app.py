@@ -25,6 +25,7 @@ from pydantic import Field
 from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
+    FieldError,
     NodeMetricsReported,
     Subjects,
     TaskProfiled,
@@ -184,12 +185,20 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
             prediction = predict(request, assumptions, correction)
         except Refused as refused:
             metrics.rejected.inc()
+            # A refused body under the id of a task profiled before is not that task's end:
+            # a refused duplicate (the scheduler answers a valid one with the task's status).
+            duplicate = await store.predicted(request.task_id)
+            errors = refused.errors
+            if duplicate:
+                errors = [FieldError(field="task_id", reason=_profiled_before(request.task_id))]
+                errors += refused.errors
             await publish(
                 broker,
                 TaskRejected(
                     event_id=derived_event_id(event.event_id, "rejected"),
                     task_id=request.task_id,
-                    errors=refused.errors,
+                    errors=errors,
+                    duplicate=duplicate,
                 ),
             )
             return
@@ -250,6 +259,13 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
     service.on_startup.append(show_learned)  # after the migrations (service.database)
     app = service.asgi()
     return service, app
+
+
+def _profiled_before(task_id: str) -> str:
+    return (
+        f"task {task_id!r} was submitted and profiled before: a task id is used once; this "
+        f"submission is refused and {task_id!r} is unchanged: submit under a new task_id"
+    )
 
 
 def create_app() -> AsgiFastStream:

@@ -99,6 +99,14 @@ class LearningStore:
                     )
                 )
 
+    async def predicted(self, task_id: str) -> bool:
+        """Whether a submission of `task_id` was profiled here before."""
+        async with self.sessions() as session:
+            found = await session.scalar(
+                select(predictions.c.task_id).where(predictions.c.task_id == task_id)
+            )
+        return found is not None
+
     async def granted(self, event: AllocationGranted) -> bool:
         """Record who holds which cards; False for an allocation id already recorded (a grant
         repeated under a new event id), which changes nothing."""
