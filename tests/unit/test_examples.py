@@ -22,3 +22,7 @@ def test_example_pools_file_loads() -> None:
     pools = load_pools(EXAMPLES / "pools.yaml")
     assert pools["inference"].overcommit.cpu == 2.0
     assert "training" in pools
+    retry = pools["training"].restart
+    assert (retry.when, retry.max_attempts) == (["failure", "node-lost"], 3)
+    assert [retry.backoff_before(n) for n in (2, 3)] == [30, 60]
+    assert pools["inference"].restart.when == []  # never, unless a task asks

@@ -83,7 +83,7 @@ async def test_a_retried_attempt_and_an_announced_wait_survive_a_restart(
 ) -> None:
     settings = SchedulerSettings(nats_url=fresh_nats.url, database_url=database_url)
     service, app = build(settings)
-    retry = RestartPolicy(on=["failure"], max_attempts=2, backoff_seconds=3600)
+    retry = RestartPolicy(when=["failure"], max_attempts=2, backoff_seconds=3600)
     task = profiled("flaky", gpus=1)
     flaky = TaskProfiled(
         task=task.task.model_copy(update={"restart_policy": retry}), prediction=task.prediction

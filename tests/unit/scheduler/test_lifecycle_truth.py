@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,7 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
 )
+from crater.scheduler.adapters.pools_file import PoolsFileError, parse_pools
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.pools import PoolPolicy
@@ -55,7 +57,7 @@ def with_restarts(random_lab: bool) -> SchedulerConfig:
     """The fast-path test's configuration, with the batch pool retrying every kind of end."""
     base = config(random_lab)
     retry = RestartPolicy(
-        on=["failure", "preemption", "node-lost"], max_attempts=3, backoff_seconds=5
+        when=["failure", "preemption", "node-lost"], max_attempts=3, backoff_seconds=5
     )
     pools = dict(base.pools)
     pools["batch"] = PoolPolicy(restart=retry)
@@ -282,7 +284,7 @@ def test_a_silent_node_loses_its_allocations_and_their_tasks_end_failed() -> Non
 
 
 def test_a_task_with_a_restart_policy_is_retried_after_its_backoff_then_ends() -> None:
-    policy = {"on": ["failure", "node-lost"], "max_attempts": 2, "backoff_seconds": 10}
+    policy = {"when": ["failure", "node-lost"], "max_attempts": 2, "backoff_seconds": 10}
     scheduler = Scheduler(config=SchedulerConfig(node_lost_seconds=0))
     for name in ("n1", "n2"):
         scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node(name, gpus=1)))
@@ -327,7 +329,7 @@ def test_a_cancel_between_attempts_ends_the_task_cancelled() -> None:
     scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node("n1", gpus=1)))
     task = profiled("c", gpus=1, when=1)
     request = task.task.model_copy(
-        update={"restart_policy": RestartPolicy(on=["failure"], backoff_seconds=60)}
+        update={"restart_policy": RestartPolicy(when=["failure"], backoff_seconds=60)}
     )
     [grant] = scheduler.handle(
         TaskProfiled(occurred_at=at(1), task=request, prediction=task.prediction)
@@ -358,3 +360,11 @@ def test_the_same_event_handled_twice_repeats_no_event_id_in_one_answer() -> Non
     assert [d.task_id for d in of(AllocationGranted, after)] == ["big"]
     assert len(of(TaskEnded, after)) == 2
     assert scheduler.handle(tick) == []  # the heartbeat again: nothing more to decide
+
+
+def test_a_pools_file_restart_policy_is_refused_naming_the_field() -> None:
+    text = "pools:\n  training:\n    restart_policy: {when: [sometimes], max_attempts: 0}\n"
+    with pytest.raises(PoolsFileError) as refused:
+        parse_pools(text)
+    assert "pools.training.restart_policy.when.0" in str(refused.value)
+    assert "pools.training.restart_policy.max_attempts" in str(refused.value)

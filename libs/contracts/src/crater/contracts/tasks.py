@@ -246,12 +246,13 @@ class RestartOn(StrEnum):
 class RestartPolicy(Contract):
     """Whether a task whose attempt ended badly goes back to the queue, and how often.
 
-    Like a Kubernetes Job's `backoffLimit`: an attempt that ends for one of `on` is followed by
+    Like a Kubernetes Job's `backoffLimit`: an attempt that ends for one of `when` is followed by
     another after `backoff_seconds` (doubled for each further attempt, capped), until
     `max_attempts` attempts have run; the last one's end is the task's."""
 
-    on: list[RestartOn] = Field(
-        default_factory=list, max_length=3, description="Empty: never restart."
+    # Not `on`: YAML 1.1 reads a bare `on:` key as true, in the pools file it would not parse.
+    when: list[RestartOn] = Field(
+        default_factory=list, max_length=3, description="Endings to retry; empty: never."
     )
     max_attempts: int = Field(
         default=3, ge=1, le=100, description="Attempts in all, the first included."

@@ -6,7 +6,7 @@ pools:
   inference:
     filters: [NodeReady, Pool, TaintToleration, GpuCount, GpuMemory, CpuCores, Memory]
     overcommit: {cpu: 2.0, memory: 1.5}      # GPU stays 1 unless set
-    restart_policy: {on: [failure, node-lost], max_attempts: 3, backoff_seconds: 10}
+    restart_policy: {when: [failure, node-lost], max_attempts: 3, backoff_seconds: 10}
 
 A pool left out, or a field left out, keeps the default: every filter, the default scores,
 no over-commit, no restart (a task's own `restart_policy` wins). `filters` must keep

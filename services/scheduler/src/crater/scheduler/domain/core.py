@@ -622,7 +622,7 @@ class Scheduler:
         if task is not None:
             policy = self.config.restart_for(task.request)
             on = RESTART_ON.get(reason)
-            if on is not None and on in policy.on and attempt < policy.max_attempts:
+            if on is not None and on in policy.when and attempt < policy.max_attempts:
                 return [*released, self._retry(task, attempt + 1, reason, policy, cause)]
         why = END_REASON.get(reason, f"its attempt ended: {reason.value}")
         if reason is ReleaseReason.PREEMPTED and allocation.yield_by is not None:
