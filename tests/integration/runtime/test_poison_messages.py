@@ -10,7 +10,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from faststream import TestApp
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Column, MetaData, String, Table, insert, select
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from typer.testing import CliRunner
 
 from crater.cli import dead_letters as dead_letters_cli
@@ -70,7 +70,9 @@ def report(task_id: str, message: str | None = None) -> TaskStatusReported:
     return TaskStatusReported(task_id=task_id, status=TaskStatus.RUNNING, message=message)
 
 
-def consumer(nats: NatsServer, store: Table | None = None, engine: object = None) -> Consumer:
+def consumer(
+    nats: NatsServer, store: Table | None = None, engine: AsyncEngine | None = None
+) -> Consumer:
     """A service with one durable consumer: it refuses task ids starting `poison`, and
     stores each report in `store` when given one."""
     settings = ServiceSettings(
@@ -84,8 +86,8 @@ def consumer(nats: NatsServer, store: Table | None = None, engine: object = None
         state.attempts.setdefault(event.task_id, []).append(time.monotonic())
         if state.refuse and event.task_id.startswith("poison"):
             raise Poisoned(f"duplicate key value violates unique constraint ({event.task_id})")
-        if store is not None:
-            async with engine.begin() as connection:  # type: ignore[attr-defined]
+        if store is not None and engine is not None:
+            async with engine.begin() as connection:
                 await connection.execute(
                     insert(store).values(task_id=event.task_id, message=event.message)
                 )
@@ -94,9 +96,9 @@ def consumer(nats: NatsServer, store: Table | None = None, engine: object = None
     return state
 
 
-async def eventually(check: object, timeout: float = 20.0) -> None:
+async def eventually(check: Callable[[], bool], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
+    while not check():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.05)
 
