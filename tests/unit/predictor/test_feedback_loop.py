@@ -450,3 +450,56 @@ def test_the_runner_learns_true_use_from_the_profile_without_its_correction() ->
     assert runner.true_use("t-1") == expected  # the learned correction does not leak into use
     cpu = TaskRequest.model_validate(json.loads(json.dumps(WORKLOAD[5][2])) | {"task_id": "e"})
     assert not runner.profiled(TaskProfiled(task=cpu, prediction=predict(cpu)))
+
+
+async def test_a_grant_ahead_of_its_profile_shows_the_true_use_once_the_profile_is_in() -> None:
+    from crater.contracts import AllocationGranted, TaskProfiled
+    from crater.probe.runner import TaskRunner
+
+    async def publish(_: object) -> None:
+        return None
+
+    fleet = open_fleet()
+    simulator = FleetSimulator(fleet.nodes, fleet.seed)
+    runner = TaskRunner(simulator, publish, seed=42, seconds_min=60, seconds_max=60)
+    body = json.loads(json.dumps(WORKLOAD[0][2])) | {"task_id": "t-1", "pool": "training"}
+    request = TaskRequest.model_validate(body)
+    grant = AllocationGranted(
+        allocation_id="a-1",
+        task_id="t-1",
+        node="a100-01",
+        pool="training",
+        tenant="t",
+        gpu_ids=[0, 1],
+        gpu_memory_mb=80_000,
+        cpu_cores=[0, 1],
+        numa_node=0,
+        memory_mb=0,
+        checkpoint_path=None,
+        reservation_token="r",
+        reservation_expires_at=T0 + timedelta(days=36500),
+        score=1.0,
+        explanation="test",
+        environment={},
+    )
+    try:
+        runner.granted(grant)  # the probe's grant consumer ran ahead of its profile consumer
+        unknown = simulator.step_node("a100-01")
+        assert all(g.memory_used_mb >= 0.85 * 80_000 for g in unknown.gpus[:2])
+        assert runner.profiled(TaskProfiled(task=request, prediction=predict(request)))
+        true = runner.true_use("t-1")
+        assert true is not None
+        assert true < 0.85 * 80_000
+        known = simulator.step_node("a100-01")
+        assert all(0.85 * true <= g.memory_used_mb <= true for g in known.gpus[:2])
+        # a model the fleet cannot know keeps filling its reservation
+        other = request.model_copy(update={"task_id": "t-2"})
+        runner.granted(
+            grant.model_copy(update={"allocation_id": "a-2", "task_id": "t-2", "gpu_ids": [2]})
+        )
+        guess = predict(other).model_copy(update={"parameters": None})
+        assert not runner.profiled(TaskProfiled(task=other, prediction=guess))
+        filled = simulator.step_node("a100-01").gpus[2].memory_used_mb
+        assert 0.85 * 80_000 <= filled <= 80_000
+    finally:
+        await runner.close()

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, TypeVar
 
 from crater.contracts import (
     AllocationGranted,
@@ -31,6 +31,7 @@ from crater.contracts import (
 from crater.probe.domain.simulation import FleetSimulator, Load, RunPlan, plan_run, true_use_mb
 
 log = logging.getLogger("crater.probe.runner")
+V = TypeVar("V")
 
 Publish = Callable[[Event], Awaitable[None]]
 Reported = Literal[TaskStatus.RUNNING, TaskStatus.SUCCEEDED, TaskStatus.FAILED]
@@ -75,7 +76,10 @@ class TaskRunner:
         self._stale_after = stale_after
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._done: OrderedDict[str, None] = OrderedDict()
-        self._use: OrderedDict[str, int] = OrderedDict()  # task id -> true use per card, MiB
+        # task id -> true use per card, MiB (None: nothing modelled, it fills its reservation)
+        self._use: OrderedDict[str, int | None] = OrderedDict()
+        # task id -> its allocations placed before its profile was seen here
+        self._unprofiled: OrderedDict[str, list[str]] = OrderedDict()
 
     @property
     def running(self) -> int:
@@ -106,8 +110,14 @@ class TaskRunner:
             gpu_memory_mb=event.gpu_memory_mb,
             cpu_cores=len(event.cpu_cores),
             memory_mb=event.memory_mb,
-            used_mb=self.true_use(event.task_id),
+            used_mb=self._use.get(event.task_id),
         )
+        if event.task_id not in self._use:
+            # its profile is still on its way (another consumer): until `profiled` says what
+            # it uses, it fills its reservation; the predictor counts no reading taken before
+            # the task runs, and the profile is nearly always in by then
+            _remember(self._unprofiled, event.task_id, [])
+            self._unprofiled[event.task_id].append(allocation)
         self.simulator.place(event.node, load)
         run = asyncio.create_task(
             self._run(event, self.plan(allocation)), name=f"task-{allocation}"
@@ -121,23 +131,23 @@ class TaskRunner:
         predictor's modelled figure without its learned correction, so that neither the
         correction nor the reservation feeds the readings the predictor learns from. False
         for a task with nothing modelled on a GPU (CPU-only, or an unknown model)."""
-        prediction = event.prediction
+        prediction, task = event.prediction, event.task
         modelled = prediction.gpu_memory_per_gpu_mb - prediction.breakdown_mb.get(
             "learned_correction", 0
         )
-        if modelled <= 0 or not prediction.model_family or not prediction.parameters:
-            return False
-        task = event.task
-        self._use[task.task_id] = true_use_mb(
-            self._seed, prediction.model_family, task.task_type.value, modelled, task.task_id
-        )
-        self._use.move_to_end(task.task_id)
-        while len(self._use) > REMEMBERED:
-            self._use.popitem(last=False)
-        return True
+        use = None
+        if modelled > 0 and prediction.model_family and prediction.parameters:
+            use = true_use_mb(
+                self._seed, prediction.model_family, task.task_type.value, modelled, task.task_id
+            )
+        _remember(self._use, task.task_id, use)
+        for allocation in self._unprofiled.pop(task.task_id, []):
+            self.simulator.set_use(allocation, use)
+        return use is not None
 
     def true_use(self, task_id: str) -> int | None:
-        """What the task will use per card, MiB, when its profile has been seen."""
+        """What the task will use per card, MiB, when its profile has been seen and its
+        model is known."""
         return self._use.get(task_id)
 
     def released(self, event: AllocationReleased) -> bool:
@@ -215,3 +225,12 @@ class TaskRunner:
         for run in runs:
             with contextlib.suppress(asyncio.CancelledError):
                 await run
+
+
+def _remember(memory: OrderedDict[str, V], key: str, value: V) -> None:
+    """Keep `key` (the newest), forgetting the oldest past REMEMBERED."""
+    if key not in memory:
+        memory[key] = value
+    memory.move_to_end(key)
+    while len(memory) > REMEMBERED:
+        memory.popitem(last=False)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from crater.contracts import GpuMetrics, NodeMetricsReported, NodeTopology
@@ -99,7 +99,8 @@ class SimulatedNode:
 class Load:
     """What a placed task puts on its node. `gpu_memory_mb` is what was reserved per card;
     `used_mb`, when the fleet knows it (`true_use_mb`), what the task really uses per card,
-    whatever was reserved. Without it the task is taken to fill most of its reservation."""
+    whatever was reserved. None: a task the fleet cannot model (or whose profile it has not
+    seen yet), taken to fill most of its reservation."""
 
     allocation_id: str
     gpu_ids: tuple[int, ...]
@@ -235,6 +236,15 @@ class FleetSimulator:
             return False
         state.loads[load.allocation_id] = load
         self._node_of[load.allocation_id] = node_id
+        return True
+
+    def set_use(self, allocation_id: str, used_mb: int | None) -> bool:
+        """What a placed task really uses per card, learned after it was placed."""
+        node_id = self._node_of.get(allocation_id)
+        if node_id is None:
+            return False
+        loads = self._nodes[node_id].loads
+        loads[allocation_id] = replace(loads[allocation_id], used_mb=used_mb)
         return True
 
     def release(self, allocation_id: str) -> bool:
