@@ -20,6 +20,7 @@ from crater.contracts import (
     TaskEnded,
     TaskPending,
     TaskProfiled,
+    TasksQuery,
     TaskStatus,
     TaskStatusReported,
 )
@@ -105,6 +106,13 @@ async def test_a_retried_attempt_and_an_announced_wait_survive_a_restart(
         # the waiter takes the card while flaky waits out its hour of backoff
         [_, second] = await tap.wait_for(AllocationGranted, count=2)
         assert second.task_id == "waiter"
+        # each attempt is in the task's history
+        answer = await service.state.tasks(TasksQuery(task_id="flaky", limit=1))
+        [summary] = answer
+        assert (summary.status, summary.attempt) == (TaskStatus.PENDING, 2)
+        assert [(h.attempt, h.release_reason) for h in summary.history] == [(1, "failed")]
+        assert summary.reason is not None
+        assert "attempt 2 of 2" in summary.reason
 
     service, app = build(settings)
     async with TestApp(app):

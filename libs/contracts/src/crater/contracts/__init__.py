@@ -43,6 +43,7 @@ from crater.contracts.nodes import (
     Toleration,
 )
 from crater.contracts.queries import (
+    AttemptRecord,
     NodeFit,
     NodeMisfit,
     NodesAnswer,
@@ -117,6 +118,7 @@ __all__ = [
     "AllocationGranted",
     "AllocationReleased",
     "AntiAffinity",
+    "AttemptRecord",
     "Channel",
     "Confidence",
     "Contract",

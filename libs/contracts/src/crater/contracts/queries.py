@@ -53,6 +53,20 @@ class TasksQuery(Contract):
     limit: int = Field(default=100, ge=1, le=10_000)
 
 
+class AttemptRecord(Contract):
+    """One placement of a task (a gang: its first member): where, when, and how it ended."""
+
+    attempt: int = Field(ge=1)
+    allocation_id: str
+    node: str
+    gpu_ids: list[int] = Field(default_factory=list)
+    granted_at: AwareDatetime
+    released_at: AwareDatetime | None = None
+    release_reason: str | None = Field(
+        default=None, description="succeeded, failed, expired, node-lost, ...; None: held now."
+    )
+
+
 class TaskSummary(Contract):
     task_id: str
     task_type: TaskType
@@ -66,6 +80,11 @@ class TaskSummary(Contract):
     reason: str | None = Field(default=None, description="Why it waits or was rejected.")
     submitted_at: AwareDatetime
     updated_at: AwareDatetime
+    attempt: int = Field(default=1, ge=1, description="The attempt now waiting, held or last run.")
+    history: list[AttemptRecord] = Field(
+        default_factory=list,
+        description="Every placement, oldest first; filled when one task is asked for by id.",
+    )
 
 
 class TasksAnswer(Contract):

@@ -264,7 +264,7 @@ class RestartPolicy(Contract):
 
     def backoff_before(self, attempt: int) -> float:
         """Seconds to wait before attempt `attempt` (2, 3, ...)."""
-        return min(self.backoff_seconds * 2 ** max(attempt - 2, 0), self.max_backoff_seconds)
+        return min(self.backoff_seconds * 2.0 ** max(attempt - 2, 0), self.max_backoff_seconds)
 
 
 class TaskRequest(Contract):

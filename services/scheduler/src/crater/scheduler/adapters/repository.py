@@ -12,6 +12,7 @@ from crater.contracts import (
     FINAL_STATUSES,
     AllocationGranted,
     AllocationReleased,
+    AttemptRecord,
     Event,
     NodeCondition,
     NodeHealthReported,
@@ -435,6 +436,30 @@ class SchedulerRepository:
                 reason=r.reason,
                 submitted_at=_aware(r.submitted_at),
                 updated_at=_aware(r.updated_at),
+                attempt=r.attempt,
+                history=await self._history(r.task_id) if query.task_id is not None else [],
+            )
+            for r in rows
+        ]
+
+    async def _history(self, task_id: str) -> list[AttemptRecord]:
+        """The task's placements, oldest first (a gang's first members)."""
+        rows = (
+            await self.session.execute(
+                select(allocations)
+                .where(allocations.c.task_id == task_id, allocations.c.gang_index == 0)
+                .order_by(allocations.c.attempt, allocations.c.granted_at)
+            )
+        ).all()
+        return [
+            AttemptRecord(
+                attempt=r.attempt,
+                allocation_id=r.allocation_id,
+                node=r.node,
+                gpu_ids=r.gpu_ids,
+                granted_at=_aware(r.granted_at),
+                released_at=_aware(r.released_at) if r.released_at is not None else None,
+                release_reason=r.release_reason,
             )
             for r in rows
         ]
