@@ -171,10 +171,13 @@ async def test_a_claim_left_by_a_dead_gateway_is_taken_over_after_the_grace(
         now = datetime.now(UTC)
         fresh = Claim(event_id=uuid4(), claimed_at=now)
         await write_claim(fresh_nats.url, "orphan", fresh)
-        # Within the grace the claimer may still be publishing: refused, and cancellable.
-        refused(
-            await http.post("/api/v1/schedule", json=task(task_id="orphan")), "orphan", "submitted"
-        )
+        # Within the grace the claimer may still be publishing. Not a 409 (a client told
+        # "known" would stop retrying a task perhaps never submitted): retry later.
+        busy = await http.post("/api/v1/schedule", json=task(task_id="orphan"))
+        assert busy.status_code == 503, busy.text
+        assert busy.headers["Retry-After"] == "6"
+        assert "being submitted by another request" in busy.json()["detail"]
+        assert await submissions(tap, "orphan") == []
 
         stale = Claim(event_id=uuid4(), claimed_at=now - timedelta(seconds=GRACE_S + 1))
         await write_claim(fresh_nats.url, "orphan", stale)

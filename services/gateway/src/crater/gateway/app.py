@@ -3,6 +3,7 @@ NATS request-reply, for what it knows; it keeps nothing itself."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -57,7 +58,7 @@ from crater.gateway.claims import (
     known_reason,
 )
 from crater.gateway.observe import ObserveRequests
-from crater.runtime.bus import ensure_streams, publish
+from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS, ensure_streams, publish
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
 
@@ -242,6 +243,8 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         return bucket
 
     grace = timedelta(seconds=settings.abandoned_claim_seconds)
+    # Longer than a publish may take (its ack timeout): a live claimer has confirmed by then.
+    settle_seconds = PUBLISH_ACK_TIMEOUT_SECONDS + 1
 
     async def claim_of(task_id: str) -> tuple[Claim, int] | None:
         """The id's claim and its revision (for a compare-and-set), if any."""
@@ -284,11 +287,22 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         except (nats.js.errors.KeyWrongLastSequenceError, *BUS_ERRORS) as error:
             log.warning("could not confirm the claim of task %s: %r", event.task_id, error)
 
+    async def changed(task_id: str, revision: int) -> None:
+        """Wait until the id's claim changes (confirmed, freed or taken over), at most as long
+        as a publish may take: a claimer still publishing settles by then."""
+        deadline = asyncio.get_running_loop().time() + min(settle_seconds, grace.total_seconds())
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+            found = await claim_of(task_id)
+            if found is None or found[1] != revision:
+                return
+
     async def submit(event: TaskSubmitted) -> ScheduleAccepted | JSONResponse:
         """Claim the task id, then publish: once per id across every replica (claims.py)."""
         task_id, key = event.task_id, claim_key(event.task_id)
         accepted_now = ScheduleAccepted(task_id=task_id, event_id=event.event_id)
-        for _ in range(2):  # a claim lost to another replica is judged again, once
+        waited = False
+        for _ in range(3):  # a claim lost, freed or settled meanwhile is judged again
             found = await claim_of(task_id)
             claim, revision = found if found else (None, 0)
             now = datetime.now(UTC)
@@ -305,7 +319,16 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
                     task_id, known.status.value, known_reason(task_id, known.status.value)
                 )
             if verdict is Verdict.KNOWN and claim is not None:
-                return _task_known(task_id, "submitted", claimed_reason(task_id, claim))
+                if claim.submitted:
+                    return _task_known(task_id, "submitted", claimed_reason(task_id, claim))
+                # Claimed, not confirmed: its claimer is publishing, or died. Not a 409 yet:
+                # a client told "known" would stop retrying a task never submitted. Waited
+                # for once per request; then the client is asked to retry.
+                if waited:
+                    break
+                waited = True
+                await changed(task_id, revision)
+                continue
             mine = Claim(event_id=event.event_id, claimed_at=now)
             try:
                 if verdict is Verdict.NEW:
@@ -323,9 +346,17 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
                 raise
             return accepted_now
         found = await claim_of(task_id)
-        if found is None:  # claimed and freed again meanwhile: the caller may retry
-            return _problem(503, f"task {task_id!r} is being submitted concurrently: retry")
-        return _task_known(task_id, "submitted", claimed_reason(task_id, found[0]))
+        if found is not None and found[0].submitted:
+            return _task_known(task_id, "submitted", claimed_reason(task_id, found[0]))
+        return JSONResponse(
+            status_code=503,
+            headers={"Retry-After": str(int(settle_seconds))},
+            content={
+                "detail": f"task {task_id!r} is being submitted by another request, not yet "
+                "confirmed: retry (a claim never confirmed is taken over after "
+                f"abandoned_claim_seconds, {grace.total_seconds():g} s)"
+            },
+        )
 
     async def ask(subject: str, query: Contract, answer: type[Answer]) -> Answer | JSONResponse:
         try:
@@ -349,6 +380,11 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         status_code=202,
         response_model=ScheduleAccepted,
         responses={
+            503: {
+                "model": Problem,
+                "description": "NATS unavailable, or the task id is being submitted by another "
+                "request not yet confirmed (Retry-After).",
+            },
             409: {
                 "model": TaskKnown,
                 "description": "The task id is known already (its status says how far it "
@@ -356,7 +392,6 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
             },
             413: {"model": FieldErrors, "description": "Body larger than max_body_bytes."},
             422: {"model": FieldErrors, "description": "Every invalid field and why."},
-            503: {"model": Problem, "description": "NATS unavailable."},
         },
         openapi_extra={
             "requestBody": {
