@@ -20,6 +20,7 @@ from faststream import TestApp
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Column, MetaData, String, Table, insert, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from typer.testing import CliRunner
 
@@ -51,6 +52,7 @@ from tests.support.events import EventTap, publish_raw
 
 SUBJECT = Subjects.TASK_STATUS.subject
 LIMIT = 3
+OUTAGE_LIMIT = 6  # deliveries while a dependency is unreachable
 JSON = {"content-type": "application/json"}
 
 
@@ -64,6 +66,7 @@ class Consumer:
     handled: list[str] = field(default_factory=list)
     attempts: dict[str, list[float]] = field(default_factory=dict)
     refuse: bool = True  # task ids starting `poison` fail while set
+    outage: int = 0  # task ids starting `outage` fail this many times as if the db were down
 
 
 def report(task_id: str, message: str | None = None) -> TaskStatusReported:
@@ -76,7 +79,10 @@ def consumer(
     """A service with one durable consumer: it refuses task ids starting `poison`, and
     stores each report in `store` when given one."""
     settings = ServiceSettings(
-        nats_url=nats.url, max_deliveries=LIMIT, redelivery_delay_seconds=0.2
+        nats_url=nats.url,
+        max_deliveries=LIMIT,
+        max_outage_deliveries=OUTAGE_LIMIT,
+        redelivery_delay_seconds=0.2,
     )
     service = create_service("poisontest", settings)
     state = Consumer(service)
@@ -86,6 +92,11 @@ def consumer(
         state.attempts.setdefault(event.task_id, []).append(time.monotonic())
         if state.refuse and event.task_id.startswith("poison"):
             raise Poisoned(f"duplicate key value violates unique constraint ({event.task_id})")
+        if event.task_id.startswith("outage") and len(state.attempts[event.task_id]) <= (
+            state.outage
+        ):
+            down = ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")
+            raise OperationalError("INSERT INTO reports ...", {}, down)
         if store is not None and engine is not None:
             async with engine.begin() as connection:
                 await connection.execute(
@@ -213,6 +224,20 @@ async def test_a_message_whose_handling_always_fails_is_dead_lettered_after_the_
     about_it = [r for r in caplog.records if "Poisoned" in r.getMessage() or r.exc_info]
     assert len(about_it) <= LIMIT + 1, [r.getMessage() for r in about_it]
     assert sum(len(r.getMessage()) for r in caplog.records if r.name == "crater.bus") < 8000
+
+
+async def test_a_message_that_fails_while_the_database_is_down_is_kept_past_the_limit(
+    fresh_nats: NatsServer, tap: EventTap
+) -> None:
+    """Five failures in a row (more than the poison limit) because the database cannot be
+    reached: the message is not the fault, so it is retried and handled once it is back."""
+    state = consumer(fresh_nats)
+    state.outage = LIMIT + 2
+    async with TestApp(state.service.asgi()):
+        await publish(state.service.broker, report("outage-1"))
+        await eventually(lambda: state.handled == ["outage-1"], timeout=40)
+    assert len(state.attempts["outage-1"]) == LIMIT + 3
+    assert not tap.of(MessageDeadLettered)
 
 
 @pytest.fixture
@@ -424,7 +449,8 @@ async def test_a_service_refuses_deep_json_at_once_and_its_consumers_have_a_back
     assert letter.service == "predictor"
     assert letter.deliveries == 1
     assert "nested 1001 levels deep" in rejected.errors[0].reason
-    assert info.config.max_deliver == 4 + MAX_DELIVER_MARGIN  # JetStream's own, above ours
+    # JetStream's own, above ours (the outage limit is the larger)
+    assert info.config.max_deliver == settings.max_outage_deliveries + MAX_DELIVER_MARGIN
 
 
 def request(task_id: str) -> TaskRequest:
@@ -462,5 +488,5 @@ async def test_a_consumer_created_before_the_limit_gets_the_backstop_on_start(
     finally:
         await connection.close()
 
-    assert info.config.max_deliver == LIMIT + MAX_DELIVER_MARGIN
+    assert info.config.max_deliver == OUTAGE_LIMIT + MAX_DELIVER_MARGIN
     assert info.config.filter_subject == SUBJECT  # the rest as it was

@@ -35,7 +35,9 @@ def test_the_defaults_are_the_settings_defaults() -> None:
 
 
 def test_redeliveries_wait_longer_each_time_up_to_a_cap() -> None:
-    policy = DeliveryPolicy(max_deliveries=12, redelivery_delay_seconds=3.0)
+    policy = DeliveryPolicy(
+        max_deliveries=12, max_outage_deliveries=9, redelivery_delay_seconds=3.0
+    )
     assert [policy.redelivery_delay(n) for n in range(1, 5)] == [3.0, 6.0, 12.0, 24.0]
     assert policy.redelivery_delay(12) == MAX_REDELIVERY_DELAY_SECONDS
     assert policy.server_max_deliver == 12 + MAX_DELIVER_MARGIN
@@ -75,3 +77,25 @@ def test_a_body_too_large_for_the_letter_is_left_out_and_the_letter_fits() -> No
     assert len(encode(letter)) < MAX_MESSAGE_BYTES
     small = dead_letter("probe", DELIVERY, b'"' * 1000, "decode", "JSONDecodeError", ERRORS)
     assert not small.payload_omitted
+
+
+def test_an_unreachable_dependency_is_retried_far_longer_than_a_bad_message() -> None:
+    from sqlalchemy import exc
+
+    from crater.runtime.bus import unavailable
+
+    policy = DeliveryPolicy(max_deliveries=5, max_outage_deliveries=50)
+    down = exc.OperationalError("SELECT 1", {}, ConnectionRefusedError("connection refused"))
+    wrapped = RuntimeError("the commit failed")
+    wrapped.__cause__ = down
+    bad = exc.IntegrityError("INSERT", {}, Exception("duplicate key value"))
+    nul = exc.DataError("INSERT", {}, Exception("invalid byte sequence 0x00"))
+    assert unavailable(down)
+    assert unavailable(wrapped)  # found along the cause chain
+    assert unavailable(TimeoutError())
+    assert not unavailable(bad)
+    assert not unavailable(nul)
+    assert not unavailable(ValueError("no"))
+    assert policy.limit_for(down) == 50
+    assert policy.limit_for(bad) == 5
+    assert policy.server_max_deliver == 50 + MAX_DELIVER_MARGIN

@@ -13,6 +13,8 @@ from uuid import UUID, uuid5
 from weakref import WeakKeyDictionary
 
 import nats
+import nats.errors
+import nats.js.errors
 from faststream import AckPolicy
 from faststream._internal.middlewares import BaseMiddleware
 from faststream.exceptions import HandlerException, NackMessage, RejectMessage
@@ -44,6 +46,7 @@ from opentelemetry.propagate import extract
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
+from sqlalchemy import exc as sqlalchemy_exc
 
 from crater.contracts import (
     Channel,
@@ -121,6 +124,7 @@ class DeliveryPolicy:
 
     # One source for the defaults: the settings every service reads.
     max_deliveries: int = _SHARED["max_deliveries"].default
+    max_outage_deliveries: int = _SHARED["max_outage_deliveries"].default
     redelivery_delay_seconds: float = _SHARED["redelivery_delay_seconds"].default
     max_json_depth: int = _SHARED["max_json_depth"].default
 
@@ -128,6 +132,7 @@ class DeliveryPolicy:
     def of(cls, settings: ServiceSettings) -> DeliveryPolicy:
         return cls(
             max_deliveries=settings.max_deliveries,
+            max_outage_deliveries=settings.max_outage_deliveries,
             redelivery_delay_seconds=settings.redelivery_delay_seconds,
             max_json_depth=settings.max_json_depth,
         )
@@ -144,7 +149,12 @@ class DeliveryPolicy:
     def server_max_deliver(self) -> int:
         """JetStream's own limit on the consumer, a backstop above ours: reached only when
         handling never ends (the process is killed on the message, or overruns ack_wait)."""
-        return self.max_deliveries + MAX_DELIVER_MARGIN
+        return max(self.max_deliveries, self.max_outage_deliveries) + MAX_DELIVER_MARGIN
+
+    def limit_for(self, error: BaseException) -> int:
+        """Deliveries allowed before dead-lettering: many more when `error` says something the
+        handler needs is unreachable, which is no fault of the message."""
+        return self.max_outage_deliveries if unavailable(error) else self.max_deliveries
 
 
 @dataclass(frozen=True)
@@ -261,7 +271,8 @@ class Rejections:
         """A handler raised: redeliver after a delay, or give up once the limit is reached.
         Always ends in a FastStream ack exception (nack with delay, or terminate)."""
         reason = _describe(error)
-        if delivery.deliveries < self.policy.max_deliveries:
+        limit = self.policy.limit_for(error)
+        if delivery.deliveries < limit:
             delay = self.policy.redelivery_delay(delivery.deliveries)
             self.redelivered.labels(subject=metric_subject(delivery.subject)).inc()
             # One line per delivery, no traceback: the bounded log of a poison message.
@@ -272,7 +283,7 @@ class Rejections:
                 delivery.stream,
                 delivery.stream_sequence,
                 delivery.deliveries,
-                self.policy.max_deliveries,
+                limit,
                 delay,
                 _clip(reason),
             )
@@ -410,6 +421,37 @@ def dead_letter(
     return letter.model_copy(
         update={"payload": None, "payload_base64": None, "payload_omitted": True}
     )
+
+
+# What a handler raises when a dependency is down rather than when the message is bad.
+_UNREACHABLE: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    TimeoutError,
+    sqlalchemy_exc.OperationalError,
+    sqlalchemy_exc.InterfaceError,
+    sqlalchemy_exc.DisconnectionError,
+    sqlalchemy_exc.TimeoutError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.NoServersError,
+    nats.errors.TimeoutError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+)
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether `error` (or what caused it) says a database, NATS or another service could not
+    be reached: the same message may well be handled once it is back."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a short cause chain: SQLAlchemy wraps the driver's error
+        if seen is None:
+            return False
+        if isinstance(seen, _UNREACHABLE):
+            return True
+        if isinstance(seen, sqlalchemy_exc.DBAPIError) and seen.connection_invalidated:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _describe(error: BaseException) -> str:

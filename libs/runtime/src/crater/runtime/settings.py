@@ -72,6 +72,14 @@ class ServiceSettings(BaseSettings):
         "the dead-letter stream (CRATER_DEAD_LETTERS); a message that cannot be decoded is moved "
         "at once.",
     )
+    max_outage_deliveries: int = Field(
+        default=50,
+        ge=1,
+        le=1000,
+        description="Deliveries of a message whose handling fails because something it needs "
+        "is unreachable (database, NATS, a timeout) before it is dead-lettered: an outage is not "
+        "the message's fault. At most 300 s apart, 50 cover about 3.5 hours.",
+    )
     redelivery_delay_seconds: float = Field(
         default=3.0,
         gt=0,
