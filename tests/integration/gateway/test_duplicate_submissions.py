@@ -22,12 +22,13 @@ from crater.contracts import (
     AllocationReleased,
     NodeTopologyReported,
     Streams,
+    TaskRequest,
     TaskStatus,
     TaskStatusReported,
     TaskSubmitted,
 )
 from crater.gateway.app import ACCEPTED_BUCKET, GatewaySettings, build
-from crater.gateway.claims import Claim, claim_key
+from crater.gateway.claims import Claim, body_digest, claim_key
 from crater.predictor.app import PredictorSettings
 from crater.predictor.app import build as build_predictor
 from crater.runtime.bus import ensure_streams, publish
@@ -183,15 +184,31 @@ async def test_a_claim_left_by_a_dead_gateway_is_taken_over_after_the_grace(
         await write_claim(fresh_nats.url, "orphan", stale)
         # Past it, and never confirmed: nothing holds the id, so it is not cancellable...
         assert (await http.post("/api/v1/tasks/orphan/cancel")).status_code in (404, 503)
-        # ...and a new submission takes the id over and is published.
+        # ...and a new submission (another body) takes the id over under its own event id.
         taken = await http.post("/api/v1/schedule", json=task(task_id="orphan"))
         assert taken.status_code == 202, taken.text
+        assert taken.json()["event_id"] != str(stale.event_id)
         [event] = await submissions(tap, "orphan")
         assert str(event.event_id) == taken.json()["event_id"]
         # The id is now held by that submission, confirmed.
         refused(
             await http.post("/api/v1/schedule", json=task(task_id="orphan")), "orphan", "submitted"
         )
+
+        # The same body as the dead gateway's goes out under that submission's event id: had
+        # its publish got through, JetStream (or the inboxes) would drop this copy.
+        body = task(task_id="orphan-2")
+        same = Claim(
+            event_id=uuid4(),
+            claimed_at=now - timedelta(seconds=GRACE_S + 1),
+            body=body_digest(TaskRequest.model_validate(body)),
+        )
+        await write_claim(fresh_nats.url, "orphan-2", same)
+        retried = await http.post("/api/v1/schedule", json=body)
+        assert retried.status_code == 202, retried.text
+        assert retried.json()["event_id"] == str(same.event_id)
+        [event] = await submissions(tap, "orphan-2")
+        assert event.event_id == same.event_id
 
 
 async def test_a_failed_publish_frees_the_id_at_once(fresh_nats: NatsServer, tap: EventTap) -> None:

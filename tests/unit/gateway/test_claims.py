@@ -8,14 +8,17 @@ from uuid import uuid4
 
 import pytest
 
+from crater.contracts import TaskRequest
 from crater.gateway.claims import (
     Claim,
     Verdict,
+    body_digest,
     claim_key,
     claimed_reason,
     held,
     judge,
     known_reason,
+    takeover_id,
 )
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -65,6 +68,21 @@ def test_claims_round_trip_and_older_values_read_as_submitted() -> None:
     foreign = Claim.decode(b"not a claim")
     assert foreign.submitted
     assert judge(foreign, MINE, NOW, GRACE) is Verdict.KNOWN
+
+
+def test_a_takeover_with_the_same_body_reuses_the_abandoned_event_id() -> None:
+    request = TaskRequest.model_validate(
+        {"task_id": "t", "task_type": "training", "model_config": {"name": "m"}}
+    )
+    reordered = TaskRequest.model_validate_json(
+        '{"model_config": {"name": "m"},  "task_type": "training", "task_id": "t"}'
+    )
+    assert body_digest(request) == body_digest(reordered)  # the body as validated
+    abandoned = claim(60, False).model_copy(update={"body": body_digest(request)})
+    assert takeover_id(abandoned, MINE, body_digest(request)) == OTHER
+    other = TaskRequest.model_validate({**request.model_dump(by_alias=True), "priority": "low"})
+    assert takeover_id(abandoned, MINE, body_digest(other)) == MINE
+    assert takeover_id(claim(60, False), MINE, body_digest(request)) == MINE  # no digest kept
 
 
 def test_keys_hold_any_task_id() -> None:

@@ -51,11 +51,13 @@ from crater.gateway.bodies import (
 from crater.gateway.claims import (
     Claim,
     Verdict,
+    body_digest,
     claim_key,
     claimed_reason,
     held,
     judge,
     known_reason,
+    takeover_id,
 )
 from crater.gateway.observe import ObserveRequests
 from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS, ensure_streams, publish
@@ -297,10 +299,10 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
             if found is None or found[1] != revision:
                 return
 
-    async def submit(event: TaskSubmitted) -> ScheduleAccepted | JSONResponse:
-        """Claim the task id, then publish: once per id across every replica (claims.py)."""
+    async def submit(event: TaskSubmitted, body: str) -> ScheduleAccepted | JSONResponse:
+        """Claim the task id, then publish: once per id across every replica (claims.py).
+        `body` is the request's digest."""
         task_id, key = event.task_id, claim_key(event.task_id)
-        accepted_now = ScheduleAccepted(task_id=task_id, event_id=event.event_id)
         waited = False
         for _ in range(3):  # a claim lost, freed or settled meanwhile is judged again
             found = await claim_of(task_id)
@@ -312,7 +314,7 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
                 # yet confirmed is published again, and JetStream drops the copy.
                 if not claim.submitted:
                     await publish_claimed(event, claim, revision)
-                return accepted_now
+                return ScheduleAccepted(task_id=task_id, event_id=event.event_id)
             known = await scheduler_summary(task_id)
             if known is not None:
                 return _task_known(
@@ -329,7 +331,10 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
                 waited = True
                 await changed(task_id, revision)
                 continue
-            mine = Claim(event_id=event.event_id, claimed_at=now)
+            if verdict is Verdict.ABANDONED and claim is not None:
+                event_id = takeover_id(claim, event.event_id, body)
+                event = event.model_copy(update={"event_id": event_id})
+            mine = Claim(event_id=event.event_id, claimed_at=now, body=body)
             try:
                 if verdict is Verdict.NEW:
                     revision = await accepted().create(key, mine.encode())
@@ -344,7 +349,7 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
                 with suppress(nats.js.errors.KeyWrongLastSequenceError, *BUS_ERRORS):
                     await accepted().delete(key, last=revision)
                 raise
-            return accepted_now
+            return ScheduleAccepted(task_id=task_id, event_id=event.event_id)
         found = await claim_of(task_id)
         if found is not None and found[0].submitted:
             return _task_known(task_id, "submitted", claimed_reason(task_id, found[0]))
@@ -424,7 +429,7 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
             event = event.model_copy(update={"event_id": submission_id(parsed, idempotency_key)})
         trace.get_current_span().set_attribute("crater.task_id", parsed.task_id)
         try:
-            return await submit(event)
+            return await submit(event, body_digest(parsed))
         except BUS_ERRORS as error:
             log.warning("could not submit task %s: %r", parsed.task_id, error)
             return _problem(503, f"NATS unavailable: {type(error).__name__}")

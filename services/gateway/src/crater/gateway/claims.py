@@ -15,6 +15,7 @@ The functions here are pure; the app does the bucket I/O."""
 from __future__ import annotations
 
 import base64
+import hashlib
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from uuid import UUID
@@ -33,6 +34,7 @@ class Claim(BaseModel):
     event_id: UUID  # the task.submitted that claimed it
     claimed_at: datetime
     submitted: bool = False  # JetStream acknowledged the publish
+    body: str | None = None  # the request's digest (`body_digest`)
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()
@@ -65,6 +67,19 @@ def judge(claim: Claim | None, event_id: UUID, now: datetime, grace: timedelta) 
     if not claim.submitted and now - claim.claimed_at >= grace:
         return Verdict.ABANDONED
     return Verdict.KNOWN
+
+
+def takeover_id(claim: Claim, event_id: UUID, body: str) -> UUID:
+    """The event id to publish under when taking over an abandoned claim: the same body as
+    the abandoned submission goes out under its event id, so that if its publish did get
+    through, JetStream (or the consumers' inboxes) drop this copy; another body is a new
+    submission (refused on the bus if the first did get through)."""
+    return claim.event_id if claim.body == body else event_id
+
+
+def body_digest(request: BaseModel) -> str:
+    """A digest of a request as validated (so spacing and key order do not matter)."""
+    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()
 
 
 def held(claim: Claim | None, now: datetime, grace: timedelta) -> bool:
