@@ -323,7 +323,10 @@ def webhook_report(
         "final_states": dict(final),
         "ended": sum(final.values()),
         "lost": len(lost),
-        "lost_examples": lost[:EXAMPLES],
+        "lost_examples": [
+            {"task_id": t, "received": [w.status for w in tasks.get(t, [])]}
+            for t in lost[:EXAMPLES]
+        ],
         "terminal_webhooks_per_task": {str(k): v for k, v in sorted(terminals_per_task.items())},
         "tasks_with_more_than_one_terminal": sum(v for k, v in terminals_per_task.items() if k > 1),
         "tasks_with_conflicting_terminals": conflicting,
@@ -359,6 +362,7 @@ def false_failures(
     reports: Sequence[StatusReport],
     ends: Sequence[TaskEnd],
     silent_nodes: set[str],
+    t0: float = 0.0,
 ) -> dict[str, Any]:
     """Tasks AllData was told `failed` because the reservation expired or the node was
     declared lost (or for no reason the streams show) although the node had reported the
@@ -372,9 +376,12 @@ def false_failures(
         grant_of[each.allocation_id] = each
     release_of = {r.allocation_id: r for r in releases}
     node_said: dict[str, set[str]] = defaultdict(set)
+    running_at: dict[str, float] = {}
     for report in reports:
         if report.allocation_id:
             node_said[report.allocation_id].add(report.status)
+            if report.status == "running":
+                running_at.setdefault(report.allocation_id, report.ts)
     end_of = {e.task_id: e for e in ends}
     failed_tasks = {w.task_id for w in webhooks if w.status == "failed" and is_terminal(w)}
     found: list[dict[str, Any]] = []
@@ -413,6 +420,12 @@ def false_failures(
                 "node": grant.node,
                 "node_reported": sorted(said),
                 "release_reason": cause,
+                # seconds after t0, as the streams stored them: where to look in the logs
+                "granted_at": round(grant.ts - t0, 2),
+                "running_at": round(running_at[grant.allocation_id] - t0, 2)
+                if grant.allocation_id in running_at
+                else None,
+                "released_at": round(release.ts - t0, 2) if release else None,
             }
         )
     return {

@@ -287,7 +287,7 @@ def build_report(
     hooks = analysis.webhook_report(accepted, webhooks, receiver_duplicates)
     silent_nodes = {a.target for a in plan if a.kind == "silent"}
     false = analysis.false_failures(
-        webhooks, grants, releases, records["reports"], records["ends"], silent_nodes
+        webhooks, grants, releases, records["reports"], records["ends"], silent_nodes, t0
     )
     rows = analysis.recovery(actions, [g.ts for g in grants])
     report: dict[str, Any] = {
@@ -586,7 +586,13 @@ async def _drain(
         await asyncio.sleep(1.0)
     seconds = round(time.monotonic() - started, 1)
     await asyncio.sleep(config.settle_seconds)
-    return {"outcome": outcome, "seconds": seconds, "settle_seconds": config.settle_seconds}
+    # Lost is judged after the settle too: a task may end in it.
+    return {
+        "outcome": outcome,
+        "seconds": seconds,
+        "settle_seconds": config.settle_seconds,
+        "unended_after_settle": len(wanted - _ended(receiver_file)),
+    }
 
 
 async def _receiver_duplicates(receiver: str) -> int | None:

@@ -97,7 +97,7 @@ def test_lost_terminals_and_pending_are_counted_over_accepted_tasks() -> None:
     ]
     report = webhook_report(["a", "b"], webhooks, receiver_duplicates=3)
     assert report["lost"] == 1
-    assert report["lost_examples"] == ["b"]
+    assert report["lost_examples"] == [{"task_id": "b", "received": ["scheduled"]}]
     assert report["terminal_webhooks_per_task"] == {"0": 1, "2": 1}
     assert report["duplicates_distinct_ids"] == {"succeeded": 1}
     assert report["duplicate_deliveries_same_id"] == 3
