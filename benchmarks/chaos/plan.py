@@ -104,6 +104,23 @@ MIX_WEIGHTS = {
 }
 
 
+# Some kinds retry (restart policy), so attempts, and their order at AllData, are exercised
+# too: the preemptible fine-tunes after a preemption or a lost node, the 7B training runs
+# after a failure or a lost node.
+RESTART_POLICIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("fine-tuning", "mistralai/Mistral-7B-v0.1"): {
+        "when": ["preemption", "node-lost"],
+        "max_attempts": 3,
+        "backoff_seconds": 2.0,
+    },
+    ("training", "meta-llama/Llama-2-7b-hf"): {
+        "when": ["failure", "node-lost"],
+        "max_attempts": 2,
+        "backoff_seconds": 5.0,
+    },
+}
+
+
 def workload(config: ChaosConfig, pools: set[str]) -> list[dict[str, Any]]:
     """Every task's request body, in submission order."""
     rng = random.Random(f"workload:{config.seed}")
@@ -118,6 +135,9 @@ def workload(config: ChaosConfig, pools: set[str]) -> list[dict[str, Any]]:
         role, template = rng.choices(kinds, weights)[0]
         body = copy.deepcopy(template)
         body.pop("anti_affinity", None)
+        policy = RESTART_POLICIES.get((template["task_type"], template["model_config"]["name"]))
+        if policy is not None:
+            body["restart_policy"] = copy.deepcopy(policy)
         body["task_id"] = f"{SHORT_NAMES[template['task_type']]}-{n:05d}"
         body["pool"] = role if role in pools else "default"
         body["tenant"] = rng.choice(["search", "ads", "research"])

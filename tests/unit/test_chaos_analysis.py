@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
+
 from benchmarks.chaos.analysis import (
     Action,
     Grant,
@@ -15,6 +18,8 @@ from benchmarks.chaos.analysis import (
     replay_allocations,
     webhook_report,
 )
+from benchmarks.chaos.plan import ChaosConfig, make_plan, workload
+from crater.contracts import TaskRequest
 
 
 def grant(seq: int, allocation: str, node: str, gpus: tuple[int, ...], **extra: object) -> Grant:
@@ -149,3 +154,25 @@ def test_recovery_is_the_time_to_the_next_allocation_after_each_kill() -> None:
             "to_next_allocation_seconds": 4.5,
         }
     ]
+
+
+def test_the_plan_and_workload_are_seeded_and_valid_requests() -> None:
+    config = ChaosConfig(tasks=200, rate=4.0, silent_nodes=2, seed=3)
+    nodes = ["a100-01", "a100-02", "rtx4090-01", "t4-01"]
+    plan = make_plan(config, nodes)
+    assert plan == make_plan(config, nodes)
+    assert plan != make_plan(ChaosConfig(tasks=200, rate=4.0, silent_nodes=2, seed=4), nodes)
+    kills = Counter(a.target for a in plan if a.kind == "kill")
+    assert kills == {"scheduler": 5, "callback": 3, "predictor": 2, "gateway": 2}
+    assert sum(a.kind == "nats-restart" for a in plan) == 1
+    assert {a.target for a in plan if a.kind == "silent"} <= set(nodes)
+    # one action per slot of the window: none overlaps the next
+    timed = sorted(a.at_seconds for a in plan if a.kind != "silent")
+    assert all(b - a > 1.0 for a, b in itertools.pairwise(timed))
+    assert config.submit_seconds * 0.1 <= timed[0]
+    assert timed[-1] <= config.submit_seconds * 0.9
+    bodies = workload(config, {"training", "inference", "default"})
+    assert bodies == workload(config, {"training", "inference", "default"})
+    assert len({b["task_id"] for b in bodies}) == 200
+    for body in bodies:
+        TaskRequest.model_validate(body)
