@@ -22,6 +22,7 @@ from crater.contracts import (
     AllocationReleased,
     NodeTopologyReported,
     Streams,
+    TaskRejected,
     TaskRequest,
     TaskStatus,
     TaskStatusReported,
@@ -99,6 +100,22 @@ async def test_a_known_task_is_answered_409_with_its_state_and_goes_on(
         assert len(await submissions(tap, "train-42")) == 1  # nothing reached the bus
         assert service_task(scheduler, "train-42").gpu_ids == tuple(granted.gpu_ids)
 
+        # The same id past the gateway (task.submitted on the bus, a new event id), while the
+        # task runs: the predictor passes it on, the scheduler refuses it aloud.
+        running = TaskStatusReported(
+            task_id="train-42", status=TaskStatus.RUNNING, allocation_id=granted.allocation_id
+        )
+        await publish(scheduler.broker, running)
+        await until_status(http, "train-42", "running")
+        bypass = TaskSubmitted.model_validate(task(priority="low"))
+        await publish(scheduler.broker, bypass)
+        [duplicate] = await tap.wait_for(TaskRejected)
+        assert (duplicate.task_id, duplicate.duplicate) == ("train-42", True)
+        assert duplicate.errors[0].field == "task_id"
+        assert "status running" in duplicate.errors[0].reason
+        assert (await http.get("/api/v1/tasks/train-42")).json()["status"] == "running"
+        assert [g.task_id for g in tap.of(AllocationGranted)] == ["train-42"]
+
         # An ended task's id is not reused either.
         done = TaskStatusReported(
             task_id="train-42", status=TaskStatus.SUCCEEDED, allocation_id=granted.allocation_id
@@ -106,7 +123,7 @@ async def test_a_known_task_is_answered_409_with_its_state_and_goes_on(
         await publish(scheduler.broker, done)
         await tap.wait_for(AllocationReleased)
         refused(await http.post("/api/v1/schedule", json=task()), "train-42", "succeeded")
-        assert len(await submissions(tap, "train-42")) == 1
+        assert len(await submissions(tap, "train-42")) == 2  # the first, the bypass: none here
 
         # A task the scheduler stored without this gateway (a replica the autoscaler asked
         # for, or the bus directly) is refused here too.
@@ -114,6 +131,14 @@ async def test_a_known_task_is_answered_409_with_its_state_and_goes_on(
         await publish(scheduler.broker, TaskSubmitted.model_validate(direct))
         await tap.wait_for(AllocationGranted, lambda g: g.task_id == "direct-1")
         refused(await http.post("/api/v1/schedule", json=direct), "direct-1", "scheduled")
+
+
+async def until_status(http: httpx.AsyncClient, task_id: str, status: str) -> None:
+    for _ in range(200):
+        if (await http.get(f"/api/v1/tasks/{task_id}")).json().get("status") == status:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{task_id} never {status}")
 
 
 def service_task(scheduler: Any, task_id: str) -> Any:
