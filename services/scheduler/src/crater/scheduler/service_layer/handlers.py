@@ -108,6 +108,7 @@ class SchedulerMetrics:
             registry=registry,
         )
 
+
 @dataclass
 class Waiting:
     """An event waiting to be decided and committed with the batch it arrived in."""
@@ -300,7 +301,6 @@ class SchedulerService:
                 )
             ],
         )
-
 
     async def request_replicas(self, event: ReplicasRequested, consumer: str) -> list[Event]:
         """Turn the autoscaler's request into one task.profiled per new replica, copying the
