@@ -12,11 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from prometheus_client import CollectorRegistry
 from sqlalchemy import event as sqlalchemy_event
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -26,11 +27,17 @@ from crater.callback.adapters.store import DeliveryLog
 from crater.callback.app import MIGRATIONS_DIR
 from crater.callback.delivery import Dispatcher, Route, WebhookMetrics
 from crater.callback.domain.breaker import CircuitBreaker
+from crater.callback.domain.lifecycle import ends_task, in_lifecycle
 from crater.callback.domain.payload import webhook_body
 from crater.callback.domain.retry import RetryPolicy
-from crater.contracts import Event, WebhookDeadLettered, WebhookDelivered
-from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
-from tests.support.lifecycle import granted, pending
+from crater.contracts import Event, TaskStatus, WebhookDeadLettered, WebhookDelivered
+from crater.runtime.db import (
+    alembic_config,
+    make_engine,
+    make_session_factory,
+    upgrade_to_head_async,
+)
+from tests.support.lifecycle import ended, granted, pending
 
 Reply = Callable[[httpx.Request], httpx.Response]
 
@@ -77,6 +84,8 @@ class Harness:
             task_status=body.status.value,
             event_type=type(event).__name__,
             payload=body.encode().decode(),
+            ends=ends_task(body),
+            lifecycle=in_lifecycle(body),
         )
 
     async def run(self) -> None:
@@ -288,3 +297,70 @@ async def test_a_batch_of_attempts_is_claimed_and_recorded_in_few_commits(
     assert {r.state for r in rows} == {"delivered"}
     assert len(await harness.rows(tables.attempts)) == 8
     assert len(await harness.rows(tables.outbox)) == 8
+
+
+async def test_a_second_end_is_listed_superseded_with_its_reason_and_never_sent(
+    engine: AsyncEngine,
+) -> None:
+    harness = Harness(engine, [status(200)])
+    end, second = ended("twice"), ended("twice", TaskStatus.FAILED)
+    assert await harness.record(end) == 1
+    assert await harness.record(second) == 1  # recorded, not sent
+    await harness.run()
+    await harness.log.replay(datetime.now(UTC) - timedelta(hours=1), 3)  # an operator's replay
+    await harness.run()
+
+    assert [r.headers["webhook-id"] for r in harness.requests] == [str(end.event_id)] * 2
+    [row] = await harness.log.list(state="superseded")
+    assert (row.webhook_id, row.task_status, row.attempts) == (str(second.event_id), "failed", 0)
+    assert row.last_error == (
+        "superseded (second_end): the task's end was already recorded from another event; "
+        f"the end is webhook {end.event_id}"
+    )
+    assert not await harness.log.retry(row.id, 3)  # never sent, not even by hand
+    [(task_id, end_id, status_told)] = [
+        (r.task_id, r.end_event_id, r.end_status) for r in await harness.rows(tables.tasks)
+    ]
+    assert (task_id, end_id, status_told) == ("twice", str(end.event_id), "succeeded")
+
+
+async def test_upgrading_keeps_what_was_sent_in_its_place(database_url: str) -> None:
+    """Revision 0004 on a log with deliveries: those already attempted count as released (a
+    late event is judged against them), every task gets its row, all are in the lifecycle."""
+    config = alembic_config(database_url, MIGRATIONS_DIR)
+    await asyncio.to_thread(command.upgrade, config, "0003")
+    engine = make_engine(database_url)
+    now = datetime.now(UTC)
+    columns = (
+        "webhook_id, endpoint, task_id, task_status, event_type, state, attempts, payload, "
+        "created_at, updated_at, round, position"
+    )
+    async with engine.begin() as connection:
+        for n, (state, attempts) in enumerate((("delivered", 1), ("pending", 0))):
+            await connection.execute(
+                text(
+                    f"INSERT INTO callback_deliveries ({columns}) VALUES (:id, 'e', 'old', "
+                    ":state, 'AllocationGranted', :state, :attempts, '{}', :now, :now, 0, :n)"
+                ),
+                {"id": f"id-{n}", "state": state, "attempts": attempts, "now": now, "n": n},
+            )
+    await asyncio.to_thread(command.upgrade, config, "head")
+    d = tables.deliveries.c
+    async with engine.connect() as connection:
+        rows = (
+            await connection.execute(
+                select(d.webhook_id, d.released_at, d.lifecycle).order_by(d.webhook_id)
+            )
+        ).all()
+        task_ids = (await connection.scalars(select(tables.tasks.c.task_id))).all()
+    await asyncio.to_thread(command.downgrade, config, "0003")  # and back, losing nothing
+    async with engine.connect() as connection:
+        kept = await connection.scalar(text("SELECT count(*) FROM callback_deliveries"))
+    await engine.dispose()
+
+    assert [(r.webhook_id, r.released_at is not None, r.lifecycle) for r in rows] == [
+        ("id-0", True, True),
+        ("id-1", False, True),
+    ]
+    assert task_ids == ["old"]
+    assert kept == 2

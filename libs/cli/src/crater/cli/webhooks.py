@@ -35,7 +35,7 @@ AttemptsOption = Annotated[
         envvar="CRATER_CALLBACK_MAX_ATTEMPTS", min=1, help="Attempts the new round may make."
     ),
 ]
-STATES = ("pending", "delivered", "dead", "skipped")
+STATES = ("pending", "delivered", "dead", "skipped", "superseded")
 
 
 def _run(database_url: str, work: Callable[[DeliveryLog], Awaitable[T]]) -> T:
@@ -114,7 +114,7 @@ def retry(
 ) -> None:
     """Send one delivery again now (a dead or delivered one starts a new round of attempts)."""
     if not _run(database_url, lambda log: log.retry(delivery_id, attempts)):
-        console.print(f"[red]no delivery {delivery_id}[/red] with an endpoint")
+        console.print(f"[red]no delivery {delivery_id}[/red] to send (or it is superseded)")
         raise typer.Exit(1)
     console.print(f"delivery {delivery_id} is due now")
 
