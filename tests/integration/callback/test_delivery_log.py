@@ -326,7 +326,8 @@ async def test_a_second_end_is_listed_superseded_with_its_reason_and_never_sent(
 
 async def test_upgrading_keeps_what_was_sent_in_its_place(database_url: str) -> None:
     """Revision 0004 on a log with deliveries: those already attempted count as released (a
-    late event is judged against them), every task gets its row, all are in the lifecycle."""
+    late event is judged against them), every task gets its row with the end it was first
+    told, all are in the lifecycle."""
     config = alembic_config(database_url, MIGRATIONS_DIR)
     await asyncio.to_thread(command.upgrade, config, "0003")
     engine = make_engine(database_url)
@@ -336,13 +337,25 @@ async def test_upgrading_keeps_what_was_sent_in_its_place(database_url: str) -> 
         "created_at, updated_at, round, position"
     )
     async with engine.begin() as connection:
-        for n, (state, attempts) in enumerate((("delivered", 1), ("pending", 0))):
+        told = (
+            ("delivered", 1, "scheduled"),
+            ("delivered", 1, "succeeded"),
+            ("pending", 0, "failed"),
+        )
+        for n, (state, attempts, status_told) in enumerate(told):
             await connection.execute(
                 text(
                     f"INSERT INTO callback_deliveries ({columns}) VALUES (:id, 'e', 'old', "
-                    ":state, 'AllocationGranted', :state, :attempts, '{}', :now, :now, 0, :n)"
+                    ":status, 'AllocationReleased', :state, :attempts, '{}', :now, :now, 0, :n)"
                 ),
-                {"id": f"id-{n}", "state": state, "attempts": attempts, "now": now, "n": n},
+                {
+                    "id": f"id-{n}",
+                    "status": status_told,
+                    "state": state,
+                    "attempts": attempts,
+                    "now": now,
+                    "n": n,
+                },
             )
     await asyncio.to_thread(command.upgrade, config, "head")
     d = tables.deliveries.c
@@ -352,7 +365,7 @@ async def test_upgrading_keeps_what_was_sent_in_its_place(database_url: str) -> 
                 select(d.webhook_id, d.released_at, d.lifecycle).order_by(d.webhook_id)
             )
         ).all()
-        task_ids = (await connection.scalars(select(tables.tasks.c.task_id))).all()
+        tasks = (await connection.execute(select(tables.tasks))).all()
     await asyncio.to_thread(command.downgrade, config, "0003")  # and back, losing nothing
     async with engine.connect() as connection:
         kept = await connection.scalar(text("SELECT count(*) FROM callback_deliveries"))
@@ -360,7 +373,11 @@ async def test_upgrading_keeps_what_was_sent_in_its_place(database_url: str) -> 
 
     assert [(r.webhook_id, r.released_at is not None, r.lifecycle) for r in rows] == [
         ("id-0", True, True),
-        ("id-1", False, True),
+        ("id-1", True, True),
+        ("id-2", False, True),
     ]
-    assert task_ids == ["old"]
-    assert kept == 2
+    # The end already told (a release's 'succeeded') stays the task's end.
+    assert [(k.task_id, k.end_event_id, k.end_position, k.end_status) for k in tasks] == [
+        ("old", "id-1", 1, "succeeded")
+    ]
+    assert kept == 3

@@ -20,6 +20,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 TABLE = "callback_deliveries"
+TERMINAL = "('succeeded', 'failed', 'cancelled', 'rejected')"
 
 
 def upgrade() -> None:
@@ -44,9 +45,24 @@ def upgrade() -> None:
             "WHERE attempts > 0 OR state IN ('delivered', 'dead')"
         )
     )
-    # Every task with a delivery has its row (the lock a release takes).
+    # Every task with a delivery has its row (the lock a release takes), and a task already
+    # told an end (then from a node's report or a release) keeps that one: the scheduler's
+    # task.ended that follows is a second end, not told again.
     op.execute(
         sa.text(f"INSERT INTO callback_tasks (task_id) SELECT DISTINCT task_id FROM {TABLE}")
+    )
+    first_end = (
+        f"SELECT {{column}} FROM {TABLE} d WHERE d.task_id = callback_tasks.task_id "
+        f"AND d.task_status IN {TERMINAL} ORDER BY d.id LIMIT 1"
+    )
+    op.execute(
+        sa.text(
+            "UPDATE callback_tasks SET "
+            f"end_event_id = ({first_end.format(column='webhook_id')}), "
+            f"end_position = ({first_end.format(column='position')}), "
+            f"end_status = ({first_end.format(column='task_status')}), "
+            f"ended_at = ({first_end.format(column='created_at')})"
+        )
     )
 
 
