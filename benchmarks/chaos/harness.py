@@ -62,6 +62,7 @@ class Submission:
     codes: list[str] = field(default_factory=list)  # each try: HTTP code or the error class
     accepted: bool = False
     refused: bool = False
+    refusal: str | None = None  # the answer's body, shortened, when refused
 
 
 @dataclass
@@ -307,6 +308,11 @@ def build_report(
                 1 for s in submissions.values() if not s.accepted and not s.refused
             ),
             "answers": dict(codes.most_common()),
+            "refusal_examples": [
+                {"task_id": s.task_id, "answer": s.refusal}
+                for s in submissions.values()
+                if s.refused
+            ][: analysis.EXAMPLES],
         },
         "drain": drained,
         "lifecycle": hooks,
@@ -478,6 +484,7 @@ async def _submit(client: httpx.AsyncClient, body: dict[str, Any], record: Submi
             return
         if response.status_code < 500:
             record.refused = True
+            record.refusal = f"{response.status_code} {response.text[:300]}"
             return
         await asyncio.sleep(RETRY_PAUSE_SECONDS)
 
