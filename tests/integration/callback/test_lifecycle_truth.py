@@ -259,8 +259,8 @@ async def test_after_the_end_nothing_more_is_told_and_a_second_end_never(
             await publish(service.broker, end)
             await tap.wait_for(WebhookDelivered, lambda e: e.task_status == "succeeded")
             # After the end: a second end under another id (a confused producer), a running
-            # report with no allocation (after everything), a late one about the allocation
-            # (it belongs before the end), an old-style node end, a refused resubmission.
+            # report with no allocation (after everything), the node's running again (under
+            # another id), an old-style node end, a refused resubmission.
             second = ended("done", TaskStatus.FAILED)
             await publish(service.broker, second)
             await publish(service.broker, status("done"))
@@ -284,10 +284,10 @@ async def test_after_the_end_nothing_more_is_told_and_a_second_end_never(
     assert [r.split(":")[0] for r in reasons["done"]] == [
         "superseded (second_end)",
         "superseded (after_end)",
-        "superseded (out_of_order)",
+        "superseded (repeat)",
     ]
     assert str(end.event_id) in reasons["done"][0]  # it names the end that was told
-    for reason in ("second_end", "after_end", "out_of_order"):
+    for reason in ("second_end", "after_end", "repeat"):
         assert counted(service, watched, reason) == 1
 
 
@@ -364,5 +364,5 @@ async def test_replicas_sharing_the_database_and_a_restart_keep_one_end_per_task
     for task_id in tasks:
         assert assert_lifecycle_truth(watched, task_id)[-1] == "succeeded"
     assert counted(three, watched, "second_end") == len(tasks)
-    assert counted(three, watched, "out_of_order") == len(tasks)  # a report goes before the end
+    assert counted(three, watched, "repeat") == len(tasks)  # the node said running before
     assert watched.state.duplicates == 0

@@ -18,6 +18,7 @@ from crater.callback.domain.lifecycle import (
     end_after,
     ends_task,
     in_lifecycle,
+    repeats,
     verdict,
 )
 from crater.callback.domain.ordering import Recorded, place
@@ -57,6 +58,19 @@ def test_a_report_without_its_grant_is_judged_when_its_wait_runs_out() -> None:
     waiting = Candidate("running", 41, placed=False)
     assert verdict(Told(END), waiting, releasing=False) is None  # its place is not known yet
     assert verdict(Told(), waiting, releasing=True) is Superseded.NO_GRANT
+
+
+def test_a_second_report_about_the_same_allocation_tells_nothing_new() -> None:
+    task: list[Recorded] = []
+    place(task, Recorded("granted", number=6, allocation_id="a", grants=True))
+    first = Recorded("running", allocation_id="a")
+    assert not repeats(task, first)
+    place(task, first)
+    assert repeats(task, Recorded("running-again", allocation_id="a"))
+    assert not repeats(task, Recorded("other-allocation", allocation_id="b"))
+    assert not repeats(task, Recorded("no-allocation"))
+    again = Candidate("running-again", 13, repeat=True)
+    assert verdict(Told(), again, releasing=False) is Superseded.REPEAT
 
 
 def test_terminal_bodies_end_the_task_and_a_duplicate_submission_is_outside_it() -> None:
@@ -121,7 +135,9 @@ class Queue:
         if event_id in self.seen:  # a redelivery: the inbox has it
             return
         self.seen.add(event_id)
-        placed, moved = place(self.events, replace(arrival.order, ends=arrival.ends))
+        order = replace(arrival.order, ends=arrival.ends)
+        repeat = repeats(self.events, order)
+        placed, moved = place(self.events, order)
         for delivery in self.deliveries:
             if delivery.event_id in moved and delivery.state == "pending":
                 delivery.position = moved[delivery.event_id].position
@@ -130,7 +146,11 @@ class Queue:
         if not arrival.status:
             return
         candidate = Candidate(
-            event_id, placed.position, arrival.ends, not (placed.reports and placed.waiting)
+            event_id,
+            placed.position,
+            arrival.ends,
+            placed=not (placed.reports and placed.waiting),
+            repeat=repeat,
         )
         if arrival.lifecycle:
             self.end = end_after(self.end, candidate)
@@ -224,8 +244,9 @@ def lifecycles(draw: st.DrawFn) -> list[Arrival]:
                 numbered(f"pending-{attempt}", "pending")
             alloc = f"a{attempt}"
             numbered(f"granted-{attempt}", "scheduled", allocation_id=alloc, grants=True)
-            if draw(st.booleans()):
-                made.append(Arrival(Recorded(f"running-{attempt}", allocation_id=alloc), "running"))
+            for again in range(draw(st.integers(0, 2))):  # a node may say it twice
+                name = f"running-{attempt}-{again}"
+                made.append(Arrival(Recorded(name, allocation_id=alloc), "running"))
             if attempt < attempts:
                 numbered(f"preempted-{attempt}", "preempted")
             numbered(f"released-{attempt}", "")  # a link, no webhook
@@ -276,6 +297,8 @@ def test_whatever_the_order_and_lag_alldata_hears_one_end_and_nothing_out_of_ord
     assert not ends or told[-1] is ends[0]  # nothing after the end
     sent_ids = [d.event_id for d in queue.sent]
     assert len(sent_ids) == len(set(sent_ids))  # each event once
+    statuses = [d.status for d in told]
+    assert len(statuses) == len(set(zip(statuses, positions, strict=True)))  # no repeat
     # A refused duplicate submission is always delivered, whatever happened to the task.
     assert ("duplicate" in sent_ids) == any(not a.lifecycle for a in arrivals)
     # Nothing is dropped silently: every webhook is sent or superseded with a reason.

@@ -87,7 +87,7 @@ class WebhookMetrics:
         self.superseded = Counter(
             "crater_webhook_superseded",
             "Deliveries recorded and never sent, by endpoint and reason (second_end, after_end, "
-            "out_of_order, no_grant): AllData must not hear them (domain/lifecycle.py).",
+            "out_of_order, no_grant, repeat): AllData must not hear them (domain/lifecycle.py).",
             ["endpoint", "reason"],
             registry=registry,
         )

@@ -29,6 +29,7 @@ from crater.callback.domain.lifecycle import (
     Superseded,
     Told,
     end_after,
+    repeats,
     verdict,
 )
 from crater.callback.domain.ordering import Placement, Recorded, place
@@ -236,6 +237,7 @@ class DeliveryLog:
                     {"consumer": self.consumer, "event_id": webhook_id, "processed_at": now}
                 )
                 order = replace(event.order or Recorded(webhook_id), ends=event.ends)
+                repeat = repeats(tasks[event.task_id], order)
                 placed, changes = place(tasks[event.task_id], order)
                 moved.update(changes)
                 event_rows.append(
@@ -257,6 +259,7 @@ class DeliveryLog:
                     placed.position,
                     ends=event.ends,
                     placed=not (placed.reports and placed.waiting),
+                    repeat=repeat,
                 )
                 end = ends.get(event.task_id)
                 new_end = end_after(end, candidate) if event.lifecycle else end

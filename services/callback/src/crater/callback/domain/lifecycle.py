@@ -14,6 +14,8 @@ with a reason, and then never sent. The rule, per task and endpoint:
   that arrived after the order wait let a later one go.
 - A node's report about an allocation whose grant was never recorded, when its order wait
   runs out, is superseded (`no_grant`): it would tell `running` before `scheduled`.
+- A second report about the same allocation (the node said `running` again, under another
+  event id) is superseded (`repeat`): it tells nothing new.
 
 Positions come from domain/ordering.py. A refused duplicate submission (`rejected` with
 `duplicate_submission`) is outside the known task's lifecycle: never judged here.
@@ -21,9 +23,11 @@ Positions come from domain/ordering.py. A refused duplicate submission (`rejecte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from crater.callback.domain.ordering import Recorded
 from crater.contracts import WebhookBody, WebhookStatus
 
 TERMINAL = frozenset(
@@ -43,6 +47,7 @@ class Superseded(StrEnum):
     AFTER_END = "after_end"
     OUT_OF_ORDER = "out_of_order"
     NO_GRANT = "no_grant"
+    REPEAT = "repeat"
 
     @property
     def explanation(self) -> str:
@@ -54,6 +59,7 @@ EXPLANATIONS = {
     Superseded.AFTER_END: "it comes after the task's end",
     Superseded.OUT_OF_ORDER: "a later event of the task was already released to this endpoint",
     Superseded.NO_GRANT: "its allocation's grant did not arrive within the order wait",
+    Superseded.REPEAT: "a report about the same allocation was recorded before",
 }
 
 
@@ -91,6 +97,16 @@ class Candidate:
     position: int
     ends: bool = False  # a terminal webhook
     placed: bool = True  # False: a node report still waiting for its allocation's grant
+    repeat: bool = False  # a second report about the same allocation
+
+
+def repeats(task: Sequence[Recorded], new: Recorded) -> bool:
+    """Whether `new` is a report about an allocation a recorded report of the task was about
+    (only `running` reports are recorded: they say the same thing)."""
+    return new.reports and any(
+        e.reports and e.allocation_id == new.allocation_id and e.event_id != new.event_id
+        for e in task
+    )
 
 
 def end_after(end: End | None, candidate: Candidate) -> End | None:
@@ -107,6 +123,8 @@ def verdict(told: Told, candidate: Candidate, releasing: bool) -> Superseded | N
         if told.end is None or told.end.event_id == candidate.event_id:
             return None  # the end always goes: it is the one AllData must hear
         return Superseded.SECOND_END
+    if candidate.repeat:
+        return Superseded.REPEAT
     if not candidate.placed:
         # Its place is not known until its grant is: judged when its wait runs out.
         return Superseded.NO_GRANT if releasing else None
