@@ -99,6 +99,7 @@ class Action:
     started_at: float  # wall time (epoch seconds) it took effect
     restart_seconds: float | None = None  # kill / nats-restart: down until healthy again
     for_seconds: float | None = None  # silent: how long
+    error: str | None = None  # the restart failed: why
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -464,6 +465,7 @@ def recovery(actions: Sequence[Action], grant_times: Sequence[float]) -> list[di
                 "to_next_allocation_seconds": (
                     round(following - action.started_at, 2) if following is not None else None
                 ),
+                **({"error": action.error} if action.error else {}),
             }
         )
     return rows

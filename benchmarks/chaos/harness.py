@@ -512,10 +512,18 @@ async def _chaos(
             await asyncio.to_thread(stack.nats.stop)  # type: ignore[union-attr]
         await asyncio.sleep(down_seconds)
         restarting = time.monotonic()
-        if planned.kind == "kill":
-            await asyncio.to_thread(_restart, stack, planned.target)
-        else:
-            await asyncio.to_thread(_restart_nats, stack)
+        try:
+            if planned.kind == "kill":
+                await asyncio.to_thread(_restart, stack, planned.target)
+            else:
+                await asyncio.to_thread(_restart_nats, stack)
+        except (RuntimeError, TimeoutError, OSError) as error:
+            # A service that does not come back is a finding, not the end of the run.
+            actions.append(
+                Action(planned.kind, planned.target, at - t0, at, error=str(error)[-500:])
+            )
+            echo(f"  {at - t0:7.1f} s  {planned.kind} {planned.target}: NOT back: {error}")
+            continue
         took = time.monotonic() - restarting
         actions.append(Action(planned.kind, planned.target, at - t0, at, restart_seconds=took))
         echo(
