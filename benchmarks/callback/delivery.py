@@ -36,10 +36,10 @@ from crater.callback.app import MIGRATIONS_DIR
 from crater.callback.receiver import Receiver
 from crater.contracts import (
     AllocationGranted,
-    AllocationReleased,
     Event,
     FilterReason,
     ReleaseReason,
+    TaskEnded,
     TaskEvent,
     TaskPending,
     TaskPreempted,
@@ -58,9 +58,10 @@ EVENTS_PER_TASK = 5
 
 def lifecycle(tasks: int) -> list[Event]:
     """Per task, in order, published back to back: pending (tasks stream), granted
-    (allocations), the node's `running` report about that allocation (tasks), preempted
-    (tasks), released (allocations). The scheduler's four are numbered as its outbox numbers
-    them; the node's report is not numbered (it goes after its allocation's grant)."""
+    (allocations), the node's `running` report about that allocation (tasks), preempted and
+    ended (tasks); each is a webhook (a release is not). The scheduler's four are numbered as
+    its outbox numbers them; the node's report is not numbered (it goes after its
+    allocation's grant)."""
     events: list[Event] = []
     number = 0
     for n in range(tasks):
@@ -116,13 +117,12 @@ def task_events(task_id: str, allocation_id: str) -> list[Event]:
             preempted_by="urgent",
             grace_period_seconds=30,
         ),
-        AllocationReleased(
-            allocation_id=allocation_id,
+        TaskEnded(
             task_id=task_id,
-            node="gpu-07",
-            gpu_ids=gpus,
-            cpu_cores=cores,
-            reason=ReleaseReason.PREEMPTED,
+            status=TaskStatus.FAILED,
+            reason="preempted by urgent; no restart policy",
+            allocation_id=allocation_id,
+            release_reason=ReleaseReason.PREEMPTED.value,
         ),
     ]
 
