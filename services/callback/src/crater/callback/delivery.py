@@ -4,7 +4,9 @@ in a consumer), a circuit breaker per endpoint, and every attempt recorded.
 
 Per endpoint at most `max_in_flight` POSTs run at once; a task's next delivery to an endpoint
 only becomes due once the earlier one is settled (delivered or dead-lettered), which the log's
-`due` query enforces, so order holds across replicas and restarts too.
+`due` query enforces, so order holds across replicas and restarts too. Claiming is where the
+guard (domain/lifecycle.py) judges a delivery for good: one that would tell a second end,
+something after the end, or something out of order is superseded instead of sent.
 
 Batched: one transaction finds and claims the due deliveries of every endpoint with room; the
 attempts that finish while a commit is under way are recorded together in the next one (a

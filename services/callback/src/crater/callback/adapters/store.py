@@ -5,6 +5,11 @@ ack after that commit; the delivery loop claims due deliveries, sends them, and 
 attempt with the delivery's new state (and, once settled, its outcome event in the outbox) in
 one transaction. A claim lapses after a while, so a crashed replica's deliveries are sent again
 by whoever comes next, with the same webhook-id.
+
+What AllData is told (domain/lifecycle.py): each task has a row (`callback_tasks`) with its
+end; recording and claiming lock the rows of their tasks first, and judge each lifecycle
+delivery against the end and what was already released to its endpoint (`released_at`). A
+delivery ruled out is `superseded`, with its reason, and never sent.
 """
 
 from __future__ import annotations
