@@ -1,9 +1,13 @@
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import pytest
 
+from crater.callback.adapters.store import DeliveryLog
+from crater.callback.app import Recorder
+from crater.callback.delivery import Dispatcher
 from crater.callback.domain.payload import has_webhook, webhook_body
 from crater.contracts import TaskEscalated, TaskSequence, TaskStatus, WebhookStatus
 from tests.support.lifecycle import (
@@ -166,3 +170,9 @@ def test_an_escalated_task_is_still_pending_and_says_it_escalated() -> None:
     assert body.reason == (
         "escalated: waited 90 s, past its max_queue_time_seconds 60; priority 100 -> 500"
     )
+
+
+async def test_the_recorder_records_nothing_for_a_report_that_is_no_webhook() -> None:
+    # Neither the log nor the loop is touched: a None in their place would fail loudly.
+    recorder = Recorder(cast(DeliveryLog, None), [], cast(Dispatcher, None))
+    assert await recorder.record(status(value=TaskStatus.SUCCEEDED)) == 0

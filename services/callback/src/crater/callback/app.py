@@ -222,7 +222,10 @@ class Recorder:
         self.turns = StreamTurns()
 
     async def record(self, event: LifecycleEvent) -> int | None:
-        """Record the event's deliveries: how many, or None if it was recorded before."""
+        """Record the event's deliveries: how many (0 for an event that is no webhook), or
+        None if it was recorded before."""
+        if not has_webhook(event):
+            return 0
         return await self._committed(self._queue(self._enqueued(event)))
 
     async def _committed(self, committed: asyncio.Future[int | None]) -> int | None:
