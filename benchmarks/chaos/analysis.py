@@ -83,7 +83,7 @@ class Webhook:
     received_at: float
     task_id: str
     status: str
-    attempt: int
+    attempt: int | None  # None: the webhook did not say (a node's report carries none)
     duplicate_submission: bool
     release_reason: str | None
 
@@ -231,11 +231,16 @@ def order_violations(webhooks: Sequence[Webhook]) -> list[str]:
         if ended:
             found.append(f"{webhook.status} after terminal")
             continue
-        if webhook.attempt < attempt:
-            found.append(f"attempt {webhook.attempt} after attempt {attempt}")
+        if webhook.attempt is None and attempt > 1:
+            # AllData cannot tell a late report of an earlier attempt from this one's.
+            found.append(f"{webhook.status} without attempt during attempt {attempt}")
             continue
-        if webhook.attempt > attempt:
-            attempt, rank = webhook.attempt, -1
+        said = attempt if webhook.attempt is None else webhook.attempt
+        if said < attempt:
+            found.append(f"attempt {said} after attempt {attempt}")
+            continue
+        if said > attempt:
+            attempt, rank = said, -1
         mine = RANK.get(webhook.status, TERMINAL_RANK)
         if mine < rank:
             found.append(f"{webhook.status} after {RANK_NAMES[rank]}")
@@ -253,12 +258,22 @@ def skipped_stages(webhooks: Sequence[Webhook]) -> list[str]:
     for webhook in webhooks:
         if webhook.duplicate_submission:
             continue
-        if webhook.attempt != attempt:
+        if webhook.attempt is not None and webhook.attempt != attempt:
             attempt, seen = webhook.attempt, set()
         if webhook.status in ("running", "succeeded") and "scheduled" not in seen:
             missing.append(f"{webhook.status} without scheduled")
         seen.add(webhook.status)
     return missing
+
+
+def attempts_of(webhooks: Sequence[Webhook]) -> list[int]:
+    """Each webhook's attempt; one that does not say belongs to the latest one said."""
+    latest, found = 1, []
+    for webhook in webhooks:
+        if webhook.attempt is not None and not webhook.duplicate_submission:
+            latest = webhook.attempt
+        found.append(latest if webhook.attempt is None else webhook.attempt)
+    return found
 
 
 def webhook_report(
@@ -270,6 +285,7 @@ def webhook_report(
     accepted_ids = list(dict.fromkeys(accepted))
     final: Counter[str] = Counter()
     lost: list[str] = []
+    lost_last: Counter[str] = Counter()  # what a lost task was told last: where it stopped
     terminals_per_task: Counter[int] = Counter()
     more_than_one: list[dict[str, Any]] = []
     conflicting = 0
@@ -285,6 +301,7 @@ def webhook_report(
         terminals_per_task[len(terminals)] += 1
         if not terminals:
             lost.append(task_id)
+            lost_last[received[-1].status if received else "nothing"] += 1
         else:
             final[terminals[0].status] += 1
         if len(terminals) > 1:
@@ -300,7 +317,7 @@ def webhook_report(
                     {
                         "task_id": task_id,
                         "violations": violations,
-                        "received": [f"{w.status}#{w.attempt}" for w in received],
+                        "received": [f"{w.status}#{w.attempt or '-'}" for w in received],
                     }
                 )
         skipped.update(set(skipped_stages(received)))
@@ -309,8 +326,8 @@ def webhook_report(
         if pending > PENDING_TARGET:
             over_pending.append((task_id, pending))
         same: Counter[tuple[str, int]] = Counter(
-            (w.status, w.attempt)
-            for w in received
+            (w.status, attempt)
+            for w, attempt in zip(received, attempts_of(received), strict=True)
             if w.status != "pending" and not w.duplicate_submission
         )
         for (status, _), count in same.items():
@@ -324,6 +341,7 @@ def webhook_report(
         "final_states": dict(final),
         "ended": sum(final.values()),
         "lost": len(lost),
+        "lost_by_last_status": dict(lost_last.most_common()),
         "lost_examples": [
             {"task_id": t, "received": [w.status for w in tasks.get(t, [])]}
             for t in lost[:EXAMPLES]

@@ -246,6 +246,7 @@ async def _with_stack(
         "releases": [asdict(r) for r in records["releases"]],
         "actions": [asdict(a) for a in actions],
         "submitted": [s.offered_at for s in submissions.values()],
+        "accepted": [s.task_id for s in submissions.values() if s.accepted],
         "health_seen": live.health_seen,
         "reports": [asdict(r) for r in records["reports"]],
         "ends": [asdict(e) for e in records["ends"]],
@@ -369,6 +370,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"({sub['accepted_after_retry']} after a retry), refused {sub['refused']}, "
         f"never answered {sub['never_answered']}; answers {sub['answers']}",
         f"  final states {life['final_states']}; lost {life['lost']} "
+        f"{life['lost_by_last_status'] or ''} "
         f"(drain: {report['drain']['outcome']} after {report['drain']['seconds']} s)",
         f"  GPUs double-booked: {report['allocations']['double_booked_events']} events on "
         f"{report['allocations']['double_booked_gpus']} GPUs "
@@ -637,7 +639,7 @@ def _read_webhooks(receiver_file: Path) -> list[Webhook]:
                 received_at=datetime.fromisoformat(record["received_at"]).timestamp(),
                 task_id=str(body.get("task_id")),
                 status=str(body.get("status")),
-                attempt=int(body.get("attempt") or 1),
+                attempt=int(body["attempt"]) if body.get("attempt") else None,
                 duplicate_submission=bool(body.get("duplicate_submission")),
                 release_reason=body.get("release_reason"),
             )

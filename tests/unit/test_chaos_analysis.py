@@ -30,7 +30,7 @@ def release(seq: int, allocation: str, node: str, reason: str = "succeeded") -> 
     return Release(seq, float(seq), allocation, f"task-{allocation}", node, reason)
 
 
-def hook(task: str, status: str, attempt: int = 1, n: int = 0, **extra: object) -> Webhook:
+def hook(task: str, status: str, attempt: int | None = 1, n: int = 0, **extra: object) -> Webhook:
     return Webhook(
         webhook_id=f"{task}-{status}-{attempt}-{n}",
         received_at=float(n),
@@ -87,6 +87,14 @@ def test_lifecycle_order_per_attempt_and_nothing_after_a_terminal() -> None:
     assert order_violations(late) == ["pending after scheduled"]
     after = [hook("t", "scheduled"), hook("t", "succeeded"), hook("t", "succeeded", n=1)]
     assert order_violations(after) == ["succeeded after terminal"]
+    unsaid = [
+        hook("t", "scheduled"),
+        hook("t", "running", attempt=None),  # a node's report: no attempt, fine on the first
+        hook("t", "scheduled", attempt=2),
+        hook("t", "running", attempt=None, n=1),
+        hook("t", "succeeded", attempt=2),
+    ]
+    assert order_violations(unsaid) == ["running without attempt during attempt 2"]
 
 
 def test_lost_terminals_and_pending_are_counted_over_accepted_tasks() -> None:
@@ -103,6 +111,7 @@ def test_lost_terminals_and_pending_are_counted_over_accepted_tasks() -> None:
     report = webhook_report(["a", "b"], webhooks, receiver_duplicates=3)
     assert report["lost"] == 1
     assert report["lost_examples"] == [{"task_id": "b", "received": ["scheduled"]}]
+    assert report["lost_by_last_status"] == {"scheduled": 1}
     assert report["terminal_webhooks_per_task"] == {"0": 1, "2": 1}
     assert report["duplicates_distinct_ids"] == {"succeeded": 1}
     assert report["duplicate_deliveries_same_id"] == 3
