@@ -23,7 +23,7 @@ class ChaosConfig:
     )
     nats_restarts: int = 1
     silent_nodes: int = 2
-    silent_seconds: float = 90.0
+    silent_seconds: float = 120.0  # past the scheduler's 30 s timeout + 60 s: lost
     seed: int = 12
     drain_seconds: float = 300.0  # after the last submission: wait this long for every end
     settle_seconds: float = 10.0  # after every task ended: catch late duplicates

@@ -19,7 +19,8 @@ from tests.support.databases import postgres_required
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 # 80 tasks at 2/s for 40 s, each run 10-30 s on the fleet: the training pool fills and some
-# tasks wait, so pending, expiry and order are all exercised while services die.
+# tasks wait, so pending, expiry, lost nodes, retries and order are all exercised while
+# services die.
 SHORT = ChaosConfig(
     tasks=80,
     rate=2.0,
@@ -31,6 +32,9 @@ SHORT = ChaosConfig(
     drain_seconds=75.0,
     settle_seconds=5.0,
     task_seconds=(10.0, 30.0),
+    # A node silent 45 s is lost (30 s heartbeat timeout + 10 s): its tasks are released
+    # node-lost and retried (restart policy), and it comes back still running them.
+    service_env={"CRATER_SCHEDULER_NODE_LOST_SECONDS": "10"},
 )
 # Every figure the report promises, as a path into it.
 METRICS = (

@@ -56,7 +56,10 @@ def chaos(
     silent_nodes: Annotated[
         int, typer.Option(min=0, help="Simulated GPU nodes that stop reporting.")
     ] = 2,
-    silent_seconds: Annotated[float, typer.Option(min=1, help="How long each is silent.")] = 90.0,
+    silent_seconds: Annotated[
+        float,
+        typer.Option(min=1, help="How long each is silent (past 90 s: the scheduler's lost)."),
+    ] = 120.0,
     seed: Annotated[int, typer.Option(help="Seeds the plan and the workload.")] = 12,
     drain_seconds: Annotated[
         float, typer.Option(min=0, help="After the last task: wait this long for every end.")
