@@ -460,6 +460,34 @@ def false_failures(
     }
 
 
+def reports_after_release(
+    releases: Sequence[Release], reports: Sequence[StatusReport]
+) -> dict[str, Any]:
+    """Node reports about an allocation stored after it was released: the node still ran
+    work the scheduler had given back (a node back from silence, or a late report), where a
+    new grant of the same GPUs would be double-booked on the machine itself."""
+    released_at = {r.allocation_id: (r.ts, r.reason) for r in releases}
+    late: Counter[str] = Counter()
+    examples: list[dict[str, Any]] = []
+    for report in reports:
+        if report.allocation_id not in released_at or report.status == "cancelled":
+            continue
+        ts, reason = released_at[report.allocation_id]
+        if report.ts > ts:
+            late[f"{report.status} after {reason}"] += 1
+            if len(examples) < EXAMPLES:
+                examples.append(
+                    {
+                        "task_id": report.task_id,
+                        "allocation_id": report.allocation_id,
+                        "status": report.status,
+                        "seconds_after_release": round(report.ts - ts, 2),
+                        "release_reason": reason,
+                    }
+                )
+    return {"count": sum(late.values()), "kinds": dict(late.most_common()), "examples": examples}
+
+
 # -- recovery ---------------------------------------------------------------------------------
 
 

@@ -286,6 +286,9 @@ def build_report(
     releases: list[Release] = records["releases"]
     ordered: list[Grant | Release] = sorted([*grants, *releases], key=lambda r: r.seq)
     booking = analysis.replay_allocations(ordered, mig_slices)
+    booking["node_reports_after_release"] = analysis.reports_after_release(
+        releases, records["reports"]
+    )
     hooks = analysis.webhook_report(accepted, webhooks, receiver_duplicates)
     silent_nodes = {a.target for a in plan if a.kind == "silent"}
     false = analysis.false_failures(
@@ -375,7 +378,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"  GPUs double-booked: {report['allocations']['double_booked_events']} events on "
         f"{report['allocations']['double_booked_gpus']} GPUs "
         f"({report['allocations']['grants']} grants replayed, "
-        f"{report['allocations']['held_at_end']} held at the end)",
+        f"{report['allocations']['held_at_end']} held at the end; node reports after the "
+        f"release {report['allocations']['node_reports_after_release']['kinds']})",
         f"  false failures: {false['false_failures']} {false['causes']} "
         f"(of {false['failed_tasks']} failed; {false['failed_on_silent_nodes_excluded']} on "
         f"silent nodes excluded)",

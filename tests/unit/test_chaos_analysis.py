@@ -16,6 +16,7 @@ from benchmarks.chaos.analysis import (
     order_violations,
     recovery,
     replay_allocations,
+    reports_after_release,
     webhook_report,
 )
 from benchmarks.chaos.plan import ChaosConfig, make_plan, workload
@@ -185,3 +186,15 @@ def test_the_plan_and_workload_are_seeded_and_valid_requests() -> None:
     assert len({b["task_id"] for b in bodies}) == 200
     for body in bodies:
         TaskRequest.model_validate(body)
+
+
+def test_a_node_still_reporting_a_released_allocation_is_counted() -> None:
+    releases = [release(5, "a", "n1", "node-lost"), release(6, "b", "n1")]
+    reports = [
+        StatusReport(3, 3.0, "task-a", "a", "running"),
+        StatusReport(9, 9.0, "task-a", "a", "succeeded"),
+        StatusReport(4, 4.0, "task-b", "b", "succeeded"),
+    ]
+    found = reports_after_release(releases, reports)
+    assert found["count"] == 1
+    assert found["kinds"] == {"succeeded after node-lost": 1}
