@@ -35,7 +35,15 @@ from crater.runtime.service import Service
 from tests.integration.callback.conftest import PASSWORD, USERNAME
 from tests.integration.callback.sequenced import Numbering, report
 from tests.support.events import EventTap, publish_raw
-from tests.support.lifecycle import OCCURRED, ended, granted, pending, rejected, status
+from tests.support.lifecycle import (
+    OCCURRED,
+    ended,
+    granted,
+    pending,
+    preempted,
+    rejected,
+    status,
+)
 
 ORDER_WAIT = 0.5
 TERMINAL = {"succeeded", "failed", "cancelled", "rejected"}
@@ -365,4 +373,45 @@ async def test_replicas_sharing_the_database_and_a_restart_keep_one_end_per_task
         assert assert_lifecycle_truth(watched, task_id)[-1] == "succeeded"
     assert counted(three, watched, "second_end") == len(tasks)
     assert counted(three, watched, "repeat") == len(tasks)  # the node said running before
+    assert watched.state.duplicates == 0
+
+
+async def test_each_webhook_of_a_retried_task_says_its_attempt(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str
+) -> None:
+    """A node's running and a preemption do not say their attempt: AllData is told the one of
+    the event before them, so a late report of the first attempt cannot pass for the second's."""
+    numbered = Numbering()
+    second = "alloc-retried-2"
+    emitted: list[Event] = [
+        numbered(pending("retried")),
+        numbered(granted("retried")),
+        report("retried"),
+        numbered(preempted("retried")),
+        numbered(released("retried", ReleaseReason.PREEMPTED)),
+        numbered(pending("retried").model_copy(update={"attempt": 2})),
+        numbered(granted("retried", allocation_id=second, attempt=2)),
+        report("retried").model_copy(update={"allocation_id": second}),
+        numbered(released("retried").model_copy(update={"allocation_id": second})),
+        numbered(ended("retried", attempt=2)),
+    ]
+    watched = Watched()
+    async with serving(watched):
+        service, app = build(settings(fresh_nats, database_url, watched.url))
+        async with TestApp(app):
+            for event in reversed(emitted):  # the worst order: the end first
+                await publish(service.broker, event)
+            await tap.wait_for(WebhookDelivered, count=8)
+
+    told = [(b["status"], b["attempt"]) for b in watched.told("retried")]
+    assert told == [
+        ("pending", 1),
+        ("scheduled", 1),
+        ("running", 1),
+        ("preempted", 1),
+        ("pending", 2),
+        ("scheduled", 2),
+        ("running", 2),
+        ("succeeded", 2),
+    ]
     assert watched.state.duplicates == 0

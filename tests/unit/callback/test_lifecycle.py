@@ -15,6 +15,7 @@ from crater.callback.domain.lifecycle import (
     End,
     Superseded,
     Told,
+    attempt_before,
     end_after,
     ends_task,
     in_lifecycle,
@@ -22,7 +23,7 @@ from crater.callback.domain.lifecycle import (
     verdict,
 )
 from crater.callback.domain.ordering import Recorded, place
-from crater.callback.domain.payload import webhook_body
+from crater.callback.domain.payload import webhook_body, with_attempt
 from crater.contracts import TaskStatus
 from tests.support.lifecycle import ended, pending, rejected, status
 
@@ -73,6 +74,19 @@ def test_a_second_report_about_the_same_allocation_tells_nothing_new() -> None:
     assert verdict(Told(), again, releasing=False) is Superseded.REPEAT
 
 
+def test_a_webhook_that_does_not_say_its_attempt_is_told_the_one_before_it() -> None:
+    said = [(20, 1), (24, 1), (36, 2), (40, 2)]  # pending 1, grant 1, pending 2, grant 2
+    assert attempt_before(said, 25) == 1  # the first grant's running
+    assert attempt_before(said, 41) == 2  # the second's
+    assert attempt_before(said, 20) is None  # nothing before it says
+    body = webhook_body(status("t", TaskStatus.RUNNING))
+    told = webhook_body(status("t", TaskStatus.RUNNING)).model_validate_json(
+        with_attempt(body.encode().decode(), 2)
+    )
+    assert told.attempt == 2
+    assert told.model_copy(update={"attempt": None}) == body
+
+
 def test_terminal_bodies_end_the_task_and_a_duplicate_submission_is_outside_it() -> None:
     assert ends_task(webhook_body(ended("t")))
     assert ends_task(webhook_body(rejected("t")))
@@ -103,6 +117,7 @@ class Arrival:
     status: str  # the webhook's status; "" for a link with no webhook (allocation.released)
     ends: bool = False
     lifecycle: bool = True
+    attempt: int | None = None  # the attempt the event says, if it says
 
 
 @dataclass
@@ -116,6 +131,7 @@ class Delivery:
     held_until: float | None
     state: str = "pending"
     released: bool = False
+    attempt: int | None = None  # as told
 
 
 @dataclass
@@ -129,12 +145,15 @@ class Queue:
     seen: set[str] = field(default_factory=set)
     sent: list[Delivery] = field(default_factory=list)
     superseded: list[tuple[str, Superseded]] = field(default_factory=list)
+    attempts: dict[str, int] = field(default_factory=dict)  # what each event says
 
     def record(self, arrival: Arrival, now: float) -> None:
         event_id = arrival.order.event_id
         if event_id in self.seen:  # a redelivery: the inbox has it
             return
         self.seen.add(event_id)
+        if arrival.attempt is not None:
+            self.attempts[event_id] = arrival.attempt
         order = replace(arrival.order, ends=arrival.ends)
         repeat = repeats(self.events, order)
         placed, moved = place(self.events, order)
@@ -163,6 +182,7 @@ class Queue:
             arrival.ends,
             arrival.lifecycle,
             now + self.wait if waits else None,
+            attempt=arrival.attempt,
         )
         if arrival.lifecycle:
             why = verdict(Told(self.end, self._released()), candidate, releasing=False)
@@ -210,6 +230,13 @@ class Queue:
                 return
         delivery.released = True
         delivery.state = "delivered"
+        if delivery.attempt is None and delivery.lifecycle:
+            said = [
+                (e.position, self.attempts[e.event_id])
+                for e in self.events
+                if e.event_id in self.attempts
+            ]
+            delivery.attempt = attempt_before(said, delivery.position)
         self.sent.append(delivery)
 
 
@@ -222,7 +249,7 @@ def lifecycles(draw: st.DrawFn) -> list[Arrival]:
     last: list[int | None] = [None]
     made: list[Arrival] = []
 
-    def numbered(name: str, status: str, **fields: object) -> None:
+    def numbered(name: str, status: str, attempt: int | None = None, **fields: object) -> None:
         for _ in range(draw(st.integers(0, 2))):
             next(numbers)  # other tasks' events in between
         number = next(numbers)
@@ -230,9 +257,9 @@ def lifecycles(draw: st.DrawFn) -> list[Arrival]:
         last[0] = number
         order = Recorded(name, number=number, previous=previous, **fields)  # type: ignore[arg-type]
         ends = status in ("succeeded", "failed", "cancelled", "rejected")
-        made.append(Arrival(order, status, ends=ends))
+        made.append(Arrival(order, status, ends=ends, attempt=attempt))
 
-    numbered("pending-1", "pending")
+    numbered("pending-1", "pending", attempt=1)
     if draw(st.booleans()):
         numbered("escalated-1", "pending")
     if draw(st.integers(0, 4)) == 0:
@@ -241,9 +268,9 @@ def lifecycles(draw: st.DrawFn) -> list[Arrival]:
         attempts = draw(st.integers(1, 3))
         for attempt in range(1, attempts + 1):
             if attempt > 1:
-                numbered(f"pending-{attempt}", "pending")
+                numbered(f"pending-{attempt}", "pending", attempt=attempt)
             alloc = f"a{attempt}"
-            numbered(f"granted-{attempt}", "scheduled", allocation_id=alloc, grants=True)
+            numbered(f"granted-{attempt}", "scheduled", attempt, allocation_id=alloc, grants=True)
             for again in range(draw(st.integers(0, 2))):  # a node may say it twice
                 name = f"running-{attempt}-{again}"
                 made.append(Arrival(Recorded(name, allocation_id=alloc), "running"))
@@ -251,7 +278,7 @@ def lifecycles(draw: st.DrawFn) -> list[Arrival]:
                 numbered(f"preempted-{attempt}", "preempted")
             numbered(f"released-{attempt}", "")  # a link, no webhook
         final = draw(st.sampled_from(["succeeded", "failed", "cancelled"]))
-        numbered("ended", final)
+        numbered("ended", final, attempt=attempts)
     if draw(st.booleans()):  # a resubmission of the id, refused: outside the lifecycle
         order = Recorded("duplicate", number=next(numbers), previous=None)
         made.append(Arrival(order, "rejected", lifecycle=False))
@@ -299,6 +326,12 @@ def test_whatever_the_order_and_lag_alldata_hears_one_end_and_nothing_out_of_ord
     assert len(sent_ids) == len(set(sent_ids))  # each event once
     statuses = [d.status for d in told]
     assert len(statuses) == len(set(zip(statuses, positions, strict=True)))  # no repeat
+    # Each told the attempt it belongs to: never going back, a node's running its grant's.
+    attempts = [d.attempt for d in told if d.attempt is not None]
+    assert attempts == sorted(attempts)
+    for d in told:
+        if d.status == "running":
+            assert d.attempt == int(d.event_id.split("-")[1]), (d.event_id, d.attempt)
     # A refused duplicate submission is always delivered, whatever happened to the task.
     assert ("duplicate" in sent_ids) == any(not a.lifecycle for a in arrivals)
     # Nothing is dropped silently: every webhook is sent or superseded with a reason.

@@ -335,6 +335,7 @@ class Recorder:
             hold_seconds=self.order_wait_seconds,
             ends=ends_task(body),
             lifecycle=in_lifecycle(body),
+            attempt=body.attempt,
         )
 
 

@@ -33,11 +33,13 @@ from crater.callback.domain.lifecycle import (
     End,
     Superseded,
     Told,
+    attempt_before,
     end_after,
     repeats,
     verdict,
 )
 from crater.callback.domain.ordering import Placement, Recorded, place
+from crater.callback.domain.payload import with_attempt
 from crater.callback.domain.retry import DeliveryState, Outcome
 from crater.contracts import Event
 from crater.runtime.outbox import stage
@@ -81,6 +83,7 @@ class Enqueued:
     hold_seconds: float = 0.0  # the longest it waits for an earlier event of its task
     ends: bool = False  # a terminal webhook: the task's end if it is the first recorded
     lifecycle: bool = True  # False: a refused duplicate submission, outside the lifecycle
+    attempt: int | None = None  # the attempt the event says it belongs to, if it says
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,7 @@ class DeliveryLog:
                         "position": placed.position,
                         "waiting": placed.waiting,
                         "recorded_at": now,
+                        "attempt": event.attempt,
                     }
                 )
                 candidate = Candidate(
@@ -340,10 +344,15 @@ class DeliveryLog:
                 return Claimed([], 0)
             task_ids = sorted({x.task_id for x in found})
             ids = [x.id for x in found]
-            claimed, superseded = await _release(session, task_ids, ids, owner, now, until)
+            released = await _release(session, task_ids, ids, owner, now, until)
             await session.commit()
-        self._tell_superseded(superseded)
-        return Claimed([x for x in found if x.id in claimed], len(superseded))
+        self._tell_superseded(released.superseded)
+        due = [
+            replace(x, payload=released.payloads.get(x.id, x.payload))
+            for x in found
+            if x.id in released.claimed
+        ]
+        return Claimed(due, len(released.superseded))
 
     async def claim(
         self, ids: Sequence[int], owner: str, now: datetime, until: datetime
@@ -357,10 +366,10 @@ class DeliveryLog:
             task_ids = (
                 await session.scalars(select(d.task_id).where(d.id.in_(list(ids))).distinct())
             ).all()
-            claimed, superseded = await _release(session, sorted(task_ids), ids, owner, now, until)
+            released = await _release(session, sorted(task_ids), ids, owner, now, until)
             await session.commit()
-        self._tell_superseded(superseded)
-        return claimed
+        self._tell_superseded(released.superseded)
+        return released.claimed
 
     async def release(self, ids: Sequence[int], owner: str) -> None:
         """Give up claims without an attempt (the service stops): due again at once."""
@@ -830,6 +839,16 @@ def _due_query(endpoint: str, now: datetime, limit: int) -> Any:
     )
 
 
+@dataclass(frozen=True)
+class Released:
+    """What one release did: the ids claimed, the (endpoint, reason) of each delivery
+    superseded instead, and the bodies told their attempt on the way (by delivery id)."""
+
+    claimed: set[int]
+    superseded: list[tuple[str, Superseded]]
+    payloads: dict[int, str]
+
+
 async def _release(
     session: AsyncSession,
     task_ids: Sequence[str],
@@ -837,11 +856,11 @@ async def _release(
     owner: str,
     now: datetime,
     until: datetime,
-) -> tuple[set[int], list[tuple[str, Superseded]]]:
+) -> Released:
     """Claim those of `ids` that may still go now, judging each lifecycle delivery released
-    for the first time (domain/lifecycle.py): the ids claimed, and the (endpoint, reason) of
-    each superseded instead. The tasks' rows are locked first, then the deliveries are read
-    again: a recording or release of the same task that committed meanwhile is seen."""
+    for the first time (domain/lifecycle.py), and telling its body the attempt it belongs to
+    if it does not say. The tasks' rows are locked first, then the deliveries are read again:
+    a recording or release of the same task that committed meanwhile is seen."""
     ends = await _lock_tasks(session, task_ids)
     rows = (
         await session.execute(
@@ -854,9 +873,11 @@ async def _release(
                 d.position,
                 d.lifecycle,
                 d.released_at,
+                d.payload,
                 t.waiting,
                 t.allocation_id,
                 t.grants,
+                t.attempt,
             )
             .outerjoin(tables.task_events, t.event_id == d.webhook_id)
             .where(d.id.in_(list(ids)), *_due(now))
@@ -865,6 +886,7 @@ async def _release(
     ).all()
     released = await _released(session, task_ids)
     keep: list[int] = []
+    unsaid: list[Any] = []  # first releases whose event does not say its attempt
     superseded: dict[int, tuple[str, Superseded, End | None]] = {}
     for row in rows:
         if row.released_at is not None or not row.lifecycle:
@@ -883,9 +905,12 @@ async def _release(
         if why is None:
             keep.append(row.id)
             released[key] = max(released.get(key, row.position), row.position)
+            if row.attempt is None:
+                unsaid.append(row)
         else:
             superseded[row.id] = (row.endpoint, why, told.end)
     claimed = await _claim(session, keep, owner, now, until)
+    payloads = await _tell_attempts(session, [r for r in unsaid if r.id in claimed])
     if superseded:
         await session.execute(
             update(tables.deliveries)
@@ -907,7 +932,38 @@ async def _release(
                 for delivery_id, (_, why, end) in superseded.items()
             ],
         )
-    return claimed, [(endpoint, why) for endpoint, why, _ in superseded.values()]
+    return Released(
+        claimed, [(endpoint, why) for endpoint, why, _ in superseded.values()], payloads
+    )
+
+
+async def _tell_attempts(session: AsyncSession, rows: Sequence[Any]) -> dict[int, str]:
+    """The bodies of deliveries about to be sent for the first time whose event does not say
+    its attempt, told the attempt of the latest event before them in their task's order."""
+    if not rows:
+        return {}
+    said: dict[str, list[tuple[int, int]]] = {}
+    for task_id, position, attempt in (
+        await session.execute(
+            select(t.task_id, t.position, t.attempt).where(
+                t.task_id.in_(sorted({r.task_id for r in rows})), t.attempt.is_not(None)
+            )
+        )
+    ).all():
+        said.setdefault(task_id, []).append((position, attempt))
+    payloads: dict[int, str] = {}
+    for row in rows:
+        attempt = attempt_before(said.get(row.task_id, []), row.position)
+        if attempt is not None:
+            payloads[row.id] = with_attempt(row.payload, attempt)
+    if payloads:
+        await session.execute(
+            update(tables.deliveries)
+            .where(d.id == bindparam("told_id"))
+            .values(payload=bindparam("told_payload")),
+            [{"told_id": i, "told_payload": payload} for i, payload in payloads.items()],
+        )
+    return payloads
 
 
 async def _claim(

@@ -95,6 +95,9 @@ task_events = Table(
     Column("position", BigInteger, nullable=False),
     Column("waiting", Boolean, nullable=False),
     Column("recorded_at", DateTime(timezone=True), nullable=False),
+    # Revision 0005: the attempt the event says it belongs to (pending, grant, end); None: it
+    # does not say, and its webhook is told the one of the latest event before it.
+    Column("attempt", Integer, nullable=True),
 )
 
 # Revision 0004: one row per task: the lock that serialises recording and releasing its

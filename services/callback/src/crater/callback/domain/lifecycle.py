@@ -17,6 +17,11 @@ with a reason, and then never sent. The rule, per task and endpoint:
 - A second report about the same allocation (the node said `running` again, under another
   event id) is superseded (`repeat`): it tells nothing new.
 
+A webhook that does not say its attempt (a node's `running`, `preempted`, an escalation) is
+told the attempt of the latest event before it in its task's order that says one, fixed when
+it is first released (`attempt_before`): AllData can tell a late report of an earlier
+attempt from this one's.
+
 Positions come from domain/ordering.py. A refused duplicate submission (`rejected` with
 `duplicate_submission`) is outside the known task's lifecycle: never judged here.
 """
@@ -133,3 +138,10 @@ def verdict(told: Told, candidate: Candidate, releasing: bool) -> Superseded | N
     if told.released is not None and candidate.position < told.released:
         return Superseded.OUT_OF_ORDER
     return None
+
+
+def attempt_before(said: Sequence[tuple[int, int]], position: int) -> int | None:
+    """The attempt of the latest event placed before `position` among `said` (position,
+    attempt) pairs of events that say theirs; None if none does."""
+    before = [(at, attempt) for at, attempt in said if at < position]
+    return max(before)[1] if before else None

@@ -100,3 +100,10 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
         else None,
         duplicate_submission=event.duplicate if isinstance(event, TaskRejected) else None,
     )
+
+
+def with_attempt(payload: str, attempt: int) -> str:
+    """A recorded body told the attempt it belongs to (before it is first sent: a repeat
+    sends these bytes again)."""
+    body = WebhookBody.model_validate_json(payload)
+    return body.model_copy(update={"attempt": attempt}).encode().decode()
