@@ -225,15 +225,34 @@ def test_three_hundred_tasks_waiting_ten_minutes_hear_at_most_three_pendings_eac
     waiting = [f"w-{n}" for n in range(300)]
     assert all(pendings[task] >= 1 for task in waiting)  # each heard it waits
     assert max(pendings[task] for task in waiting) <= 3, pendings.most_common(3)
-    assert pendings["w-0"] == 3  # waits, then the two lasting changes of kind
+    # waits; the two-minute outage is a new kind; back to the first kind is no news
+    assert pendings["w-0"] == 2
     # the live reason is current all the same
     summary = scheduler.pending["w-0"].last_summary
     assert summary == f"0/{len(scheduler.cluster)} nodes available: 20 fewer than 2 GPUs"
 
 
-def test_without_the_interval_every_blink_would_be_announced() -> None:
-    _, pendings = waiting_storm(interval=0)
-    assert pendings["w-0"] > 3  # what the interval saves AllData from
+def flapping(interval: float) -> int:
+    """A waiting task whose only node blinks NotReady for 10 s every 20 s, ten minutes long:
+    how many `task.pending` it is sent."""
+    scheduler = Scheduler(config=SchedulerConfig(pending_interval_seconds=interval))
+    scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node("n1", gpus=1)))
+    [holder] = scheduler.handle(profiled("holder", gpus=1, when=1))
+    scheduler.handle(report("holder", 2, TaskStatus.RUNNING))
+    emitted = scheduler.handle(profiled("waits", gpus=1, when=3))
+    for when in range(5, 600, 10):
+        down = (when // 10) % 2 == 0
+        condition = NodeCondition.NOT_READY if down else NodeCondition.READY
+        emitted += scheduler.handle(
+            NodeHealthReported(occurred_at=at(when), node_id="n1", condition=condition, score=0)
+        )
+    assert holder.task_id in scheduler.allocations
+    return len(of(TaskPending, emitted))
+
+
+def test_a_kind_that_never_holds_for_the_interval_is_never_announced() -> None:
+    assert flapping(interval=60) == 1  # it waits; the blinks are no news
+    assert flapping(interval=0) == 2  # without the interval the first blink would be
 
 
 def test_a_new_kind_of_reason_is_announced_once_it_has_held_for_the_interval() -> None:
@@ -254,6 +273,10 @@ def test_a_new_kind_of_reason_is_announced_once_it_has_held_for_the_interval() -
     assert of(TaskPending, scheduler.handle(still)) == []
     [news] = of(TaskPending, scheduler.handle(still.model_copy(update={"occurred_at": at(71)})))
     assert [r.filter for r in news.reasons] == ["NodeReady"]
+    # back to a kind AllData was told before: no news, however long it holds
+    for when in (80, 150, 300):
+        assert of(TaskPending, scheduler.handle(heartbeat("n1", when))) == []
+    assert scheduler.pending["waits"].last_summary == "0/1 nodes available: 1 fewer than 2 GPUs"
 
 
 # -- lost nodes and restart policies ----------------------------------------------------------

@@ -202,7 +202,7 @@ class SchedulerRepository:
             values["attempt"] = decision.attempt
             if waiting is not None:
                 values["not_before"] = waiting.not_before
-                values["pending_kind"] = sorted(waiting.announced_kind or ())
+                values["pending_kind"] = [sorted(kind) for kind in waiting.told_kinds]
                 values["pending_at"] = waiting.announced_at
             await self._set_task(decision.task_id, now, **values)
         elif isinstance(decision, TaskRejected):
@@ -485,13 +485,24 @@ def _pending(row: Any, margin: float = PREDICTION_MARGIN) -> PendingTask:
         attempt=getattr(row, "task_attempt", None) or getattr(row, "attempt", 1) or 1,
         not_before=_aware(not_before) if not_before is not None else None,
         # a task announced before these were kept counts as announced at its submission
-        announced_kind=frozenset(kind) if kind is not None else frozenset(),
+        told_kinds=_told_kinds(kind),
         announced_at=_aware(announced_at)
         if announced_at is not None
         else _aware(submitted)
         if submitted is not None
         else None,
     )
+
+
+def _told_kinds(stored: Any) -> tuple[frozenset[str], ...]:
+    """The kinds of reason a waiting task was told of, as stored: a list of filter lists, the
+    latest last (or, from before, one list); a task from before any was kept: one empty kind,
+    so it counts as told it waits."""
+    if not stored:
+        return (frozenset(),)
+    if all(isinstance(kind, list) for kind in stored):
+        return tuple(frozenset(kind) for kind in stored)
+    return (frozenset(stored),)
 
 
 def _armed_expiry(core: Scheduler | None, event: ReservationArmed) -> datetime:

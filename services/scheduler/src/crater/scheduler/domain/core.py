@@ -188,13 +188,19 @@ class PendingTask:
     escalated: bool = False  # waited past sla.max_queue_time_seconds
     attempt: int = 1  # restart policy: which attempt waits
     not_before: datetime | None = None  # a retried attempt waits out its backoff until then
-    # What AllData was last told of its wait: the kind of reason (filters) and when; and a
-    # different kind seen since `kind_since`, announced once it has held for the interval.
-    announced_kind: frozenset[str] | None = None
+    # The kinds of reason (filters) AllData was told of this wait, the latest last, and when
+    # the latest was; and a new kind seen since `kind_since`, announced once it has held for
+    # the interval. A kind told before is no news when the wait goes back to it.
+    told_kinds: tuple[frozenset[str], ...] = ()
     announced_at: datetime | None = None
     seen_kind: frozenset[str] | None = None
     kind_since: datetime | None = None
     live_reasons: list[FilterReason] = field(default_factory=list)
+
+    @property
+    def announced_kind(self) -> frozenset[str] | None:
+        """The kind of reason AllData heard last; None before the first `task.pending`."""
+        return self.told_kinds[-1] if self.told_kinds else None
 
     @property
     def priority(self) -> int:
@@ -676,7 +682,7 @@ class Scheduler:
         task_id = task.request.task_id
         retried.live_reasons = reasons
         retried.last_summary = summary
-        retried.announced_kind = retried.seen_kind = _kind(reasons)
+        retried.told_kinds = (_kind(reasons),)
         retried.announced_at = now
         return TaskPending(
             event_id=derived_event_id(cause.event_id, f"retry:{task_id}:{attempt}"),
@@ -1496,8 +1502,8 @@ class Scheduler:
         task.last_summary = summary
         now = self.clock or cause.occurred_at
         kind = _kind(reasons)
-        if task.announced_kind is not None and task.announced_at is not None:
-            if kind == task.announced_kind:
+        if task.told_kinds and task.announced_at is not None:
+            if kind in task.told_kinds:  # as announced, or back to a kind told before
                 task.seen_kind = task.kind_since = None
                 return []
             interval = timedelta(seconds=self.config.pending_interval_seconds)
@@ -1507,7 +1513,7 @@ class Scheduler:
                 heapq.heappush(self.announcements, (due, task.seq, task.request.task_id))
             if now - task.kind_since < interval or now - task.announced_at < interval:
                 return []
-        task.announced_kind, task.announced_at = kind, now
+        task.told_kinds, task.announced_at = (*task.told_kinds, kind), now
         task.seen_kind = task.kind_since = None
         return [
             TaskPending(
