@@ -41,7 +41,7 @@ from benchmarks.chaos.analysis import Action, Grant, Release, StatusReport, Task
 from benchmarks.chaos.plan import ChaosConfig, PlannedAction, describe_plan, make_plan, workload
 from crater.cli.stack import Stack, wait_healthy
 from crater.probe.domain.simulation import FaultKind
-from crater.probe.fleet import FaultSpec, build_fleet, read_fleet_spec
+from crater.probe.fleet import FaultSpec, Fleet, build_fleet, read_fleet_spec
 from crater.runtime.nats_server import free_port, start_nats_server
 
 # The probe starts this long before the first task, so the fleet is known when tasks come;
@@ -118,12 +118,7 @@ def run(
     ]
     spec = fleet_spec.model_copy(update={"faults": faults, "name": "chaos"})
     fleet_file.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-    mig_slices = {
-        (n.topology.node_id, g.index): max(int(p.split("g.")[0]) for p in g.mig_profiles)
-        for n in fleet.nodes
-        for g in n.topology.gpus
-        if g.mig_profiles
-    }
+    mig_slices = _mig_slices(fleet)
     report, records = asyncio.run(
         _run(config, data_dir, plan, fleet_file, mig_slices, echo, with_autoscaler)
     )
@@ -282,19 +277,6 @@ def build_report(
 ) -> dict[str, Any]:
     accepted = [s.task_id for s in submissions.values() if s.accepted]
     codes: Counter[str] = Counter(c for s in submissions.values() for c in s.codes)
-    grants: list[Grant] = records["grants"]
-    releases: list[Release] = records["releases"]
-    ordered: list[Grant | Release] = sorted([*grants, *releases], key=lambda r: r.seq)
-    booking = analysis.replay_allocations(ordered, mig_slices)
-    booking["node_reports_after_release"] = analysis.reports_after_release(
-        releases, records["reports"]
-    )
-    hooks = analysis.webhook_report(accepted, webhooks, receiver_duplicates)
-    silent_nodes = {a.target for a in plan if a.kind == "silent"}
-    false = analysis.false_failures(
-        webhooks, grants, releases, records["reports"], records["ends"], silent_nodes, t0
-    )
-    rows = analysis.recovery(actions, [g.ts for g in grants])
     report: dict[str, Any] = {
         "when": datetime.fromtimestamp(t0, UTC).isoformat(),
         "commit": _commit(),
@@ -319,11 +301,16 @@ def build_report(
             ][: analysis.EXAMPLES],
         },
         "drain": drained,
-        "lifecycle": hooks,
-        "allocations": booking,
-        "false_failures": false,
-        "recovery": rows,
-        "recovery_by_target": analysis.recovery_summary(rows),
+        **judge(
+            t0=t0,
+            silent_nodes={a.target for a in plan if a.kind == "silent"},
+            accepted=accepted,
+            records=records,
+            webhooks=webhooks,
+            receiver_duplicates=receiver_duplicates,
+            mig_slices=mig_slices,
+            actions=actions,
+        ),
         "silent_nodes": silent_observed,
         "bus": {
             "task_status_reports": len(records["reports"]),
@@ -335,6 +322,77 @@ def build_report(
     }
     report["checks"] = checks(report)
     return report
+
+
+def judge(
+    *,
+    t0: float,
+    silent_nodes: set[str],
+    accepted: list[str],
+    records: dict[str, Any],
+    webhooks: list[Webhook],
+    receiver_duplicates: int | None,
+    mig_slices: dict[tuple[str, int], int],
+    actions: list[Action],
+) -> dict[str, Any]:
+    """The figures, from what was recorded: the part of the report `reanalyse` redoes."""
+    grants: list[Grant] = records["grants"]
+    releases: list[Release] = records["releases"]
+    ordered: list[Grant | Release] = sorted([*grants, *releases], key=lambda r: r.seq)
+    booking = analysis.replay_allocations(ordered, mig_slices)
+    booking["node_reports_after_release"] = analysis.reports_after_release(
+        releases, records["reports"]
+    )
+    rows = analysis.recovery(actions, [g.ts for g in grants])
+    return {
+        "lifecycle": analysis.webhook_report(accepted, webhooks, receiver_duplicates),
+        "allocations": booking,
+        "false_failures": analysis.false_failures(
+            webhooks, grants, releases, records["reports"], records["ends"], silent_nodes, t0
+        ),
+        "recovery": rows,
+        "recovery_by_target": analysis.recovery_summary(rows),
+    }
+
+
+def reanalyse(report_file: Path, data_dir: Path, echo: Echo = print) -> dict[str, Any]:
+    """Judge a finished run again from its records (`records.json`, `webhooks.jsonl` under
+    its data dir), e.g. after a rule here changed; rewrites the report."""
+    report: dict[str, Any] = json.loads(report_file.read_text())
+    saved = json.loads((data_dir / "records.json").read_text())
+    records = {
+        "grants": [Grant(**{**g, "gpu_ids": tuple(g["gpu_ids"])}) for g in saved["grants"]],
+        "releases": [Release(**r) for r in saved["releases"]],
+        "reports": [StatusReport(**r) for r in saved["reports"]],
+        "ends": [TaskEnd(**e) for e in saved["ends"]],
+    }
+    report.update(
+        judge(
+            t0=saved["t0"],
+            silent_nodes={a["target"] for a in report["plan"] if a["kind"] == "silent"},
+            accepted=saved["accepted"],
+            records=records,
+            webhooks=_read_webhooks(data_dir / "webhooks.jsonl"),
+            receiver_duplicates=report["lifecycle"]["duplicate_deliveries_same_id"],
+            mig_slices=_mig_slices(build_fleet(read_fleet_spec(None))),
+            actions=[Action(**a) for a in saved["actions"]],
+        )
+    )
+    report["checks"] = checks(report)
+    report_file.write_text(json.dumps(report, indent=2) + "\n")
+    for line in summary_lines(report):
+        echo(line)
+    return report
+
+
+def _mig_slices(fleet: Fleet) -> dict[tuple[str, int], int]:
+    """Compute slices of each MIG-capable card: the largest profile's `<g>g`."""
+    return {
+        (n.topology.node_id, g.index): max(int(p.split("g.")[0]) for p in g.mig_profiles)
+        for n in fleet.nodes
+        for g in n.topology.gpus
+        if g.mig_profiles
+    }
 
 
 def checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:

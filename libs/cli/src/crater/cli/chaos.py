@@ -7,6 +7,7 @@ Crater), so this command finds it from the source tree it was installed from in 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -89,11 +90,25 @@ def chaos(
         typer.Option("--env", help="KEY=VALUE for every service (repeatable)."),
     ] = None,
     autoscaler: Annotated[bool, typer.Option(help="Run the autoscaler too.")] = False,
+    reanalyse: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="Run nothing: judge the run of this report again from its recorded data.",
+        ),
+    ] = None,
 ) -> None:
     """Chaos run: tasks through the gateway while services are killed (-9) and restarted,
     nats-server restarts and nodes go silent; then what AllData was told, checked. Exits 1
     when a check of the issue's "done when" fails."""
     harness, plan = _harness()
+    if reanalyse is not None:
+        recorded = Path(json.loads(reanalyse.read_text())["data_dir"])
+        report = harness.reanalyse(reanalyse, recorded, echo=console.print)
+        if not all(check["ok"] for check in report["checks"].values()):
+            raise typer.Exit(1)
+        return
     service_env = {}
     for item in env or []:
         key, sep, value = item.partition("=")
