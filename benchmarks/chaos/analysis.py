@@ -488,6 +488,33 @@ def reports_after_release(
     return {"count": sum(late.values()), "kinds": dict(late.most_common()), "examples": examples}
 
 
+def premature_node_lost(
+    releases: Sequence[Release],
+    silent: dict[str, tuple[float, float]],
+    lost_after: float,
+    t0: float = 0.0,
+) -> dict[str, Any]:
+    """`node-lost` releases of nodes that were reporting: never silent, or silent for less
+    than `lost_after` (the scheduler's heartbeat timeout + lost-node grace) when released.
+    Counted whatever became of the task (a restart policy hides them from the failures)."""
+    early: Counter[str] = Counter()
+    times: Counter[float] = Counter()
+    for release in releases:
+        if release.reason not in UNCONFIRMED_REASONS - {"expired"}:
+            continue
+        window = silent.get(release.node)
+        if window is not None and window[0] + lost_after <= release.ts:
+            continue  # silent long enough: rightly lost
+        early[release.node] += 1
+        times[round(release.ts - t0)] += 1
+    return {
+        "count": sum(early.values()),
+        "nodes": dict(early.most_common()),
+        "at_seconds": dict(sorted(times.items())),
+        "lost_after_seconds": lost_after,
+    }
+
+
 # -- recovery ---------------------------------------------------------------------------------
 
 

@@ -310,6 +310,7 @@ def build_report(
             receiver_duplicates=receiver_duplicates,
             mig_slices=mig_slices,
             actions=actions,
+            lost_after=lost_after_seconds(config.service_env),
         ),
         "silent_nodes": silent_observed,
         "bus": {
@@ -334,6 +335,7 @@ def judge(
     receiver_duplicates: int | None,
     mig_slices: dict[tuple[str, int], int],
     actions: list[Action],
+    lost_after: float,
 ) -> dict[str, Any]:
     """The figures, from what was recorded: the part of the report `reanalyse` redoes."""
     grants: list[Grant] = records["grants"]
@@ -344,6 +346,14 @@ def judge(
         releases, records["reports"]
     )
     rows = analysis.recovery(actions, [g.ts for g in grants])
+    windows = {
+        a.target: (a.started_at, a.started_at + (a.for_seconds or 0.0))
+        for a in actions
+        if a.kind == "silent"
+    }
+    booking["node_lost_while_reporting"] = analysis.premature_node_lost(
+        releases, windows, lost_after, t0
+    )
     return {
         "lifecycle": analysis.webhook_report(accepted, webhooks, receiver_duplicates),
         "allocations": booking,
@@ -376,6 +386,7 @@ def reanalyse(report_file: Path, data_dir: Path, echo: Echo = print) -> dict[str
             receiver_duplicates=report["lifecycle"]["duplicate_deliveries_same_id"],
             mig_slices=_mig_slices(build_fleet(read_fleet_spec(None))),
             actions=[Action(**a) for a in saved["actions"]],
+            lost_after=lost_after_seconds(report["config"].get("service_env") or {}),
         )
     )
     report["checks"] = checks(report)
@@ -383,6 +394,14 @@ def reanalyse(report_file: Path, data_dir: Path, echo: Echo = print) -> dict[str
     for line in summary_lines(report):
         echo(line)
     return report
+
+
+def lost_after_seconds(service_env: dict[str, str]) -> float:
+    """When the scheduler may call a silent node lost: its heartbeat timeout and lost-node
+    grace, as the run set them (else their defaults)."""
+    timeout = float(service_env.get("CRATER_SCHEDULER_HEARTBEAT_TIMEOUT_SECONDS", 30.0))
+    grace = float(service_env.get("CRATER_SCHEDULER_NODE_LOST_SECONDS", 60.0))
+    return timeout + grace
 
 
 def _mig_slices(fleet: Fleet) -> dict[tuple[str, int], int]:
@@ -438,6 +457,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"({report['allocations']['grants']} grants replayed, "
         f"{report['allocations']['held_at_end']} held at the end; node reports after the "
         f"release {report['allocations']['node_reports_after_release']['kinds']})",
+        f"  node-lost while the node was reporting: "
+        f"{report['allocations']['node_lost_while_reporting']['count']} releases, at "
+        f"{report['allocations']['node_lost_while_reporting']['at_seconds']} s",
         f"  false failures: {false['false_failures']} {false['causes']} "
         f"(of {false['failed_tasks']} failed; {false['failed_on_silent_nodes_excluded']} on "
         f"silent nodes excluded)",

@@ -14,6 +14,7 @@ from benchmarks.chaos.analysis import (
     Webhook,
     false_failures,
     order_violations,
+    premature_node_lost,
     recovery,
     replay_allocations,
     reports_after_release,
@@ -198,3 +199,16 @@ def test_a_node_still_reporting_a_released_allocation_is_counted() -> None:
     found = reports_after_release(releases, reports)
     assert found["count"] == 1
     assert found["kinds"] == {"succeeded after node-lost": 1}
+
+
+def test_node_lost_counts_only_when_the_node_was_reporting() -> None:
+    releases = [
+        release(100, "a", "n1", "node-lost"),  # n1 never silent
+        release(150, "b", "n2", "node-lost"),  # n2 silent from 100: only 50 s
+        release(200, "c", "n2", "node-lost"),  # 100 s: rightly lost
+        release(210, "d", "n1", "expired"),
+    ]
+    found = premature_node_lost(releases, {"n2": (100.0, 220.0)}, lost_after=90.0)
+    assert found["count"] == 2
+    assert found["nodes"] == {"n1": 1, "n2": 1}
+    assert found["at_seconds"] == {100: 1, 150: 1}
