@@ -190,7 +190,7 @@ async def _with_stack(
     stack._spawn("probe", free_port(), ["run", "probe"])  # the stack has no public add
     await asyncio.to_thread(wait_healthy, stack.processes["probe"])
     gateway = stack.url("gateway")
-    pools = await _wait_for_fleet(gateway, expected=36)
+    pools = await _wait_for_fleet(gateway, expected=len(_fleet().nodes))
     wait = probe_started + PROBE_LEAD_SECONDS - time.monotonic()
     if wait > 0:
         await asyncio.sleep(wait)
@@ -384,7 +384,7 @@ def reanalyse(report_file: Path, data_dir: Path, echo: Echo = print) -> dict[str
             records=records,
             webhooks=_read_webhooks(data_dir / "webhooks.jsonl"),
             receiver_duplicates=report["lifecycle"]["duplicate_deliveries_same_id"],
-            mig_slices=_mig_slices(build_fleet(read_fleet_spec(None))),
+            mig_slices=_mig_slices(_fleet()),
             actions=[Action(**a) for a in saved["actions"]],
             lost_after=lost_after_seconds(report["config"].get("service_env") or {}),
         )
@@ -402,6 +402,11 @@ def lost_after_seconds(service_env: dict[str, str]) -> float:
     timeout = float(service_env.get("CRATER_SCHEDULER_HEARTBEAT_TIMEOUT_SECONDS", 30.0))
     grace = float(service_env.get("CRATER_SCHEDULER_NODE_LOST_SECONDS", 60.0))
     return timeout + grace
+
+
+def _fleet() -> Fleet:
+    """The demo fleet the probe simulates (its faults are the plan's)."""
+    return build_fleet(read_fleet_spec(None))
 
 
 def _mig_slices(fleet: Fleet) -> dict[tuple[str, int], int]:
