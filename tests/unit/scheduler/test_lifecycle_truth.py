@@ -391,3 +391,38 @@ def test_a_pools_file_restart_policy_is_refused_naming_the_field() -> None:
         parse_pools(text)
     assert "pools.training.restart_policy.when.0" in str(refused.value)
     assert "pools.training.restart_policy.max_attempts" in str(refused.value)
+
+
+def test_heartbeats_lagging_in_their_consumer_never_make_a_live_node_lost() -> None:
+    """NATS comes back after an outage, or the health consumer is behind: task events dated
+    90 s after the last heartbeat consumed arrive first. No node looks silent, nothing is
+    released; the heartbeats of that time then arrive and all is well."""
+    scheduler = Scheduler(config=SchedulerConfig(node_lost_seconds=10))
+    scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node("n1", gpus=2)))
+    [grant] = scheduler.handle(profiled("runs", gpus=1, when=1))
+    scheduler.handle(ReservationArmed.of(grant, at(1)))
+    scheduler.handle(report("runs", 2, TaskStatus.RUNNING))
+    scheduler.handle(heartbeat("n1", 5))
+    # 55 s later than the last heartbeat consumed: within the lag allowed the heartbeats
+    assert scheduler.handle(profiled("more", gpus=1, when=60)) != []
+    assert scheduler.handle(report("runs", 62, TaskStatus.RUNNING)) == []
+    assert scheduler.cluster.get("n1").condition is NodeCondition.READY  # type: ignore[union-attr]
+    assert "runs" in scheduler.allocations
+    for when in range(10, 65, 5):  # the heartbeats come in, late
+        assert of(AllocationReleased, scheduler.handle(heartbeat("n1", when))) == []
+    assert "runs" in scheduler.allocations
+
+
+def test_a_fleet_that_stops_reporting_altogether_is_still_found_lost() -> None:
+    scheduler = Scheduler(config=SchedulerConfig(node_lost_seconds=10, heartbeat_lag_seconds=60))
+    scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node("n1", gpus=2)))
+    [grant] = scheduler.handle(profiled("runs", gpus=1, when=1))
+    scheduler.handle(ReservationArmed.of(grant, at(1)))
+    scheduler.handle(report("runs", 2, TaskStatus.RUNNING))
+    scheduler.handle(heartbeat("n1", 5))
+    # no heartbeat at all after 5; other events go on: silent for 30 + 10 s counted from
+    # 60 s behind the clock, so lost once the clock passes 105
+    assert of(AllocationReleased, scheduler.handle(report("other", 100, TaskStatus.RUNNING))) == []
+    decisions = scheduler.handle(report("other", 106, TaskStatus.RUNNING))
+    [released] = of(AllocationReleased, decisions)
+    assert released.reason == "node-lost"

@@ -72,6 +72,13 @@ class SchedulerSettings(ServiceSettings):
         description="Grace after a node's heartbeat timeout: then its allocations are released "
         "(node-lost) and their tasks retried or failed.",
     )
+    heartbeat_lag_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3_600,
+        description="Silence is measured against the heartbeats consumed; when they lag the "
+        "other events more than this (NATS back after an outage), this far behind the clock.",
+    )
     confirmation_lag_seconds: float = Field(
         default=30.0,
         ge=0,
@@ -116,6 +123,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
             prediction_margin=settings.prediction_margin,
             pending_interval_seconds=settings.pending_interval_seconds,
             node_lost_seconds=settings.node_lost_seconds,
+            heartbeat_lag_seconds=settings.heartbeat_lag_seconds,
             confirmation_lag_seconds=settings.confirmation_lag_seconds,
         ),
         SchedulerMetrics(service.registry),

@@ -155,6 +155,9 @@ class SchedulerConfig:
     pending_interval_seconds: float = 60.0
     # a node silent this long past its heartbeat timeout is lost: its allocations go back
     node_lost_seconds: float = NODE_LOST_SECONDS
+    # silence is judged on the heartbeats consumed: when they lag the other events by more
+    # than this (their consumer behind, NATS back after an outage), this far behind the clock
+    heartbeat_lag_seconds: float = 60.0
     # an unconfirmed reservation expires once the node reports (task.status) consumed reach
     # past its expiry; with none that recent, this much later (a quiet status stream)
     confirmation_lag_seconds: float = 30.0
@@ -275,6 +278,9 @@ class Scheduler:
     # expires only once the reports of its time are in, so a report that lags in its own
     # consumer still confirms it.
     reports_clock: datetime | None = None
+    # The latest `occurred_at` of the heartbeats (node.health) consumed: a node is silent
+    # against the heartbeats of its time, not against events of other streams that ran ahead.
+    health_clock: datetime | None = None
     # (time, seq, task id) of retried attempts waiting out their backoff, earliest first.
     backoffs: list[tuple[datetime, int, str]] = field(default_factory=list)
     # (time, seq, task id): a waiting task's new kind of reason may be announced from then;
@@ -391,9 +397,11 @@ class Scheduler:
             self.reports_clock = max(self.reports_clock or event.occurred_at, event.occurred_at)
             if event.status is TaskStatus.RUNNING:
                 self._confirm(event)
+        if isinstance(event, NodeHealthReported) and self.cluster.get(event.node_id) is not None:
+            self.health_clock = max(self.health_clock or event.occurred_at, event.occurred_at)
         decisions: list[Event] = self._expire_reservations(now, event)
         decisions += self._escalate(now, event)
-        changed = self._expire_heartbeats(now) or bool(decisions)
+        changed = self._expire_heartbeats(self._heard_until(now)) or bool(decisions)
         changed = self._end_backoffs(now) or changed
         changed = self._announcements_due(now) or changed
         if isinstance(event, ReservationArmed):
@@ -1034,7 +1042,7 @@ class Scheduler:
         if not self.allocations:
             return []
         silence = self.config.heartbeat_timeout_seconds + self.config.node_lost_seconds
-        deadline = now.timestamp() - silence
+        deadline = self._heard_until(now).timestamp() - silence
         lost = {
             node.name
             for node in self.cluster.nodes
@@ -1082,6 +1090,15 @@ class Scheduler:
             return False
         self.stale_pools = None  # readiness is judged first, for every pool's tasks
         return True
+
+    def _heard_until(self, now: datetime) -> datetime:
+        """The time up to which nodes' heartbeats have been consumed: silence is measured to
+        it. The heartbeats' own latest time, or, when they lag further behind the clock than
+        the allowance (the consumer behind, NATS back after an outage), the clock less it: a
+        lagging stream never makes a live node look silent, a quiet one still lets a dead
+        fleet be found."""
+        floor = now - timedelta(seconds=self.config.heartbeat_lag_seconds)
+        return floor if self.health_clock is None else max(self.health_clock, floor)
 
     def _expire_heartbeats(self, now: datetime) -> bool:
         deadline = now.timestamp() - self.config.heartbeat_timeout_seconds
