@@ -16,6 +16,7 @@ from crater.contracts import (
     NodeCondition,
     NodeHealthReported,
     NodeTopologyReported,
+    Priority,
     RestartPolicy,
     TaskEnded,
     TaskPending,
@@ -151,14 +152,14 @@ async def test_the_same_heartbeat_decided_twice_stages_nothing_twice(
         for i in range(2):
             low = profiled(f"low-{i}", gpus=4)
             low = TaskProfiled(
-                task=low.task.model_copy(update={"priority": "low", "preemptible": True}),
+                task=low.task.model_copy(update={"priority": Priority.LOW, "preemptible": True}),
                 prediction=low.prediction,
             )
             await publish(service.broker, low)
         await tap.wait_for(AllocationGranted, count=2)
         big = profiled("big", gpus=8)
         big = TaskProfiled(
-            task=big.task.model_copy(update={"priority": "high"}), prediction=big.prediction
+            task=big.task.model_copy(update={"priority": Priority.HIGH}), prediction=big.prediction
         )
         await publish(service.broker, big)
         allocations = service.state.scheduler.allocations
