@@ -426,3 +426,55 @@ def test_a_fleet_that_stops_reporting_altogether_is_still_found_lost() -> None:
     decisions = scheduler.handle(report("other", 106, TaskStatus.RUNNING))
     [released] = of(AllocationReleased, decisions)
     assert released.reason == "node-lost"
+
+
+def restarted(scheduler: Scheduler) -> Scheduler:
+    """The core as a restarted service rebuilds it: nodes with their stored heartbeats, the
+    live allocations, the queue."""
+    again = Scheduler(config=scheduler.config)
+    again.restore(
+        [(n.topology, n.condition, n.last_heartbeat_at) for n in scheduler.cluster.nodes],
+        [m for head in scheduler.allocations.values() for m in head.members()],
+        list(scheduler.pending.values()),
+        scheduler.next_seq,
+    )
+    return again
+
+
+def test_after_a_restart_nodes_are_not_lost_for_heartbeats_that_were_never_stored() -> None:
+    """Heartbeats that change nothing are not stored: after a restart the stored times are
+    old. The nodes count as heard when the restored core sees its first event."""
+    before = Scheduler(config=SchedulerConfig(node_lost_seconds=10))
+    before.handle(NodeTopologyReported(occurred_at=at(0), node=node("n1", gpus=2)))
+    [grant] = before.handle(profiled("runs", gpus=1, when=1))
+    before.handle(ReservationArmed.of(grant, at(1)))
+    before.handle(report("runs", 2, TaskStatus.RUNNING))
+    stored = before.cluster.get("n1")
+    assert stored is not None
+    stored.last_heartbeat_at = at(0).timestamp()  # what the database holds: the topology's
+    core = restarted(before)
+    # the first events after the restart are dated 5 minutes on (the node reported all along)
+    assert of(AllocationReleased, core.handle(profiled("next", gpus=1, when=300))) == []
+    assert core.cluster.get("n1").condition is NodeCondition.READY  # type: ignore[union-attr]
+    assert "runs" in core.allocations
+    # a node that truly stopped is still found: silent 30 + 10 s after the restart, judged
+    # 60 s behind the clock as no heartbeat comes at all
+    assert of(AllocationReleased, core.handle(report("other", 399, TaskStatus.RUNNING))) == []
+    decisions = core.handle(report("other", 401, TaskStatus.RUNNING))
+    assert [r.reason for r in of(AllocationReleased, decisions)] == ["node-lost", "node-lost"]
+
+
+def test_after_a_restart_a_running_report_delivered_again_late_still_confirms() -> None:
+    """The node confirmed just before the scheduler was killed; the report was never
+    acknowledged and comes again after JetStream's ack wait, behind newer reports."""
+    before = Scheduler()
+    before.handle(NodeTopologyReported(occurred_at=at(0), node=node("n1", gpus=2)))
+    [grant] = before.handle(profiled("confirmed", gpus=1, when=1))
+    before.handle(ReservationArmed.of(grant, at(1)))  # expires at 31
+    core = restarted(before)
+    core.handle(heartbeat("n1", 5))
+    assert core.handle(report("elsewhere", 33, TaskStatus.RUNNING)) == []  # newer, first
+    assert core.handle(heartbeat("n1", 38)) == []  # past the expiry: held, not expired
+    assert core.handle(report("confirmed", 2, TaskStatus.RUNNING)) == []  # the old one, again
+    assert core.handle(heartbeat("n1", 90)) == []
+    assert core.allocations["confirmed"].running

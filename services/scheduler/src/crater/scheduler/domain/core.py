@@ -92,6 +92,10 @@ NEVER = datetime.max.replace(tzinfo=UTC)
 NODE_LOST_SECONDS = 60.0
 NODE_LOST_SCAN_SECONDS = 1.0
 
+# After a restart, what was delivered to the old process and not acknowledged comes again
+# only once JetStream's ack wait (30 s) has passed: a `running` among it must still count.
+REDELIVERY_SECONDS = 35.0
+
 # Which attempt endings a restart policy can retry, by how the attempt's resources went back.
 RESTART_ON = {
     ReleaseReason.FAILED: RestartOn.FAILURE,
@@ -288,6 +292,11 @@ class Scheduler:
     announcements: list[tuple[datetime, int, str]] = field(default_factory=list)
     # The event time of the last scan for lost nodes (they are looked for once a second).
     lost_scan_at: datetime | None = field(default=None, compare=False, repr=False)
+    # Restored from storage and no event seen since: the first one starts the grace below.
+    restored: bool = field(default=False, compare=False, repr=False)
+    # Until then no reservation expires: reports delivered to the process before the restart
+    # and never acknowledged are on their way again.
+    expiries_held_until: datetime | None = field(default=None, compare=False, repr=False)
     quotas: Quotas = field(default_factory=Quotas)
     # What each tenant holds in each pool: its dominant share orders a priority class (DRF).
     pool_usage: dict[QueueKey, Usage] = field(default_factory=dict)
@@ -383,6 +392,7 @@ class Scheduler:
             if task.request.pool not in self.backfill and not blocked:
                 self._make_head(task)
         self.expiry_floor = self.heartbeat_floor = None
+        self.restored = True
         self.stale_pools = None
         self.preemptible = Counter(
             a.priority for a in self.allocations.values() if a.preemptible and a.yield_by is None
@@ -391,6 +401,8 @@ class Scheduler:
     def handle(self, event: Event) -> list[Event]:
         self.clock = max(self.clock or event.occurred_at, event.occurred_at)
         now = self.clock
+        if self.restored:
+            self._resume(now)
         if isinstance(event, TaskStatusReported):
             # Before expiring anything: this report may be the confirmation that was due, and
             # a later one that is in says the reports of an expiry's time are in too.
@@ -1023,6 +1035,8 @@ class Scheduler:
         been consumed (or, none being that recent, a further lag allowance is over too)."""
         if member.running or not member.armed or member.expires_at >= now:
             return False
+        if self.expiries_held_until is not None and now < self.expiries_held_until:
+            return False
         if self.reports_clock is not None and self.reports_clock > member.expires_at:
             return True
         allowance = timedelta(seconds=self.config.confirmation_lag_seconds)
@@ -1090,6 +1104,17 @@ class Scheduler:
             return False
         self.stale_pools = None  # readiness is judged first, for every pool's tasks
         return True
+
+    def _resume(self, now: datetime) -> None:
+        """The first event after a restore. Heartbeats are not stored one by one (most change
+        nothing), so the stored times are old: every node counts as heard now, and is judged
+        silent from here. And no reservation expires before the reports the old process took
+        but never acknowledged have come again."""
+        self.restored = False
+        for node in self.cluster.nodes:
+            node.last_heartbeat_at = max(node.last_heartbeat_at or 0.0, now.timestamp())
+        self.heartbeat_floor = None
+        self.expiries_held_until = now + timedelta(seconds=REDELIVERY_SECONDS)
 
     def _heard_until(self, now: datetime) -> datetime:
         """The time up to which nodes' heartbeats have been consumed: silence is measured to
