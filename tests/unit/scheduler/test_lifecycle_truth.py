@@ -22,6 +22,7 @@ from crater.contracts import (
     TaskEnded,
     TaskEvent,
     TaskPending,
+    TaskPreempted,
     TaskProfiled,
     TaskRejected,
     TaskStatus,
@@ -478,3 +479,20 @@ def test_after_a_restart_a_running_report_delivered_again_late_still_confirms() 
     assert core.handle(report("confirmed", 2, TaskStatus.RUNNING)) == []  # the old one, again
     assert core.handle(heartbeat("n1", 90)) == []
     assert core.allocations["confirmed"].running
+
+
+def test_a_task_preempted_before_it_confirmed_yields_it_does_not_expire() -> None:
+    """Its node stops it on the preemption, before it reported running: the end says it
+    yielded, not that its node never confirmed."""
+    scheduler, _ = cluster(node("n1", gpus=2))
+    [low] = scheduler.handle(profiled("low", gpus=2, when=1, priority="low", preemptible=True))
+    scheduler.handle(ReservationArmed.of(low, at(1)))  # expires at 31, never confirmed
+    decisions = scheduler.handle(profiled("urgent", gpus=2, when=2, priority="high"))
+    assert [p.task_id for p in of(TaskPreempted, decisions)] == ["low"]  # must stop by 32
+    assert scheduler.handle(report("other", 31.5, TaskStatus.RUNNING)) == []
+    decisions = scheduler.handle(report("other", 33, TaskStatus.RUNNING))
+    [released] = of(AllocationReleased, decisions)
+    [ended] = of(TaskEnded, decisions)
+    assert released.reason == "preempted"
+    assert (ended.status, ended.release_reason) == ("failed", "preempted")
+    assert [g.task_id for g in of(AllocationGranted, decisions)] == ["urgent"]

@@ -1015,10 +1015,13 @@ class Scheduler:
         expired: list[Allocation] = []
         yielded: list[Allocation] = []
         for a in self.allocations.values():
-            if any(self._unconfirmed(m, now) for m in a.members()):
+            if a.yield_by is not None:
+                # Told to stop: it yields (its node stops it, maybe before it confirmed), it
+                # does not expire.
+                if a.yield_by < now:
+                    yielded.append(a)
+            elif any(self._unconfirmed(m, now) for m in a.members()):
                 expired.append(a)
-            elif a.yield_by is not None and a.yield_by < now:
-                yielded.append(a)
         released: list[Event] = []
         for a in sorted(expired, key=lambda a: a.task_id):
             released += self._attempt_over(a, ReleaseReason.EXPIRED, cause)
