@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, Field, field_validator, model_validator
+from pydantic import AwareDatetime, Field, WithJsonSchema, field_validator, model_validator
 
 from crater.contracts.base import Contract, Event, TaskEvent
+from crater.contracts.gpus import parse_gpu_product
 from crater.contracts.nodes import Toleration
 
 TaskId = Annotated[
@@ -33,6 +35,44 @@ class TaskType(StrEnum):
     FINE_TUNING = "fine-tuning"
     INFERENCE = "inference"
     EVALUATION = "evaluation"
+
+
+# AllData's names for task kinds (it sends `llm_finetune`), each with Crater's kind.
+ALLDATA_TASK_TYPES: dict[str, TaskType] = {
+    "llm_pretrain": TaskType.TRAINING,
+    "llm_train": TaskType.TRAINING,
+    "llm_finetune": TaskType.FINE_TUNING,
+    "llm_sft": TaskType.FINE_TUNING,
+    "llm_lora": TaskType.FINE_TUNING,
+    "llm_inference": TaskType.INFERENCE,
+    "llm_serving": TaskType.INFERENCE,
+    "llm_evaluation": TaskType.EVALUATION,
+    "llm_eval": TaskType.EVALUATION,
+}
+
+
+def _accepted(own: type[StrEnum], aliases: Mapping[str, StrEnum]) -> str:
+    return ", ".join([*(m.value for m in own), *aliases])
+
+
+def _one_of(own: type[StrEnum], aliases: Mapping[str, StrEnum], value: object) -> object:
+    """Crater's own name, or one of AllData's turned into Crater's; else ValueError listing
+    every accepted name (never a guess)."""
+    if isinstance(value, own):
+        return value
+    if isinstance(value, str):
+        if value in {m.value for m in own}:
+            return own(value)
+        if value in aliases:
+            return aliases[value]
+    raise ValueError(f"must be one of {_accepted(own, aliases)}; got {value!r}")
+
+
+def _as_sent(data: object, field: str, record: str, aliases: Mapping[str, StrEnum]) -> object:
+    """Before validation: keep AllData's name of `field` in `record`."""
+    if isinstance(data, dict) and isinstance(data.get(field), str) and data[field] in aliases:
+        return {**data, record: data[field]}
+    return data
 
 
 class Precision(StrEnum):
@@ -96,10 +136,53 @@ class IoPattern(StrEnum):
     MIXED = "mixed"
 
 
+# AllData's names for io patterns (it sends `random_read`), each with Crater's pattern.
+ALLDATA_IO_PATTERNS: dict[str, IoPattern] = {
+    "sequential_read": IoPattern.SEQUENTIAL,
+    "sequential_write": IoPattern.SEQUENTIAL,
+    "random_read": IoPattern.RANDOM,
+    "random_write": IoPattern.RANDOM,
+    "mixed_read": IoPattern.MIXED,
+    "mixed_read_write": IoPattern.MIXED,
+    "read_write": IoPattern.MIXED,
+}
+
+
 class DataConfig(Contract):
     train_dataset: str | None = Field(default=None, max_length=1024)
     val_dataset: str | None = Field(default=None, max_length=1024)
-    io_pattern: IoPattern = IoPattern.SEQUENTIAL
+    io_pattern: Annotated[
+        IoPattern,
+        WithJsonSchema(
+            {"type": "string", "enum": [*(p.value for p in IoPattern), *ALLDATA_IO_PATTERNS]},
+            mode="validation",
+        ),
+    ] = Field(
+        default=IoPattern.SEQUENTIAL,
+        description="Crater's pattern, or AllData's name for one (random_read: random, ...).",
+    )
+    io_pattern_as_sent: str | None = Field(
+        default=None,
+        description="AllData's name of the io pattern when it sent one (random_read); "
+        "io_pattern holds Crater's.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keep_alldata_name(cls, data: object) -> object:
+        return _as_sent(data, "io_pattern", "io_pattern_as_sent", ALLDATA_IO_PATTERNS)
+
+    @field_validator("io_pattern", mode="before")
+    @classmethod
+    def _io_pattern(cls, value: object) -> object:
+        return _one_of(IoPattern, ALLDATA_IO_PATTERNS, value)
+
+    @model_validator(mode="after")
+    def _as_sent_agrees(self) -> DataConfig:
+        sent = self.io_pattern_as_sent
+        if sent is not None and ALLDATA_IO_PATTERNS.get(sent) is not self.io_pattern:
+            raise ValueError(f"io_pattern_as_sent {sent!r} does not name {self.io_pattern}")
+        return self
 
 
 # `<compute slices>g.<memory GB>gb`, as nvidia-smi names MIG profiles (1g.10gb, 3g.40gb).
@@ -109,7 +192,13 @@ MIG_PROFILE_PATTERN = r"^[1-7]g\.[1-9][0-9]{0,3}gb$"
 class GpuRequirement(Contract):
     count: int = Field(default=0, ge=0, le=1024, description="Whole GPUs.")
     memory_mb: int = Field(default=0, ge=0, le=1_048_576, description="Memory per card, MiB.")
-    type: str | None = Field(default=None, max_length=64, examples=["A100", "H100", "RTX4090"])
+    type: str | None = Field(
+        default=None,
+        max_length=64,
+        description="GPU product: <model>[-<form factor>][-<memory>gb] (a100-pcie-40gb: an A100, "
+        "PCIe, 40 GB or more per card), or alternatives A|B. Matched against each node's cards.",
+        examples=["A100", "a100-pcie-40gb", "h100-sxm-80gb", "rtx-4090"],
+    )
     milli: int = Field(
         default=1000,
         ge=1,
@@ -129,6 +218,22 @@ class GpuRequirement(Contract):
         "count must be 1.",
         examples=["1g.10gb", "3g.40gb"],
     )
+
+    @field_validator("type")
+    @classmethod
+    def _known_products(cls, value: str | None) -> str | None:
+        """Each alternative (`A|B`) a product Crater knows: `a100-pcie-40gb`, `t4`, ..."""
+        for name in (value or "").split("|"):
+            if name.strip():
+                parse_gpu_product(name)
+        return value
+
+    @field_validator("types")
+    @classmethod
+    def _known_product_list(cls, value: list[str]) -> list[str]:
+        for name in value:
+            parse_gpu_product(name)
+        return value
 
     @model_validator(mode="after")
     def _sharing_is_one_card(self) -> GpuRequirement:
@@ -271,7 +376,18 @@ class TaskRequest(Contract):
     """The body of `POST /api/v1/schedule`, and of the task-submitted event."""
 
     task_id: TaskId
-    task_type: TaskType
+    task_type: Annotated[
+        TaskType,
+        WithJsonSchema(
+            {"type": "string", "enum": [*(t.value for t in TaskType), *ALLDATA_TASK_TYPES]},
+            mode="validation",
+        ),
+    ] = Field(description="Crater's kind, or AllData's name for one (llm_finetune: fine-tuning).")
+    task_type_as_sent: str | None = Field(
+        default=None,
+        description="AllData's name of the task kind when it sent one (llm_finetune); "
+        "task_type holds Crater's.",
+    )
     model_spec: ModelSpec = Field(alias="model_config")
     data_config: DataConfig = Field(default_factory=DataConfig)
     resource_requirements: ResourceRequirements = Field(default_factory=ResourceRequirements)
@@ -307,6 +423,23 @@ class TaskRequest(Contract):
         description="Retry an attempt that failed, was preempted or lost its node; None: the "
         "pool's policy (pools file), else never.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keep_alldata_name(cls, data: object) -> object:
+        return _as_sent(data, "task_type", "task_type_as_sent", ALLDATA_TASK_TYPES)
+
+    @field_validator("task_type", mode="before")
+    @classmethod
+    def _task_type(cls, value: object) -> object:
+        return _one_of(TaskType, ALLDATA_TASK_TYPES, value)
+
+    @model_validator(mode="after")
+    def _as_sent_agrees(self) -> TaskRequest:
+        sent = self.task_type_as_sent
+        if sent is not None and ALLDATA_TASK_TYPES.get(sent) is not self.task_type:
+            raise ValueError(f"task_type_as_sent {sent!r} does not name {self.task_type}")
+        return self
 
     @field_validator("priority", mode="before")
     @classmethod
