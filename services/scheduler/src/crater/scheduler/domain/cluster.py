@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from crater.contracts import Disk, NodeCondition, NodeTopology, Taint
+from crater.contracts.gpus import gpu_of_inventory
 from crater.scheduler.domain.mig import MigProfile, card_geometry
 from crater.scheduler.domain.workload import WorkloadModel
 
@@ -269,6 +270,8 @@ _COLUMNS: dict[str, str] = {
     "ready": "bool",
     "pool": "U63",
     "gpu_model": "U96",
+    "gpu_family": "U32",  # the cards' model, as GpuProduct reads it off the name (a100)
+    "gpu_form": "U8",  # their form factor (pcie, sxm, nvl); "": the name does not say
 }
 
 
@@ -299,6 +302,8 @@ class ClusterArrays:
     ready: BoolArray
     pool: npt.NDArray[np.str_]
     gpu_model: npt.NDArray[np.str_]
+    gpu_family: npt.NDArray[np.str_]
+    gpu_form: npt.NDArray[np.str_]
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
@@ -373,6 +378,9 @@ class ClusterArrays:
         self.taint_set[i] = self._intern_taints(tuple(node.topology.taints))
         self.pool[i] = node.topology.pool
         self.gpu_model[i] = _model_key(node.gpu_model)
+        product = gpu_of_inventory(node.gpu_model)
+        self.gpu_family[i] = product.model
+        self.gpu_form[i] = product.form_factor or ""
 
     def _intern_labels(self, labels: dict[str, str]) -> int:
         key = tuple(sorted(labels.items()))

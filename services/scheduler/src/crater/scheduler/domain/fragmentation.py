@@ -114,10 +114,9 @@ def _models_ok(c: ClusterArrays, idx: IntArray, shapes: tuple[LearnedShape, ...]
 
     gpu_shapes = [s for s in shapes if s.gpus]
     ok = np.ones((len(gpu_shapes), len(idx)), np.bool_)
-    models = c.gpu_model[idx]
     for row, shape in enumerate(gpu_shapes):
         if shape.gpu_model:
-            ok[row] = model_matches(models, shape.gpu_model)
+            ok[row] = model_matches(c, idx, shape.gpu_model)
     return ok
 
 

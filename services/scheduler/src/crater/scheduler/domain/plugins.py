@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from crater.contracts import Taint, TaintEffect, Toleration
+from crater.contracts.gpus import parse_gpu_product
 from crater.scheduler.domain.cluster import WHOLE, BoolArray, ClusterArrays, model_key
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.fragmentation import rate_fragmentation
@@ -96,21 +97,36 @@ def _gpu_count(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
 
 
 def _gpu_model(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
-    """`type` names one model, or alternatives separated by `|` ("V100|A100"): any of them."""
+    """`type` names one product, or alternatives separated by `|` ("V100|A100"): any of them."""
     if not d.gpus or not d.gpu_model:
         return _all(c)
-    return model_matches(c.gpu_model, d.gpu_model)
+    return model_matches(c, np.arange(len(c)), d.gpu_model)
 
 
-def model_matches(models: npt.NDArray[np.str_], wanted: str) -> BoolArray:
-    """Which normalised node models match `wanted` (substring; `A|B` means A or B)."""
-    keys = [model_key(w) for w in wanted.split("|") if w.strip()]
-    if not keys:
-        return np.ones(len(models), np.bool_)
-    hit = np.zeros(len(models), np.bool_)
-    for key in keys:
-        hit |= np.char.find(models, key) >= 0
-    return hit
+def model_matches(c: ClusterArrays, idx: npt.NDArray[np.int64], wanted: str) -> BoolArray:
+    """Which of the nodes `idx` carry cards of a product in `wanted` (`A|B`: A or B): the
+    model the same (an A10 is no A100), the memory per card at least the product's, the form
+    factor the same where the probe's model name says it (a100-pcie-40gb: an A100, 40 GB or
+    more per card, not an SXM one). A name that is not a product (validation lets none
+    through) is matched as before, as a part of the node's model name."""
+    names = [w for w in wanted.split("|") if w.strip()]
+    if not names:
+        return np.ones(len(idx), np.bool_)
+    hit = np.zeros(len(idx), np.bool_)
+    for name in names:
+        try:
+            product = parse_gpu_product(name)
+        except ValueError:
+            hit |= np.char.find(c.gpu_model[idx], model_key(name)) >= 0
+            continue
+        match = c.gpu_family[idx] == product.model
+        if product.form_factor is not None:
+            forms = c.gpu_form[idx]
+            match &= (forms == "") | (forms == product.form_factor)
+        if product.memory_gb is not None:
+            match &= c.gpu_memory_mb[idx] >= product.min_memory_mb
+        hit |= match
+    return np.asarray(hit)
 
 
 def _mig(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
@@ -436,7 +452,7 @@ def _expected_fragment(
     out = np.zeros(len(idx))
     for shape in shapes:
         ok = (
-            model_matches(c.gpu_model[idx], shape.gpu_model)
+            model_matches(c, idx, shape.gpu_model)
             if shape.gpu_model
             else np.ones(len(idx), np.bool_)
         )
