@@ -103,3 +103,22 @@ def test_a_card_whose_name_does_not_say_its_form_factor_passes_on_model_and_memo
 def test_a_larger_a100_pcie_card_serves_a_40gb_request() -> None:
     granted = place(measured("a100-80", "NVIDIA A100 80GB PCIe", 81920))
     assert isinstance(granted, AllocationGranted), granted
+
+
+def test_a_cluster_trace_model_is_matched_exactly_as_the_trace_protocol_places_it() -> None:
+    """openb's V100M16 is a model of its own there: a task pinned to it does not go to a
+    V100M32 node, though the simulator gives every card the same memory."""
+    pinned = TASK.model_copy(
+        update={
+            "resource_requirements": TASK.resource_requirements.model_copy(
+                update={
+                    "gpu": TASK.resource_requirements.gpu.model_copy(update={"type": "V100M16"})
+                }
+            )
+        }
+    )
+    granted = place(
+        measured("a-m32", "V100M32", 40960), measured("b-m16", "V100M16", 40960), task=pinned
+    )
+    assert isinstance(granted, AllocationGranted), granted
+    assert granted.node == "b-m16"  # "a-m32" would win a tie by name

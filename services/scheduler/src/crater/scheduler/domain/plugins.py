@@ -6,6 +6,7 @@ its reason code; a score rates the nodes that passed. Pipelines are composed by 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +104,10 @@ def _gpu_model(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
     return model_matches(c, np.arange(len(c)), d.gpu_model)
 
 
+# How Alibaba's cluster traces (openb) name a card model: V100M16, G2, ...
+TRACE_MODEL = re.compile(r"[A-Za-z]+\d+[A-Za-z]*M\d+|[Gg]\d")
+
+
 def model_matches(c: ClusterArrays, idx: npt.NDArray[np.int64], wanted: str) -> BoolArray:
     """Which of the nodes `idx` carry cards of a product in `wanted` (`A|B`: A or B): the
     model the same (an A10 is no A100), the memory per card at least the product's, the form
@@ -114,6 +119,11 @@ def model_matches(c: ClusterArrays, idx: npt.NDArray[np.int64], wanted: str) -> 
         return np.ones(len(idx), np.bool_)
     hit = np.zeros(len(idx), np.bool_)
     for name in names:
+        if TRACE_MODEL.fullmatch(name.strip()):
+            # A cluster trace's model (openb's V100M16): that model exactly, as the trace's
+            # protocol places it; not "16 GB or more" (a V100M32 node is another model there).
+            hit |= np.char.find(c.gpu_model[idx], model_key(name)) >= 0
+            continue
         try:
             product = parse_gpu_product(name)
         except ValueError:
