@@ -19,7 +19,6 @@ import platform
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
@@ -27,7 +26,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 import httpx
 import nats
 import yaml
@@ -42,6 +40,7 @@ from benchmarks.chaos.plan import ChaosConfig, PlannedAction, describe_plan, mak
 from crater.cli.stack import Stack, wait_healthy
 from crater.probe.domain.simulation import FaultKind
 from crater.probe.fleet import FaultSpec, Fleet, build_fleet, read_fleet_spec
+from crater.runtime.db import fresh_postgres_database
 from crater.runtime.nats_server import free_port, start_nats_server
 
 # The probe starts this long before the first task, so the fleet is known when tasks come;
@@ -146,7 +145,7 @@ async def _run(
     echo: Echo,
     with_autoscaler: bool,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    async with _fresh_database(config.database_url) as database_url:
+    async with fresh_postgres_database(config.database_url, "crater_chaos") as database_url:
         echo(f"  database {make_url(database_url).database} on {_server(config.database_url)}")
         stack = Stack(data_dir=data_dir, env={"CRATER_DATABASE_URL": database_url})
         started = time.monotonic()
@@ -493,27 +492,6 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
 
 
 # -- the pieces -------------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def _fresh_database(server_url: str) -> AsyncIterator[str]:
-    """A new database `crater_chaos_<random>` on the server, dropped afterwards."""
-    url = make_url(server_url)
-    name = f"crater_chaos_{uuid.uuid4().hex[:10]}"
-    admin_dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        admin = await asyncpg.connect(admin_dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
 
 
 def _server(url: str) -> str:

@@ -8,12 +8,10 @@ CRATER_REQUIRE_POSTGRES=1 (CI) a missing server fails the run instead of skippin
 from __future__ import annotations
 
 import os
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 
-import asyncpg
-from sqlalchemy.engine import make_url
+from crater.runtime.db import fresh_postgres_database as fresh_database
 
 
 def postgres_required() -> bool:
@@ -40,22 +38,6 @@ def postgres_server_url() -> Iterator[str | None]:
         yield container.get_connection_url()
 
 
-@asynccontextmanager
-async def fresh_postgres_database(server_url: str) -> AsyncIterator[str]:
-    """Create an empty database on the server for one test, and drop it afterwards."""
-    url = make_url(server_url)
-    name = f"crater_test_{uuid.uuid4().hex[:12]}"
-    admin_dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        admin = await asyncpg.connect(admin_dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+def fresh_postgres_database(server_url: str) -> AbstractAsyncContextManager[str]:
+    """An empty database on the server for one test, dropped afterwards."""
+    return fresh_database(server_url, prefix="crater_test")

@@ -7,9 +7,13 @@ owns its tables and its own Alembic history (its own version table) in one datab
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import MetaData, event, pool
@@ -115,3 +119,25 @@ def run_alembic_env(target_metadata: MetaData, version_table: str) -> None:
         await engine.dispose()
 
     asyncio.run(run_async())
+
+
+@asynccontextmanager
+async def fresh_postgres_database(server_url: str, prefix: str = "crater") -> AsyncIterator[str]:
+    """An empty database `<prefix>_<random>` on the PostgreSQL server at `server_url` (any
+    database of it), as a URL with the same driver; dropped afterwards (tests, chaos runs)."""
+    url = make_url(server_url)
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin_dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        yield url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        admin = await asyncpg.connect(admin_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
