@@ -1,24 +1,19 @@
 """AllData's task body (../shared/compat/alldata_task.json), unedited: accepted by the
-contract, by the gateway and onto the bus; a name Crater does not know is refused with the
-names it does know."""
+contract; a name Crater does not know is refused with the names it does know (the gateway
+and the bus: tests/integration/gateway/test_alldata_task.py)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import ValidationError
 
 from crater.contracts import IoPattern, TaskRequest, TaskSubmitted, TaskType
 from crater.contracts.gpus import GpuProduct, gpu_of_inventory, parse_gpu_product
-from crater.gateway.app import GatewaySettings, build
 from crater.gateway.bodies import parse_task_request
-from crater.runtime.nats_server import NatsServer
 from tests.support.alldata import FIXTURES, SHARED, fixture
-from tests.support.events import EventTap
 
 TASK = fixture("alldata_task.json")
 
@@ -144,35 +139,3 @@ def test_unknown_gpu_products_are_refused_with_the_accepted_forms(name: str) -> 
 )
 def test_the_probes_model_names_read_as_products(reported: str, product: GpuProduct) -> None:
     assert gpu_of_inventory(reported) == product
-
-
-@pytest.fixture
-async def client(fresh_nats: NatsServer) -> AsyncIterator[httpx.AsyncClient]:
-    app = build(GatewaySettings(nats_url=fresh_nats.url, query_timeout_seconds=0.5))
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gateway"
-        ) as http,
-    ):
-        yield http
-
-
-async def test_the_gateway_accepts_the_body_unchanged_and_publishes_it(
-    client: httpx.AsyncClient, tap: EventTap
-) -> None:
-    response = await client.post(
-        "/api/v1/schedule", content=TASK, headers={"content-type": "application/json"}
-    )
-    assert response.status_code == 202, response.text
-    [event] = await tap.wait_for(
-        TaskSubmitted, lambda e: e.task_id == "train-llama3-8b-20240520-001"
-    )
-    assert event.request() == TaskRequest.model_validate_json(TASK)
-    assert (event.task_type, event.task_type_as_sent) == ("fine-tuning", "llm_finetune")
-    assert event.resource_requirements.gpu.type == "a100-pcie-40gb"
-    refused = await client.post("/api/v1/schedule", json=body(task_id="t2", task_type="llm_x"))
-    assert refused.status_code == 422
-    [detail] = refused.json()["detail"]
-    assert detail["field"] == "task_type"
-    assert "llm_finetune" in detail["reason"]
