@@ -1040,10 +1040,8 @@ class Scheduler:
             return False
         if self.expiries_held_until is not None and now < self.expiries_held_until:
             return False
-        if self.reports_clock is not None and self.reports_clock > member.expires_at:
-            return True
-        allowance = timedelta(seconds=self.config.confirmation_lag_seconds)
-        return member.expires_at + allowance < now
+        reported = _consumed_until(self.reports_clock, now, self.config.confirmation_lag_seconds)
+        return member.expires_at < reported
 
     # -- nodes -------------------------------------------------------------------------------
 
@@ -1121,12 +1119,9 @@ class Scheduler:
 
     def _heard_until(self, now: datetime) -> datetime:
         """The time up to which nodes' heartbeats have been consumed: silence is measured to
-        it. The heartbeats' own latest time, or, when they lag further behind the clock than
-        the allowance (the consumer behind, NATS back after an outage), the clock less it: a
-        lagging stream never makes a live node look silent, a quiet one still lets a dead
-        fleet be found."""
-        floor = now - timedelta(seconds=self.config.heartbeat_lag_seconds)
-        return floor if self.health_clock is None else max(self.health_clock, floor)
+        it, so a lagging stream never makes a live node look silent, and a quiet one still
+        lets a dead fleet be found."""
+        return _consumed_until(self.health_clock, now, self.config.heartbeat_lag_seconds)
 
     def _expire_heartbeats(self, now: datetime) -> bool:
         deadline = now.timestamp() - self.config.heartbeat_timeout_seconds
@@ -1611,6 +1606,15 @@ class Scheduler:
                 task.prediction.dataloader_prefetch_factor
             )
         return env
+
+
+def _consumed_until(stream_clock: datetime | None, now: datetime, allowance: float) -> datetime:
+    """How far one stream's events have been consumed, to judge an absence on (no heartbeat,
+    no `running`): the latest `occurred_at` consumed from it, or, when it lags the core's clock
+    by more than `allowance` seconds (its consumer behind, NATS back after an outage, or
+    nothing to say), the clock less the allowance."""
+    floor = now - timedelta(seconds=allowance)
+    return floor if stream_clock is None else max(stream_clock, floor)
 
 
 def _kind(reasons: list[FilterReason]) -> frozenset[str]:
