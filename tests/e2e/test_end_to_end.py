@@ -166,8 +166,8 @@ async def test_tasks_flow_from_gateway_to_webhooks_in_one_trace(stack: Stack) ->
         assert len(resources["cpu_cores"]) == 8
         assert resources["node"].startswith(("a100", "h100"))
 
-        # the scheduler's database holds the allocations and the final states (the webhook for
-        # 'succeeded' comes from the node's report, which the scheduler may see a moment later)
+        # the scheduler's database holds the allocations and the final states (committed with
+        # the task.ended the 'succeeded' webhooks came from)
         await tap.wait_for(AllocationReleased, count=2, timeout=30)
         engine = make_engine(stack.database_url)
         async with engine.connect() as connection:
