@@ -496,3 +496,21 @@ def test_a_task_preempted_before_it_confirmed_yields_it_does_not_expire() -> Non
     assert released.reason == "preempted"
     assert (ended.status, ended.release_reason) == ("failed", "preempted")
     assert [g.task_id for g in of(AllocationGranted, decisions)] == ["urgent"]
+
+
+def test_a_grant_read_back_twice_or_forged_arms_nothing_more() -> None:
+    """The first read-back arms the reservation; a redelivery, or a grant someone else put
+    on the stream (an allocation the core does not hold, or one armed already), changes
+    nothing."""
+    scheduler, _ = cluster(node("n1", gpus=1))
+    [grant] = scheduler.handle(profiled("t", gpus=1, when=1))
+    assert scheduler.handle(ReservationArmed.of(grant, at(2))) == []
+    expires = scheduler.allocations["t"].expires_at
+    assert expires == at(32)
+    assert scheduler.handle(ReservationArmed.of(grant, at(20))) == []  # again, later
+    forged = grant.model_copy(update={"allocation_id": "alloc-forged", "task_id": "nobody"})
+    assert scheduler.handle(ReservationArmed.of(forged, at(21))) == []
+    other = grant.model_copy(update={"allocation_id": "alloc-forged"})
+    assert scheduler.handle(ReservationArmed.of(other, at(22))) == []
+    assert scheduler.allocations["t"].expires_at == expires
+    assert scheduler.allocations["t"].allocation_id == grant.allocation_id
