@@ -99,6 +99,7 @@ from crater.contracts.tasks import (
     TaskType,
     priority_value,
 )
+from crater.contracts.usage import GpuUsage, TaskUnderutilized, TaskUsageReported
 from crater.contracts.webhooks import (
     AllocatedResources,
     WebhookBody,
@@ -134,6 +135,7 @@ __all__ = [
     "Gpu",
     "GpuMetrics",
     "GpuRequirement",
+    "GpuUsage",
     "HealthCheck",
     "IoPattern",
     "LatencySamplesReported",
@@ -191,6 +193,8 @@ __all__ = [
     "TaskSubmitted",
     "TaskSummary",
     "TaskType",
+    "TaskUnderutilized",
+    "TaskUsageReported",
     "TasksAnswer",
     "TasksQuery",
     "Toleration",

@@ -27,6 +27,7 @@ from crater.contracts.tasks import (
     TaskStatusReported,
     TaskSubmitted,
 )
+from crater.contracts.usage import TaskUnderutilized, TaskUsageReported
 from crater.contracts.webhooks import WebhookDeadLettered, WebhookDelivered
 
 PREFIX = "crater.v1"
@@ -99,6 +100,13 @@ class Streams:
         max_age_seconds=3_600,
         max_msgs_per_subject=120,
     )
+    TASK_USAGE = StreamSpec(
+        "CRATER_TASK_USAGE",
+        (f"{PREFIX}.usage.>",),
+        "What running tasks measured of themselves (crater_client.start_monitoring); "
+        "short-lived.",
+        max_age_seconds=7 * 86_400,
+    )
     AUTOSCALING = StreamSpec(
         "CRATER_AUTOSCALING",
         (f"{PREFIX}.inference.>", f"{PREFIX}.scale.>"),
@@ -129,6 +137,7 @@ class Streams:
         ALLOCATIONS,
         NODE_TOPOLOGY,
         NODE_TELEMETRY,
+        TASK_USAGE,
         AUTOSCALING,
         WEBHOOKS,
         REJECTIONS,
@@ -228,6 +237,24 @@ class Subjects:
         "through the gateway.",
         producers=("probe", "gateway (cancel)"),
         consumers=("scheduler", "callback", "predictor"),
+    )
+    TASK_UNDERUTILIZED = Channel(
+        f"{PREFIX}.task.underutilized",
+        TaskUnderutilized,
+        Streams.TASKS,
+        "A running task used its GPUs less than its sla.min_gpu_utilization_percent over a "
+        "whole window; once per attempt.",
+        producers=("predictor",),
+        consumers=("callback",),
+    )
+    TASK_USAGE = Channel(
+        f"{PREFIX}.usage.task",
+        TaskUsageReported,
+        Streams.TASK_USAGE,
+        "A running task's own GPU, memory and IO use, one sample per interval, as "
+        "crater_client.start_monitoring() measured it inside the task.",
+        producers=("gateway (POST /api/v1/tasks/{task_id}/usage)",),
+        consumers=("predictor",),
     )
     ALLOCATION_GRANTED = Channel(
         f"{PREFIX}.allocation.granted",
@@ -336,6 +363,8 @@ class Subjects:
         TASK_ESCALATED,
         TASK_ENDED,
         TASK_STATUS,
+        TASK_UNDERUTILIZED,
+        TASK_USAGE,
         ALLOCATION_GRANTED,
         ALLOCATION_RELEASED,
         INFERENCE_LATENCY,
