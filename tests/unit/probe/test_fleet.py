@@ -48,8 +48,8 @@ def test_default_demo_fleet() -> None:
 
 def test_dgx_a100_topology() -> None:
     a100 = next(n for n in load_fleet(None, seed=42) if n.node_id == "a100-01")
-    assert a100.labels["crater.ai/gpu-model"] == "A100-SXM4-80GB"
-    assert a100.labels["crater.ai/gpu-memory"] == "81920"
+    assert a100.labels["crater.ai/gpu-model"] == "a100"
+    assert a100.labels["crater.ai/gpu-memory"] == "80Gi"
     assert (a100.cpu.sockets, a100.cpu.cores, a100.cpu.threads) == (2, 128, 256)
     assert a100.memory_mb == 2048 * 1024
     assert [n.id for n in a100.numa_nodes] == [0, 1]
@@ -161,7 +161,8 @@ nodes:
     nodes = load_fleet(fleet_file, seed=3)
     assert [n.node_id for n in nodes] == ["l40s-01", "l40s-02", "edge-01"]
     assert nodes[0].labels["rack"] == "r7"
-    assert nodes[0].labels["crater.ai/gpu-model"] == "L40S"
+    assert nodes[0].labels["crater.ai/gpu-model"] == "l40s"
+    assert nodes[0].labels["crater.ai/gpu-memory"] == "48Gi"  # 46068 MiB, sold as 48 GB
     assert nodes[0].disks[0].nvme
     assert nodes[2].pool == "default"
 

@@ -123,7 +123,8 @@ def test_gpus_handed_in_are_labelled(dual: Path) -> None:
     node = discover_local(dual, gpus=[gpu], node_id="h100-x", pool="training")
     assert node.node_id == "h100-x"
     assert node.pool == "training"
-    assert node.labels["crater.ai/gpu-model"] == "H100-80GB-HBM3"
+    assert node.labels["crater.ai/gpu-model"] == "h100"
+    assert node.labels["crater.ai/gpu-memory"] == "80Gi"
 
 
 def test_pci_numa_node_from_nvml_bus_id(dual: Path) -> None:

@@ -5,11 +5,13 @@ from typing import Any
 import pytest
 
 from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NodeTopologyReported, NumaNode
+from crater.contracts.gpus import parse_gpu_product
 from crater.probe.domain.cpulist import format_cpulist, parse_cpulist
 from crater.probe.domain.topology import (
     build_topology,
     fingerprint,
     fingerprint_of,
+    gpu_model_key,
     gpu_model_label,
     node_id_from_hostname,
     node_labels,
@@ -48,8 +50,8 @@ def test_labels_of_a_gpu_node() -> None:
     assert node_labels(gpus(8)) == {
         "crater.ai/node-role": "gpu",
         "crater.ai/gpu-vendor": "nvidia",
-        "crater.ai/gpu-model": "A100-SXM4-80GB",
-        "crater.ai/gpu-memory": "81920",
+        "crater.ai/gpu-model": "a100",
+        "crater.ai/gpu-memory": "80Gi",
         "crater.ai/gpu-count": "8",
     }
 
@@ -58,13 +60,51 @@ def test_labels_of_a_cpu_node() -> None:
     assert node_labels([]) == {"crater.ai/node-role": "cpu", "crater.ai/gpu-count": "0"}
 
 
-def test_mixed_cards_label_the_smallest_memory_and_measured_labels_win() -> None:
+def test_mixed_cards_label_the_smallest_memory_and_the_operators_labels_win() -> None:
     mixed = [*gpus(2, "NVIDIA A100-SXM4-80GB", 81920), *gpus(1, "NVIDIA A100-PCIE-40GB", 40960)]
-    labels = node_labels(mixed, {"crater.ai/gpu-count": "99", "rack": "r1"})
-    assert labels["crater.ai/gpu-memory"] == "40960"
-    assert labels["crater.ai/gpu-model"] == "A100-SXM4-80GB"
-    assert labels["crater.ai/gpu-count"] == "3"
+    assert node_labels(mixed)["crater.ai/gpu-memory"] == "40Gi"
+    labels = node_labels(mixed, {"crater.ai/gpu-model": "a100-mixed", "rack": "r1"})
+    assert labels["crater.ai/gpu-model"] == "a100-mixed"  # the operator's word
+    assert labels["crater.ai/gpu-count"] == "3"  # derived, not overridden
     assert labels["rack"] == "r1"
+
+
+# Cards as nvidia-smi (NVML) and rocm-smi name them, with the MiB they report, and the labels
+# an operator would write for them.
+@pytest.mark.parametrize(
+    ("model", "memory_mb", "vendor", "short", "memory"),
+    [
+        ("NVIDIA A100-SXM4-80GB", 81920, "nvidia", "a100", "80Gi"),
+        ("NVIDIA A100-PCIE-40GB", 40960, "nvidia", "a100", "40Gi"),
+        ("NVIDIA H100 80GB HBM3", 81559, "nvidia", "h100", "80Gi"),
+        ("NVIDIA H100 NVL", 95830, "nvidia", "h100", "94Gi"),
+        ("NVIDIA H200", 143771, "nvidia", "h200", "141Gi"),
+        ("NVIDIA GeForce RTX 4090", 24564, "nvidia", "rtx4090", "24Gi"),
+        ("NVIDIA RTX A6000", 49140, "nvidia", "rtxa6000", "48Gi"),
+        ("NVIDIA L40S", 46068, "nvidia", "l40s", "48Gi"),
+        ("NVIDIA A10G", 23028, "nvidia", "a10g", "24Gi"),
+        ("Tesla T4", 15360, "nvidia", "t4", "16Gi"),
+        ("Tesla V100-SXM2-16GB", 16160, "nvidia", "v100", "16Gi"),
+        ("Tesla V100-SXM2-32GB", 32768, "nvidia", "v100", "32Gi"),
+        ("AMD Instinct MI300X", 196592, "AMD", "mi300x", "192Gi"),
+        ("NVIDIA Future X9", 70000, "nvidia", "future", "68Gi"),  # unknown: as reported
+    ],
+)
+def test_labels_as_operators_write_them(
+    model: str, memory_mb: int, vendor: str, short: str, memory: str
+) -> None:
+    card = Gpu(index=0, uuid="GPU-0", model=model, vendor=vendor, memory_mb=memory_mb)
+    labels = node_labels([card])
+    assert labels["crater.ai/gpu-model"] == short
+    assert labels["crater.ai/gpu-memory"] == memory
+    assert labels["crater.ai/gpu-vendor"] == vendor.lower()
+
+
+@pytest.mark.parametrize("product", ["a100-pcie-40gb", "A100", "h100-sxm-80gb", "rtx-4090", "t4"])
+def test_the_model_label_is_the_model_of_the_products_callers_name(product: str) -> None:
+    """AllData's `gpu.type: a100-pcie-40gb` and a selector `crater.ai/gpu-model: a100` name
+    the same cards."""
+    assert gpu_model_key(product) == parse_gpu_product(product).model
 
 
 @pytest.mark.parametrize(

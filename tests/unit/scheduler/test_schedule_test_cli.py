@@ -49,3 +49,28 @@ def test_a_bad_selector_or_toleration_is_refused_before_asking_anyone() -> None:
     )
     assert bad_effect.exit_code == 2
     assert "effect" in bad_effect.output
+
+
+def test_the_flat_resource_request_operators_type_is_read() -> None:
+    runner = CliRunner()
+    nowhere = "http://127.0.0.1:9"  # nothing listens: parsed requests end at the connection
+    flat = runner.invoke(
+        app,
+        [
+            "schedule-test",
+            "--resource-request",
+            '{"gpu": 2, "gpu_memory": "40Gi"}',
+            "--gateway",
+            nowhere,
+        ],
+    )
+    assert flat.exit_code == 2
+    assert "no gateway at" in flat.output
+    assert "invalid resource request" not in flat.output
+    unknown = runner.invoke(
+        app,
+        ["schedule-test", "--resource-request", '{"gpus": 2}', "--gateway", nowhere],
+    )
+    assert unknown.exit_code == 2
+    assert "invalid resource request" in unknown.output
+    assert "unknown key 'gpus'" in unknown.output

@@ -114,3 +114,26 @@ def gpu_of_inventory(model_name: str) -> GpuProduct:
         form = "sxm"  # "H100 80GB HBM3" is the SXM5 part; the PCIe and NVL parts say so
     size = next((m for m in map(_MEMORY.match, words[1:]) if m), None)
     return GpuProduct(words[0], form, int(size.group(1)) if size else None)
+
+
+# Memory per card as cards are sold and operators write it (80 for "80Gi"): what a card
+# reports is that or a little short of it (a T4 reports 15360 MiB, an RTX 4090 24564 MiB, an
+# H100 81559 MiB), never far.
+NOMINAL_MEMORY_GB: tuple[int, ...] = (
+    4, 6, 8, 10, 11, 12, 16, 20, 24, 32, 40, 48, 64, 80, 94, 96, 128, 141, 180, 192, 256, 288,
+)  # fmt: skip
+_NOMINAL_TOLERANCE = 0.07
+
+
+def nominal_memory_gb(model_name: str, memory_mb: int) -> int:
+    """A card's memory as it is sold: the size its name says (`A100-SXM4-40GB`), else the
+    first nominal size at or above the GiB it reports if at most 7% above, else those GiB
+    rounded."""
+    named = gpu_of_inventory(model_name).memory_gb
+    if named:
+        return named
+    gib = memory_mb / 1024
+    above = [size for size in NOMINAL_MEMORY_GB if size >= gib]
+    if above and above[0] - gib <= _NOMINAL_TOLERANCE * above[0]:
+        return above[0]
+    return round(gib)

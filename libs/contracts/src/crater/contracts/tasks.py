@@ -6,11 +6,22 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    Field,
+    GetJsonSchemaHandler,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from crater.contracts.base import Contract, Event, TaskEvent
 from crater.contracts.gpus import parse_gpu_product
 from crater.contracts.nodes import Toleration
+from crater.contracts.quantities import GBQuantity, MiBQuantity
 
 TaskId = Annotated[
     str,
@@ -191,7 +202,9 @@ MIG_PROFILE_PATTERN = r"^[1-7]g\.[1-9][0-9]{0,3}gb$"
 
 class GpuRequirement(Contract):
     count: int = Field(default=0, ge=0, le=1024, description="Whole GPUs.")
-    memory_mb: int = Field(default=0, ge=0, le=1_048_576, description="Memory per card, MiB.")
+    memory_mb: MiBQuantity = Field(
+        default=0, ge=0, le=1_048_576, description="Memory per card, MiB, or a quantity (40Gi)."
+    )
     type: str | None = Field(
         default=None,
         max_length=64,
@@ -250,21 +263,109 @@ class CpuRequirement(Contract):
 
 
 class MemoryRequirement(Contract):
-    capacity_mb: int = Field(default=1024, ge=0, le=64 * 1_048_576)
+    capacity_mb: MiBQuantity = Field(
+        default=1024, ge=0, le=64 * 1_048_576, description="Host memory, MiB, or a quantity (64Gi)."
+    )
     bandwidth_gbps: float | None = Field(default=None, gt=0, le=100_000)
 
 
 class SsdRequirement(Contract):
-    capacity_gb: int = Field(default=0, ge=0, le=1_048_576)
+    capacity_gb: GBQuantity = Field(
+        default=0,
+        ge=0,
+        le=1_048_576,
+        description="Local SSD space, decimal GB (10^9 bytes, as disks are sold), or a quantity "
+        "(500Gi: 537 GB).",
+    )
     iops_min: int | None = Field(default=None, ge=0, le=100_000_000)
     latency_us_max: int | None = Field(default=None, gt=0, le=10_000_000)
 
 
+# The flat keys operators type (`{"gpu": 2, "gpu_memory": "40Gi"}`), each with the nested
+# field it stands for.
+FLAT_RESOURCE_KEYS: dict[str, tuple[str, str]] = {
+    "gpu": ("gpu", "count"),
+    "gpu_count": ("gpu", "count"),
+    "gpu_memory": ("gpu", "memory_mb"),
+    "gpu_type": ("gpu", "type"),
+    "cpu": ("cpu", "cores"),
+    "memory": ("memory", "capacity_mb"),
+    "ssd": ("ssd", "capacity_gb"),
+}
+NESTED_RESOURCE_KEYS = ("gpu", "cpu", "memory", "ssd")
+
+
+def _unflatten(data: dict[str, object]) -> dict[str, object]:
+    """The nested form of a request that may use flat keys; ValueError naming the key when a
+    key is unknown, or a resource is given both nested and flat, or one field twice."""
+    nested = {
+        k: v
+        for k, v in data.items()
+        if k in NESTED_RESOURCE_KEYS and isinstance(v, Mapping | BaseModel)
+    }
+    flat: dict[str, dict[str, object]] = {}
+    set_by: dict[tuple[str, str], str] = {}  # nested field -> the flat key that set it
+    for key, value in data.items():
+        if key in nested:
+            continue
+        if key not in FLAT_RESOURCE_KEYS:
+            raise ValueError(
+                f"unknown key {key!r}; accepted: {', '.join(NESTED_RESOURCE_KEYS)} (nested "
+                f"objects) or the flat keys {', '.join(FLAT_RESOURCE_KEYS)}"
+            )
+        resource, field = FLAT_RESOURCE_KEYS[key]
+        if resource in nested:
+            raise ValueError(
+                f"{key!r} is flat but {resource!r} is nested: give {resource} in one form "
+                f"(nested: {resource}.{field})"
+            )
+        if (resource, field) in set_by:
+            raise ValueError(f"{set_by[resource, field]!r} and {key!r} both set {resource}.{field}")
+        set_by[resource, field] = key
+        flat.setdefault(resource, {})[field] = value
+    return {**nested, **flat}
+
+
 class ResourceRequirements(Contract):
+    """Per resource, nested (`{"gpu": {"count": 2, "memory_mb": 40960}}`) or flat as operators
+    type it (`{"gpu": 2, "gpu_memory": "40Gi"}`; keys gpu, gpu_count, gpu_memory, gpu_type, cpu,
+    memory, ssd); sizes in the field's unit or as Kubernetes quantities (40Gi). Kept nested."""
+
     gpu: GpuRequirement = Field(default_factory=GpuRequirement)
     cpu: CpuRequirement = Field(default_factory=CpuRequirement)
     memory: MemoryRequirement = Field(default_factory=MemoryRequirement)
     ssd: SsdRequirement = Field(default_factory=SsdRequirement)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_form(cls, data: object) -> object:
+        return _unflatten(data) if isinstance(data, dict) else data
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The nested form, or the flat one, each key described by the field it sets."""
+        nested = handler.resolve_ref_schema(handler(core_schema))
+        models: dict[str, type[Contract]] = {
+            "gpu": GpuRequirement,
+            "cpu": CpuRequirement,
+            "memory": MemoryRequirement,
+            "ssd": SsdRequirement,
+        }
+        properties = {}
+        for key, (resource, field) in FLAT_RESOURCE_KEYS.items():
+            schema = dict(models[resource].model_json_schema()["properties"][field])
+            schema.pop("title", None)
+            schema["description"] = f"Flat form of {resource}.{field}."
+            properties[key] = schema
+        flat = {
+            "type": "object",
+            "title": "Flat resource requirements",
+            "additionalProperties": False,
+            "properties": properties,
+        }
+        return {"anyOf": [nested, flat], "description": nested.get("description", "")}
 
 
 class Sla(Contract):

@@ -83,7 +83,8 @@ class ProbeSettings(ServiceSettings):
     pool: str = Field(default="default", description="Local mode: the pool this node serves.")
     labels: dict[str, str] = Field(
         default_factory=dict,
-        description='Local mode: labels added to the measured ones (JSON: {"rack": "r1"}).',
+        description="Local mode: this node's labels, over the crater.ai/* ones derived from "
+        'its hardware (JSON: {"rack": "r1", "crater.ai/gpu-model": "a100"}).',
     )
     taints: list[str] = Field(
         default_factory=list,

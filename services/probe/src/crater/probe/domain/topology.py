@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode, Taint
+from crater.contracts.gpus import gpu_of_inventory, nominal_memory_gb
 
 LABEL_ROLE = "crater.ai/node-role"
 LABEL_GPU_VENDOR = "crater.ai/gpu-vendor"
@@ -46,20 +47,28 @@ def gpu_model_label(model: str) -> str:
     return label_value(name)
 
 
+def gpu_model_key(model: str) -> str:
+    """The short model a label names (`NVIDIA A100-SXM4-80GB` -> `a100`, `Tesla T4` -> `t4`,
+    `NVIDIA GeForce RTX 4090` -> `rtx4090`): the model of the product names callers write
+    (AllData's `a100-pcie-40gb` is an `a100`), so one selector matches both."""
+    return label_value(gpu_of_inventory(model).model) or label_value(model).lower()
+
+
 def node_labels(gpus: Sequence[Gpu], extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The compatibility labels. On a node with mixed cards the most common model names it and
-    the smallest card sets the memory, since a per-card memory filter must hold on every card."""
+    """The crater.ai/* labels of a node's hardware, as operators write them (gpu-model a100,
+    gpu-memory 80Gi), under the labels the operator set (`extra`), which win: a selector is
+    written against the operator's word, and placement checks the cards themselves.
+
+    On a node with mixed cards the most common model names it and the smallest card sets the
+    memory, since a per-card memory selector must hold on every card."""
     labels: dict[str, str] = {LABEL_ROLE: "gpu" if gpus else "cpu", LABEL_GPU_COUNT: str(len(gpus))}
     if gpus:
-        labels[LABEL_GPU_VENDOR] = label_value(Counter(g.vendor for g in gpus).most_common(1)[0][0])
-        labels[LABEL_GPU_MODEL] = gpu_model_label(
-            Counter(g.model for g in gpus).most_common(1)[0][0]
-        )
-        labels[LABEL_GPU_MEMORY] = str(min(g.memory_mb for g in gpus))
-    if extra:
-        # Measured facts win over configured ones: an operator cannot relabel an A100 a 4090.
-        return {**dict(extra), **labels}
-    return labels
+        vendor = Counter(g.vendor for g in gpus).most_common(1)[0][0]
+        labels[LABEL_GPU_VENDOR] = label_value(vendor).lower()
+        labels[LABEL_GPU_MODEL] = gpu_model_key(Counter(g.model for g in gpus).most_common(1)[0][0])
+        smallest = min(gpus, key=lambda g: g.memory_mb)
+        labels[LABEL_GPU_MEMORY] = f"{nominal_memory_gb(smallest.model, smallest.memory_mb)}Gi"
+    return {**labels, **(extra or {})}
 
 
 # Measured figures vary run to run: they travel with the topology but are not hardware.
