@@ -103,8 +103,7 @@ class Streams:
     TASK_USAGE = StreamSpec(
         "CRATER_TASK_USAGE",
         (f"{PREFIX}.usage.>",),
-        "What running tasks measured of themselves (crater_client.start_monitoring); "
-        "short-lived.",
+        "What running tasks measured of themselves (crater_client.start_monitoring); short-lived.",
         max_age_seconds=7 * 86_400,
     )
     AUTOSCALING = StreamSpec(
