@@ -58,7 +58,7 @@ DATA_VOLUME_FORM = (
     "500GB, 2TB, 1.5TiB"
 )
 MAX_PARAMETERS = 10e12  # as ModelSpec.parameters_billion's bound
-MAX_DATA_BYTES = 1_048_576 * 10**9  # as SsdRequirement.capacity_gb's bound
+MAX_DATA_BYTES = 500 * 10**12  # with a checkpoint and headroom, within an SSD request
 
 
 def parse_parameters(text: str) -> float:
