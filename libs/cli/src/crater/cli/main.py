@@ -65,10 +65,17 @@ def up(
 def submit(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Task request JSON.")],
     gateway: GatewayOption = DEFAULT_GATEWAY,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Only show the prediction and where it would go: nothing submitted or held.",
+        ),
+    ] = False,
 ) -> None:
     """Submit a task request (the body of POST /api/v1/schedule)."""
     response = httpx.post(
-        f"{gateway}/api/v1/schedule",
+        f"{gateway}/api/v1/schedule" + ("?dry_run=true" if dry_run else ""),
         content=file.read_bytes(),
         headers={"content-type": "application/json"},
         timeout=10,
@@ -82,6 +89,9 @@ def submit(
             else:
                 console.print(f"  {error}")
         raise typer.Exit(1)
+    if dry_run:
+        schedule_test.print_dry_run(response.content)
+        return
     console.print(f"[green]submitted[/green] {body['task_id']} (event {body['event_id']})")
 
 

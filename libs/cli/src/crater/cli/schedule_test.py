@@ -78,6 +78,11 @@ def schedule_test(
     if as_json:
         console.print_json(answer.model_dump_json())
         return
+    print_placement(answer)
+
+
+def print_placement(answer: PlacementAnswer) -> None:
+    """The fits, best first, and the misfits with their filter, as tables."""
     fits = Table("rank", "node", "score", "GPUs", "cores", "NUMA", "per plugin", title="fits")
     for rank, fit in enumerate(answer.fits, start=1):
         fits.add_row(
@@ -96,6 +101,46 @@ def schedule_test(
         misfits.add_row(misfit.node_id, misfit.filter, misfit.code, misfit.reason)
     console.print(misfits)
     console.print(answer.summary)
+
+
+def print_dry_run(body: bytes) -> None:
+    """A task's dry run (POST /api/v1/schedule?dry_run=true): the prediction, where each
+    member would go, and the node tables as schedule-test prints them."""
+    from crater.gateway.app import TaskDryRun  # the gateway's app is heavy: only when needed
+
+    answer = TaskDryRun.model_validate_json(body)
+    p, placement = answer.prediction, answer.placement
+    console.print(
+        f"[bold]{answer.task_id}[/bold] (dry run, nothing submitted): predicted "
+        f"{p.gpu_memory_per_gpu_mb} MiB per GPU, {p.host_memory_mb} MiB host memory, "
+        f"{p.confidence.value} confidence"
+        + (f", x{p.correction_factor:.3f} learned" if p.correction_factor else "")
+    )
+    console.print(
+        f"placed on {placement.gpu_memory_per_gpu_mb} MiB per GPU ({placement.gpu_memory_source})"
+    )
+    colour = {"placed": "green", "waiting": "yellow", "rejected": "red"}[placement.outcome]
+    console.print(f"[{colour}]would be {placement.outcome}[/{colour}]")
+    if placement.members:
+        members = Table("member", "node", "score", "GPUs", "cores", "NUMA", title="would go to")
+        for m in placement.members:
+            members.add_row(
+                str(m.member),
+                m.node_id,
+                f"{m.score:.3f}",
+                ",".join(map(str, m.gpu_ids)) + (f" ({m.mig_profile})" if m.mig_profile else "")
+                or "-",
+                str(len(m.cpu_cores)),
+                "-" if m.numa_node is None else str(m.numa_node),
+            )
+        console.print(members)
+    for reason in placement.reasons:
+        console.print(
+            f"  waits: {reason.filter} ({reason.code}) on {reason.nodes}: {reason.message}"
+        )
+    for error in placement.errors:
+        console.print(f"  rejected: {error.field}: {error.reason}")
+    print_placement(placement)
 
 
 def _pair(text: str) -> tuple[str, str]:

@@ -1,27 +1,40 @@
 """Read queries answered over NATS request-reply (core NATS, not JetStream): the scheduler owns
-cluster and task state, and the gateway and CLI ask it."""
+cluster and task state, the predictor its memory model, and the gateway and CLI ask them.
+Answering one changes nothing anywhere."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import AwareDatetime, Field
 
 from crater.contracts.allocations import ScoreDetail
 from crater.contracts.base import Contract
 from crater.contracts.catalog import PREFIX
+from crater.contracts.jobs import JobDescription
 from crater.contracts.nodes import NodeCondition, Toleration
 from crater.contracts.tasks import (
     Affinity,
+    FieldError,
+    FilterReason,
     Priority,
+    ResourcePrediction,
     ResourceRequirements,
+    TaskRequest,
     TaskStatus,
     TaskType,
 )
 
 
 class QuerySubjects:
+    # answered by the scheduler
     NODES = f"{PREFIX}.query.nodes"
     TASKS = f"{PREFIX}.query.tasks"
     PLACEMENT = f"{PREFIX}.query.placement"
+    TASK_PLACEMENT = f"{PREFIX}.query.task-placement"
+    # answered by the predictor
+    PREDICTION = f"{PREFIX}.query.prediction"
+    RESOLVE = f"{PREFIX}.query.resolve"
 
 
 class NodesQuery(Contract):
@@ -127,3 +140,77 @@ class PlacementAnswer(Contract):
     fits: list[NodeFit] = Field(description="Best first: the first is where it would go.")
     misfits: list[NodeMisfit]
     summary: str
+
+
+class TaskPlacementQuery(Contract):
+    """A dry run of a whole task: where would it go now, as submitted with this prediction
+    (gang, pool, selectors, tolerations, affinities, priority and quota all count)? Nothing is
+    queued or reserved."""
+
+    task: TaskRequest
+    prediction: ResourcePrediction | None = Field(
+        default=None, description="The predictor's, as a real submission would carry."
+    )
+
+
+class MemberPlacement(Contract):
+    """Where one member of the task (the task itself when not a gang) would go."""
+
+    member: int = Field(ge=0, description="0 for a task that is not a gang.")
+    node_id: str
+    score: float
+    gpu_ids: list[int]
+    cpu_cores: list[int]
+    numa_node: int | None
+    mig_profile: str | None = None
+
+
+class TaskPlacementAnswer(PlacementAnswer):
+    """`fits`/`misfits` judge each node for what one node must hold (one member, or a
+    same-node gang whole); `members` is where the task would really go, every member."""
+
+    outcome: Literal["placed", "waiting", "rejected"] = Field(
+        description="placed: it would be granted now; waiting: it would queue (the reasons "
+        "say why); rejected: it could never be placed here (`errors`)."
+    )
+    would_wait: bool
+    members: list[MemberPlacement] = Field(
+        default_factory=list, description="Every member's node and devices; empty unless placed."
+    )
+    reasons: list[FilterReason] = Field(
+        default_factory=list, description="Why it would wait, per filter."
+    )
+    errors: list[FieldError] = Field(
+        default_factory=list, description="Why it would be rejected, per field."
+    )
+    gpu_memory_per_gpu_mb: int = Field(ge=0, description="The per-card memory placed on.")
+    gpu_memory_source: str = Field(description="requested, or the predicted peak + margin.")
+
+
+class PredictionQuery(Contract):
+    """What the predictor would predict for this task now (learned correction included).
+    Nothing is recorded."""
+
+    task: TaskRequest
+
+
+class PredictionAnswer(Contract):
+    prediction: ResourcePrediction | None = Field(
+        default=None, description="None when the predictor would refuse the task (errors)."
+    )
+    errors: list[FieldError] = Field(
+        default_factory=list, description="Why the predictor would refuse it, per field."
+    )
+
+
+class ResolveQuery(Contract):
+    job: JobDescription
+
+
+class ResolveAnswer(Contract):
+    """A job description resolved into a task request to submit as is."""
+
+    task: TaskRequest | None = Field(default=None, description="None when refused (errors).")
+    prediction: ResourcePrediction | None = None
+    explanation: str = ""
+    errors: list[FieldError] = Field(default_factory=list)

@@ -26,6 +26,8 @@ from pydantic import BaseModel, Field, ValidationError
 from crater.contracts import (
     Contract,
     FieldError,
+    JobDescription,
+    ResourcePrediction,
     TaskRequest,
     TaskStatus,
     TaskStatusReported,
@@ -36,7 +38,13 @@ from crater.contracts.queries import (
     NodesQuery,
     PlacementAnswer,
     PlacementQuery,
+    PredictionAnswer,
+    PredictionQuery,
     QuerySubjects,
+    ResolveAnswer,
+    ResolveQuery,
+    TaskPlacementAnswer,
+    TaskPlacementQuery,
     TasksAnswer,
     TasksQuery,
     TaskSummary,
@@ -70,6 +78,7 @@ Answer = TypeVar("Answer", bound=Contract)
 # What a NATS call raises when the server is away, the connection closed, or nobody answers.
 BUS_ERRORS = (nats.errors.Error, TimeoutError, IncorrectState)
 SCHEDULER_NOT_ANSWERING = "scheduler not answering"
+PREDICTOR_NOT_ANSWERING = "predictor not answering"
 # The task ids the gateway accepted (a JetStream key-value bucket, shared by every replica):
 # each is claimed there once (claims.py), and a task still with the predictor, unknown to the
 # scheduler, may yet be cancelled.
@@ -141,6 +150,28 @@ class TaskKnown(BaseModel):
 
 class Problem(BaseModel):
     detail: str
+
+
+class TaskDryRun(Contract):
+    """What submitting the task would do now; nothing was submitted, claimed or reserved."""
+
+    task_id: str
+    dry_run: Literal[True] = True
+    prediction: ResourcePrediction = Field(
+        description="What the predictor would predict (its learned correction included)."
+    )
+    placement: TaskPlacementAnswer = Field(
+        description="Where the scheduler would put it (every gang member), or why it would "
+        "wait or be rejected."
+    )
+
+
+class ResolvedJob(Contract):
+    """A job description resolved: `task` is a body to POST to /api/v1/schedule as is."""
+
+    task: TaskRequest
+    prediction: ResourcePrediction
+    explanation: str
 
 
 class Health(BaseModel):
@@ -363,7 +394,11 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
             },
         )
 
-    async def ask(subject: str, query: Contract, answer: type[Answer]) -> Answer | JSONResponse:
+    async def ask(
+        subject: str, query: Contract, answer: type[Answer], service: str = "scheduler"
+    ) -> Answer | JSONResponse:
+        """`service`'s answer on `subject`; a 503 naming it when it does not answer, a 502
+        when its answer does not validate."""
         try:
             reply = await broker.request(
                 query.model_dump_json().encode(),
@@ -373,22 +408,45 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
             )
         except BUS_ERRORS as error:
             log.warning("no answer on %s: %r", subject, error)
-            return _problem(503, SCHEDULER_NOT_ANSWERING)
+            return _problem(503, f"{service} not answering")
         try:
             return answer.model_validate_json(reply.body)
         except ValidationError as error:
             log.warning("bad answer on %s: %s", subject, error)
-            return _problem(502, f"scheduler answered with an invalid {answer.__name__}")
+            return _problem(502, f"{service} answered with an invalid {answer.__name__}")
+
+    async def dry_run_task(request: TaskRequest) -> TaskDryRun | JSONResponse:
+        """Ask the predictor, then the scheduler with its prediction, what a submission of
+        `request` would do: the same two steps as the bus, publishing and claiming nothing."""
+        predicted = await ask(
+            QuerySubjects.PREDICTION, PredictionQuery(task=request), PredictionAnswer, "predictor"
+        )
+        if isinstance(predicted, JSONResponse):
+            return predicted
+        if predicted.prediction is None:  # a submission would end task.rejected, these errors
+            return _field_errors(422, predicted.errors)
+        query = TaskPlacementQuery(task=request, prediction=predicted.prediction)
+        placed = await ask(QuerySubjects.TASK_PLACEMENT, query, TaskPlacementAnswer)
+        if isinstance(placed, JSONResponse):
+            return placed
+        return TaskDryRun(
+            task_id=request.task_id, prediction=predicted.prediction, placement=placed
+        )
 
     @app.post(
         "/api/v1/schedule",
         status_code=202,
         response_model=ScheduleAccepted,
         responses={
+            200: {
+                "model": TaskDryRun,
+                "description": "dry_run=true: what a submission would do; nothing submitted.",
+            },
             503: {
                 "model": Problem,
                 "description": "NATS unavailable, or the task id is being submitted by another "
-                "request not yet confirmed (Retry-After).",
+                "request not yet confirmed (Retry-After); dry_run=true: the predictor or the "
+                "scheduler not answering.",
             },
             409: {
                 "model": TaskKnown,
@@ -413,6 +471,14 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
             str | None,
             Header(max_length=256, description="Retries with the same key and body submit once."),
         ] = None,
+        dry_run: Annotated[
+            bool,
+            Query(
+                description="Answer (200) what a submission would do: the prediction, the node "
+                "(every gang member's), or why it would wait or be rejected. Nothing is "
+                "submitted, the task id is not taken, nothing is reserved."
+            ),
+        ] = False,
     ) -> ScheduleAccepted | JSONResponse:
         try:
             body = await read_limited(
@@ -424,6 +490,12 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         if not isinstance(parsed, TaskRequest):
             return _field_errors(422, parsed)
 
+        if dry_run:
+            answered = await dry_run_task(parsed)
+            if isinstance(answered, JSONResponse):
+                return answered
+            # 200, not the route's 202: nothing was accepted.
+            return JSONResponse(status_code=200, content=answered.model_dump(mode="json"))
         event = TaskSubmitted.from_request(parsed)
         if idempotency_key:
             event = event.model_copy(update={"event_id": submission_id(parsed, idempotency_key)})
@@ -447,6 +519,27 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
     async def dry_run(query: PlacementQuery) -> PlacementAnswer | JSONResponse:
         """Where would these resources go, and why not elsewhere? Nothing is reserved."""
         return await ask(QuerySubjects.PLACEMENT, query, PlacementAnswer)
+
+    @app.post(
+        "/api/v1/resolve",
+        response_model=ResolvedJob,
+        responses={
+            422: {"model": FieldErrors, "description": "Every invalid field and why."},
+            503: {"model": Problem, "description": PREDICTOR_NOT_ANSWERING},
+            502: {"model": Problem, "description": "The predictor's answer did not validate."},
+        },
+    )
+    async def resolve(job: JobDescription) -> ResolvedJob | JSONResponse:
+        """AllData's job description (framework, model size, data volume) turned into a full
+        task request by the predictor: POST its `task` to /api/v1/schedule as is."""
+        answer = await ask(QuerySubjects.RESOLVE, ResolveQuery(job=job), ResolveAnswer, "predictor")
+        if isinstance(answer, JSONResponse):
+            return answer
+        if answer.task is None or answer.prediction is None:
+            return _field_errors(422, answer.errors)
+        return ResolvedJob(
+            task=answer.task, prediction=answer.prediction, explanation=answer.explanation
+        )
 
     @app.get("/api/v1/nodes", response_model=NodesAnswer, responses=answers)
     async def nodes(pool: str | None = None) -> NodesAnswer | JSONResponse:

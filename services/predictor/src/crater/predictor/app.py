@@ -1,4 +1,6 @@
-"""Predictor wiring: task submitted -> task profiled (or task rejected), and learning.
+"""Predictor wiring: task submitted -> task profiled (or task rejected), and learning; and two
+queries (request-reply) that record nothing: a task's prediction (dry runs), and AllData's job
+description resolved into a task request (domain/resolve.py).
 
 Profiling stays idempotent by construction: the profiled (or rejected) event's id is derived
 from the submitted one, so JetStream drops a re-publish after a redelivery, and the recorded
@@ -27,9 +29,15 @@ from crater.contracts import (
     AllocationReleased,
     FieldError,
     NodeMetricsReported,
+    PredictionAnswer,
+    PredictionQuery,
+    QuerySubjects,
+    ResolveAnswer,
+    ResolveQuery,
     Subjects,
     TaskProfiled,
     TaskRejected,
+    TaskRequest,
     TaskStatusReported,
     TaskSubmitted,
     derived_event_id,
@@ -38,6 +46,7 @@ from crater.predictor.adapters.store import LearningStore
 from crater.predictor.domain.estimate import Assumptions, Correction, Refused, predict
 from crater.predictor.domain.estimate import family as model_family
 from crater.predictor.domain.learning import Rule, Track
+from crater.predictor.domain.resolve import request_for, resolve_job
 from crater.runtime.bus import durable, publish
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -170,19 +179,20 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
     service.state = store
     broker, name, batch = service.broker, service.name, settings.consumer_batch
 
+    async def correction_for(request: TaskRequest) -> Correction | None:
+        """The learned correction a prediction of `request` applies now, if one applies."""
+        track = await store.track(model_family(request), request.task_type.value)
+        if not rule.applies(track):
+            return None
+        return Correction(rule.bounded(track.factor), track.samples, track.mape)
+
     # Handlers name their message `event` (rejections report field paths below it).
     @durable(broker, Subjects.TASK_SUBMITTED, name, batch=batch)
     async def on_task_submitted(event: TaskSubmitted) -> None:
         request = event.request()
         try:
             family = model_family(request)
-            track = await store.track(family, request.task_type.value)
-            correction = (
-                Correction(rule.bounded(track.factor), track.samples, track.mape)
-                if rule.applies(track)
-                else None
-            )
-            prediction = predict(request, assumptions, correction)
+            prediction = predict(request, assumptions, await correction_for(request))
         except Refused as refused:
             metrics.rejected.inc()
             # A refused body under the id of a task profiled before is not that task's end:
@@ -219,6 +229,29 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
                 task=request,
                 prediction=prediction,
             ),
+        )
+
+    # Queries: what a submission would be predicted, what a job description resolves to.
+    # Nothing is recorded or counted: a dry run must not teach or skew anything.
+    @broker.subscriber(QuerySubjects.PREDICTION, title="predictor-query-prediction")
+    async def on_prediction_query(event: PredictionQuery) -> PredictionAnswer:
+        try:
+            correction = await correction_for(event.task)
+            return PredictionAnswer(prediction=predict(event.task, assumptions, correction))
+        except Refused as refused:
+            return PredictionAnswer(errors=refused.errors)
+
+    @broker.subscriber(QuerySubjects.RESOLVE, title="predictor-query-resolve")
+    async def on_resolve_query(event: ResolveQuery) -> ResolveAnswer:
+        job = event.job
+        try:
+            # The family and task kind (hence the correction) do not depend on the sizes.
+            correction = await correction_for(request_for(job, "draft", 1, 1))
+            resolved = resolve_job(job, assumptions, correction)
+        except Refused as refused:
+            return ResolveAnswer(errors=refused.errors)
+        return ResolveAnswer(
+            task=resolved.task, prediction=resolved.prediction, explanation=resolved.explanation
         )
 
     @durable(broker, Subjects.ALLOCATION_GRANTED, name, batch=batch)

@@ -22,6 +22,8 @@ from crater.contracts import (
     ReplicaReleaseRequested,
     ReplicasRequested,
     Subjects,
+    TaskPlacementAnswer,
+    TaskPlacementQuery,
     TaskProfiled,
     TasksAnswer,
     TasksQuery,
@@ -177,6 +179,10 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @broker.subscriber(QuerySubjects.PLACEMENT, title="scheduler-query-placement")
     async def on_placement_query(event: PlacementQuery) -> PlacementAnswer:
         return core.dry_run(event)
+
+    @broker.subscriber(QuerySubjects.TASK_PLACEMENT, title="scheduler-query-task-placement")
+    async def on_task_placement_query(event: TaskPlacementQuery) -> TaskPlacementAnswer:
+        return core.dry_run_task(event)
 
     @broker.subscriber(QuerySubjects.TASKS, title="scheduler-query-tasks")
     async def on_tasks_query(event: TasksQuery) -> TasksAnswer:

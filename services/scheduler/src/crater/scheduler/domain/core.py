@@ -14,6 +14,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,7 @@ from crater.contracts import (
     Event,
     FieldError,
     FilterReason,
+    MemberPlacement,
     NodeCondition,
     NodeFit,
     NodeHealthReported,
@@ -41,6 +43,7 @@ from crater.contracts import (
     TaskEnded,
     TaskEscalated,
     TaskPending,
+    TaskPlacementAnswer,
     TaskPreempted,
     TaskProfiled,
     TaskRejected,
@@ -80,6 +83,8 @@ from crater.scheduler.domain.quotas import QUOTA_FIELDS, Quota, Quotas, Usage
 Ranked = tuple[int, float, list[ScoreDetail]]
 # (nodes that pass every filter, why the others do not)
 Diagnosis = tuple[BoolArray, list[FilterReason]]
+# One member's node, devices, score and per-plugin scores.
+Pick = tuple[Node, Selection, float, list[ScoreDetail]]
 
 # The most nodes a blocked head examines for the ones to keep (backfill), closest first.
 HEAD_CANDIDATES = 64
@@ -458,14 +463,7 @@ class Scheduler:
         demand = Demand.of(request, event.prediction, self.config.prediction_margin)
         task = PendingTask(request, event.prediction, demand, seq, submitted_at=event.occurred_at)
         members = task.gang_size
-        errors = [
-            FieldError(
-                field=QUOTA_FIELDS[resource],
-                reason=f"tenant {request.tenant!r} quota is {limit}; the task alone: {wanted:g}"
-                + (f" ({members} gang members)" if members > 1 else ""),
-            )
-            for resource, wanted, limit in self.quotas.never(request.tenant, demand, members)
-        ] or self._never_fits(task)
+        errors = self._refusals(task)
         if errors:
             return [self._reject(event, request.task_id, errors)]
         self.cluster.workload.observe(demand)
@@ -484,6 +482,19 @@ class Scheduler:
         ):
             self._make_head(task)
         return decisions + self._preempt_for(task, event)
+
+    def _refusals(self, task: PendingTask) -> list[FieldError]:
+        """Why `task` can never be placed (its tenant's quota, or no node of its pool could
+        ever hold it); [] when it could."""
+        request, members = task.request, task.gang_size
+        return [
+            FieldError(
+                field=QUOTA_FIELDS[resource],
+                reason=f"tenant {request.tenant!r} quota is {limit}; the task alone: {wanted:g}"
+                + (f" ({members} gang members)" if members > 1 else ""),
+            )
+            for resource, wanted, limit in self.quotas.never(request.tenant, task.demand, members)
+        ] or self._never_fits(task)
 
     def _cancelled_on_arrival(self, event: TaskProfiled) -> TaskEnded:
         """A task cancelled while it was being profiled ends cancelled as it arrives: never
@@ -1249,34 +1260,91 @@ class Scheduler:
         self, task: PendingTask, cause: Event, fits: BoolArray, avoid: BoolArray | None
     ) -> list[AllocationGranted]:
         """`_try_place` once the filters have passed `fits` (for `task.filter_demand`)."""
+        picks = self._choose(task, fits, avoid)
+        return [] if picks is None else self._grant_gang(task, picks, cause)
+
+    def _choose(
+        self, task: PendingTask, fits: BoolArray, avoid: BoolArray | None
+    ) -> list[Pick] | None:
+        """Where every member would go (one pick per member), off the `avoid` nodes; None
+        when not all of them fit now. Changes nothing: a dry run asks this too."""
         candidates = fits if avoid is None else fits & ~avoid
         if task.gang_size == 1:
             for i, score, details in self.rank(task.demand, candidates):
                 node = self.cluster.nodes[i]
                 selection = select(node, task.demand)
                 if selection is not None:
-                    return [self._grant(task, node, selection, score, details, cause)]
-            return []
+                    return [(node, selection, score, details)]
+            return None
         if task.same_node:
             for i, score, details in self.rank(task.filter_demand, candidates):
                 node = self.cluster.nodes[i]
                 picks = self._trial(task, [(node, score, details)] * task.gang_size)
                 if picks is not None:
-                    return self._grant_gang(task, picks, cause)
-            return []
-        picks = self._trial(task, None, avoid)
-        return [] if picks is None else self._grant_gang(task, picks, cause)
+                    return picks
+            return None
+        return self._trial(task, None, avoid)
+
+    def dry_run_task(
+        self, request: TaskRequest, prediction: ResourcePrediction | None
+    ) -> TaskPlacementAnswer:
+        """What submitting `request` with `prediction` would do now, decided as
+        `_on_profiled` decides it (refusals, quota, the pool's reserved head, every gang
+        member), without queueing, reserving or announcing anything."""
+        demand = Demand.of(request, prediction, self.config.prediction_margin)
+        task = PendingTask(request, prediction, demand, self.next_seq)
+        nodes = self.dry_run(task.filter_demand)
+        errors = self._refusals(task)
+        picks: list[Pick] | None = None
+        reasons: list[FilterReason] = []
+        summary = nodes.summary
+        if not errors:
+            over = self.quotas.blocking(request.tenant, demand, task.gang_size)
+            avoid = self._reserved_for(task)
+            found = None if over else self.diagnose(task.filter_demand)
+            if found is not None:
+                picks = self._choose(task, found[0], avoid)
+            if picks is None:
+                reasons, summary = self._why_waiting(task, avoid, over, found)
+        outcome: Literal["placed", "waiting", "rejected"] = (
+            "rejected" if errors else "waiting" if picks is None else "placed"
+        )
+        if errors:
+            summary = "would be rejected: " + "; ".join(f"{e.field}: {e.reason}" for e in errors)
+        return TaskPlacementAnswer(
+            fits=nodes.fits,
+            misfits=nodes.misfits,
+            summary=summary,
+            outcome=outcome,
+            would_wait=outcome == "waiting",
+            members=[
+                MemberPlacement(
+                    member=member,
+                    node_id=node.name,
+                    score=round(score, 4),
+                    gpu_ids=list(selection.gpu_ids),
+                    cpu_cores=list(selection.cpu_cores),
+                    numa_node=selection.numa_node,
+                    mig_profile=selection.mig_profile,
+                )
+                for member, (node, selection, score, _) in enumerate(picks or [])
+            ],
+            reasons=reasons,
+            errors=errors,
+            gpu_memory_per_gpu_mb=demand.gpu_memory_mb,
+            gpu_memory_source=demand.gpu_memory_source,
+        )
 
     def _trial(
         self,
         task: PendingTask,
         nodes: list[tuple[Node, float, list[ScoreDetail]]] | None,
         avoid: BoolArray | None = None,
-    ) -> list[tuple[Node, Selection, float, list[ScoreDetail]]] | None:
+    ) -> list[Pick] | None:
         """Choose every member's devices in turn, each on the state the previous ones leave,
         then put the state back: all of the members, or None. `nodes`: one per member (a
         same-node gang); None: each member on the best node left for it."""
-        picks: list[tuple[Node, Selection, float, list[ScoreDetail]]] = []
+        picks: list[Pick] = []
         held: list[tuple[Node, Selection]] = []
         milli = task.demand.gpu_milli or WHOLE
         try:
@@ -1325,7 +1393,7 @@ class Scheduler:
     def _grant_gang(
         self,
         task: PendingTask,
-        picks: list[tuple[Node, Selection, float, list[ScoreDetail]]],
+        picks: list[Pick],
         cause: Event,
     ) -> list[AllocationGranted]:
         return [

@@ -29,6 +29,8 @@ from crater.contracts import (
     ReplicasRequested,
     ResourcePrediction,
     TaskPending,
+    TaskPlacementAnswer,
+    TaskPlacementQuery,
     TaskProfiled,
     TaskRejected,
     TaskRequest,
@@ -376,6 +378,9 @@ class SchedulerService:
     def dry_run(self, query: PlacementQuery) -> PlacementAnswer:
         demand = Demand.of_query(query)
         return self.scheduler.dry_run(demand)
+
+    def dry_run_task(self, query: TaskPlacementQuery) -> TaskPlacementAnswer:
+        return self.scheduler.dry_run_task(query.task, query.prediction)
 
     def nodes(self, pool: str | None) -> list[NodeSummary]:
         return node_summaries(self.scheduler.cluster, pool)
