@@ -24,6 +24,7 @@ import random
 import time
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import crater_client
 
@@ -53,7 +54,7 @@ def main() -> None:
     checkpoint_dir = Path(os.environ.get("CRATER_CHECKPOINT_PATH") or "checkpoints")
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = checkpoint_dir / "model.json"
-    state = {"step": 0, "w": 0.0, "b": 0.0}
+    state: dict[str, Any] = {"step": 0, "w": 0.0, "b": 0.0}
     if checkpoint.exists():  # a restarted attempt carries on
         state = json.loads(checkpoint.read_text())
         print(f"resumed at step {state['step']}", flush=True)
