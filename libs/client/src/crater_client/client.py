@@ -74,6 +74,14 @@ class WaitTimedOut(CraterError, TimeoutError):
         self.last = last
 
 
+class EndedOtherwise(CraterError):
+    """`wait`: the task ended in a status not waited for; `task` is how it ended."""
+
+    def __init__(self, message: str, task: Task) -> None:
+        super().__init__(message)
+        self.task = task
+
+
 @dataclass(frozen=True)
 class Task:
     """A task as the scheduler knows it (the gateway's TaskSummary); `raw` holds every field."""
@@ -163,6 +171,7 @@ class CraterClient:
                 last = self.get(task_id)
                 if last.status in until:
                     return last
+                _unreachable(last, until)
             except NotFound:
                 pass
             if time.monotonic() + poll > deadline:
@@ -232,12 +241,23 @@ class AsyncCraterClient:
                 last = await self.get(task_id)
                 if last.status in until:
                     return last
+                _unreachable(last, until)
             except NotFound:
                 pass
             if asyncio.get_running_loop().time() + poll > deadline:
                 seen = last.status if last else "not known yet"
                 raise WaitTimedOut(f"task {task_id!r} still {seen} after {timeout} s", last)
             await asyncio.sleep(poll)
+
+
+def _unreachable(task: Task, until: Collection[str]) -> None:
+    """An ended task never reaches another status: waiting on is pointless."""
+    if task.ended:
+        raise EndedOtherwise(
+            f"task {task.task_id!r} ended {task.status} ({task.reason or 'no reason given'}), "
+            f"not {sorted(until)}",
+            task,
+        )
 
 
 def _body(task: TaskBody) -> bytes:
