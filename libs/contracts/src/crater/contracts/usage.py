@@ -17,6 +17,12 @@ class GpuUsage(Contract):
     gpu_id: int = Field(ge=0, le=1023, description="The card's index on its node.")
     utilization_percent: float = Field(ge=0, le=100, description="Mean over the interval.")
     memory_used_mb: int = Field(ge=0, le=16 * 1024 * 1024, description="Peak over the interval.")
+    memory_total_mb: int | None = Field(
+        default=None,
+        ge=0,
+        le=16 * 1024 * 1024,
+        description="The card's size: a peak at the card's limit may be clipped (a lower bound).",
+    )
 
 
 class TaskUsageReported(Event):

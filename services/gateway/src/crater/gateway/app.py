@@ -32,6 +32,7 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
     TaskSubmitted,
+    TaskUsageReported,
 )
 from crater.contracts.queries import (
     NodesAnswer,
@@ -51,6 +52,7 @@ from crater.contracts.queries import (
 )
 from crater.gateway.bodies import (
     BodyTooLarge,
+    parse_body,
     parse_task_request,
     read_limited,
     request_errors,
@@ -130,6 +132,11 @@ class CancelAccepted(BaseModel):
     )
 
 
+class UsageAccepted(BaseModel):
+    task_id: str
+    event_id: UUID
+
+
 class FieldErrors(BaseModel):
     """Every field that is wrong and why; `body` means the body as a whole."""
 
@@ -197,9 +204,9 @@ def _task_known(task_id: str, status: str, reason: str) -> JSONResponse:
 
 
 class GatewayApi(FastAPI):
-    """FastAPI with the task request's schema in the OpenAPI document: the schedule endpoint
-    reads its body itself (to bound its size and name fields as the bus does), so FastAPI
-    would not otherwise know the schema."""
+    """FastAPI with the task request's and the usage sample's schemas in the OpenAPI document:
+    the schedule and usage endpoints read their bodies themselves (to bound their size and name
+    fields as the bus does), so FastAPI would not otherwise know them."""
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema:
@@ -211,6 +218,11 @@ class GatewayApi(FastAPI):
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(request_schema.pop("$defs", {}))
         components["TaskRequest"] = request_schema
+        usage_schema = TaskUsageReported.model_json_schema(
+            by_alias=True, ref_template="#/components/schemas/{model}"
+        )
+        components.update(usage_schema.pop("$defs", {}))
+        components["TaskUsageReported"] = usage_schema
         return schema
 
 
@@ -621,6 +633,49 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         responses={404: {"model": Problem}, 409: {"model": Problem}, **answers},
         summary="Cancel (same as POST /api/v1/tasks/{task_id}/cancel)",
     )
+
+    @app.post(
+        "/api/v1/tasks/{task_id}/usage",
+        status_code=202,
+        response_model=UsageAccepted,
+        responses={
+            413: {"model": FieldErrors, "description": "Body larger than max_body_bytes."},
+            422: {"model": FieldErrors, "description": "Every invalid field and why."},
+            503: {"model": Problem, "description": "NATS unavailable."},
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {"$ref": "#/components/schemas/TaskUsageReported"}
+                    }
+                },
+            }
+        },
+    )
+    async def usage(task_id: str, request: Request) -> UsageAccepted | JSONResponse:
+        """One sample of a running task's own use (crater_client.start_monitoring), published
+        as it is for the predictor. A retried POST keeps its event_id and is published once."""
+        try:
+            body = await read_limited(
+                request.stream(), settings.max_body_bytes, request.headers.get("content-length")
+            )
+        except BodyTooLarge as error:
+            return _field_errors(413, [FieldError(field="body", reason=str(error))])
+        sample = parse_body(body, TaskUsageReported, settings.max_json_depth)
+        if not isinstance(sample, TaskUsageReported):
+            return _field_errors(422, sample)
+        if sample.task_id != task_id:
+            reason = f"{sample.task_id!r} is not the task in the path, {task_id!r}"
+            return _field_errors(422, [FieldError(field="task_id", reason=reason)])
+        trace.get_current_span().set_attribute("crater.task_id", task_id)
+        try:
+            await publish(broker, sample)
+        except BUS_ERRORS as error:
+            log.warning("could not publish a usage sample of %s: %r", task_id, error)
+            return _problem(503, f"NATS unavailable: {type(error).__name__}")
+        return UsageAccepted(task_id=task_id, event_id=sample.event_id)
 
     @app.get("/healthz", response_model=Health, responses={503: {"model": Problem}})
     async def healthz() -> Health | JSONResponse:

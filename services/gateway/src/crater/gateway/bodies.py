@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID, uuid5
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from crater.contracts import FieldError, TaskRequest
 from crater.runtime.bus import field_errors
 from crater.runtime.jsondepth import TooDeep, check_json_depth
 
+Parsed = TypeVar("Parsed", bound=BaseModel)
 _IDEMPOTENCY_NAMESPACE = UUID("3f0c6a4e-2b8d-4c1e-9a57-0d6c2f5b8e21")
 # FastAPI's error locations start with where the value came from; ours name the field only.
 _LOCATION_ROOTS = frozenset({"body", "query", "path", "header", "cookie"})
@@ -43,12 +44,17 @@ def parse_task_request(body: bytes, max_depth: int = 64) -> TaskRequest | list[F
     """A valid request, or every field that is wrong and why (paths as bus rejections name
     them: dotted, e.g. `resource_requirements.gpu.count`; `body` for the body as a whole).
     A body nested deeper than `max_depth` is refused before it is decoded."""
+    return parse_body(body, TaskRequest, max_depth)
+
+
+def parse_body(body: bytes, model: type[Parsed], max_depth: int = 64) -> Parsed | list[FieldError]:
+    """`body` as a `model`, or every field that is wrong and why (as `parse_task_request`)."""
     try:
         check_json_depth(body, max_depth)
     except TooDeep as error:
         return [FieldError(field="body", reason=str(error))]
     try:
-        return TaskRequest.model_validate_json(body)
+        return model.model_validate_json(body)
     except ValidationError as error:
         return field_errors(error)
 

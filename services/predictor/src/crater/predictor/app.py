@@ -13,11 +13,19 @@ the task ran, on cards it held whole and alone, is folded into a bounded correct
 (model family, task type), persisted, applied to later predictions once enough are in, and
 the error of the published predictions is exported as `crater_predictor_mape{family,task_type}`.
 A reservation never enters: learning from it would feed each prediction back into itself.
+A task's own usage samples (`usage.task`, from crater_client) are the better reading of its
+peak: when an allocation has them, the release judges those instead of the node's, by the
+same rule.
+
+SLA: each usage sample also joins its attempt's GPU utilisation window (domain/sla.py); a
+whole window below the task's `sla.min_gpu_utilization_percent` publishes `task.underutilized`
+once per attempt, counted in `crater_predictor_tasks_underutilized_total`.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 from pathlib import Path
 
 from faststream.asgi import AsgiFastStream
@@ -40,6 +48,8 @@ from crater.contracts import (
     TaskRequest,
     TaskStatusReported,
     TaskSubmitted,
+    TaskUnderutilized,
+    TaskUsageReported,
     derived_event_id,
 )
 from crater.predictor.adapters.store import LearningStore
@@ -47,6 +57,7 @@ from crater.predictor.domain.estimate import Assumptions, Correction, Refused, p
 from crater.predictor.domain.estimate import family as model_family
 from crater.predictor.domain.learning import Rule, Track
 from crater.predictor.domain.resolve import request_for, resolve_job
+from crater.predictor.domain.sla import SlaRule
 from crater.runtime.bus import durable, publish
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -94,6 +105,20 @@ class PredictorSettings(ServiceSettings):
         default=3, ge=1, le=1000, description="Observations before a correction is applied."
     )
 
+    sla_window_seconds: float = Field(
+        default=300.0,
+        ge=10,
+        le=86_400,
+        description="GPU utilisation is averaged (time-weighted) over windows this long before "
+        "it is compared with a task's sla.min_gpu_utilization_percent.",
+    )
+    sla_warmup_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=86_400,
+        description="An attempt's first seconds (loading data and weights) do not count.",
+    )
+
     def assumptions(self) -> Assumptions:
         return Assumptions(
             cuda_context_mb=self.cuda_context_mb,
@@ -103,6 +128,9 @@ class PredictorSettings(ServiceSettings):
             checkpoint_write_mb_per_s=self.checkpoint_write_mb_per_s,
             disk_read_mb_per_s=self.disk_read_mb_per_s,
         )
+
+    def sla(self) -> SlaRule:
+        return SlaRule(self.sla_window_seconds, self.sla_warmup_seconds)
 
     def rule(self) -> Rule:
         return Rule(
@@ -164,6 +192,18 @@ class PredictorMetrics:
             registry=registry,
         )
 
+        self.underutilized = Counter(
+            "crater_predictor_tasks_underutilized",
+            "Attempts whose GPU utilisation stayed below their SLA minimum for a whole window.",
+            registry=registry,
+        )
+        self.utilization = Gauge(
+            "crater_predictor_task_gpu_utilization_percent",
+            "A running task's GPU utilisation, mean of its last whole window.",
+            ["task_id"],
+            registry=registry,
+        )
+
     def show(self, family: str, task_type: str, track: Track) -> None:
         if track.mape is not None:
             self.mape.labels(family=family, task_type=task_type).set(track.mape)
@@ -175,7 +215,7 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
     service = create_service("predictor", settings)
     metrics = PredictorMetrics(service)
     assumptions, rule = settings.assumptions(), settings.rule()
-    store = LearningStore(service.database(MIGRATIONS_DIR), rule, service.name)
+    store = LearningStore(service.database(MIGRATIONS_DIR), rule, service.name, settings.sla())
     service.state = store
     broker, name, batch = service.broker, service.name, settings.consumer_batch
 
@@ -221,6 +261,7 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
             request.task_type.value,
             raw_mb=prediction.gpu_memory_per_gpu_mb - learned,
             predicted_mb=prediction.gpu_memory_per_gpu_mb,
+            min_gpu_utilization_percent=request.sla.min_gpu_utilization_percent,
         )
         await publish(
             broker,
@@ -274,8 +315,33 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
     async def on_node_metrics(event: NodeMetricsReported) -> None:
         await store.observe(event)
 
+    async def publish_breach(breach: TaskUnderutilized) -> None:
+        await publish(broker, breach)
+
+    @durable(broker, Subjects.TASK_USAGE, name, batch=batch)
+    async def on_task_usage(event: TaskUsageReported) -> None:
+        measured = await store.usage(event, publish_breach)
+        if measured is None:
+            return
+        if measured.measured is not None:
+            metrics.utilization.labels(task_id=measured.task_id).set(measured.measured)
+        breach = measured.breach
+        if breach is None:
+            return
+        metrics.underutilized.inc()  # after the commit: a redelivery is not counted again
+        log.warning(
+            "task %s attempt %s used its GPUs %.1f%% over %.0f s, below its SLA of %.1f%%",
+            breach.task_id,
+            breach.attempt,
+            breach.measured_gpu_utilization_percent,
+            breach.window_seconds,
+            breach.min_gpu_utilization_percent,
+        )
+
     @durable(broker, Subjects.ALLOCATION_RELEASED, name, batch=batch)
     async def on_allocation_released(event: AllocationReleased) -> None:
+        with suppress(KeyError):  # no gauge: it never completed a window here
+            metrics.utilization.remove(event.task_id)
         released = await store.released(event)
         if released is None:
             return

@@ -35,6 +35,7 @@ predictions = Table(
     Column("raw_mb", Integer, nullable=False),
     Column("predicted_mb", Integer, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("min_gpu_utilization_percent", Float, nullable=True),  # the task's SLA, if any
 )
 
 # Which task holds which GPUs of which node: whether whole cards (only then is their use its
@@ -62,6 +63,33 @@ samples = Table(
     Column("sampled_at", DateTime(timezone=True), primary_key=True),
     Column("used_mb", Integer, nullable=False),
     Column("total_mb", Integer, nullable=False),
+)
+
+# The task's own readings (crater_client's usage samples) on an active allocation: the highest
+# card's memory per sample. Preferred on release over the node's readings, which may include
+# memory the task did not use.
+usage_samples = Table(
+    "predictor_usage_samples",
+    metadata,
+    Column("allocation_id", String(64), primary_key=True),
+    Column("sampled_at", DateTime(timezone=True), primary_key=True),
+    Column("used_mb", Integer, nullable=False),
+    Column("total_mb", Integer, nullable=False),
+)
+
+# Each attempt's GPU utilisation window, checked against its SLA minimum (domain/sla.py).
+usage_windows = Table(
+    "predictor_usage_windows",
+    metadata,
+    Column("task_id", String(128), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("allocation_id", String(256), nullable=True),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("weighted_sum", Float, nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("measured", Float, nullable=True),
+    Column("breached", Boolean, nullable=False),
 )
 
 # A `running` report that arrived before its grant (another consumer, lagging).

@@ -6,9 +6,11 @@ grant is recorded once per allocation id whatever its event id."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID, uuid5
 
 from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -20,6 +22,8 @@ from crater.contracts import (
     ReleaseReason,
     TaskStatus,
     TaskStatusReported,
+    TaskUnderutilized,
+    TaskUsageReported,
 )
 from crater.predictor.adapters.orm import (
     allocations,
@@ -28,6 +32,8 @@ from crater.predictor.adapters.orm import (
     inbox,
     predictions,
     samples,
+    usage_samples,
+    usage_windows,
 )
 from crater.predictor.domain.learning import (
     UNINFORMATIVE,
@@ -43,9 +49,27 @@ from crater.predictor.domain.learning import (
     observe,
     overlaps,
 )
+from crater.predictor.domain.sla import SlaRule, Window, fold
 from crater.runtime.outbox import first_delivery
 
 Key = tuple[str, str]  # (model family, task type)
+_UNDERUTILIZED_NAMESPACE = UUID("0b7d2c5e-61f4-4f4e-8f0e-4a3c9d1e7b25")
+
+
+def underutilized_id(task_id: str, attempt: int) -> UUID:
+    """One id per attempt's breach, whichever sample completes it: said once, even if the
+    handler runs again after publishing (JetStream drops the copy)."""
+    return uuid5(_UNDERUTILIZED_NAMESPACE, f"{task_id}\n{attempt}")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one usage sample changed: the attempt's last whole-window mean, if any, and the
+    breach it completed (published already)."""
+
+    task_id: str
+    measured: float | None
+    breach: TaskUnderutilized | None = None
 
 
 @dataclass(frozen=True)
@@ -58,10 +82,17 @@ class Released:
 
 
 class LearningStore:
-    def __init__(self, sessions: async_sessionmaker[Any], rule: Rule, consumer: str) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[Any],
+        rule: Rule,
+        consumer: str,
+        sla: SlaRule | None = None,
+    ) -> None:
         self.sessions = sessions
         self.rule = rule
         self.consumer = consumer
+        self.sla = sla or SlaRule()
 
     async def track(self, family: str, task_type: str) -> Track:
         async with self.sessions() as session:
@@ -80,7 +111,13 @@ class LearningStore:
         return {(r.family, r.task_type): _track(r) for r in rows}
 
     async def record_prediction(
-        self, task_id: str, family: str, task_type: str, raw_mb: int, predicted_mb: int
+        self,
+        task_id: str,
+        family: str,
+        task_type: str,
+        raw_mb: int,
+        predicted_mb: int,
+        min_gpu_utilization_percent: float | None = None,
     ) -> None:
         """Keep what was predicted; a redelivery (same task) leaves the first record."""
         async with self.sessions() as session, session.begin():
@@ -96,6 +133,7 @@ class LearningStore:
                         raw_mb=raw_mb,
                         predicted_mb=predicted_mb,
                         created_at=datetime.now(UTC),
+                        min_gpu_utilization_percent=min_gpu_utilization_percent,
                     )
                 )
 
@@ -216,6 +254,105 @@ class LearningStore:
                 kept = len(values)
         return kept
 
+    async def usage(
+        self,
+        event: TaskUsageReported,
+        on_breach: Callable[[TaskUnderutilized], Awaitable[None]],
+    ) -> Measured | None:
+        """Keep a task's own sample: its peak card memory for learning at release, and its GPU
+        utilisation in the attempt's SLA window. A breach is handed to `on_breach` before the
+        commit, so a failed publish is retried with the sample. None for a redelivery."""
+        async with self.sessions() as session, session.begin():
+            if not await first_delivery(session, inbox, self.consumer, event.event_id):
+                return None
+            allocation_id = event.allocation_id or await session.scalar(
+                select(allocations.c.allocation_id).where(
+                    allocations.c.task_id == event.task_id, allocations.c.active.is_(True)
+                )
+            )
+            if allocation_id and event.gpus:
+                top = max(event.gpus, key=lambda g: g.memory_used_mb)
+                known = await session.scalar(
+                    select(usage_samples.c.allocation_id).where(
+                        usage_samples.c.allocation_id == allocation_id,
+                        usage_samples.c.sampled_at == event.occurred_at,
+                    )
+                )
+                if known is None:
+                    await session.execute(
+                        insert(usage_samples).values(
+                            allocation_id=allocation_id,
+                            sampled_at=event.occurred_at,
+                            used_mb=top.memory_used_mb,
+                            total_mb=top.memory_total_mb or 0,
+                        )
+                    )
+            minimum = await session.scalar(
+                select(predictions.c.min_gpu_utilization_percent).where(
+                    predictions.c.task_id == event.task_id
+                )
+            )
+            if minimum is None:
+                return Measured(event.task_id, None)
+            where = (
+                usage_windows.c.task_id == event.task_id,
+                usage_windows.c.attempt == event.attempt,
+            )
+            row = (await session.execute(select(usage_windows).where(*where))).first()
+            window = (
+                Window(
+                    _aware(row.started_at),
+                    row.seconds,
+                    row.weighted_sum,
+                    row.samples,
+                    row.measured,
+                    row.breached,
+                )
+                if row
+                else Window(event.occurred_at - timedelta(seconds=event.interval_seconds))
+            )
+            window, breach = fold(
+                window,
+                event.occurred_at,
+                event.interval_seconds,
+                event.gpu_utilization_percent,
+                minimum,
+                self.sla,
+            )
+            values = {
+                "seconds": window.seconds,
+                "weighted_sum": window.weighted_sum,
+                "samples": window.samples,
+                "measured": window.measured,
+                "breached": window.breached,
+            }
+            if row is None:
+                await session.execute(
+                    insert(usage_windows).values(
+                        task_id=event.task_id,
+                        attempt=event.attempt,
+                        allocation_id=allocation_id,
+                        started_at=window.started_at,
+                        **values,
+                    )
+                )
+            else:
+                await session.execute(update(usage_windows).where(*where).values(**values))
+            said = None
+            if breach is not None:
+                said = TaskUnderutilized(
+                    event_id=underutilized_id(event.task_id, event.attempt),
+                    task_id=event.task_id,
+                    allocation_id=allocation_id,
+                    attempt=event.attempt,
+                    measured_gpu_utilization_percent=round(breach.measured, 2),
+                    min_gpu_utilization_percent=minimum,
+                    window_seconds=breach.seconds,
+                    samples=breach.samples,
+                )
+                await on_breach(said)
+            return Measured(event.task_id, window.measured, said)
+
     async def released(self, event: AllocationReleased) -> Released | None:
         """Close the allocation and fold the task's own measured peak into its correction;
         None when the allocation is unknown or already closed (a redelivery)."""
@@ -230,15 +367,17 @@ class LearningStore:
             if allocation is None or not allocation.active:
                 return None
             released_at = event.occurred_at
-            readings = [
-                Sample(_aware(r.sampled_at), r.used_mb, r.total_mb)
-                for r in await session.execute(
-                    select(samples).where(samples.c.allocation_id == event.allocation_id)
-                )
-            ]
-            await session.execute(
-                delete(samples).where(samples.c.allocation_id == event.allocation_id)
-            )
+            # The task's own samples when it sent any: the node's readings may hold memory
+            # that was not its own. One rule judges either (observe, judge, learn).
+            readings: list[Sample] = []
+            for table in (usage_samples, samples):
+                mine = table.c.allocation_id == event.allocation_id
+                if not readings:
+                    readings = [
+                        Sample(_aware(r.sampled_at), r.used_mb, r.total_mb)
+                        for r in await session.execute(select(table).where(mine))
+                    ]
+                await session.execute(delete(table).where(mine))
             prediction = (
                 await session.execute(
                     select(predictions).where(predictions.c.task_id == event.task_id)

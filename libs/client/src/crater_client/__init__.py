@@ -1,0 +1,57 @@
+"""Crater's Python client.
+
+Inside a placed task: `get_allocation_config()`, `bind()`, `start_monitoring()`.
+For AllData: `CraterClient` and `AsyncCraterClient`, and the errors they raise.
+"""
+
+from crater_client.allocation import (
+    AllocationConfig,
+    AllocationError,
+    Bound,
+    Placement,
+    bind,
+    get_allocation_config,
+    get_placement,
+)
+from crater_client.client import (
+    FINAL_STATUSES,
+    Accepted,
+    AsyncCraterClient,
+    Conflict,
+    CraterClient,
+    CraterError,
+    EndedOtherwise,
+    NotFound,
+    Task,
+    TaskExists,
+    Unavailable,
+    ValidationFailed,
+    WaitTimedOut,
+)
+from crater_client.monitoring import Monitor, read_tree, start_monitoring
+
+__all__ = [
+    "FINAL_STATUSES",
+    "Accepted",
+    "AllocationConfig",
+    "AllocationError",
+    "AsyncCraterClient",
+    "Bound",
+    "Conflict",
+    "CraterClient",
+    "CraterError",
+    "EndedOtherwise",
+    "Monitor",
+    "NotFound",
+    "Placement",
+    "Task",
+    "TaskExists",
+    "Unavailable",
+    "ValidationFailed",
+    "WaitTimedOut",
+    "bind",
+    "get_allocation_config",
+    "get_placement",
+    "read_tree",
+    "start_monitoring",
+]

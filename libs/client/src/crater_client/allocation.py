@@ -1,0 +1,162 @@
+"""What Crater granted a placed task, read from the environment the scheduler hands it.
+
+Every value comes from a `CRATER_*` variable. Those that say what the task may use (GPUs,
+cores, memory) have no default: a missing one raises `AllocationError` naming it, because a
+guessed GPU or core would have the task use what another task was granted. Only the
+DataLoader hints have defaults (they tune, they do not grant):
+
+- `CRATER_DATALOADER_NUM_WORKERS` unset: one worker per granted core;
+- `CRATER_DATALOADER_PREFETCH_FACTOR` unset: 2 (PyTorch's own default);
+- `CRATER_SSD_PATH` unset or empty: `ssd_path` is None (the node has no local SSD).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypedDict
+
+DEFAULT_PREFETCH_FACTOR = 2
+
+
+class AllocationConfig(TypedDict):
+    """The shape of AllData's allocation_config.json."""
+
+    gpu_ids: list[int]
+    cpu_cores: list[int]
+    memory_mb: int
+    ssd_path: str | None
+    optimal_workers: int
+    prefetch_factor: int
+
+
+class AllocationError(ValueError):
+    """A `CRATER_*` variable is missing or malformed: `variable` names it, `reason` says why."""
+
+    def __init__(self, variable: str, reason: str) -> None:
+        super().__init__(f"{variable}: {reason}")
+        self.variable = variable
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Who this task is to Crater: what the monitor needs to report its use."""
+
+    task_id: str
+    allocation_id: str | None
+    attempt: int
+    gateway_url: str | None
+    checkpoint_path: str | None
+
+
+def get_allocation_config(environ: Mapping[str, str] | None = None) -> AllocationConfig:
+    """The task's allocation, in allocation_config.json's shape, from `environ`
+    (default: this process's environment)."""
+    env = os.environ if environ is None else environ
+    gpu_ids = _ids(env, "CRATER_GPU_IDS", allow_empty=True)  # empty: a CPU-only task
+    cpu_cores = _ids(env, "CRATER_CPU_CORE_IDS", allow_empty=False)
+    count = env.get("CRATER_CPU_CORES")
+    if count is not None and _int(env, "CRATER_CPU_CORES", 1) != len(cpu_cores):
+        raise AllocationError(
+            "CRATER_CPU_CORES",
+            f"says {count} cores but CRATER_CPU_CORE_IDS lists {len(cpu_cores)}",
+        )
+    workers = env.get("CRATER_DATALOADER_NUM_WORKERS")
+    prefetch = env.get("CRATER_DATALOADER_PREFETCH_FACTOR")
+    return AllocationConfig(
+        gpu_ids=gpu_ids,
+        cpu_cores=cpu_cores,
+        memory_mb=_int(env, "CRATER_MEMORY_MB", 1),
+        ssd_path=env.get("CRATER_SSD_PATH") or None,
+        optimal_workers=(
+            len(cpu_cores) if workers is None else _int(env, "CRATER_DATALOADER_NUM_WORKERS", 0)
+        ),
+        prefetch_factor=(
+            DEFAULT_PREFETCH_FACTOR
+            if prefetch is None
+            else _int(env, "CRATER_DATALOADER_PREFETCH_FACTOR", 1)
+        ),
+    )
+
+
+def get_placement(environ: Mapping[str, str] | None = None) -> Placement:
+    """The task's identity and where to report to; `CRATER_TASK_ID` is required."""
+    env = os.environ if environ is None else environ
+    task_id = env.get("CRATER_TASK_ID", "").strip()
+    if not task_id:
+        raise AllocationError("CRATER_TASK_ID", "not set: this does not run as a placed task")
+    attempt = env.get("CRATER_ATTEMPT")
+    return Placement(
+        task_id=task_id,
+        allocation_id=env.get("CRATER_ALLOCATION_ID") or None,
+        attempt=1 if attempt is None else _int(env, "CRATER_ATTEMPT", 1),
+        gateway_url=env.get("CRATER_GATEWAY_URL") or None,
+        checkpoint_path=env.get("CRATER_CHECKPOINT_PATH") or None,
+    )
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What `bind` applied: the cores now in this process's affinity, and the
+    CUDA_VISIBLE_DEVICES in force (None: no GPUs, nothing set)."""
+
+    cpu_cores: list[int]
+    cuda_visible_devices: str | None
+
+
+def bind(config: AllocationConfig | None = None, *, restrict_gpus: bool = True) -> Bound:
+    """Pin this process (and the workers it starts later) to the granted cores, and, unless
+    CUDA_VISIBLE_DEVICES is set already, make only the granted GPUs visible.
+
+    Call it before CUDA is initialised (before the first `torch.cuda` call): the variable is
+    read once. With it set, CUDA numbers the visible cards from 0, so the first granted GPU is
+    CUDA device 0, whatever its id on the node; pass `restrict_gpus=False` to keep every card
+    visible and address them by their node ids (`torch.cuda.set_device(cfg["gpu_ids"][0])`).
+    """
+    cfg = get_allocation_config() if config is None else config
+    available = os.sched_getaffinity(0)
+    missing = sorted(set(cfg["cpu_cores"]) - available)
+    if missing:
+        raise AllocationError(
+            "CRATER_CPU_CORE_IDS",
+            f"cores {missing} are not available to this process (it may use {sorted(available)})",
+        )
+    os.sched_setaffinity(0, cfg["cpu_cores"])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None and restrict_gpus and cfg["gpu_ids"]:
+        visible = ",".join(str(g) for g in cfg["gpu_ids"])
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    return Bound(sorted(os.sched_getaffinity(0)), visible)
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int) -> int:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        raise AllocationError(name, "not set")
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise AllocationError(name, f"{raw!r} is not a whole number") from None
+    if value < minimum:
+        raise AllocationError(name, f"{value} is below {minimum}")
+    return value
+
+
+def _ids(env: Mapping[str, str], name: str, *, allow_empty: bool) -> list[int]:
+    """A comma-separated list of distinct non-negative ids ("0,1")."""
+    raw = env.get(name)
+    if raw is None:
+        raise AllocationError(name, "not set")
+    parts = [p.strip() for p in raw.split(",") if p.strip()]
+    if not parts and not allow_empty:
+        raise AllocationError(name, "is empty: at least one id is needed")
+    ids: list[int] = []
+    for part in parts:
+        if not part.isdigit():
+            raise AllocationError(name, f"{part!r} is not a non-negative whole number")
+        ids.append(int(part))
+    if len(set(ids)) != len(ids):
+        raise AllocationError(name, f"{raw!r} lists an id twice")
+    return ids

@@ -1,0 +1,128 @@
+"""crater_client against a live Crater: every service its own process, a real nats-server,
+a simulated fleet that runs what is placed (the probe's fleet mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import uuid4
+
+import pytest
+
+from crater.cli.stack import Stack
+from crater.contracts import TaskUnderutilized
+from crater_client import (
+    AsyncCraterClient,
+    CraterClient,
+    NotFound,
+    TaskExists,
+    ValidationFailed,
+)
+from tests.support.events import EventTap
+
+pytestmark = pytest.mark.integration
+
+
+def task(task_id: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "task_type": "inference",
+        "model_config": {"name": "meta-llama/Llama-2-7b-hf", "precision": "bf16"},
+        "resource_requirements": {
+            "gpu": {"count": 1, "memory_mb": 20000},
+            "cpu": {"cores": 8},
+            "memory": {"capacity_mb": 65536},
+        },
+        "pool": "inference",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with Stack(data_dir=tmp_path_factory.mktemp("crater")) as running:
+        running.start(
+            services=("scheduler", "predictor", "probe", "gateway"),
+            extra_env={
+                # tasks run long enough to be seen running and cancelled
+                "CRATER_PROBE_TASK_SECONDS_MIN": "20",
+                "CRATER_PROBE_TASK_SECONDS_MAX": "25",
+                "CRATER_PROBE_TASK_START_SECONDS": "0.2",
+                "CRATER_PREDICTOR_SLA_WINDOW_SECONDS": "20",
+                "CRATER_PREDICTOR_SLA_WARMUP_SECONDS": "0",
+            },
+        )
+        yield running
+
+
+def test_alldata_drives_a_task_s_lifecycle_and_gets_refusals_as_exceptions(
+    stack: Stack,
+) -> None:
+    client = CraterClient(stack.url("gateway"))
+    accepted = client.submit(task("life-1"))
+    assert (accepted.task_id, accepted.status) == ("life-1", "submitted")
+    running = client.wait("life-1", until={"running"}, timeout=60, poll=0.2)
+    assert running.status == "running"
+    assert running.gpu_ids
+    assert "life-1" in {t.task_id for t in client.list(status="running")}
+
+    with pytest.raises(TaskExists) as exists:
+        client.submit(task("life-1"))
+    assert exists.value.task_status == "running"
+
+    with pytest.raises(ValidationFailed) as invalid:
+        client.submit(task("bad-1", resource_requirements={"gpu": {"count": "two"}}))
+    assert ("resource_requirements.gpu.count", invalid.value.errors[0][1]) == invalid.value.errors[
+        0
+    ]
+    assert "integer" in invalid.value.errors[0][1]
+
+    cancelled = client.cancel("life-1")
+    assert (cancelled.status, cancelled.previous) == ("cancelling", "running")
+    ended = client.wait("life-1", timeout=60, poll=0.2)
+    assert ended.status == "cancelled"
+    with pytest.raises(NotFound):
+        client.get("never-submitted")
+
+
+def post_usage(gateway: str, task_id: str, attempt: int, second: float, util: float) -> None:
+    body = {
+        "event_id": str(uuid4()),
+        "occurred_at": (datetime.now(UTC) + timedelta(seconds=second)).isoformat(),
+        "task_id": task_id,
+        "attempt": attempt,
+        "interval_seconds": 10,
+        "gpus": [{"gpu_id": 0, "utilization_percent": util, "memory_used_mb": 20000}],
+    }
+    request = urllib.request.Request(
+        f"{gateway}/api/v1/tasks/{task_id}/usage",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 202
+
+
+async def test_a_task_below_its_sla_is_said_once(stack: Stack) -> None:
+    tap = await EventTap.start(stack.nats_url)
+    try:
+        client = AsyncCraterClient(stack.url("gateway"))
+        await client.submit(task("slow-1", sla={"min_gpu_utilization_percent": 70}))
+        running = await client.wait("slow-1", until={"running"}, timeout=60, poll=0.2)
+        gateway = stack.url("gateway")
+        # 40 s of 25% utilisation, as the task's monitor would report it: two whole windows
+        for n in range(1, 5):
+            await asyncio.to_thread(post_usage, gateway, "slow-1", running.attempt, 10 * n, 25.0)
+        [breach] = await tap.wait_for(TaskUnderutilized, lambda e: e.task_id == "slow-1")
+        assert breach.measured_gpu_utilization_percent == 25.0
+        assert breach.min_gpu_utilization_percent == 70.0
+        await asyncio.sleep(1.0)
+        assert len(tap.of(TaskUnderutilized, lambda e: e.task_id == "slow-1")) == 1
+        await client.cancel("slow-1")
+    finally:
+        await tap.close()
