@@ -1,6 +1,7 @@
 """Crater's contracts: every message, subject and stream, versioned (`crater.v1`)."""
 
 from crater.contracts.allocations import (
+    TASK_ENVIRONMENT,
     AllocationGranted,
     AllocationReleased,
     ReleaseReason,
@@ -67,6 +68,9 @@ from crater.contracts.tasks import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     PRIORITY_VALUES,
+    RESERVATION_TIMEOUT_MS_DEFAULT,
+    RESERVATION_TIMEOUT_MS_MAX,
+    RESERVATION_TIMEOUT_MS_MIN,
     Affinity,
     AntiAffinity,
     Confidence,
@@ -113,7 +117,11 @@ __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "PRIORITY_VALUES",
+    "RESERVATION_TIMEOUT_MS_DEFAULT",
+    "RESERVATION_TIMEOUT_MS_MAX",
+    "RESERVATION_TIMEOUT_MS_MIN",
     "SCHEMA_VERSION",
+    "TASK_ENVIRONMENT",
     "Affinity",
     "AllocatedResources",
     "AllocationGranted",

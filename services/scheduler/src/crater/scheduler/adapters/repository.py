@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, insert, select, update
@@ -511,8 +511,8 @@ def _armed_expiry(core: Scheduler | None, event: ReservationArmed) -> datetime:
     for member in head.members() if head is not None else ():
         if member.allocation_id == event.allocation_id:
             return member.expires_at
-    seconds = core.config.reservation_seconds if core is not None else 30
-    return event.occurred_at + timedelta(seconds=seconds)
+    config = core.config if core is not None else SchedulerConfig()
+    return event.occurred_at + config.reservation_for(None)
 
 
 def _nominated(row: Any) -> tuple[str, ...]:
