@@ -45,6 +45,7 @@ from crater.contracts.nodes import (
 )
 from crater.contracts.queries import (
     AttemptRecord,
+    HeldAllocation,
     NodeFit,
     NodeMisfit,
     NodesAnswer,
@@ -145,6 +146,7 @@ __all__ = [
     "GpuRequirement",
     "GpuUsage",
     "HealthCheck",
+    "HeldAllocation",
     "IoPattern",
     "LatencySamplesReported",
     "MemoryRequirement",
