@@ -55,7 +55,8 @@ async def test_a_grant_is_armed_when_read_back_and_a_future_event_is_refused(
         await until(lambda: core.allocations["armed"].armed)
         expires = core.allocations["armed"].expires_at
         assert expires >= granted.reservation_expires_at
-        assert expires - datetime.now(UTC) <= timedelta(seconds=settings.reservation_seconds)
+        lifetime = timedelta(milliseconds=settings.reservation_timeout_ms)
+        assert expires - datetime.now(UTC) <= lifetime
 
         clock = core.clock
         future = NodeHealthReported(

@@ -53,7 +53,16 @@ def profiled(task_id: str, when: float = 1, **needs: Any) -> TaskProfiled:
             "memory": {"capacity_mb": needs.get("mem", 16000)},
         },
     }
-    keys = ("pool", "affinity", "priority", "gang_size", "tenant", "preemptible", "anti_affinity")
+    keys = (
+        "pool",
+        "affinity",
+        "priority",
+        "gang_size",
+        "tenant",
+        "preemptible",
+        "anti_affinity",
+        "reservation_timeout_ms",
+    )
     for key in keys:
         if key in needs:
             body[key] = needs[key]

@@ -74,7 +74,7 @@ def workload(seed: int) -> list[Event]:
 
 
 def test_skipping_expiry_scans_changes_no_decision() -> None:
-    config = SchedulerConfig(reservation_seconds=15, heartbeat_timeout_seconds=20)
+    config = SchedulerConfig(reservation_timeout_ms=15_000, heartbeat_timeout_seconds=20)
     skipping, scanning = Scheduler(config=config), Scheduler(config=config)
     kinds: set[str] = set()
     for event in workload(seed=5):

@@ -65,7 +65,7 @@ def with_restarts(random_lab: bool) -> SchedulerConfig:
     return SchedulerConfig(
         quotas=base.quotas,
         pools=pools,
-        reservation_seconds=base.reservation_seconds,
+        reservation_timeout_ms=base.reservation_timeout_ms,
         grace_period_seconds=base.grace_period_seconds,
         pending_interval_seconds=20,
         node_lost_seconds=15,

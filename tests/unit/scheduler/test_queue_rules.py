@@ -51,7 +51,7 @@ def test_a_gang_spreads_its_members_across_nodes_one_grant_each() -> None:
     assert {g.node for g in members} == {"a100-01", "a100-02"}
     assert len({g.allocation_id for g in members}) == 2
     assert all(g.gpu_ids == [0, 1, 2, 3] for g in members)
-    assert members[1].environment["CRATER_GANG_INDEX"] == "1"
+    assert members[1].environment["CRATER_GANG_RANK"] == "1"
     assert members[1].environment["CRATER_GANG_LEADER_NODE"] == members[0].node
 
 

@@ -144,7 +144,7 @@ def config(random_lab: bool) -> SchedulerConfig:
     return SchedulerConfig(
         quotas={"search": Quota(gpus=6, cpu_cores=24), "ads": Quota(memory_mb=100_000)},
         pools=pools,
-        reservation_seconds=60,
+        reservation_timeout_ms=60_000,
         grace_period_seconds=10,
     )
 

@@ -1,5 +1,6 @@
 """Documents generated from the contracts, never written by hand: a JSON Schema per message,
-an AsyncAPI 3 document of every subject, and the subject and stream tables."""
+an AsyncAPI 3 document of every subject, the subject and stream tables, the configuration
+and the task environment."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pydantic import BaseModel
 
 from crater.contracts import (
     SCHEMA_VERSION,
+    TASK_ENVIRONMENT,
     JobDescription,
     NodesAnswer,
     NodesQuery,
@@ -181,11 +183,35 @@ def configuration_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def task_environment_markdown() -> str:
+    lines = [
+        GENERATED,
+        "# The task environment",
+        "",
+        "What a placed task is handed: `environment` of AllocationGranted",
+        "(`crater.v1.allocation.granted`), and of each entry of `allocations` in",
+        "`GET /api/v1/tasks/{task_id}` while the task holds them. AllData injects these into",
+        "the task's container; `crater_client` reads them. A gang's members each have their",
+        "own. `CRATER_CPU_CORES` is a count and `CRATER_GPU_IDS` a comma list, as AllData's",
+        "training scripts read them; the core ids to pin to are in `CRATER_CPU_CORE_IDS`.",
+        "The DataLoader figures are fitted at placement to the node chosen (its local SSD, the",
+        "cores and memory granted) from what the predictor said the pipeline wants.",
+        "",
+        "| variable | meaning |",
+        "|---|---|",
+    ]
+    lines += [
+        f"| `{name}` | {meaning.replace('|', '/')} |" for name, meaning in TASK_ENVIRONMENT.items()
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def documents() -> dict[str, str]:
     return {
         "asyncapi.json": asyncapi(),
         "subjects.md": subjects_markdown(),
         "configuration.md": configuration_markdown(),
+        "task-environment.md": task_environment_markdown(),
         **schemas(),
     }
 

@@ -1,6 +1,7 @@
 """Crater's contracts: every message, subject and stream, versioned (`crater.v1`)."""
 
 from crater.contracts.allocations import (
+    TASK_ENVIRONMENT,
     AllocationGranted,
     AllocationReleased,
     ReleaseReason,
@@ -45,6 +46,7 @@ from crater.contracts.nodes import (
 )
 from crater.contracts.queries import (
     AttemptRecord,
+    HeldAllocation,
     MemberPlacement,
     NodeFit,
     NodeMisfit,
@@ -75,6 +77,9 @@ from crater.contracts.tasks import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     PRIORITY_VALUES,
+    RESERVATION_TIMEOUT_MS_DEFAULT,
+    RESERVATION_TIMEOUT_MS_MAX,
+    RESERVATION_TIMEOUT_MS_MIN,
     Affinity,
     AntiAffinity,
     Confidence,
@@ -121,7 +126,11 @@ __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "PRIORITY_VALUES",
+    "RESERVATION_TIMEOUT_MS_DEFAULT",
+    "RESERVATION_TIMEOUT_MS_MAX",
+    "RESERVATION_TIMEOUT_MS_MIN",
     "SCHEMA_VERSION",
+    "TASK_ENVIRONMENT",
     "Affinity",
     "AllocatedResources",
     "AllocationGranted",
@@ -146,6 +155,7 @@ __all__ = [
     "GpuRequirement",
     "GpuUsage",
     "HealthCheck",
+    "HeldAllocation",
     "IoPattern",
     "JobDescription",
     "LatencySamplesReported",

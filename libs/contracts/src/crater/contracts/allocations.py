@@ -9,6 +9,36 @@ from pydantic import AwareDatetime, Field
 from crater.contracts.base import Contract, TaskEvent
 from crater.contracts.tasks import TaskId
 
+# Every variable a placed task is handed (AllocationGranted.environment), with its meaning:
+# the one list the scheduler builds from, docs/task-environment.md is generated from, and
+# crater_client reads. AllData's scripts read CRATER_CPU_CORES as a count and CRATER_GPU_IDS
+# as a comma list: those meanings stay.
+TASK_ENVIRONMENT: dict[str, str] = {
+    "CRATER_TASK_ID": "The task's id.",
+    "CRATER_ALLOCATION_ID": "This allocation's id (a gang member's own); name it in reports.",
+    "CRATER_ATTEMPT": "Which attempt of the task this is, from 1 (restart policy).",
+    "CRATER_GPU_IDS": "GPU indexes granted on the node, comma separated (`0,1`); empty: none.",
+    "CRATER_CPU_CORES": "How many CPU cores are granted (a count, `4`).",
+    "CRATER_CPU_CORE_IDS": "The granted CPU core ids, comma separated (`2,3,4,5`): pin to them "
+    "(os.sched_setaffinity).",
+    "CRATER_NUMA_NODE": "The NUMA node the GPUs and cores sit on; empty: none or several.",
+    "CRATER_MEMORY_MB": "Host memory granted, MiB.",
+    "CRATER_SSD_PATH": "The node's local SSD mount (NVMe first); absent: the node has none.",
+    "CRATER_CHECKPOINT_PATH": "Where to write checkpoints (on the local NVMe when there is one).",
+    "CRATER_PRECISION": "The precision the task asked for (bf16, fp16, ...).",
+    "CRATER_DATALOADER_NUM_WORKERS": "DataLoader workers per GPU process, for the node chosen "
+    "(its disk, the cores and memory granted).",
+    "CRATER_DATALOADER_PREFETCH_FACTOR": "DataLoader prefetch_factor, for the node chosen.",
+    "CRATER_MIG_PROFILE": "The MIG slice held on the first GPU (`3g.40gb`); absent: whole cards.",
+    "CRATER_GANG_RANK": "A gang member's rank, from 0; absent: not a gang.",
+    "CRATER_GANG_SIZE": "How many members the gang has; absent: not a gang.",
+    "CRATER_GANG_LEADER_NODE": "The node (id) rank 0 was placed on; absent: not a gang.",
+    "CRATER_MASTER_ADDR": "The host name rank 0's node reported (its probe's hostname), for "
+    "torch.distributed; it resolves where the cluster's DNS knows it. Absent: not a gang.",
+    "CRATER_GATEWAY_URL": "The gateway's public URL, where the task posts its usage samples; "
+    "absent: the scheduler was not told it (CRATER_SCHEDULER_GATEWAY_URL).",
+}
+
 
 class ScoreDetail(Contract):
     plugin: str
@@ -38,7 +68,11 @@ class AllocationGranted(TaskEvent):
     score: float
     scores: list[ScoreDetail] = Field(default_factory=list)
     explanation: str = Field(description="Why this node, in one line.")
-    environment: dict[str, str] = Field(description="CRATER_* variables handed to the task.")
+    environment: dict[str, str] = Field(
+        description="The variables handed to the task, to inject into its container: "
+        + "; ".join(TASK_ENVIRONMENT)
+        + " (meanings: docs/task-environment.md)."
+    )
     gang_index: int = Field(
         default=0, ge=0, description="This member of a gang (one grant per member), from 0."
     )

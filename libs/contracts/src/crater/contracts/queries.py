@@ -80,6 +80,29 @@ class AttemptRecord(Contract):
     )
 
 
+class HeldAllocation(Contract):
+    """What a placed task holds now (a gang: one per member), with the environment to hand
+    it: the same as its `scheduled` webhook and AllocationGranted said."""
+
+    allocation_id: str
+    node: str
+    gpu_ids: list[int] = Field(default_factory=list)
+    cpu_cores: list[int] = Field(default_factory=list)
+    numa_node: int | None = None
+    memory_mb: int = Field(ge=0)
+    checkpoint_path: str | None = None
+    gang_index: int = Field(default=0, ge=0, description="The member's rank, from 0.")
+    attempt: int = Field(default=1, ge=1)
+    running: bool = Field(description="Its node reported it running: the reservation holds.")
+    reservation_expires_at: AwareDatetime = Field(
+        description="Unless running by then, released (expired) at this time."
+    )
+    environment: dict[str, str] = Field(
+        description="The variables to inject into the task's container (docs/"
+        "task-environment.md); empty for a placement made before they were kept."
+    )
+
+
 class TaskSummary(Contract):
     task_id: str
     task_type: TaskType
@@ -97,6 +120,12 @@ class TaskSummary(Contract):
     history: list[AttemptRecord] = Field(
         default_factory=list,
         description="Every placement, oldest first; filled when one task is asked for by id.",
+    )
+    allocations: list[HeldAllocation] = Field(
+        default_factory=list,
+        description="What it holds now, a gang's members by rank, each with its environment; "
+        "filled when one task is asked for by id (GET /api/v1/tasks/{task_id}); empty: "
+        "it holds nothing.",
     )
 
 

@@ -102,6 +102,12 @@ class Priority(StrEnum):
 
 # Numeric priorities run 0..1000, larger first; the named classes sit on that scale.
 PRIORITY_MIN, PRIORITY_MAX = 0, 1000
+# How long a placement waits for its node to report the task running (milliseconds, as
+# AllData configures it: crater.reservation-timeout-ms), per task, per pool, or by default.
+RESERVATION_TIMEOUT_MS_DEFAULT = 30_000
+RESERVATION_TIMEOUT_MS_MIN = 1_000
+RESERVATION_TIMEOUT_MS_MAX = 3_600_000
+
 PRIORITY_VALUES = {Priority.LOW: 100, Priority.MEDIUM: 500, Priority.HIGH: 900}
 PRIORITY_NAMES = frozenset(p.value for p in Priority)
 NumericPriority = Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
@@ -523,6 +529,15 @@ class TaskRequest(Contract):
         default=None,
         description="Retry an attempt that failed, was preempted or lost its node; None: the "
         "pool's policy (pools file), else never.",
+    )
+    reservation_timeout_ms: int | None = Field(
+        default=None,
+        ge=RESERVATION_TIMEOUT_MS_MIN,
+        le=RESERVATION_TIMEOUT_MS_MAX,
+        description="How long a placement is held for the task's node to report it running "
+        "before it is released (expired), in milliseconds (AllData's "
+        "crater.reservation-timeout-ms); None: the pool's (pools file), else the scheduler's "
+        f"(default {RESERVATION_TIMEOUT_MS_DEFAULT}).",
     )
 
     @model_validator(mode="before")

@@ -32,6 +32,12 @@ from crater.contracts import (
     TaskRequest,
     TaskType,
 )
+from crater.contracts.dataloader import (
+    PROCESS_HOST_MB,
+    WORKER_HOST_MB,
+    dataloader_settings,
+    workers_per_process,
+)
 from crater.contracts.tasks import (
     InferenceConfig,
     Optimizer,
@@ -94,8 +100,6 @@ GPU_PEAK_FLOPS = {
     "T4": 65e12,
 }
 DEFAULT_GPU = "A100"
-PROCESS_HOST_MB = 2048  # one GPU process: Python, torch, CUDA runtime (RSS)
-WORKER_HOST_MB = 512  # one DataLoader worker process
 STALL_COVER_SECONDS = {IoPattern.SEQUENTIAL: 0.25, IoPattern.MIXED: 0.5, IoPattern.RANDOM: 1.0}
 PAGE = 4096
 
@@ -692,7 +696,7 @@ def _loader_for_training(
     again in reserve, within the cores the task holds (one kept for each main process);
     prefetch enough batches to ride out a disk stall typical of the IO pattern."""
     cores = request.resource_requirements.cpu.cores or 1
-    per_process = max((cores - shape.gpus_per_node) // shape.gpus_per_node, 0)
+    per_process = workers_per_process(cores, shape.gpus_per_node)
     step = max(timeline.step_seconds, 1e-6)
     needed = math.ceil(config.batch_size / step * cpu_seconds_per_sample(arch, shape) * 1.5)
     workers = min(max(needed, 1), per_process, 16)
@@ -700,15 +704,6 @@ def _loader_for_training(
         return 0, 1
     stall = STALL_COVER_SECONDS[request.data_config.io_pattern]
     prefetch = min(max(math.ceil(stall / step / workers), 2), 8)
-    return workers, prefetch
-
-
-def dataloader_settings(cpu_cores: int, gpus: int) -> tuple[int, int]:
-    """Without a step time: workers per GPU process from the cores the task holds, one left
-    for each main loop."""
-    per_gpu = max((cpu_cores - gpus) // gpus, 0)
-    workers = min(per_gpu, 8)
-    prefetch = 2 if workers >= 4 else 4 if workers else 1
     return workers, prefetch
 
 

@@ -86,6 +86,8 @@ allocations = Table(
     # the grant was read back from the stream: its reservation counts from then
     Column("armed", Boolean, nullable=False, default=True, server_default=true()),
     Column("attempt", Integer, nullable=False, default=1, server_default="1"),
+    # what the grant handed the task (CRATER_*); None for rows from before it was kept
+    Column("environment", JSON, nullable=True),
 )
 
 # Cancels of tasks the scheduler has not received yet (still being profiled): when the task

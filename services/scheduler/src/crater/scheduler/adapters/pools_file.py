@@ -7,9 +7,11 @@ pools:
     filters: [NodeReady, Pool, TaintToleration, GpuCount, GpuMemory, CpuCores, Memory]
     overcommit: {cpu: 2.0, memory: 1.5}      # GPU stays 1 unless set
     restart_policy: {when: [failure, node-lost], max_attempts: 3, backoff_seconds: 10}
+    reservation_timeout_ms: 15000            # a placement waits this long for `running`
 
 A pool left out, or a field left out, keeps the default: every filter, the default scores,
-no over-commit, no restart (a task's own `restart_policy` wins). `filters` must keep
+no over-commit, no restart, the scheduler's reservation timeout (a task's own
+`restart_policy` and `reservation_timeout_ms` win). `filters` must keep
 NodeReady and Pool, the two that no pool can do without.
 """
 
@@ -21,7 +23,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from crater.contracts import RestartPolicy
+from crater.contracts import (
+    RESERVATION_TIMEOUT_MS_MAX,
+    RESERVATION_TIMEOUT_MS_MIN,
+    RestartPolicy,
+)
 from crater.scheduler.domain.cluster import Overcommit
 from crater.scheduler.domain.plugins import (
     CONFIGURED_SCORES,
@@ -55,6 +61,9 @@ class _Pool(BaseModel):
     args: dict[str, dict[str, Any]] = Field(default_factory=dict)
     overcommit: _Overcommit = Field(default_factory=_Overcommit)
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
+    reservation_timeout_ms: int | None = Field(
+        default=None, ge=RESERVATION_TIMEOUT_MS_MIN, le=RESERVATION_TIMEOUT_MS_MAX
+    )
 
     @field_validator("filters")
     @classmethod
@@ -94,7 +103,10 @@ class _Pool(BaseModel):
         )
         ratios = self.overcommit
         return PoolPolicy(
-            pipeline, Overcommit(ratios.cpu, ratios.memory, ratios.gpu), self.restart_policy
+            pipeline,
+            Overcommit(ratios.cpu, ratios.memory, ratios.gpu),
+            self.restart_policy,
+            self.reservation_timeout_ms,
         )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, insert, select, update
@@ -14,6 +14,7 @@ from crater.contracts import (
     AllocationReleased,
     AttemptRecord,
     Event,
+    HeldAllocation,
     NodeCondition,
     NodeHealthReported,
     NodeTopology,
@@ -181,6 +182,7 @@ class SchedulerRepository:
                     "gang_index": decision.gang_index,
                     "armed": False,
                     "attempt": decision.attempt,
+                    "environment": decision.environment,
                 },
             )
             if decision.gang_index:
@@ -422,6 +424,7 @@ class SchedulerRepository:
         if query.status is not None:
             statement = statement.where(tasks.c.status == query.status.value)
         rows = (await self.session.execute(statement)).all()
+        one = query.task_id is not None
         return [
             TaskSummary(
                 task_id=r.task_id,
@@ -437,7 +440,35 @@ class SchedulerRepository:
                 submitted_at=_aware(r.submitted_at),
                 updated_at=_aware(r.updated_at),
                 attempt=r.attempt,
-                history=await self._history(r.task_id) if query.task_id is not None else [],
+                history=await self._history(r.task_id) if one else [],
+                allocations=await self._held(r.task_id) if one else [],
+            )
+            for r in rows
+        ]
+
+    async def _held(self, task_id: str) -> list[HeldAllocation]:
+        """What the task holds now, a gang's members by rank; empty when it holds nothing."""
+        rows = (
+            await self.session.execute(
+                select(allocations)
+                .where(allocations.c.task_id == task_id, allocations.c.released_at.is_(None))
+                .order_by(allocations.c.gang_index)
+            )
+        ).all()
+        return [
+            HeldAllocation(
+                allocation_id=r.allocation_id,
+                node=r.node,
+                gpu_ids=r.gpu_ids,
+                cpu_cores=r.cpu_cores,
+                numa_node=r.numa_node,
+                memory_mb=r.memory_mb,
+                checkpoint_path=r.checkpoint_path,
+                gang_index=r.gang_index,
+                attempt=r.attempt,
+                running=r.running,
+                reservation_expires_at=_aware(r.reservation_expires_at),
+                environment=r.environment or {},
             )
             for r in rows
         ]
@@ -511,8 +542,8 @@ def _armed_expiry(core: Scheduler | None, event: ReservationArmed) -> datetime:
     for member in head.members() if head is not None else ():
         if member.allocation_id == event.allocation_id:
             return member.expires_at
-    seconds = core.config.reservation_seconds if core is not None else 30
-    return event.occurred_at + timedelta(seconds=seconds)
+    config = core.config if core is not None else SchedulerConfig()
+    return event.occurred_at + config.reservation_for(None)
 
 
 def _nominated(row: Any) -> tuple[str, ...]:

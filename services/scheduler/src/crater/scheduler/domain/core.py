@@ -21,8 +21,10 @@ import numpy.typing as npt
 
 from crater.contracts import (
     PRIORITY_MAX,
+    RESERVATION_TIMEOUT_MS_DEFAULT,
     AllocationGranted,
     AllocationReleased,
+    Disk,
     Event,
     FieldError,
     FilterReason,
@@ -53,6 +55,7 @@ from crater.contracts import (
     derived_event_id,
     priority_value,
 )
+from crater.contracts.dataloader import dataloader_for_node
 from crater.scheduler.domain.cluster import (
     NO_OVERCOMMIT,
     WHOLE,
@@ -150,7 +153,8 @@ FILTER_FIELDS = {
 @dataclass(frozen=True)
 class SchedulerConfig:
     pipeline: Pipeline = DEFAULT_PIPELINE
-    reservation_seconds: int = 30
+    # how long a placement waits for its node's `running`, unless the task or its pool says
+    reservation_timeout_ms: int = RESERVATION_TIMEOUT_MS_DEFAULT
     heartbeat_timeout_seconds: float = 30.0
     token_secret: bytes = b"crater-development-only"
     checkpoint_root: str = "/var/lib/crater/checkpoints"
@@ -170,6 +174,8 @@ class SchedulerConfig:
     # an unconfirmed reservation expires once the node reports (task.status) consumed reach
     # past its expiry; with none that recent, this much later (a quiet status stream)
     confirmation_lag_seconds: float = 30.0
+    # the gateway's public URL, handed to tasks (CRATER_GATEWAY_URL); None: not handed
+    gateway_url: str | None = None
 
     def restart_for(self, request: TaskRequest) -> RestartPolicy:
         """The task's own restart policy, else its pool's, else never."""
@@ -177,6 +183,17 @@ class SchedulerConfig:
             return request.restart_policy
         policy = self.pools.get(request.pool)
         return NEVER_RESTART if policy is None else policy.restart
+
+    def reservation_for(self, request: TaskRequest | None) -> timedelta:
+        """The task's own reservation timeout, else its pool's, else the default."""
+        ms = self.reservation_timeout_ms
+        if request is not None:
+            policy = self.pools.get(request.pool)
+            if request.reservation_timeout_ms is not None:
+                ms = request.reservation_timeout_ms
+            elif policy is not None and policy.reservation_timeout_ms is not None:
+                ms = policy.reservation_timeout_ms
+        return timedelta(milliseconds=ms)
 
     def pipeline_for(self, pool: str) -> Pipeline:
         policy = self.pools.get(pool)
@@ -642,9 +659,8 @@ class Scheduler:
         for member in head.members():
             if member.allocation_id == event.allocation_id and not member.armed:
                 member.armed = True
-                member.expires_at = event.occurred_at + timedelta(
-                    seconds=self.config.reservation_seconds
-                )
+                request = member.task.request if member.task is not None else None
+                member.expires_at = event.occurred_at + self.config.reservation_for(request)
                 if self.expiry_floor is not None:
                     self.expiry_floor = min(self.expiry_floor, member.expires_at)
 
@@ -1417,7 +1433,7 @@ class Scheduler:
         event_id = derived_event_id(cause.event_id, f"granted:{request.task_id}{suffix}")
         allocation_id = f"alloc-{event_id.hex[:16]}"
         now = self.clock or cause.occurred_at
-        expires = now + timedelta(seconds=self.config.reservation_seconds)
+        expires = now + self.config.reservation_for(request)
         allocation = Allocation(
             allocation_id,
             request.task_id,
@@ -1451,11 +1467,7 @@ class Scheduler:
         checkpoint = self._checkpoint_path(node, request.task_id)
         best = max(details, key=lambda d: d.score).plugin if details else "only fit"
         gang = f"gang member {member + 1}/{size}; " if size > 1 else ""
-        environment = self._environment(task, selection, checkpoint)
-        if size > 1:
-            environment["CRATER_GANG_INDEX"] = str(member)
-            environment["CRATER_GANG_SIZE"] = str(size)
-            environment["CRATER_GANG_LEADER_NODE"] = self.allocations[request.task_id].node
+        environment = self._environment(task, node, selection, allocation, checkpoint)
         return AllocationGranted(
             event_id=event_id,
             occurred_at=cause.occurred_at,
@@ -1647,9 +1659,11 @@ class Scheduler:
         )
 
     def _checkpoint_path(self, node: Node, task_id: str) -> str:
-        mounts = [d.mount_path for d in node.topology.disks if d.nvme and d.mount_path]
-        root = f"{mounts[0].rstrip('/')}/crater/checkpoints" if mounts else None
-        return f"{root or self.config.checkpoint_root}/{task_id}"
+        """On the node's local NVMe when it has one, else under the configured root."""
+        ssd = _local_ssd(node.topology)
+        if ssd is not None and ssd.nvme and ssd.mount_path:
+            return f"{ssd.mount_path.rstrip('/')}/crater/checkpoints/{task_id}"
+        return f"{self.config.checkpoint_root}/{task_id}"
 
     def _token(self, allocation_id: str, task_id: str, node: str, expires: datetime) -> str:
         expiry = int(expires.timestamp())
@@ -1657,23 +1671,71 @@ class Scheduler:
         signature = hmac.new(self.config.token_secret, claim.encode(), hashlib.sha256)
         return f"v1.{allocation_id}.{expiry}.{signature.hexdigest()}"
 
-    @staticmethod
-    def _environment(task: PendingTask, selection: Selection, checkpoint: str) -> dict[str, str]:
+    def _environment(
+        self,
+        task: PendingTask,
+        node: Node,
+        selection: Selection,
+        allocation: Allocation,
+        checkpoint: str,
+    ) -> dict[str, str]:
+        """What the task is handed (TASK_ENVIRONMENT names and explains each variable), the
+        DataLoader figures fitted to this node: its local SSD, the cores and memory granted."""
+        request = task.request
+        ssd = _local_ssd(node.topology)
+        predicted = task.prediction
+        wanted = (
+            None
+            if predicted is None
+            else (predicted.dataloader_num_workers, predicted.dataloader_prefetch_factor)
+        )
+        workers, prefetch = dataloader_for_node(
+            wanted,
+            len(selection.cpu_cores),
+            len(selection.gpu_ids),
+            allocation.memory_mb,
+            ssd,
+        )
         env = {
+            "CRATER_TASK_ID": request.task_id,
+            "CRATER_ALLOCATION_ID": allocation.allocation_id,
+            "CRATER_ATTEMPT": str(allocation.attempt),
             "CRATER_GPU_IDS": ",".join(map(str, selection.gpu_ids)),
-            "CRATER_CPU_CORES": ",".join(map(str, selection.cpu_cores)),
+            # a count: AllData's scripts read int(os.getenv("CRATER_CPU_CORES"))
+            "CRATER_CPU_CORES": str(len(selection.cpu_cores)),
+            "CRATER_CPU_CORE_IDS": ",".join(map(str, selection.cpu_cores)),
             "CRATER_NUMA_NODE": "" if selection.numa_node is None else str(selection.numa_node),
+            "CRATER_MEMORY_MB": str(allocation.memory_mb),
             "CRATER_CHECKPOINT_PATH": checkpoint,
-            "CRATER_PRECISION": task.request.model_spec.precision.value,
+            "CRATER_PRECISION": request.model_spec.precision.value,
+            "CRATER_DATALOADER_NUM_WORKERS": str(workers),
+            "CRATER_DATALOADER_PREFETCH_FACTOR": str(prefetch),
         }
+        if ssd is not None and ssd.mount_path:
+            env["CRATER_SSD_PATH"] = ssd.mount_path
         if selection.mig_profile is not None:
             env["CRATER_MIG_PROFILE"] = selection.mig_profile
-        if task.prediction is not None:
-            env["CRATER_DATALOADER_NUM_WORKERS"] = str(task.prediction.dataloader_num_workers)
-            env["CRATER_DATALOADER_PREFETCH_FACTOR"] = str(
-                task.prediction.dataloader_prefetch_factor
-            )
+        if task.gang_size > 1:
+            # rank 0 is granted first: its allocation is the task's own by now
+            leader = self.allocations[request.task_id].node
+            env["CRATER_GANG_RANK"] = str(allocation.gang_index)
+            env["CRATER_GANG_SIZE"] = str(task.gang_size)
+            env["CRATER_GANG_LEADER_NODE"] = leader
+            leader_node = self.cluster.get(leader)
+            if leader_node is not None:
+                env["CRATER_MASTER_ADDR"] = leader_node.topology.hostname
+        if self.config.gateway_url is not None:
+            env["CRATER_GATEWAY_URL"] = self.config.gateway_url
         return env
+
+
+def _local_ssd(topology: NodeTopology) -> Disk | None:
+    """The node's mounted local SSD a task reads its data from and checkpoints to: the
+    first NVMe drive, else the first other SSD; None: it has none."""
+    mounted = [d for d in topology.disks if d.mount_path and not d.rotational]
+    nvme = [d for d in mounted if d.nvme]
+    first = nvme or mounted
+    return first[0] if first else None
 
 
 def _consumed_until(stream_clock: datetime | None, now: datetime, allowance: float) -> datetime:

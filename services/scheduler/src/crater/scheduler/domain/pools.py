@@ -1,5 +1,5 @@
-"""A pool's policy: its filter and score pipeline, its over-commit ratios, and whether its
-tasks are retried when an attempt ends badly."""
+"""A pool's policy: its filter and score pipeline, its over-commit ratios, whether its
+tasks are retried when an attempt ends badly, and how long their placements are held."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ class PoolPolicy:
     overcommit: Overcommit = NO_OVERCOMMIT
     # for the pool's tasks that name no restart policy of their own
     restart: RestartPolicy = field(default=NEVER_RESTART)
+    # for the pool's tasks that name no reservation timeout; None: the scheduler's default
+    reservation_timeout_ms: int | None = None
 
 
 DEFAULT_POLICY = PoolPolicy()
