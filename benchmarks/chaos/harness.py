@@ -700,13 +700,16 @@ def _read_webhooks(receiver_file: Path) -> list[Webhook]:
         except ValueError:
             continue
         body = record["body"]
+        # The callback's default body is AllData's own shape: the attempt comes in the
+        # crater-attempt header (the crater format has it in the body too).
+        attempt = body.get("attempt") or record.get("headers", {}).get("crater-attempt")
         webhooks.append(
             Webhook(
                 webhook_id=record["webhook_id"],
                 received_at=datetime.fromisoformat(record["received_at"]).timestamp(),
                 task_id=str(body.get("task_id")),
                 status=str(body.get("status")),
-                attempt=int(body["attempt"]) if body.get("attempt") else None,
+                attempt=int(attempt) if attempt else None,
                 duplicate_submission=bool(body.get("duplicate_submission")),
                 release_reason=body.get("release_reason"),
             )

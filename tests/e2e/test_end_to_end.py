@@ -152,17 +152,23 @@ async def test_tasks_flow_from_gateway_to_webhooks_in_one_trace(stack: Stack) ->
         received = await deliveries(stack)
         # what AllData was told: one end per task, and nothing after it
         for task_id in ("train-e2e", "serve-e2e", "huge-e2e"):
-            told = [d["body"] for d in received if d["body"]["task_id"] == task_id]
-            ends = {b["event_id"] for b in told if b["status"] in TERMINAL}
+            told = [d for d in received if d["body"]["task_id"] == task_id]
+            # webhook-id is the event id (the default alldata body does not repeat it)
+            ends = {d["webhook_id"] for d in told if d["body"]["status"] in TERMINAL}
             assert len(ends) == 1, told
-            assert told[-1]["status"] in TERMINAL, told  # received last
-        scheduled = next(
-            d["body"]
+            assert told[-1]["body"]["status"] in TERMINAL, told  # received last
+        scheduled_delivery = next(
+            d
             for d in received
             if d["body"]["task_id"] == "train-e2e" and d["body"]["status"] == "scheduled"
         )
+        scheduled = scheduled_delivery["body"]
+        # AllData's own shape by default; the attempt comes in a header
+        assert list(scheduled) == ["task_id", "status", "allocated_resources"]
+        assert scheduled_delivery["headers"]["crater-attempt"] == "1"
         resources = scheduled["allocated_resources"]
         assert len(resources["gpu_ids"]) == 2
+        assert all(isinstance(gpu, str) for gpu in resources["gpu_ids"])
         assert len(resources["cpu_cores"]) == 8
         assert resources["node"].startswith(("a100", "h100"))
 

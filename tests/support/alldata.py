@@ -4,6 +4,7 @@ into tests/fixtures/alldata): never edited to fit the code."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "alldata"
@@ -14,3 +15,14 @@ def fixture(name: str) -> bytes:
     """The fixture's bytes: the shared original where this checkout has it, else the copy."""
     shared = SHARED / name
     return shared.read_bytes() if shared.is_file() else (FIXTURES / name).read_bytes()
+
+
+def shape(value: Any) -> Any:
+    """A parsed JSON document with every value masked by its JSON type, objects as their
+    (key, shape) pairs in order: two documents of the same byte-level shape (keys, key order,
+    types, at every level) compare equal."""
+    if isinstance(value, dict):
+        return [(key, shape(item)) for key, item in value.items()]
+    if isinstance(value, list):
+        return [shape(item) for item in value]
+    return type(value).__name__

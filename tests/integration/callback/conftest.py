@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -21,8 +22,9 @@ class ServedReceiver:
     url: str
 
 
-@pytest.fixture
-async def receiver() -> AsyncIterator[ServedReceiver]:
+@asynccontextmanager
+async def serve_receiver(path: str = "/hooks/crater") -> AsyncIterator[ServedReceiver]:
+    """A receiver served on a free port until the block ends (each keeps its own record)."""
     state = Receiver(USERNAME, PASSWORD, echo=False)
     port = free_port()
     server = uvicorn.Server(
@@ -37,7 +39,13 @@ async def receiver() -> AsyncIterator[ServedReceiver]:
         await asyncio.sleep(0.02)
     assert server.started, "receiver did not start"
     try:
-        yield ServedReceiver(state, f"http://127.0.0.1:{port}/hooks/crater")
+        yield ServedReceiver(state, f"http://127.0.0.1:{port}{path}")
     finally:
         server.should_exit = True
         await serving
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[ServedReceiver]:
+    async with serve_receiver() as served:
+        yield served

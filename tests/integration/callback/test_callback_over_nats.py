@@ -61,7 +61,7 @@ async def test_granted_allocation_reaches_alldata_as_scheduled_with_basic_auth(
     assert got.webhook_id == str(event.event_id)
     assert got.path == "/hooks/crater"
     assert got.body["status"] == "scheduled"
-    assert got.body["allocated_resources"]["gpu_ids"] == [0, 1]
+    assert got.body["allocated_resources"]["gpu_ids"] == ["0", "1"]  # alldata, the default
     assert got.body["allocated_resources"]["node"] == "gpu-01"
     engine = make_engine(database_url)
     async with engine.connect() as connection:

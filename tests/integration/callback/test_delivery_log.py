@@ -28,7 +28,7 @@ from crater.callback.app import MIGRATIONS_DIR
 from crater.callback.delivery import Dispatcher, Route, WebhookMetrics
 from crater.callback.domain.breaker import CircuitBreaker
 from crater.callback.domain.lifecycle import ends_task, in_lifecycle
-from crater.callback.domain.payload import webhook_body
+from crater.callback.domain.payload import render, webhook_body
 from crater.callback.domain.retry import RetryPolicy
 from crater.contracts import Event, TaskStatus, WebhookDeadLettered, WebhookDelivered
 from crater.runtime.db import (
@@ -75,11 +75,12 @@ class Harness:
         self.requests.append(request)
         return self.replies[min(len(self.requests), len(self.replies)) - 1](request)
 
-    async def record(self, event: Any) -> int | None:
+    async def record(self, event: Any, format: str | None = None) -> int | None:
         body = webhook_body(event)
         return await self.log.enqueue(
             source_event_id=event.event_id,
             endpoints=["http://alldata/hooks"],
+            formats={"http://alldata/hooks": format} if format else {},
             task_id=body.task_id,
             task_status=body.status.value,
             event_type=type(event).__name__,
@@ -157,7 +158,11 @@ async def test_delivered_on_first_attempt_and_settled_with_outbox_event(
     [delivery] = await harness.rows(tables.deliveries)
     assert (delivery.state, delivery.attempts, delivery.last_status_code) == ("delivered", 1, 200)
     assert delivery.claimed_by is None
-    assert json.loads(delivery.payload) == json.loads(request.content)
+    # Recorded: Crater's body and the endpoint's format (the default, alldata), which
+    # render exactly the bytes sent.
+    assert delivery.format == "alldata"
+    assert request.content == render(delivery.payload, delivery.format).body
+    assert json.loads(request.content)["allocated_resources"]["gpu_ids"] == ["0", "1"]
     [attempt] = await harness.rows(tables.attempts)
     assert (attempt.attempt, attempt.outcome, attempt.status_code) == (1, "delivered", 200)
     [outbox] = await harness.rows(tables.outbox)
@@ -381,3 +386,56 @@ async def test_upgrading_keeps_what_was_sent_in_its_place(database_url: str) -> 
         ("old", "id-1", 1, "succeeded")
     ]
     assert kept == 3
+
+
+@pytest.mark.parametrize("format", ["alldata", "crater"])
+async def test_every_attempt_of_a_delivery_sends_the_same_bytes_and_headers(
+    engine: AsyncEngine, format: str
+) -> None:
+    harness = Harness(engine, [status(503), status(500), status(200)])
+    event = granted("again", attempt=2)
+    assert await harness.record(event, format) == 1
+    await harness.run()
+
+    assert len(harness.requests) == 3
+    assert len({r.content for r in harness.requests}) == 1
+    crater = [
+        {k: v for k, v in r.headers.items() if k.startswith("crater-")} for r in harness.requests
+    ]
+    assert crater[0] == crater[1] == crater[2]
+    assert (crater[0]["crater-format"], crater[0]["crater-attempt"]) == (format, "2")
+    [delivery] = await harness.rows(tables.deliveries)
+    assert (delivery.state, delivery.format) == ("delivered", format)
+
+
+async def test_a_delivery_recorded_before_formats_is_sent_as_it_was(database_url: str) -> None:
+    """Revision 0006 on a log with a pending delivery: it was recorded to be sent as Crater's
+    typed body, and it still is, byte for byte (a retry or replay sends what was sent)."""
+    config = alembic_config(database_url, MIGRATIONS_DIR)
+    await asyncio.to_thread(command.upgrade, config, "0005")
+    engine = make_engine(database_url)
+    now = datetime.now(UTC)
+    event = granted("before")
+    payload = webhook_body(event).encode().decode()
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                "INSERT INTO callback_deliveries (webhook_id, endpoint, task_id, task_status, "
+                "event_type, state, attempts, payload, created_at, updated_at, round, "
+                "position, next_attempt_at, lifecycle) VALUES (:id, 'http://alldata/hooks', "
+                "'before', 'scheduled', 'AllocationGranted', 'pending', 0, :payload, :now, "
+                ":now, 0, 0, :now, true)"
+            ),
+            {"id": str(event.event_id), "payload": payload, "now": now},
+        )
+    await asyncio.to_thread(command.upgrade, config, "head")
+    harness = Harness(engine, [status(200)])
+    await harness.run()
+    [request] = harness.requests
+    [delivery] = await harness.rows(tables.deliveries)
+    await asyncio.to_thread(command.downgrade, config, "0005")  # and back
+    await engine.dispose()
+
+    assert request.content == payload.encode()
+    assert request.headers["crater-format"] == "crater"
+    assert (delivery.state, delivery.format) == ("delivered", "crater")

@@ -18,7 +18,8 @@ from tests.support.lifecycle import OCCURRED, granted
 async def test_an_escalation_and_each_gang_member_reach_alldata(
     fresh_nats: NatsServer, tap: EventTap, receiver: ServedReceiver, database_url: str
 ) -> None:
-    service, app = build(settings(fresh_nats, database_url, receiver.url))
+    # The typed body: gang_index and escalated_priority are Crater's fields.
+    service, app = build(settings(fresh_nats, database_url, receiver.url, webhook_format="crater"))
     async with TestApp(app):
         escalated = TaskEscalated(
             task_id="late",

@@ -39,6 +39,8 @@ def settings(nats: NatsServer, database_url: str, url: str, **fields: object) ->
         "webhook_password": PASSWORD,
         "poll_seconds": 0.05,
         "order_wait_seconds": 20.0,
+        # These tests read Crater's fields (sequence, release_reason) from the typed body.
+        "webhook_format": "crater",
     }
     return CallbackSettings.model_validate(values | fields)
 

@@ -74,6 +74,23 @@ def test_a_second_report_about_the_same_allocation_tells_nothing_new() -> None:
     assert verdict(Told(), again, releasing=False) is Superseded.REPEAT
 
 
+def test_an_sla_breach_is_told_while_the_task_runs_and_dropped_once_it_ended() -> None:
+    breach = Candidate("underutilized", 21, while_running=True)
+    assert verdict(Told(released=21), breach, releasing=True) is None
+    # Placed before the end (right after its grant), it still is not told once the end is.
+    assert verdict(Told(END), breach, releasing=False) is Superseded.ENDED
+    assert verdict(Told(END, released=21), breach, releasing=True) is Superseded.ENDED
+    # An ordinary notice placed there goes before the end.
+    assert verdict(Told(END), Candidate("running", 21), releasing=True) is None
+
+
+def test_an_sla_breach_is_no_repeat_of_the_running_report_about_its_allocation() -> None:
+    running = Recorded("running", allocation_id="a-1", event_type="TaskStatusReported")
+    breach = Recorded("breach", allocation_id="a-1", event_type="TaskUnderutilized")
+    assert not repeats([running], breach)
+    assert repeats([running, breach], replace(breach, event_id="breach-again"))
+
+
 def test_a_webhook_that_does_not_say_its_attempt_is_told_the_one_before_it() -> None:
     said = [(20, 1), (24, 1), (36, 2), (40, 2)]  # pending 1, grant 1, pending 2, grant 2
     assert attempt_before(said, 25) == 1  # the first grant's running

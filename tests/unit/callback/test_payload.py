@@ -33,6 +33,7 @@ def test_granted_allocation_is_scheduled_with_its_resources() -> None:
             "cpu_cores": [0, 1, 2, 3, 4, 5, 6, 7],
             "numa_node": 1,
             "checkpoint_path": None,
+            "environment": {"CRATER_GPU_IDS": "0,1"},
         },
         "event_id": str(event.event_id),
         "occurred_at": "2025-05-01T12:00:00Z",
@@ -44,6 +45,8 @@ def test_granted_allocation_is_scheduled_with_its_resources() -> None:
         "escalated_priority": None,
         "attempt": 1,
         "duplicate_submission": None,
+        "gpu_utilization_percent": None,
+        "min_gpu_utilization_percent": None,
     }
 
 

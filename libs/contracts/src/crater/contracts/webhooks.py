@@ -51,6 +51,11 @@ class AllocatedResources(Contract):
     cpu_cores: list[int]
     numa_node: int | None
     checkpoint_path: str | None
+    environment: dict[str, str] | None = Field(
+        default=None,
+        description="The CRATER_* variables the scheduler hands the task (CRATER_GPU_IDS, "
+        "CRATER_CPU_CORES, ...), for a launcher to inject; None in bodies recorded before it.",
+    )
 
 
 class WebhookBody(Contract):
@@ -96,6 +101,19 @@ class WebhookBody(Contract):
         default=None,
         description="True on a `rejected` that refuses a submission reusing a known task id: "
         "not the known task's end.",
+    )
+    gpu_utilization_percent: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Set on the `running` webhook that says the task used its GPUs less than "
+        "its sla.min_gpu_utilization_percent: the mean measured over the window.",
+    )
+    min_gpu_utilization_percent: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="With gpu_utilization_percent: the task's sla.min_gpu_utilization_percent.",
     )
 
     def encode(self) -> bytes:

@@ -36,7 +36,12 @@ from crater.callback.domain.breaker import CircuitBreaker
 from crater.callback.domain.endpoints import Endpoint, load_endpoints
 from crater.callback.domain.lifecycle import ends_task, in_lifecycle
 from crater.callback.domain.ordering import Recorded
-from crater.callback.domain.payload import LifecycleEvent, has_webhook, webhook_body
+from crater.callback.domain.payload import (
+    LifecycleEvent,
+    WebhookFormat,
+    has_webhook,
+    webhook_body,
+)
 from crater.callback.domain.retry import RetryPolicy
 from crater.callback.domain.signing import decode_secret
 from crater.contracts import (
@@ -46,6 +51,7 @@ from crater.contracts import (
     Subjects,
     TaskEvent,
     TaskStatusReported,
+    TaskUnderutilized,
 )
 from crater.runtime.bus import durable_stream
 from crater.runtime.outbox import OutboxRelay
@@ -78,6 +84,11 @@ class CallbackSettings(ServiceSettings):
         default=None, description="whsec_<base64>: sign payloads (Standard Webhooks)."
     )
     webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    webhook_format: WebhookFormat = Field(
+        default=WebhookFormat.ALLDATA,
+        description="Body format: alldata (exactly what AllData parses) or crater (the typed "
+        "WebhookBody); the endpoints file sets it per endpoint (`format`).",
+    )
     max_in_flight: int = Field(
         default=32, ge=1, le=1024, description="Concurrent POSTs per endpoint."
     )
@@ -147,6 +158,7 @@ class CallbackSettings(ServiceSettings):
                 secret=self.webhook_secret,
                 timeout_seconds=self.webhook_timeout_seconds,
                 max_in_flight=self.max_in_flight,
+                format=self.webhook_format,
             )
         ]
 
@@ -326,6 +338,7 @@ class Recorder:
         return Enqueued(
             source_event_id=event.event_id,
             endpoints=[e.name for e in self.endpoints if e.wants(event_type, status)],
+            formats={e.name: e.format for e in self.endpoints},
             task_id=body.task_id,
             task_status=status,
             event_type=event_type,
@@ -351,6 +364,7 @@ LIFECYCLE_CHANNELS: dict[str, Channel] = {
         Subjects.TASK_PREEMPTED,
         Subjects.TASK_ENDED,
         Subjects.TASK_STATUS,
+        Subjects.TASK_UNDERUTILIZED,
     )
 }
 
@@ -369,9 +383,10 @@ NUMBERED_ELSEWHERE: dict[str, Channel] = {
 
 def order_of(event: LifecycleEvent) -> Recorded:
     """What places the event among its task's events: the scheduler's number, or for a node's
-    report the allocation it is about (it comes after that allocation's grant)."""
+    report, or an SLA breach, the allocation it is about (it comes after that allocation's
+    grant)."""
     event_id = str(event.event_id)
-    if isinstance(event, TaskStatusReported):
+    if isinstance(event, TaskStatusReported | TaskUnderutilized):
         return Recorded(event_id, allocation_id=event.allocation_id)
     sequence = event.task_sequence
     return Recorded(

@@ -33,6 +33,7 @@ from crater.callback.adapters.sender import Response, WebhookSender
 from crater.callback.adapters.store import Attempt, DeliveryLog, Due, Settlement
 from crater.callback.domain.breaker import CircuitBreaker
 from crater.callback.domain.lifecycle import Superseded
+from crater.callback.domain.payload import render
 from crater.callback.domain.retry import (
     DeliveryState,
     Outcome,
@@ -89,7 +90,8 @@ class WebhookMetrics:
         self.superseded = Counter(
             "crater_webhook_superseded",
             "Deliveries recorded and never sent, by endpoint and reason (second_end, after_end, "
-            "out_of_order, no_grant, repeat): AllData must not hear them (domain/lifecycle.py).",
+            "out_of_order, no_grant, repeat, ended): AllData must not hear them "
+            "(domain/lifecycle.py).",
             ["endpoint", "reason"],
             registry=registry,
         )
@@ -292,7 +294,8 @@ class Dispatcher:
         self.metrics.in_flight.labels(endpoint=route.name).set(len(route.in_flight))
 
     async def _attempt(self, route: Route, delivery: Due) -> None:
-        response = await route.sender.post(delivery.payload.encode(), delivery.webhook_id)
+        rendered = render(delivery.payload, delivery.format)
+        response = await route.sender.post(rendered.body, delivery.webhook_id, rendered.headers)
         self._posted(route, delivery)
         self.wake()
         now = datetime.now(UTC)

@@ -2,9 +2,10 @@
 
 Checks HTTP Basic auth and, given the endpoint's `whsec_` secret, the Standard Webhooks
 signature (a wrong one gets 401; a timestamp more than 5 minutes from now, a replay, gets 400);
-records each delivery once per `webhook-id` (counting duplicates), prints one line per
-delivery, and can fail on purpose (`fail_rate`, seeded) or answer slowly (`delay_seconds`) to
-exercise the sender's retries.
+records each delivery once per `webhook-id` (counting duplicates) with its body and its
+`crater-*` headers (sequence, attempt, ...: what the default `alldata` body leaves out), prints
+one line per delivery, and can fail on purpose (`fail_rate`, seeded) or answer slowly
+(`delay_seconds`) to exercise the sender's retries.
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ class ReceivedWebhook:
     received_at: str
     path: str
     body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)  # the crater-* ones
+
+    def crater_field(self, name: str) -> Any:
+        """A Crater field: from the body (the `crater` format), else from its `crater-<name>`
+        header (the `alldata` format), as a string; None if neither has it."""
+        if self.body.get(name) is not None:
+            return self.body[name]
+        return self.headers.get("crater-" + name.replace("_", "-"))
 
 
 @dataclass
@@ -191,6 +200,11 @@ class Receiver:
                     received_at=datetime.now(UTC).isoformat(),
                     path="/" + path,
                     body=body,
+                    headers={
+                        name: value
+                        for name, value in request.headers.items()
+                        if name.startswith("crater-")
+                    },
                 )
             )
             # A duplicate is acknowledged too: the sender must stop retrying it.
@@ -215,11 +229,11 @@ def describe(webhook: ReceivedWebhook) -> str:
     return f"{line}  (webhook {webhook.webhook_id[:8]})"
 
 
-def _ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 3, 8] -> '0-3,8'; '-' for none."""
+def _ranges(numbers: list[int] | list[str]) -> str:
+    """[0, 1, 2, 3, 8] -> '0-3,8' (the alldata format's ["0", "1"] too); '-' for none."""
     if not numbers:
         return "-"
-    ordered = sorted(numbers)
+    ordered = sorted(int(n) for n in numbers)
     parts: list[str] = []
     start = previous = ordered[0]
     for n in [*ordered[1:], None]:

@@ -2,13 +2,14 @@
 
 Each attempt carries HTTP Basic auth (when a user is configured) and the Standard Webhooks
 headers: `webhook-id` (stable per source event), `webhook-timestamp` (this attempt) and, when
-the endpoint has a secret, `webhook-signature`.
+the endpoint has a secret, `webhook-signature` (over the bytes sent); plus whatever headers the
+caller adds (the `crater-*` ones, domain/payload.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -77,9 +78,12 @@ class WebhookSender:
             max_connections=endpoint.max_in_flight,
         )
 
-    def headers(self, body: bytes, webhook_id: str) -> dict[str, str]:
+    def headers(
+        self, body: bytes, webhook_id: str, extra: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
         timestamp = int(self.clock())
         headers = {
+            **(extra or {}),
             "content-type": "application/json",
             # Stable per source event: a redelivery carries the same id and AllData drops it.
             "webhook-id": webhook_id,
@@ -90,8 +94,10 @@ class WebhookSender:
             headers["webhook-signature"] = sign(self.secret, webhook_id, timestamp, body)
         return headers
 
-    async def post(self, body: bytes, webhook_id: str) -> Response:
-        headers = self.headers(body, webhook_id)
+    async def post(
+        self, body: bytes, webhook_id: str, extra: Mapping[str, str] | None = None
+    ) -> Response:
+        headers = self.headers(body, webhook_id, extra)
         started = time.perf_counter()
         try:
             response = await self.client.post(self.url, content=body, headers=headers)

@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from crater.callback.adapters import tables
 from crater.callback.domain.lifecycle import (
     TERMINAL,
+    WHILE_RUNNING,
     Candidate,
     End,
     Superseded,
@@ -39,7 +40,7 @@ from crater.callback.domain.lifecycle import (
     verdict,
 )
 from crater.callback.domain.ordering import Placement, Recorded, place
-from crater.callback.domain.payload import with_attempt
+from crater.callback.domain.payload import WebhookFormat, with_attempt
 from crater.callback.domain.retry import DeliveryState, Outcome
 from crater.contracts import Event
 from crater.runtime.outbox import stage
@@ -84,6 +85,8 @@ class Enqueued:
     ends: bool = False  # a terminal webhook: the task's end if it is the first recorded
     lifecycle: bool = True  # False: a refused duplicate submission, outside the lifecycle
     attempt: int | None = None  # the attempt the event says it belongs to, if it says
+    # Each endpoint's body format, fixed on its delivery when recorded (default: alldata).
+    formats: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class Due:
     attempts: int
     round: int
     attempt_limit: int | None
+    format: str = WebhookFormat.CRATER.value  # what `payload` is rendered as when POSTed
 
 
 @dataclass(frozen=True)
@@ -226,6 +230,7 @@ class DeliveryLog:
                         r.grants,
                         r.position,
                         r.waiting,
+                        event_type=r.event_type,
                     )
                 )
             released = await _released(session, task_ids)
@@ -244,7 +249,11 @@ class DeliveryLog:
                 inbox_rows.append(
                     {"consumer": self.consumer, "event_id": webhook_id, "processed_at": now}
                 )
-                order = replace(event.order or Recorded(webhook_id), ends=event.ends)
+                order = replace(
+                    event.order or Recorded(webhook_id),
+                    ends=event.ends,
+                    event_type=event.event_type,
+                )
                 repeat = repeats(tasks[event.task_id], order)
                 placed, changes = place(tasks[event.task_id], order)
                 moved.update(changes)
@@ -269,6 +278,7 @@ class DeliveryLog:
                     ends=event.ends,
                     placed=not (placed.reports and placed.waiting),
                     repeat=repeat,
+                    while_running=event.event_type in WHILE_RUNNING,
                 )
                 end = ends.get(event.task_id)
                 new_end = end_after(end, candidate) if event.lifecycle else end
@@ -645,6 +655,7 @@ def _delivery_rows(
         "completed_at": None,
         "next_attempt_at": None,
         "held_until": None,
+        "format": WebhookFormat.ALLDATA.value,
     }
     if not event.configured:
         return [
@@ -657,6 +668,7 @@ def _delivery_rows(
         common
         | {
             "endpoint": name,
+            "format": WebhookFormat(event.formats.get(name, WebhookFormat.ALLDATA)).value,
             "state": DeliveryState.PENDING.value,
             "next_attempt_at": now,
             "held_until": now + timedelta(seconds=event.hold_seconds) if waits else None,
@@ -832,6 +844,7 @@ def _due_query(endpoint: str, now: datetime, limit: int) -> Any:
             d.attempts,
             d.round,
             d.attempt_limit,
+            d.format,
         )
         .where(d.endpoint == endpoint, *_due(now))
         .order_by(d.id)
@@ -870,6 +883,7 @@ async def _release(
                 d.task_id,
                 d.endpoint,
                 d.task_status,
+                d.event_type,
                 d.position,
                 d.lifecycle,
                 d.released_at,
@@ -900,6 +914,7 @@ async def _release(
             row.position,
             ends=row.task_status in TERMINAL_STATUSES,
             placed=not waits_for_grant,
+            while_running=row.event_type in WHILE_RUNNING,
         )
         why = verdict(told, candidate, releasing=True)
         if why is None:

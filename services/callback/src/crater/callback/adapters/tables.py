@@ -45,7 +45,8 @@ deliveries = Table(
     Column("attempts", Integer, nullable=False, default=0),
     Column("last_status_code", Integer, nullable=True),
     Column("last_error", Text, nullable=True),
-    # The exact body POSTed, kept for audit and for replaying a dead letter later.
+    # The body recorded for the event (Crater's WebhookBody), kept for audit and for replaying
+    # a dead letter later; what is POSTed is rendered from it in `format` (domain/payload.py).
     Column("payload", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
@@ -71,6 +72,9 @@ deliveries = Table(
     # False: a refused duplicate submission, outside its task's lifecycle: neither ordered
     # against the task's deliveries nor judged by the guard.
     Column("lifecycle", Boolean, nullable=False, default=True, server_default=true()),
+    # Revision 0006: the endpoint's body format when the delivery was recorded (alldata,
+    # crater): every attempt renders the same bytes. Rows from before it were sent as crater.
+    Column("format", String(16), nullable=False, server_default="crater"),
     UniqueConstraint("webhook_id", "endpoint"),
     Index(None, "task_id"),
     Index(None, "state"),

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from crater.callback.domain.payload import WebhookFormat
 from crater.callback.domain.signing import decode_secret
 from crater.contracts import WebhookStatus
 
@@ -23,6 +24,7 @@ EVENT_TYPES = frozenset(
         "TaskPreempted",
         "TaskEnded",
         "TaskStatusReported",
+        "TaskUnderutilized",
     }
 )
 # Event types that were webhooks once, and what tells AllData the same now.
@@ -54,6 +56,10 @@ class Endpoint(BaseModel):
     secret: SecretStr | None = Field(default=None, description="whsec_<base64>: sign payloads.")
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     max_in_flight: int = Field(default=32, ge=1, le=1024)
+    format: WebhookFormat = Field(
+        default=WebhookFormat.ALLDATA,
+        description="alldata: exactly the body AllData parses; crater: Crater's typed body.",
+    )
 
     @field_validator("url", "username", mode="before")
     @classmethod
@@ -114,7 +120,8 @@ class EndpointsFile(BaseModel):
 
 
 def parse_endpoints(text: str) -> list[Endpoint]:
-    """Endpoints from YAML (`endpoints: [{url, events, username, password, secret}, ...]`);
+    """Endpoints from YAML (`endpoints: [{url, events, username, password, secret, format},
+    ...]`);
     `${VAR}` in a URL, user name, password or secret is read from the environment."""
     return EndpointsFile.model_validate(yaml.safe_load(text) or {}).endpoints
 

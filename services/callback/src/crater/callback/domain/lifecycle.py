@@ -15,7 +15,10 @@ with a reason, and then never sent. The rule, per task and endpoint:
 - A node's report about an allocation whose grant was never recorded, when its order wait
   runs out, is superseded (`no_grant`): it would tell `running` before `scheduled`.
 - A second report about the same allocation (the node said `running` again, under another
-  event id) is superseded (`repeat`): it tells nothing new.
+  event id; or a second SLA breach of it) is superseded (`repeat`): it tells nothing new.
+- A notice that is only true while the task runs (the SLA breach, `TaskUnderutilized`, told
+  as `running`) is superseded once the task's end is recorded (`ended`), wherever it is
+  placed: AllData must not hear of a running task that already ended.
 
 A webhook that does not say its attempt (a node's `running`, `preempted`, an escalation) is
 told the attempt of the latest event before it in its task's order that says one, fixed when
@@ -53,6 +56,7 @@ class Superseded(StrEnum):
     OUT_OF_ORDER = "out_of_order"
     NO_GRANT = "no_grant"
     REPEAT = "repeat"
+    ENDED = "ended"
 
     @property
     def explanation(self) -> str:
@@ -65,7 +69,11 @@ EXPLANATIONS = {
     Superseded.OUT_OF_ORDER: "a later event of the task was already released to this endpoint",
     Superseded.NO_GRANT: "its allocation's grant did not arrive within the order wait",
     Superseded.REPEAT: "a report about the same allocation was recorded before",
+    Superseded.ENDED: "it is only told while the task runs, and the task had ended",
 }
+
+# Source event types whose webhook is only true while the task runs (its attempt's usage).
+WHILE_RUNNING = frozenset({"TaskUnderutilized"})
 
 
 def in_lifecycle(body: WebhookBody) -> bool:
@@ -103,13 +111,18 @@ class Candidate:
     ends: bool = False  # a terminal webhook
     placed: bool = True  # False: a node report still waiting for its allocation's grant
     repeat: bool = False  # a second report about the same allocation
+    while_running: bool = False  # only told while the task runs (WHILE_RUNNING)
 
 
 def repeats(task: Sequence[Recorded], new: Recorded) -> bool:
-    """Whether `new` is a report about an allocation a recorded report of the task was about
-    (only `running` reports are recorded: they say the same thing)."""
+    """Whether `new` is a report about an allocation a recorded report of the same type was
+    about (only `running` reports are recorded: they say the same thing; an SLA breach about
+    the allocation says something else)."""
     return new.reports and any(
-        e.reports and e.allocation_id == new.allocation_id and e.event_id != new.event_id
+        e.reports
+        and e.allocation_id == new.allocation_id
+        and e.event_type == new.event_type
+        and e.event_id != new.event_id
         for e in task
     )
 
@@ -130,6 +143,8 @@ def verdict(told: Told, candidate: Candidate, releasing: bool) -> Superseded | N
         return Superseded.SECOND_END
     if candidate.repeat:
         return Superseded.REPEAT
+    if candidate.while_running and told.end is not None:
+        return Superseded.ENDED
     if not candidate.placed:
         # Its place is not known until its grant is: judged when its wait runs out.
         return Superseded.NO_GRANT if releasing else None

@@ -7,9 +7,10 @@ The rule (positions order a task's deliveries to each endpoint; equal ones go by
   its chain of predecessors (p, p's previous, ...) is recorded: an event published earlier on
   the other stream, or consumed late, still goes first. The wait is bounded (the caller
   stamps a deadline): a lost earlier event delays its task, it never blocks it.
-- A node's report about an allocation (`task.status` with `allocation_id`) goes right after
-  that allocation's grant (before what the scheduler emitted next, such as the release the
-  report caused), and waits for the grant the same way.
+- A node's report about an allocation (`task.status` with `allocation_id`; likewise an SLA
+  breach, `task.underutilized`, measured on it) goes right after that allocation's grant
+  (before what the scheduler emitted next, such as the release the report caused), and waits
+  for the grant the same way.
 - Any other event (no number, no allocation: a rejection by the predictor, a report with no
   allocation) goes after everything recorded for its task so far; one that ends the task
   strictly after it, never level with an earlier arrival.
@@ -35,6 +36,7 @@ class Recorded:
     position: int = 0
     waiting: bool = True
     ends: bool = False  # the task's end (placed on arrival only; not kept)
+    event_type: str = ""  # the source event's type: a repeat is one of the same type
 
     @property
     def reports(self) -> bool:

@@ -1,6 +1,19 @@
-"""Task and allocation lifecycle events as the webhook body AllData expects."""
+"""Task and allocation lifecycle events as webhooks: the body recorded per event (Crater's typed
+`WebhookBody`), and what is POSTed from it to an endpoint in its format.
+
+Formats (per endpoint): `alldata`, the default, is exactly the shape AllData parses
+(tests/fixtures/alldata/alldata_webhook.json: `gpu_ids` and `numa_node` as strings); `crater`
+is the typed `WebhookBody`. Either way the `crater-*` headers carry what a receiver needs to
+de-duplicate and order (the `webhook-id` header is the event id). Rendering is a pure function
+of the recorded body and the format, so every attempt of a delivery sends the same bytes.
+"""
 
 from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 from crater.contracts import (
     AllocatedResources,
@@ -12,6 +25,7 @@ from crater.contracts import (
     TaskRejected,
     TaskStatus,
     TaskStatusReported,
+    TaskUnderutilized,
     WebhookBody,
     WebhookStatus,
 )
@@ -24,7 +38,15 @@ LifecycleEvent = (
     | TaskPreempted
     | TaskEnded
     | TaskStatusReported
+    | TaskUnderutilized
 )
+
+
+class WebhookFormat(StrEnum):
+    """What an endpoint is POSTed: AllData's own shape, or Crater's typed body."""
+
+    ALLDATA = "alldata"
+    CRATER = "crater"
 
 
 def has_webhook(event: LifecycleEvent) -> bool:
@@ -51,6 +73,7 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
                 cpu_cores=list(event.cpu_cores),
                 numa_node=event.numa_node,
                 checkpoint_path=event.checkpoint_path,
+                environment=dict(event.environment),
             )
             reason = event.explanation
             if event.gang_size > 1:  # a gang is told member by member: each names its own
@@ -79,6 +102,14 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
             status, reason = WebhookStatus(event.status.value), event.reason
         case TaskStatusReported():
             status, reason = WebhookStatus(event.status.value), event.message
+        case TaskUnderutilized():
+            # An SLA breach of a task that still runs: AllData's parser knows `running`.
+            status = WebhookStatus.RUNNING
+            reason = (
+                f"GPU utilization {event.measured_gpu_utilization_percent:.1f}% over "
+                f"{event.window_seconds:g} s ({event.samples} samples), below the task's "
+                f"sla.min_gpu_utilization_percent {event.min_gpu_utilization_percent:g}%"
+            )
         case _:
             raise TypeError(f"no webhook for {type(event).__name__}")
     return WebhookBody(
@@ -90,15 +121,21 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
         reason=reason,
         release_reason=event.release_reason if isinstance(event, TaskEnded) else None,
         sequence=event.task_sequence.number
-        if not isinstance(event, TaskStatusReported) and event.task_sequence
+        if not isinstance(event, TaskStatusReported | TaskUnderutilized) and event.task_sequence
         else None,
         gang_index=gang_index,
         gang_size=gang_size,
         escalated_priority=event.escalated_priority if isinstance(event, TaskEscalated) else None,
         attempt=event.attempt
-        if isinstance(event, TaskPending | AllocationGranted | TaskEnded)
+        if isinstance(event, TaskPending | AllocationGranted | TaskEnded | TaskUnderutilized)
         else None,
         duplicate_submission=event.duplicate if isinstance(event, TaskRejected) else None,
+        gpu_utilization_percent=event.measured_gpu_utilization_percent
+        if isinstance(event, TaskUnderutilized)
+        else None,
+        min_gpu_utilization_percent=event.min_gpu_utilization_percent
+        if isinstance(event, TaskUnderutilized)
+        else None,
     )
 
 
@@ -107,3 +144,73 @@ def with_attempt(payload: str, attempt: int) -> str:
     sends these bytes again)."""
     body = WebhookBody.model_validate_json(payload)
     return body.model_copy(update={"attempt": attempt}).encode().decode()
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What one attempt of a delivery POSTs: the body and the `crater-*` headers."""
+
+    body: bytes
+    headers: dict[str, str]
+
+
+def render(payload: str, format: WebhookFormat | str) -> Rendered:
+    """The bytes and headers POSTed to an endpoint of `format` for a recorded body. The
+    `crater` format sends the recorded bytes as they are (a body recorded before formats
+    existed goes out exactly as it did)."""
+    body = WebhookBody.model_validate_json(payload)
+    headers = crater_headers(body, WebhookFormat(format))
+    if format == WebhookFormat.CRATER:
+        return Rendered(payload.encode(), headers)
+    # Compact and in insertion order: deterministic, and the fixture's key order.
+    text = json.dumps(alldata_body(body), separators=(",", ":"), ensure_ascii=False)
+    return Rendered(text.encode(), headers)
+
+
+def alldata_body(body: WebhookBody) -> dict[str, Any]:
+    """The body as AllData parses it. `scheduled`: exactly alldata_webhook.json's keys, in its
+    order and with its types (`gpu_ids` and `numa_node` strings, `numa_node` null when the
+    node has no NUMA placement). Any other status: `task_id`, `status`, `reason` (null when
+    none), plus `duplicate_submission: true` on a refused duplicate submission only, and
+    `gpu_utilization_percent` / `min_gpu_utilization_percent` on the SLA breach only."""
+    shaped: dict[str, Any] = {"task_id": body.task_id, "status": body.status.value}
+    resources = body.allocated_resources
+    if body.status is WebhookStatus.SCHEDULED and resources is not None:
+        shaped["allocated_resources"] = {
+            "node": resources.node,
+            "gpu_ids": [str(gpu) for gpu in resources.gpu_ids],
+            "cpu_cores": list(resources.cpu_cores),
+            "numa_node": None if resources.numa_node is None else str(resources.numa_node),
+            "checkpoint_path": resources.checkpoint_path,
+        }
+        return shaped
+    shaped["reason"] = body.reason
+    if body.duplicate_submission:
+        # Not the task's end: a receiver must not read this `rejected` as one.
+        shaped["duplicate_submission"] = True
+    if body.gpu_utilization_percent is not None:
+        shaped["gpu_utilization_percent"] = body.gpu_utilization_percent
+        shaped["min_gpu_utilization_percent"] = body.min_gpu_utilization_percent
+    return shaped
+
+
+# Body fields a receiver needs to de-duplicate and order, as headers (name, field); only
+# those the body has a value for are sent.
+HEADER_FIELDS = (
+    ("crater-occurred-at", "occurred_at"),
+    ("crater-sequence", "sequence"),
+    ("crater-attempt", "attempt"),
+    ("crater-gang-index", "gang_index"),
+    ("crater-gang-size", "gang_size"),
+)
+
+
+def crater_headers(body: WebhookBody, format: WebhookFormat) -> dict[str, str]:
+    """`crater-format` and the ordering fields of HEADER_FIELDS, as the JSON body writes them
+    (the same on every format, so a receiver can switch formats without losing them)."""
+    values = body.model_dump(mode="json", include={field for _, field in HEADER_FIELDS})
+    headers = {"crater-format": format.value}
+    for name, field in HEADER_FIELDS:
+        if values[field] is not None:
+            headers[name] = str(values[field])
+    return headers
