@@ -112,8 +112,31 @@ async def test_alldatas_task_dry_run_says_what_its_submission_then_does(
     task_id = TaskRequest.model_validate_json(ALLDATA_TASK).task_id
     assert answer["task_id"] == task_id
     prediction, placement = answer["prediction"], answer["placement"]
-    # Full fine-tuning of an 8B model (AdamW) on 2 cards: the predictor's peak is far above
-    # AllData's 16 GB ask, trusted (a catalog model), and no A100 card holds it.
+    # Its fine-tuning method is not stated: full fine-tuning's peak is a guess (low
+    # confidence), so AllData's 16 GB ask is what is placed, on its A100 PCIe node.
+    assert prediction["confidence"] == "low"
+    assert placement["gpu_memory_source"] == "requested"
+    assert (placement["outcome"], placement["would_wait"]) == ("placed", False)
+    [member] = placement["members"]
+    assert member["node_id"] == "a100-pcie-01"
+    by_node = {m["node_id"]: m for m in placement["misfits"]}
+    assert by_node["a100-01"]["filter"] == "GpuModel"  # SXM, not PCIe
+    await held_nothing(fresh_nats.url, tap, task_id)
+
+    submitted = await stack.post("/api/v1/schedule", content=ALLDATA_TASK, headers=JSON)
+    assert submitted.status_code == 202, submitted.text  # the id was free
+    [granted] = await tap.wait_for(AllocationGranted, lambda e: e.task_id == task_id)
+    assert (granted.node, granted.gpu_ids) == (member["node_id"], member["gpu_ids"])
+
+
+async def test_a_stated_full_fine_tuning_is_refused_by_the_dry_run_as_by_the_submission(
+    stack: httpx.AsyncClient, tap: EventTap, fresh_nats: NatsServer
+) -> None:
+    # Full fine-tuning stated: the peak is trusted, and no A100 card holds it.
+    body = {**TaskRequest.model_validate_json(ALLDATA_TASK).model_dump(mode="json")}
+    body.update(task_id="full-ft-1", training_config={"optimizer": "adamw"})
+    answer = await dry_run(stack, body)
+    prediction, placement = answer["prediction"], answer["placement"]
     assert prediction["gpu_memory_per_gpu_mb"] > 40960
     assert prediction["confidence"] == "medium"
     assert placement["gpu_memory_source"].startswith("predicted peak")
@@ -122,12 +145,11 @@ async def test_alldatas_task_dry_run_says_what_its_submission_then_does(
     assert "resource_requirements.gpu.memory_mb" in fields
     by_node = {m["node_id"]: m for m in placement["misfits"]}
     assert by_node["a100-pcie-01"]["filter"] == "GpuMemory"
-    assert by_node["a100-01"]["filter"] == "GpuModel"  # SXM, not PCIe
-    await held_nothing(fresh_nats.url, tap, task_id)
+    await held_nothing(fresh_nats.url, tap, "full-ft-1")
 
-    submitted = await stack.post("/api/v1/schedule", content=ALLDATA_TASK, headers=JSON)
-    assert submitted.status_code == 202, submitted.text  # the id was free
-    [rejected] = await tap.wait_for(TaskRejected, lambda e: e.task_id == task_id)
+    submitted = await stack.post("/api/v1/schedule", json=body)
+    assert submitted.status_code == 202, submitted.text
+    [rejected] = await tap.wait_for(TaskRejected, lambda e: e.task_id == "full-ft-1")
     assert [e.field for e in rejected.errors] == fields  # what the dry run said
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from crater.cli import schedule_test
 from crater.contracts import TaskRequest
+from crater.contracts.tasks import TrainingConfig
 from crater.gateway.app import TaskDryRun
 from crater.predictor.domain.estimate import predict
 from tests.support.alldata import fixture
@@ -45,8 +46,20 @@ def test_a_placed_gang_shows_every_members_node(capsys: pytest.CaptureFixture[st
     assert "2/2 nodes fit" in out
 
 
-def test_alldatas_task_shows_why_it_would_be_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+def test_alldatas_task_shows_the_node_it_would_get(capsys: pytest.CaptureFixture[str]) -> None:
+    # its fine-tuning method is not stated: the prediction is a guess, AllData's ask stands
     request = TaskRequest.model_validate_json(fixture("alldata_task.json"))
+    out = printed(request, capsys, measured("a100-pcie-01", *A100_PCIE_40))
+    assert "would be placed" in out
+    assert "a100-pcie-01" in out
+    assert "low" in out
+
+
+def test_a_stated_full_fine_tuning_shows_why_it_would_be_rejected(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    alldata = TaskRequest.model_validate_json(fixture("alldata_task.json"))
+    request = alldata.model_copy(update={"training_config": TrainingConfig()})
     out = printed(request, capsys, measured("a100-pcie-01", *A100_PCIE_40))
     assert "would be rejected" in out
     assert "rejected: resource_requirements.gpu.memory_mb" in out

@@ -249,6 +249,12 @@ def predict(
             timeline = timeline.model_copy(update={"points": scaled})
         if correction.mape is not None and correction.samples >= 5 and correction.mape < 0.1:
             confidence = Confidence.HIGH
+    if _method_assumed(request):
+        # Full fine-tuning and LoRA of the same model differ several times over: a figure for
+        # an assumed method is a guess, so the task's own ask stands (AllData's llm_finetune
+        # of an 8B model asks 16 GB a card: the bf16 weights, i.e. adapters on a frozen base).
+        confidence = Confidence.LOW
+        method += "; fine-tuning method not stated (training_config): full fine-tuning assumed"
     return ResourcePrediction(
         gpu_memory_per_gpu_mb=max(sum(breakdown.values()), 0),
         host_memory_mb=host,
@@ -263,6 +269,11 @@ def predict(
         correction_factor=factor,
         timeline=timeline,
     )
+
+
+def _method_assumed(request: TaskRequest) -> bool:
+    """A fine-tuning whose method (full, LoRA, QLoRA) the request does not say."""
+    return request.task_type is TaskType.FINE_TUNING and request.training_config is None
 
 
 # --- validation ----------------------------------------------------------------------------
