@@ -318,7 +318,9 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
     async def publish_breach(breach: TaskUnderutilized) -> None:
         await publish(broker, breach)
 
-    @durable(broker, Subjects.TASK_USAGE, name, batch=batch)
+    # One sample at a time, in stream order: FastStream handles the messages of one pulled
+    # batch concurrently, and a task's SLA window folds its samples in the order sent.
+    @durable(broker, Subjects.TASK_USAGE, name, batch=1)
     async def on_task_usage(event: TaskUsageReported) -> None:
         measured = await store.usage(event, publish_breach)
         if measured is None:
