@@ -365,3 +365,43 @@ async def test_preempted_training_checkpoints_and_the_next_attempt_resumes(tmp_p
     assert f"resuming from step {stopped_at}" in resumed
     assert reports.of(second.allocation_id)[-1] == ("succeeded", "exit code 0")
     assert "done: 400 steps" in resumed
+
+
+async def test_crater_logs_prints_and_follows_an_attempt(tmp_path: Path) -> None:
+    reports = Reports()
+    agent = executor(tmp_path, reports)
+    await agent.start()
+    agent.profiled(
+        profile(
+            "chatty",
+            command=script(
+                tmp_path,
+                "chatty",
+                """
+                import time
+                for i in range(5):
+                    print(f"line {i}", flush=True)
+                    time.sleep(0.1)
+                """,
+            ),
+        )
+    )
+    agent.granted(grant("chatty", tmp_path))
+    env = {**os.environ, "CRATER_PROBE_STATE_DIR": str(tmp_path / "state")}
+    await until(lambda: bool(find_logs(tmp_path / "state", "chatty")))
+    follow = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "crater.cli", "logs", "chatty", "--follow",
+        env=env, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(follow.communicate(), timeout=30)
+    await agent.close()
+    text = out.decode()
+    assert [f"line {i}" for i in range(5)] == [x for x in text.splitlines() if x.startswith("line")]
+    assert "[crater] exit code 0" in text
+    missing = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "crater.cli", "logs", "chatty", "--attempt", "2",
+        env=env, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await missing.communicate()
+    assert missing.returncode == 1
+    assert b"no attempt 2" in err
