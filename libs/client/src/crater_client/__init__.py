@@ -1,6 +1,7 @@
 """Crater's Python client.
 
-Inside a placed task: `get_allocation_config()`, `bind()`, `start_monitoring()`.
+Inside a placed task: `get_allocation_config()`, `bind()`, `start_monitoring()`,
+`on_preempt()`, `resume_from()`.
 For AllData: `CraterClient` and `AsyncCraterClient`, and the errors they raise.
 """
 
@@ -12,6 +13,14 @@ from crater_client.allocation import (
     bind,
     get_allocation_config,
     get_placement,
+)
+from crater_client.checkpoint import (
+    checkpoint_dir,
+    checkpoint_file,
+    checkpoint_step,
+    on_preempt,
+    preempt_requested,
+    resume_from,
 )
 from crater_client.client import (
     FINAL_STATUSES,
@@ -50,8 +59,14 @@ __all__ = [
     "ValidationFailed",
     "WaitTimedOut",
     "bind",
+    "checkpoint_dir",
+    "checkpoint_file",
+    "checkpoint_step",
     "get_allocation_config",
     "get_placement",
+    "on_preempt",
+    "preempt_requested",
     "read_tree",
+    "resume_from",
     "start_monitoring",
 ]

@@ -1,9 +1,10 @@
 """What Crater granted a placed task, read from the environment the scheduler hands it.
 
-Every value comes from a `CRATER_*` variable. Those that say what the task may use (GPUs,
-cores, memory) have no default: a missing one raises `AllocationError` naming it, because a
-guessed GPU or core would have the task use what another task was granted. Only the
-DataLoader hints have defaults (they tune, they do not grant):
+Every value comes from a `CRATER_*` variable (or, where they are absent, from the file
+`CRATER_ALLOCATION_CONFIG` names, which an executing node agent writes). Those that say what
+the task may use (GPUs, cores, memory) have no default: a missing one raises
+`AllocationError` naming it, because a guessed GPU or core would have the task use what
+another task was granted. Only the DataLoader hints have defaults (they tune, they do not grant):
 
 - `CRATER_DATALOADER_NUM_WORKERS` unset: one worker per granted core;
 - `CRATER_DATALOADER_PREFETCH_FACTOR` unset: 2 (PyTorch's own default);
@@ -12,9 +13,11 @@ DataLoader hints have defaults (they tune, they do not grant):
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypedDict
 
 DEFAULT_PREFETCH_FACTOR = 2
@@ -54,7 +57,7 @@ class Placement:
 def get_allocation_config(environ: Mapping[str, str] | None = None) -> AllocationConfig:
     """The task's allocation, in allocation_config.json's shape, from `environ`
     (default: this process's environment)."""
-    env = os.environ if environ is None else environ
+    env = _with_config_file(os.environ if environ is None else environ)
     gpu_ids = node_gpu_ids(env)  # empty: a CPU-only task
     cpu_cores = _ids(env, "CRATER_CPU_CORE_IDS", allow_empty=False)
     count = env.get("CRATER_CPU_CORES")
@@ -83,7 +86,8 @@ def get_allocation_config(environ: Mapping[str, str] | None = None) -> Allocatio
 
 def node_gpu_ids(environ: Mapping[str, str] | None = None) -> list[int]:
     """The granted cards by their ids on the node (NVML's numbering), whatever CUDA sees."""
-    return _ids(os.environ if environ is None else environ, "CRATER_GPU_IDS", allow_empty=True)
+    env = _with_config_file(os.environ if environ is None else environ)
+    return _ids(env, "CRATER_GPU_IDS", allow_empty=True)
 
 
 def cuda_numbering(gpu_ids: list[int], visible: str | None) -> list[int]:
@@ -150,6 +154,22 @@ def bind(config: AllocationConfig | None = None, *, restrict_gpus: bool = True) 
         visible = ",".join(str(g) for g in cfg["gpu_ids"])
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
     return Bound(sorted(os.sched_getaffinity(0)), visible, cuda_numbering(cfg["gpu_ids"], visible))
+
+
+def _with_config_file(env: Mapping[str, str]) -> Mapping[str, str]:
+    """The environment, completed from the allocation config file a node agent wrote
+    (`CRATER_ALLOCATION_CONFIG`: the grant's CRATER_* variables as JSON) when the variables
+    themselves are absent (a process started with a cleared environment). Set variables win."""
+    path = env.get("CRATER_ALLOCATION_CONFIG")
+    if not path or "CRATER_CPU_CORE_IDS" in env:
+        return env
+    try:
+        written = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise AllocationError("CRATER_ALLOCATION_CONFIG", f"{path}: {error}") from None
+    if not isinstance(written, dict):
+        raise AllocationError("CRATER_ALLOCATION_CONFIG", f"{path} is not a JSON object")
+    return {**{k: str(v) for k, v in written.items()}, **env}
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int) -> int:

@@ -17,6 +17,7 @@ from crater.cli import (
     chaos,
     dead_letters,
     hardware,
+    logs,
     predict,
     schedule_test,
     simulate,
@@ -187,6 +188,7 @@ app.command("topology-export")(hardware.topology_export)
 app.command("schedule-test")(schedule_test.schedule_test)
 app.command("autoscale-sim")(autoscale.autoscale_sim)
 app.command()(predict.predict)
+app.command()(logs.logs)
 app.command()(simulate.simulate)
 app.command()(bench.bench)
 app.command()(chaos.chaos)
