@@ -67,7 +67,7 @@ class ProbeSettings(ServiceSettings):
         description="local: this machine; fleet: a simulated fleet and its task runner.",
     )
     fleet_file: Path | None = Field(
-        default=None, description="Fleet YAML for fleet mode; unset: the 36-node demo fleet."
+        default=None, description="Fleet YAML for fleet mode; unset: the 38-node demo fleet."
     )
     seed: int | None = Field(default=None, description="Simulation seed; unset: the file's.")
     faults: bool = Field(
