@@ -69,7 +69,7 @@ class ProbeSettings(ServiceSettings):
         description="local: this machine; fleet: a simulated fleet and its task runner.",
     )
     fleet_file: Path | None = Field(
-        default=None, description="Fleet YAML for fleet mode; unset: the 36-node demo fleet."
+        default=None, description="Fleet YAML for fleet mode; unset: the 38-node demo fleet."
     )
     seed: int | None = Field(default=None, description="Simulation seed; unset: the file's.")
     faults: bool = Field(
@@ -95,6 +95,12 @@ class ProbeSettings(ServiceSettings):
     host_root: Path = Field(
         default=Path("/"), description="Local mode: where the host's /sys and /proc are."
     )
+    disk_iops_at_depth: dict[str, float] = Field(
+        default_factory=dict,
+        description="Local mode: each disk's 4 KiB random-read IOPS at depth as the operator "
+        "knows it (datasheet, fio), by disk name; it wins over the probe's datasheet table "
+        'and its own lower bound (JSON: {"nvme0n1": 1450000}).',
+    )
     metrics_interval_seconds: float = Field(
         default=5.0, gt=0, description="Seconds between metrics reports."
     )
@@ -111,8 +117,9 @@ class ProbeSettings(ServiceSettings):
     )
     full_measurement: bool = Field(
         default=False,
-        description="Local mode: measure memory bandwidth per NUMA node and disk random reads "
-        "once after start (a few seconds), and publish them with the topology.",
+        description="Local mode: measure memory bandwidth per NUMA node (one thread, all "
+        "cores) and disk random reads (queue depth 1, at depth) once after start (a few "
+        "seconds), and publish them with the topology.",
     )
     measure_seconds: float = Field(
         default=1.5, gt=0, le=60, description="Full measurement: seconds per disk (memory: 1/3)."
@@ -225,6 +232,7 @@ class LocalNode:
             pool=self.settings.pool,
             labels=self.settings.labels,
             taints=[Taint.parse(t) for t in self.settings.taints],
+            disk_iops_at_depth=self.settings.disk_iops_at_depth,
         )
         # Wear moves slowly: read with each discovery, not each heartbeat.
         self.wear = disks_wear(node.disks, root / "dev")
