@@ -276,9 +276,17 @@ class CpuRequirement(Contract):
     avx_support: Literal["avx", "avx2", "avx512"] | None = None
 
 
+# Host memory held for a task that does not say, when nothing predicts it either.
+DEFAULT_HOST_MEMORY_MB = 1024
+
+
 class MemoryRequirement(Contract):
-    capacity_mb: MiBQuantity = Field(
-        default=1024, ge=0, le=64 * 1_048_576, description="Host memory, MiB, or a quantity (64Gi)."
+    capacity_mb: MiBQuantity | None = Field(
+        default=None,
+        ge=0,
+        le=64 * 1_048_576,
+        description="Host memory, MiB, or a quantity (64Gi); unset: what the predictor "
+        f"predicts the task needs ({DEFAULT_HOST_MEMORY_MB} MiB without a prediction).",
     )
     bandwidth_gbps: float | None = Field(default=None, gt=0, le=100_000)
 
