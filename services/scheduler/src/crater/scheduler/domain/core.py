@@ -1285,7 +1285,8 @@ class Scheduler:
         for node in self.cluster.nodes:
             node.last_heartbeat_at = max(node.last_heartbeat_at or 0.0, now.timestamp())
         self.heartbeat_floor = None
-        self.expiries_held_until = now + timedelta(seconds=REDELIVERY_SECONDS)
+        if self.allocations:  # with none restored, every report is about a grant made since
+            self.expiries_held_until = now + timedelta(seconds=REDELIVERY_SECONDS)
         for head in self.allocations.values():  # task heartbeats too: silent from here
             for member in head.members():
                 if member.heartbeat_grace is not None:
