@@ -1,6 +1,7 @@
 """Crater's Python client.
 
-Inside a placed task: `get_allocation_config()`, `bind()`, `start_monitoring()`.
+Inside a placed task: `get_allocation_config()`, `bind()`, `start_monitoring()`, and
+`with run_task():` (confirm the allocation, heartbeat, report the end).
 For AllData: `CraterClient` and `AsyncCraterClient`, and the errors they raise.
 """
 
@@ -28,6 +29,7 @@ from crater_client.client import (
     ValidationFailed,
     WaitTimedOut,
 )
+from crater_client.launcher import RunningTask, RunRefused, run_task
 from crater_client.monitoring import Monitor, read_tree, start_monitoring
 
 __all__ = [
@@ -44,6 +46,8 @@ __all__ = [
     "Monitor",
     "NotFound",
     "Placement",
+    "RunRefused",
+    "RunningTask",
     "Task",
     "TaskExists",
     "Unavailable",
@@ -53,5 +57,6 @@ __all__ = [
     "get_allocation_config",
     "get_placement",
     "read_tree",
+    "run_task",
     "start_monitoring",
 ]
