@@ -224,3 +224,46 @@ async def test_a_silent_launcher_fails_its_task_and_forged_reports_change_nothin
         assert ended.status is TaskStatus.FAILED
         assert ended.reason.startswith("no heartbeat for 5 s")
         assert (await gateway.get("/api/v1/tasks/quiet")).json()["status"] == "failed"
+
+
+async def test_a_restarted_scheduler_still_holds_the_launcher_to_its_token(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str, gateway: httpx.AsyncClient
+) -> None:
+    """The heartbeat grace is stored with the allocation: after a restart a report about it
+    without the token is still refused, and the launcher's own end still counts."""
+    settings = scheduler_settings(fresh_nats.url, database_url)
+    service, app = build_scheduler(settings)
+    async with TestApp(app):
+        await publish(service.broker, NodeTopologyReported(node=node("n1", gpus=1)))
+        await publish(service.broker, profiled("kept", gpus=1))
+        [granted] = await tap.wait_for(AllocationGranted)
+        url = f"/api/v1/allocations/{granted.allocation_id}"
+        token = granted.reservation_token
+        response = await gateway.post(
+            f"{url}/confirm", json={"token": token, "heartbeat_grace_seconds": 300}
+        )
+        assert response.status_code == 202, response.text
+        for _ in range(50):
+            if (await gateway.get("/api/v1/tasks/kept")).json()["status"] == "running":
+                break
+            await asyncio.sleep(0.1)
+
+    service, app = build_scheduler(settings)  # the same database, a new process's state
+    async with TestApp(app):
+        core = service.state
+        assert core.scheduler.allocations["kept"].heartbeat_grace == 300
+        tokenless = TaskStatusReported(
+            task_id="kept", allocation_id=granted.allocation_id, status=TaskStatus.FAILED
+        )
+        await publish(service.broker, tokenless)
+        [refused] = await tap.wait_for(
+            MessageRejected, lambda r: r.subject == "crater.v1.task.status"
+        )
+        assert refused.errors[0].reason.startswith("missing")
+        response = await gateway.post(
+            f"{url}/status", json={"token": token, "status": "succeeded", "exit_code": 0}
+        )
+        assert response.status_code == 202, response.text
+        [ended] = await tap.wait_for(TaskEnded)
+        assert ended.status is TaskStatus.SUCCEEDED
+        assert ended.reason == "succeeded as its launcher reported (exit code 0)"
