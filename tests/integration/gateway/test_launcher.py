@@ -219,6 +219,9 @@ async def test_a_silent_launcher_fails_its_task_and_forged_reports_change_nothin
             assert response.status_code == 202
             await asyncio.sleep(1)
         assert not tap.of(TaskEnded)
+        beats = tap.of(TaskStatusReported, lambda r: r.reservation_token == token)
+        # the confirmation is news (a webhook), the heartbeats after it are not
+        assert [r.heartbeat for r in beats] == [False] + [True] * 8
         # then they stop: failed, saying why
         [ended] = await tap.wait_for(TaskEnded, timeout=15)
         assert ended.status is TaskStatus.FAILED

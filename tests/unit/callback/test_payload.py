@@ -182,3 +182,11 @@ async def test_the_recorder_records_nothing_for_a_report_that_is_no_webhook() ->
     # Neither the log nor the loop is touched: a None in their place would fail loudly.
     recorder = Recorder(cast(DeliveryLog, None), [], cast(Dispatcher, None))
     assert await recorder.record(status(value=TaskStatus.SUCCEEDED)) == 0
+
+
+def test_a_launchers_heartbeat_is_no_webhook_but_its_confirmation_is() -> None:
+    confirmed = status().model_copy(
+        update={"allocation_id": "alloc-1", "reservation_token": "v1.alloc-1.1.ab"}
+    )
+    assert has_webhook(confirmed)
+    assert not has_webhook(confirmed.model_copy(update={"heartbeat": True}))

@@ -761,6 +761,11 @@ class TaskStatusReported(Event):
         "`running` before it is failed (no heartbeat); default the scheduler's "
         "CRATER_SCHEDULER_TASK_HEARTBEAT_GRACE_SECONDS.",
     )
+    heartbeat: bool = Field(
+        default=False,
+        description="A `running` repeated to say the task is alive (a launcher's heartbeat), "
+        "not news: AllData is not told it.",
+    )
 
     @field_validator("reservation_token")
     @classmethod
@@ -776,6 +781,13 @@ class TaskStatusReported(Event):
         if code is not None and status not in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
             raise ValueError(f"an exit code is reported with succeeded or failed, not {status}")
         return code
+
+    @field_validator("heartbeat")
+    @classmethod
+    def _heartbeat_is_running(cls, heartbeat: bool, info: ValidationInfo) -> bool:
+        if heartbeat and info.data.get("status") != TaskStatus.RUNNING:
+            raise ValueError("a heartbeat is a running report")
+        return heartbeat
 
     @field_validator("heartbeat_grace_seconds")
     @classmethod

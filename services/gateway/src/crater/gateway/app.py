@@ -777,6 +777,8 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
                 status=status,
                 allocation_id=allocation_id,
                 reservation_token=token,
+                # a `running` about a confirmed allocation says it is alive, nothing new
+                heartbeat=status is TaskStatus.RUNNING and check.running,
                 **fields,
             )
         except ValidationError as error:

@@ -51,10 +51,11 @@ class WebhookFormat(StrEnum):
 
 def has_webhook(event: LifecycleEvent) -> bool:
     """Whether AllData is told of the event. Of a node's (or the gateway's) reports only
-    `running` is: the scheduler's `task.ended` says how a task ended, once, and a report's
-    `succeeded`, `failed` or `cancelled` is only what one node saw."""
-    if isinstance(event, TaskStatusReported):
-        return event.status is TaskStatus.RUNNING
+    `running` is, and not a launcher's heartbeat (a `running` repeated): the scheduler's
+    `task.ended` says how a task ended, once, and a report's `succeeded`, `failed` or
+    `cancelled` is only what one node saw."""
+    if isinstance(event, TaskStatusReported):  # a launcher's heartbeat is not news
+        return event.status is TaskStatus.RUNNING and not event.heartbeat
     return True
 
 
