@@ -321,3 +321,23 @@ def test_the_contract_names_the_field_that_is_wrong() -> None:
     with pytest.raises(ValidationError) as error:
         TaskStatusReported(task_id="t1", status=TaskStatus.RUNNING, heartbeat_grace_seconds=30)
     assert error.value.errors()[0]["loc"] == ("heartbeat_grace_seconds",)
+
+
+def test_the_gateway_is_answered_by_the_same_judgement() -> None:
+    scheduler, granted = placed()
+    allocation, token = granted.allocation_id, granted.reservation_token
+    found = scheduler.allocation_check(allocation, token, at(5))
+    assert found is not None
+    member, refusal = found
+    assert (member.task_id, refusal) == ("t1", None)
+    wrong = scheduler.allocation_check(allocation, token[:-2] + "00", at(5))
+    assert wrong is not None
+    assert wrong[1] is not None
+    assert wrong[1].reason.startswith("forged")
+    late = scheduler.allocation_check(allocation, token, at(40))
+    assert late is not None
+    assert late[1] is not None
+    assert late[1].reason.startswith("expired")
+    scheduler.handle(launcher(granted, 6, TaskStatus.SUCCEEDED))
+    assert scheduler.allocation_check(allocation, token, at(7)) is None  # no longer held
+    assert scheduler.held_by == {}

@@ -367,6 +367,8 @@ class Scheduler:
     # Tasks with a member held to heartbeats (`Allocation.heartbeat_grace`): the only ones
     # the silence scan reads.
     heartbeating: set[str] = field(default_factory=set, compare=False, repr=False)
+    # Each allocation held (a gang's every member) by id: the task it belongs to.
+    held_by: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.quotas.limits = dict(self.config.quotas)
@@ -732,17 +734,17 @@ class Scheduler:
         """An allocation held now and why a launcher's `running` with `token`, sent at `at`,
         would be refused (None: taken); None when it is not held. The judgement of
         `report_refusal`, asked before the report is sent (the gateway's synchronous answer)."""
-        for head in self.allocations.values():
-            for member in head.members():
-                if member.allocation_id == allocation_id:
-                    report = TaskStatusReported(
-                        task_id=member.task_id,
-                        status=TaskStatus.RUNNING,
-                        allocation_id=allocation_id,
-                        reservation_token=token,
-                        occurred_at=at,
-                    )
-                    return member, self.report_refusal(report)
+        head = self.allocations.get(self.held_by.get(allocation_id, ""))
+        for member in head.members() if head is not None else ():
+            if member.allocation_id == allocation_id:
+                report = TaskStatusReported(
+                    task_id=member.task_id,
+                    status=TaskStatus.RUNNING,
+                    allocation_id=allocation_id,
+                    reservation_token=token,
+                    occurred_at=at,
+                )
+                return member, self.report_refusal(report)
         return None
 
     def _on_release_requested(self, event: ReplicaReleaseRequested) -> list[Event]:
@@ -1651,6 +1653,7 @@ class Scheduler:
         )
 
     def _take(self, allocation: Allocation) -> None:
+        self.held_by[allocation.allocation_id] = allocation.task_id
         if self.expiry_floor is not None:
             self.expiry_floor = min(self.expiry_floor, allocation.expires_at)
         self.quotas.take(allocation.tenant, allocation.usage)
@@ -1690,6 +1693,7 @@ class Scheduler:
             )
             self.cluster.refresh(node.name)
         self.quotas.give_back(allocation.tenant, allocation.usage)
+        self.held_by.pop(allocation.allocation_id, None)
         key = (allocation.pool, allocation.tenant)
         self.pool_usage[key] = self.pool_usage.get(key, Usage()) - allocation.usage
         self._stale(allocation.pool)
