@@ -46,8 +46,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
-    cfg = crater_client.get_allocation_config()
-    bound = crater_client.bind(cfg)  # before any worker starts: they inherit the affinity
+    bound = crater_client.bind()  # before any worker starts: they inherit the affinity
+    cfg = crater_client.get_allocation_config()  # after bind: gpu_ids are CUDA's numbers
     monitor = crater_client.start_monitoring(interval=args.monitor_interval)
     print(f"allocation {json.dumps(cfg)}; bound to cores {bound.cpu_cores}", flush=True)
 

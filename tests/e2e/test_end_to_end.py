@@ -88,7 +88,7 @@ def crater(stack: Stack, *args: str) -> str:
 
 async def check_cli(stack: Stack) -> None:
     nodes = json.loads(crater(stack, "list-nodes", "--json"))["nodes"]
-    assert len(nodes) == 36
+    assert len(nodes) == 38
     example = EXAMPLES / "infer-llama3-8b.json"
     assert "submitted chat-llama3-replica-01" in crater(stack, "submit", str(example))
     found = json.loads(crater(stack, "tasks", "--json"))["tasks"]

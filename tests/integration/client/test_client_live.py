@@ -66,11 +66,21 @@ def test_alldata_drives_a_task_s_lifecycle_and_gets_refusals_as_exceptions(
     stack: Stack,
 ) -> None:
     client = CraterClient(stack.url("gateway"))
+    dry = client.dry_run(task("life-1"))  # where it would go; holds nothing, not even the id
+    assert dry["placement"]["outcome"] == "placed", dry["placement"]["summary"]
+    [member] = dry["placement"]["members"]
+    with pytest.raises(NotFound):
+        client.get("life-1")
+    with pytest.raises(ValidationFailed) as refused_dry:
+        client.dry_run(task("bad-0", resource_requirements={"gpu": {"count": -1}}))
+    assert refused_dry.value.errors[0][0] == "resource_requirements.gpu.count"
+
     accepted = client.submit(task("life-1"))
     assert (accepted.task_id, accepted.status) == ("life-1", "submitted")
     running = client.wait("life-1", until={"running"}, timeout=60, poll=0.2)
     assert running.status == "running"
     assert running.gpu_ids
+    assert running.node == member["node_id"]  # where the dry run said
     assert "life-1" in {t.task_id for t in client.list(status="running")}
 
     with pytest.raises(TaskExists) as exists:

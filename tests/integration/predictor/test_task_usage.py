@@ -86,6 +86,8 @@ async def test_a_task_below_its_sla_is_said_once_and_it_survives_a_restart(
 
         await until(gauged)
         await until(breaches_counted)
+        taken = counted(service, "crater_predictor_usage_samples_total", {"gpus": "yes"})
+        assert taken == len(first) + 5  # every sample of both tasks, once
         store: LearningStore = service.state
         # a redelivered sample (same event id) counts nothing twice
         assert await store.usage(first[-1], publish_nothing) is None

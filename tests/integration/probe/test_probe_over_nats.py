@@ -81,24 +81,24 @@ async def test_fleet_mode_reports_topology_metrics_and_health_for_every_node(
     service, app = build(settings)
     expected = {n.node_id: n for n in load_fleet(None, seed=42)}
     async with TestApp(app):
-        topologies = await tap.wait_for(NodeTopologyReported, count=36)
+        topologies = await tap.wait_for(NodeTopologyReported, count=38)
         assert {t.node.node_id for t in topologies} == set(expected)
         for report in topologies:
             assert report.node == expected[report.node.node_id]
         # Two rounds of metrics and of health for every node.
-        await tap.wait_for(NodeMetricsReported, count=72)
-        health = await tap.wait_for(NodeHealthReported, count=72)
+        await tap.wait_for(NodeMetricsReported, count=76)
+        health = await tap.wait_for(NodeHealthReported, count=76)
         assert {h.node_id for h in health} == set(expected)
         assert {h.condition for h in health} == {NodeCondition.READY}
-    assert len(tap.of(NodeTopologyReported)) == 36  # one each: republished every 300 s only
+    assert len(tap.of(NodeTopologyReported)) == 38  # one each: republished every 300 s only
     subjects = {m.subject for m in tap.raw}
     assert "crater.v1.node.topology.a100-01" in subjects
     assert "crater.v1.node.health.cpu-08" in subjects
     published = service.registry.get_sample_value(
         "crater_probe_events_published_total", {"kind": "topology"}
     )
-    assert published == 36
-    assert service.registry.get_sample_value("crater_probe_nodes") == 36
+    assert published == 38
+    assert service.registry.get_sample_value("crater_probe_nodes") == 38
 
 
 async def test_runner_turns_a_grant_into_running_then_succeeded_once(

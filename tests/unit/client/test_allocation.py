@@ -122,3 +122,42 @@ def test_bind_refuses_cores_this_process_cannot_use() -> None:
         bind(config)
     assert "4095" in raised.value.reason
     assert os.sched_getaffinity(0) == before
+
+
+@pytest.mark.parametrize(
+    ("granted", "visible", "cuda"),
+    [
+        ("2,3", None, [2, 3]),  # every card visible: the node's ids are CUDA's
+        ("2,3", "2,3", [0, 1]),  # only the granted ones (bind, a device plugin): from 0
+        ("2,3", "0,1,2,3", [2, 3]),
+        ("3,2", "2,3", [1, 0]),
+        ("2,3", "GPU-8f1c,GPU-77aa", [2, 3]),  # UUIDs: not ours to renumber
+    ],
+)
+def test_gpu_ids_are_cuda_s_numbers_in_this_process(
+    granted: str, visible: str | None, cuda: list[int]
+) -> None:
+    env = {**ENV, "CRATER_GPU_IDS": granted}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    assert get_allocation_config(env)["gpu_ids"] == cuda
+
+
+def test_after_bind_the_first_granted_card_is_cuda_device_0() -> None:
+    """AllData's script: set_device(cfg["gpu_ids"][0]) addresses the granted card after bind."""
+    cores = sorted(os.sched_getaffinity(0))[:1]
+    env = {**ENV, "CRATER_GPU_IDS": "2,3", "CRATER_CPU_CORES": "1"}
+    env["CRATER_CPU_CORE_IDS"] = ",".join(map(str, cores))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    script = (
+        "import json, crater_client\n"
+        "bound = crater_client.bind()\n"
+        "print(json.dumps([bound.cuda_visible_devices, bound.gpu_ids,"
+        " crater_client.get_allocation_config()['gpu_ids']]))\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env={**clean, **env}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["2,3", [0, 1], [0, 1]]

@@ -33,15 +33,15 @@ def test_builtin_profiles() -> None:
 
 def test_default_demo_fleet() -> None:
     nodes = load_fleet(None, seed=42)
-    assert len(nodes) == 36
+    assert len(nodes) == 38
     ids = [n.node_id for n in nodes]
-    assert len(set(ids)) == 36
+    assert len(set(ids)) == 38
     assert ids[0] == "a100-01"
-    assert {"h100-01", "rtx4090-08", "v100-04", "t4-08", "cpu-03"} <= set(ids)
-    assert Counter(n.pool for n in nodes) == {"training": 8, "inference": 16, "default": 12}
+    assert {"h100-01", "rtx4090-08", "v100-04", "t4-08", "cpu-03", "a100-pcie-02"} <= set(ids)
+    assert Counter(n.pool for n in nodes) == {"training": 8, "inference": 16, "default": 14}
     assert all(n.simulated for n in nodes)
     roles = Counter(n.labels["crater.ai/node-role"] for n in nodes)
-    assert roles == {"gpu": 28, "cpu": 8}
+    assert roles == {"gpu": 30, "cpu": 8}
     # Every simulated node is healthy at rest.
     assert {evaluate(n).condition.value for n in nodes} == {"Ready"}
 

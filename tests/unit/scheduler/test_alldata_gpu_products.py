@@ -4,6 +4,7 @@ names the probe reports."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -19,6 +20,7 @@ from crater.contracts import (
     TaskRejected,
     TaskRequest,
 )
+from crater.probe.fleet import load_fleet
 from crater.scheduler.domain.core import Scheduler
 from tests.support.alldata import fixture
 from tests.support.topologies import node
@@ -28,15 +30,30 @@ TASK = TaskRequest.model_validate_json(fixture("alldata_task.json"))
 
 
 def measured(name: str, gpu_model: str, gpu_memory_mb: int, gpus: int = 4) -> NodeTopology:
-    """A node whose memory bandwidth and SSD were measured well enough for AllData's task."""
+    """A node fit for AllData's task in memory bandwidth and SSD, as a real probe reports
+    one: 18 GB/s one thread but 180 GB/s all cores at once; 13,000 IOPS at queue depth 1 but
+    1,450,000 at depth (a PCIe 4 NVMe's datasheet figure)."""
     t = node(name, gpus=gpus, gpu_model=gpu_model, gpu_memory_mb=gpu_memory_mb, cores=64)
     return t.model_copy(
         update={
             "numa_nodes": [
-                n.model_copy(update={"memory_bandwidth_gbps": 180.0}) for n in t.numa_nodes
+                n.model_copy(
+                    update={
+                        "memory_bandwidth_gbps": 18.0,
+                        "memory_bandwidth_gbps_all_cores": 180.0,
+                    }
+                )
+                for n in t.numa_nodes
             ],
             "disks": [
-                d.model_copy(update={"random_read_iops": 900_000.0, "read_latency_us_p50": 90.0})
+                d.model_copy(
+                    update={
+                        "random_read_iops": 13_000.0,
+                        "read_latency_us_p50": 90.0,
+                        "random_read_iops_at_depth": 1_450_000.0,
+                        "random_read_iops_at_depth_source": "datasheet",
+                    }
+                )
                 for d in t.disks
             ],
         }
@@ -122,3 +139,46 @@ def test_a_cluster_trace_model_is_matched_exactly_as_the_trace_protocol_places_i
     )
     assert isinstance(granted, AllocationGranted), granted
     assert granted.node == "b-m16"  # "a-m32" would win a tie by name
+
+
+def test_alldatas_task_on_the_demo_fleet_lands_on_an_a100_pcie_node() -> None:
+    """The demo fleet as the simulated probe reports it: AllData's figures (140 GB/s, 800,000
+    IOPS) are met by the a100-pcie nodes' all-core bandwidth and their PM1733's datasheet
+    IOPS, though no node comes near them one thread or one read at a time."""
+    fleet = load_fleet(None)
+    granted = place(*fleet)
+    assert isinstance(granted, AllocationGranted), granted
+    assert granted.node in {"a100-pcie-01", "a100-pcie-02"}
+    assert len(granted.gpu_ids) == 2
+
+
+def _one_thread_only(t: NodeTopology) -> NodeTopology:
+    numa = [n.model_copy(update={"memory_bandwidth_gbps_all_cores": None}) for n in t.numa_nodes]
+    return t.model_copy(update={"numa_nodes": numa})
+
+
+def _qd1_only(t: NodeTopology) -> NodeTopology:
+    disks = [
+        d.model_copy(
+            update={"random_read_iops_at_depth": None, "random_read_iops_at_depth_source": None}
+        )
+        for d in t.disks
+    ]
+    return t.model_copy(update={"disks": disks})
+
+
+@pytest.mark.parametrize(
+    ("strip", "reason"),
+    [
+        (_one_thread_only, "2 memory bandwidth < 140 GB/s over a NUMA node's cores"),
+        (_qd1_only, "2 SSD random reads < 800000 IOPS at depth (at QD1 where no such figure)"),
+    ],
+)
+def test_on_the_figures_at_queue_depth_1_or_one_thread_alone_it_is_refused(
+    strip: Callable[[NodeTopology], NodeTopology], reason: str
+) -> None:
+    """What the figures in AllData's sense change: without either (a probe that measures
+    one thread or QD1 only) no node of the demo fleet could ever reach the ask."""
+    refused = place(*(strip(t) for t in load_fleet(None)))
+    assert isinstance(refused, TaskRejected), refused
+    assert reason in " ".join(e.reason for e in refused.errors)

@@ -224,8 +224,30 @@ def test_memory_bandwidth_filter_takes_the_best_numa_node_and_refuses_the_unmeas
     assert passing(c, "MemoryBandwidth", demand({"memory": {"bandwidth_gbps": 20}})) == ["fast"]
     assert len(passing(c, "MemoryBandwidth", demand())) == 3
     assert FILTERS["MemoryBandwidth"].explain(demand({"memory": {"bandwidth_gbps": 20}})) == (
-        "memory bandwidth < 20 GB/s or not measured"
+        "memory bandwidth < 20 GB/s over a NUMA node's cores (one thread's where no such "
+        "figure) or not measured"
     )
+
+
+def test_memory_bandwidth_filter_compares_the_aggregate_where_it_was_measured() -> None:
+    """AllData's 140 GB/s is a node's aggregate (STREAM over all cores): a node measured at
+    18 GB/s one thread at a time but 150 GB/s all cores at once has it; a node measured only
+    one thread at a time passes on that figure alone (a lower bound of its aggregate)."""
+    socket = node("socket")
+    numa = [
+        n.model_copy(
+            update={"memory_bandwidth_gbps": 18.0, "memory_bandwidth_gbps_all_cores": 150.0}
+        )
+        for n in socket.numa_nodes
+    ]
+    one_thread = measured(node("one-thread"), 25.0, None, None)
+    c = arrays(with_(socket, numa_nodes=numa), one_thread, node("unmeasured"))
+    assert passing(c, "MemoryBandwidth", demand({"memory": {"bandwidth_gbps": 140}})) == ["socket"]
+    assert passing(c, "MemoryBandwidth", demand({"memory": {"bandwidth_gbps": 20}})) == [
+        "socket",
+        "one-thread",
+    ]
+    assert passing(c, "MemoryBandwidth", demand({"memory": {"bandwidth_gbps": 151}})) == []
 
 
 def test_ssd_iops_and_latency_against_the_measured_disks() -> None:
@@ -250,6 +272,41 @@ def test_ssd_iops_and_latency_against_the_measured_disks() -> None:
     assert len(passing(c, "SsdIops", demand())) == 3
     assert FILTERS["SsdLatency"].explain(demand({"ssd": {"latency_us_max": 100}})) == (
         "SSD read latency > 100 us or not measured"
+    )
+
+
+def at_depth(t: NodeTopology, iops: float, source: str = "datasheet") -> NodeTopology:
+    disks = [
+        d.model_copy(
+            update={"random_read_iops_at_depth": iops, "random_read_iops_at_depth_source": source}
+        )
+        for d in t.disks
+    ]
+    return with_(t, disks=disks)
+
+
+def test_ssd_iops_compares_the_figure_at_depth_where_known_else_qd1() -> None:
+    """AllData's 800,000 IOPS is a datasheet figure (4 KiB at depth): a PM1733 measured at
+    13,000 IOPS one read at a time but rated 1,450,000 has it; a disk with no figure at depth
+    is judged on its QD1 one, a lower bound."""
+    rated = at_depth(measured(node("rated"), None, 13_000.0, 75.0), 1_450_000)
+    lower = at_depth(measured(node("lower"), None, 13_000.0, 75.0), 120_000, "measured")
+    qd1 = measured(node("qd1"), None, 15_000.0, 70.0)
+    hdd = Disk(
+        name="sda",
+        capacity_gb=8000,
+        rotational=True,
+        nvme=False,
+        random_read_iops_at_depth=2_000_000,  # a spinning disk never counts
+        random_read_iops_at_depth_source="operator",
+    )
+    spinning = with_(node("spinning"), disks=[hdd])
+    c = arrays(rated, lower, qd1, spinning, node("unmeasured"))
+    assert passing(c, "SsdIops", demand({"ssd": {"iops_min": 800_000}})) == ["rated"]
+    assert passing(c, "SsdIops", demand({"ssd": {"iops_min": 100_000}})) == ["rated", "lower"]
+    assert passing(c, "SsdIops", demand({"ssd": {"iops_min": 14_000}})) == ["rated", "lower", "qd1"]
+    assert FILTERS["SsdIops"].explain(demand({"ssd": {"iops_min": 800_000}})) == (
+        "SSD random reads < 800000 IOPS at depth (at QD1 where no such figure) or not measured"
     )
 
 

@@ -100,7 +100,10 @@ def test_dry_run_names_each_new_filter_with_its_code() -> None:
     answer = scheduler.dry_run(Demand.of_query(tolerant))
     assert answer.fits == []
     assert {m.code for m in answer.misfits} == {"InsufficientSsdIops"}
-    assert answer.summary == "0/3 nodes fit; 3 SSD random reads < 1000 IOPS or not measured"
+    assert answer.summary == (
+        "0/3 nodes fit; 3 SSD random reads < 1000 IOPS at depth (at QD1 where no such figure) "
+        "or not measured"
+    )
 
 
 def test_a_waiting_task_says_which_new_filters_keep_it_out() -> None:

@@ -1,7 +1,8 @@
 """Crater's Python client.
 
-Inside a placed task: `get_allocation_config()`, `bind()`, `start_monitoring()`, and
-`with run_task():` (confirm the allocation, heartbeat, report the end).
+Inside a placed task: `get_allocation_config()`, `bind()`, `start_monitoring()`,
+`on_preempt()`, `resume_from()`, and `with run_task():` (confirm the allocation, heartbeat,
+report the end).
 For AllData: `CraterClient` and `AsyncCraterClient`, and the errors they raise.
 """
 
@@ -13,6 +14,14 @@ from crater_client.allocation import (
     bind,
     get_allocation_config,
     get_placement,
+)
+from crater_client.checkpoint import (
+    checkpoint_dir,
+    checkpoint_file,
+    checkpoint_step,
+    on_preempt,
+    preempt_requested,
+    resume_from,
 )
 from crater_client.client import (
     FINAL_STATUSES,
@@ -54,9 +63,15 @@ __all__ = [
     "ValidationFailed",
     "WaitTimedOut",
     "bind",
+    "checkpoint_dir",
+    "checkpoint_file",
+    "checkpoint_step",
     "get_allocation_config",
     "get_placement",
+    "on_preempt",
+    "preempt_requested",
     "read_tree",
+    "resume_from",
     "run_task",
     "start_monitoring",
 ]

@@ -1,9 +1,10 @@
 """What Crater granted a placed task, read from the environment the scheduler hands it.
 
-Every value comes from a `CRATER_*` variable. Those that say what the task may use (GPUs,
-cores, memory) have no default: a missing one raises `AllocationError` naming it, because a
-guessed GPU or core would have the task use what another task was granted. Only the
-DataLoader hints have defaults (they tune, they do not grant):
+Every value comes from a `CRATER_*` variable (or, where they are absent, from the file
+`CRATER_ALLOCATION_CONFIG` names, which an executing node agent writes). Those that say what
+the task may use (GPUs, cores, memory) have no default: a missing one raises
+`AllocationError` naming it, because a guessed GPU or core would have the task use what
+another task was granted. Only the DataLoader hints have defaults (they tune, they do not grant):
 
 - `CRATER_DATALOADER_NUM_WORKERS` unset: one worker per granted core;
 - `CRATER_DATALOADER_PREFETCH_FACTOR` unset: 2 (PyTorch's own default);
@@ -12,9 +13,11 @@ DataLoader hints have defaults (they tune, they do not grant):
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypedDict
 
 DEFAULT_PREFETCH_FACTOR = 2
@@ -54,8 +57,8 @@ class Placement:
 def get_allocation_config(environ: Mapping[str, str] | None = None) -> AllocationConfig:
     """The task's allocation, in allocation_config.json's shape, from `environ`
     (default: this process's environment)."""
-    env = os.environ if environ is None else environ
-    gpu_ids = _ids(env, "CRATER_GPU_IDS", allow_empty=True)  # empty: a CPU-only task
+    env = _with_config_file(os.environ if environ is None else environ)
+    gpu_ids = node_gpu_ids(env)  # empty: a CPU-only task
     cpu_cores = _ids(env, "CRATER_CPU_CORE_IDS", allow_empty=False)
     count = env.get("CRATER_CPU_CORES")
     if count is not None and _int(env, "CRATER_CPU_CORES", 1) != len(cpu_cores):
@@ -66,7 +69,7 @@ def get_allocation_config(environ: Mapping[str, str] | None = None) -> Allocatio
     workers = env.get("CRATER_DATALOADER_NUM_WORKERS")
     prefetch = env.get("CRATER_DATALOADER_PREFETCH_FACTOR")
     return AllocationConfig(
-        gpu_ids=gpu_ids,
+        gpu_ids=cuda_numbering(gpu_ids, env.get("CUDA_VISIBLE_DEVICES")),
         cpu_cores=cpu_cores,
         memory_mb=_int(env, "CRATER_MEMORY_MB", 1),
         ssd_path=env.get("CRATER_SSD_PATH") or None,
@@ -79,6 +82,25 @@ def get_allocation_config(environ: Mapping[str, str] | None = None) -> Allocatio
             else _int(env, "CRATER_DATALOADER_PREFETCH_FACTOR", 1)
         ),
     )
+
+
+def node_gpu_ids(environ: Mapping[str, str] | None = None) -> list[int]:
+    """The granted cards by their ids on the node (NVML's numbering), whatever CUDA sees."""
+    env = _with_config_file(os.environ if environ is None else environ)
+    return _ids(env, "CRATER_GPU_IDS", allow_empty=True)
+
+
+def cuda_numbering(gpu_ids: list[int], visible: str | None) -> list[int]:
+    """The granted cards as CUDA numbers them in this process. With CUDA_VISIBLE_DEVICES
+    listing them (set by `bind`, a device plugin or a launcher), CUDA counts the visible cards
+    from 0, so node card 2 in "2,3" is device 0; without it, the node's ids are CUDA's. So
+    `torch.cuda.set_device(cfg["gpu_ids"][0])` is right either way."""
+    if not visible or not gpu_ids:
+        return gpu_ids
+    listed = [v.strip() for v in visible.split(",")]
+    if not all(str(g) in listed for g in gpu_ids):
+        return gpu_ids  # UUIDs, or other cards: CUDA's numbering cannot be told from ids
+    return [listed.index(str(g)) for g in gpu_ids]
 
 
 def get_placement(environ: Mapping[str, str] | None = None) -> Placement:
@@ -99,11 +121,13 @@ def get_placement(environ: Mapping[str, str] | None = None) -> Placement:
 
 @dataclass(frozen=True)
 class Bound:
-    """What `bind` applied: the cores now in this process's affinity, and the
-    CUDA_VISIBLE_DEVICES in force (None: no GPUs, nothing set)."""
+    """What `bind` applied: the cores now in this process's affinity, the
+    CUDA_VISIBLE_DEVICES in force (None: no GPUs, nothing set), and the granted cards as
+    CUDA now numbers them (what `get_allocation_config()` answers from now on)."""
 
     cpu_cores: list[int]
     cuda_visible_devices: str | None
+    gpu_ids: list[int]
 
 
 def bind(config: AllocationConfig | None = None, *, restrict_gpus: bool = True) -> Bound:
@@ -112,8 +136,9 @@ def bind(config: AllocationConfig | None = None, *, restrict_gpus: bool = True) 
 
     Call it before CUDA is initialised (before the first `torch.cuda` call): the variable is
     read once. With it set, CUDA numbers the visible cards from 0, so the first granted GPU is
-    CUDA device 0, whatever its id on the node; pass `restrict_gpus=False` to keep every card
-    visible and address them by their node ids (`torch.cuda.set_device(cfg["gpu_ids"][0])`).
+    CUDA device 0, whatever its id on the node: address cards by `Bound.gpu_ids` (or a fresh
+    `get_allocation_config()`), not by a config read before `bind`. `restrict_gpus=False`
+    keeps every card visible and the node's ids.
     """
     cfg = get_allocation_config() if config is None else config
     available = os.sched_getaffinity(0)
@@ -128,7 +153,23 @@ def bind(config: AllocationConfig | None = None, *, restrict_gpus: bool = True) 
     if visible is None and restrict_gpus and cfg["gpu_ids"]:
         visible = ",".join(str(g) for g in cfg["gpu_ids"])
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
-    return Bound(sorted(os.sched_getaffinity(0)), visible)
+    return Bound(sorted(os.sched_getaffinity(0)), visible, cuda_numbering(cfg["gpu_ids"], visible))
+
+
+def _with_config_file(env: Mapping[str, str]) -> Mapping[str, str]:
+    """The environment, completed from the allocation config file a node agent wrote
+    (`CRATER_ALLOCATION_CONFIG`: the grant's CRATER_* variables as JSON) when the variables
+    themselves are absent (a process started with a cleared environment). Set variables win."""
+    path = env.get("CRATER_ALLOCATION_CONFIG")
+    if not path or "CRATER_CPU_CORE_IDS" in env:
+        return env
+    try:
+        written = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise AllocationError("CRATER_ALLOCATION_CONFIG", f"{path}: {error}") from None
+    if not isinstance(written, dict):
+        raise AllocationError("CRATER_ALLOCATION_CONFIG", f"{path} is not a JSON object")
+    return {**{k: str(v) for k, v in written.items()}, **env}
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from crater_client.allocation import get_allocation_config, get_placement
+from crater_client.allocation import get_allocation_config, get_placement, node_gpu_ids
 
 log = logging.getLogger("crater_client.monitoring")
 PROC = Path("/proc")
@@ -279,7 +279,9 @@ def start_monitoring(
         task_id=placement.task_id,
         allocation_id=placement.allocation_id,
         attempt=placement.attempt,
-        gpu_ids=config["gpu_ids"],
+        gpu_ids=node_gpu_ids(
+            env
+        ),  # NVML counts every card of the node, CUDA_VISIBLE_DEVICES or not
         cores_granted=len(config["cpu_cores"]),
         ticks_per_interval=ticks_per_interval,
     ).start()

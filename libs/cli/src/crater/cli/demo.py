@@ -11,6 +11,7 @@ import json
 import random
 import shutil
 import signal
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,7 +23,7 @@ from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from rich.console import Console
 
-from crater.cli.stack import Stack, port_is_free
+from crater.cli.stack import LOCAL_POOL, Stack, port_is_free
 from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
@@ -36,6 +37,7 @@ from crater.contracts import (
     TaskRejected,
     TaskStatusReported,
     TaskSubmitted,
+    TaskUsageReported,
     WebhookDeadLettered,
     WebhookDelivered,
 )
@@ -165,7 +167,7 @@ DEMO_ENV = {
 }
 
 
-def run_demo(data_dir: Path, duration: float, rate: float, seed: int) -> None:
+def run_demo(data_dir: Path, duration: float, rate: float, seed: int, local: bool = True) -> None:
     if data_dir.exists():
         shutil.rmtree(data_dir)  # each demo starts from an empty cluster and database
     gateway_port = 8080 if port_is_free(8080) else 0
@@ -176,7 +178,7 @@ def run_demo(data_dir: Path, duration: float, rate: float, seed: int) -> None:
     # SIGTERM stops the demo the way Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        stack.start(extra_env=DEMO_ENV)
+        stack.start(extra_env=DEMO_ENV, local_node=local and EXAMPLE_SCRIPT.is_file())
         _banner(stack, time.monotonic() - started)
         asyncio.run(_watch_and_drive(stack, duration, rate, seed))
     except KeyboardInterrupt:
@@ -218,6 +220,8 @@ async def _watch_and_drive(stack: Stack, duration: float, rate: float, seed: int
         asyncio.create_task(_submit_tasks(stack, pools, rate, seed, watcher)),
         asyncio.create_task(_report_latencies(broker, seed)),
     ]
+    if "agent" in stack.processes:
+        tasks.append(asyncio.create_task(_submit_local_tasks(stack, watcher)))
     try:
         if duration:
             await asyncio.sleep(duration)
@@ -268,6 +272,40 @@ async def _submit_tasks(
             if response.status_code != 202:
                 watcher.line("red", "✘", f"gateway refused {body['task_id']}: {response.text}")
             await asyncio.sleep(rng.expovariate(rate))
+
+
+# Run for real on this machine (node local-01): AllData's kind of training script, reading its
+# allocation, binding to it and reporting its own use through crater_client.
+EXAMPLE_SCRIPT = Path(__file__).resolve().parents[5] / "examples" / "train_with_crater_client.py"
+LOCAL_EVERY_SECONDS = 60.0
+
+
+def local_task(n: int) -> dict[str, Any]:
+    return {
+        "task_id": f"client-{n:04d}",
+        "task_type": "training",
+        "model_config": {"name": "examples/linear-regression", "precision": "fp32"},
+        "resource_requirements": {"cpu": {"cores": 1}, "memory": {"capacity_mb": 512}},
+        "pool": LOCAL_POOL,
+        "command": [
+            sys.executable,
+            str(EXAMPLE_SCRIPT),
+            "--seconds",
+            "25",
+            "--monitor-interval",
+            "5",
+        ],
+    }
+
+
+async def _submit_local_tasks(stack: Stack, watcher: Watcher) -> None:
+    async with httpx.AsyncClient(base_url=stack.url("gateway"), timeout=10) as client:
+        for n in range(1, 1_000_000):
+            await asyncio.sleep(5.0 if n == 1 else LOCAL_EVERY_SECONDS)
+            body = local_task(n)
+            response = await client.post("/api/v1/schedule", json=body)
+            if response.status_code != 202:
+                watcher.line("red", "✘", f"gateway refused {body['task_id']}: {response.text}")
 
 
 SERVICE = "chat-llama3"
@@ -397,6 +435,17 @@ class Watcher:
                 "⇅",
                 f"scale {event.direction} {event.service} {event.current_replicas}→"
                 f"{event.desired_replicas}: {event.reason}",
+            )
+        elif isinstance(event, TaskUsageReported):
+            read = (event.io_read_bytes_per_second or 0) / 1e6
+            written = (event.io_write_bytes_per_second or 0) / 1e6
+            self.line(
+                "dim",
+                "≋",
+                f"{event.task_id} measured itself: CPU {event.cpu_utilization_percent or 0:.0f}% "
+                f"of its cores, {event.host_memory_used_mb or 0} MiB resident, IO "
+                f"{read:.1f}/{written:.1f} MB/s read/written, {len(event.gpus)} GPUs "
+                "(to the predictor)",
             )
         elif isinstance(event, MessageRejected):
             why = "; ".join(f"{e.field}: {e.reason}" for e in event.errors)

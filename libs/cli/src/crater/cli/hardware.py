@@ -65,8 +65,9 @@ def probe(
         bool,
         typer.Option(
             "--full",
-            help="Also measure memory bandwidth per NUMA node and disk random-read IOPS and "
-            "latency (a few seconds; a temp file on each mounted disk).",
+            help="Also measure memory bandwidth per NUMA node (one thread, all cores) and disk "
+            "random-read IOPS and latency (queue depth 1, at depth; a few seconds; a temp file "
+            "on each mounted disk).",
         ),
     ] = False,
     seconds: Annotated[
@@ -98,10 +99,12 @@ def probe(
     )
     for numa in node.numa_nodes:
         bandwidth = (
-            f", {numa.memory_bandwidth_gbps} GB/s copy (measured)"
+            f", {numa.memory_bandwidth_gbps} GB/s copy, one thread (measured)"
             if numa.memory_bandwidth_gbps is not None
             else ""
         )
+        if numa.memory_bandwidth_gbps_all_cores is not None:
+            bandwidth += f", {numa.memory_bandwidth_gbps_all_cores} GB/s all cores (measured)"
         console.print(f"NUMA {numa.id}: {len(numa.cpus)} CPUs, {numa.memory_mb} MiB{bandwidth}")
     console.print(f"memory {node.memory_mb} MiB")
     if not node.gpus:
@@ -127,6 +130,12 @@ def probe(
             console.print(
                 f"  measured: {disk.random_read_iops:,.0f} random 4 KiB reads/s (QD1), "
                 f"latency p50 {disk.read_latency_us_p50} us, p99 {disk.read_latency_us_p99} us"
+            )
+        if disk.random_read_iops_at_depth is not None:
+            bound = ", a lower bound" if disk.random_read_iops_at_depth_source == "measured" else ""
+            console.print(
+                f"  at depth: {disk.random_read_iops_at_depth:,.0f} random 4 KiB reads/s "
+                f"({disk.random_read_iops_at_depth_source}{bound})"
             )
     shared = _shared_roots(node)
     if shared:

@@ -17,6 +17,7 @@ from crater.cli import (
     chaos,
     dead_letters,
     hardware,
+    logs,
     predict,
     schedule_test,
     simulate,
@@ -53,12 +54,19 @@ def up(
     ),
     rate: Annotated[float, typer.Option(help="Tasks submitted per second.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 7,
+    local: Annotated[
+        bool,
+        typer.Option(
+            help="Also run this machine as node local-01, where a small CPU training script "
+            "(examples/train_with_crater_client.py) runs for real every minute."
+        ),
+    ] = True,
 ) -> None:
     """Crater on embedded defaults: nats-server, SQLite, every service, a simulated fleet,
     a stand-in for AllData, and a stream of tasks. Ctrl-C stops it cleanly."""
     from crater.cli.demo import run_demo
 
-    run_demo(data_dir=data_dir, duration=duration, rate=rate, seed=seed)
+    run_demo(data_dir=data_dir, duration=duration, rate=rate, seed=seed, local=local)
 
 
 @app.command()
@@ -187,6 +195,7 @@ app.command("topology-export")(hardware.topology_export)
 app.command("schedule-test")(schedule_test.schedule_test)
 app.command("autoscale-sim")(autoscale.autoscale_sim)
 app.command()(predict.predict)
+app.command()(logs.logs)
 app.command()(simulate.simulate)
 app.command()(bench.bench)
 app.command()(chaos.chaos)

@@ -20,6 +20,10 @@ from crater.runtime.nats_server import NatsServer, free_port, start_nats_server
 
 SERVICES = ("scheduler", "predictor", "callback", "autoscaler", "probe", "gateway")
 WEBHOOK_USER = "alldata"
+# This machine as a node of its own, beside the simulated fleet: the probe in local mode,
+# running the `command` of each task placed on it as a real process (docs/execution.md).
+LOCAL_NODE = "local-01"
+LOCAL_POOL = "local"
 
 
 @dataclass
@@ -29,6 +33,7 @@ class Process:
     popen: subprocess.Popen[bytes]
     log_path: Path
     args: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # its own, over the stack's
 
     @property
     def url(self) -> str:
@@ -61,9 +66,15 @@ class Stack:
         return self.processes[name].url
 
     def start(
-        self, services: tuple[str, ...] = SERVICES, extra_env: dict[str, str] | None = None
+        self,
+        services: tuple[str, ...] = SERVICES,
+        extra_env: dict[str, str] | None = None,
+        *,
+        local_node: bool = False,
     ) -> None:
-        """nats-server, migrations, the receiver, then each service; waits for every /healthz."""
+        """nats-server, migrations, the receiver, then each service (and, with `local_node`,
+        this machine as node LOCAL_NODE of pool LOCAL_POOL, running what is placed on it);
+        waits for every /healthz."""
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.nats = start_nats_server(
             self.data_dir / "jetstream", log_file=self.data_dir / "logs" / "nats-server.log"
@@ -104,14 +115,34 @@ class Stack:
                 "CRATER_CALLBACK_WEBHOOK_SECRET": self.webhook_secret,
             }
         )
+        ports = {name: self.ports.get(name) or free_port() for name in services}
+        if "gateway" in ports:  # where a task's crater_client posts its usage samples
+            self.env.setdefault(
+                "CRATER_SCHEDULER_GATEWAY_URL", f"http://127.0.0.1:{ports['gateway']}"
+            )
         for name in services:
-            self._spawn(name, self.ports.get(name) or free_port(), ["run", name])
+            self._spawn(name, ports[name], ["run", name])
+        if local_node:
+            self._spawn(
+                "agent",
+                free_port(),
+                ["run", "probe"],
+                {
+                    "CRATER_PROBE_MODE": "local",
+                    "CRATER_PROBE_EXECUTE": "true",
+                    "CRATER_PROBE_NODE_ID": LOCAL_NODE,
+                    "CRATER_PROBE_POOL": LOCAL_POOL,
+                    "CRATER_PROBE_STATE_DIR": str(self.data_dir / "agent"),
+                },
+            )
         for process in self.processes.values():
             wait_healthy(process)
 
-    def _spawn(self, name: str, port: int, args: list[str]) -> None:
+    def _spawn(
+        self, name: str, port: int, args: list[str], own_env: dict[str, str] | None = None
+    ) -> None:
         log_path = self.data_dir / "logs" / f"{name}.log"
-        env = {**os.environ, **self.env, "CRATER_HTTP_PORT": str(port)}
+        env = {**os.environ, **self.env, **(own_env or {}), "CRATER_HTTP_PORT": str(port)}
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "crater.cli", *args],
@@ -120,7 +151,7 @@ class Stack:
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches us, and we stop them in order
             )
-        self.processes[name] = Process(name, port, popen, log_path, args)
+        self.processes[name] = Process(name, port, popen, log_path, args, own_env or {})
 
     def kill(self, name: str) -> None:
         """Kill a service without warning (tests of crash recovery)."""
@@ -132,7 +163,7 @@ class Stack:
         process = self.processes.pop(name)
         if process.popen.poll() is None:
             stop_process(process)
-        self._spawn(name, process.port, process.args)
+        self._spawn(name, process.port, process.args, process.env)
         wait_healthy(self.processes[name])
 
     def stop(self) -> None:

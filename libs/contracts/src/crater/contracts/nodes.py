@@ -42,12 +42,27 @@ class Gpu(Contract):
     )
 
 
+# Where a figure in the datasheets' sense comes from: the probe measured it, the device's
+# datasheet states it (the probe's table of models), or an operator set it.
+FigureSource = Literal["measured", "datasheet", "operator"]
+
+
 class NumaNode(Contract):
     id: int = Field(ge=0)
     cpus: list[int]
     memory_mb: int = Field(ge=0)
     memory_bandwidth_gbps: float | None = Field(
-        default=None, ge=0, description="Measured copy bandwidth (GB/s), pinned to this node."
+        default=None,
+        ge=0,
+        description="Measured copy bandwidth (GB/s, read + write) of one thread pinned to this "
+        "node: what one process sees, several times below the node's aggregate.",
+    )
+    memory_bandwidth_gbps_all_cores: float | None = Field(
+        default=None,
+        ge=0,
+        description="Measured copy bandwidth (GB/s, read + write) of all this node's CPUs "
+        "copying at once, one process pinned to each, memory local: the node's aggregate, "
+        "the figure STREAM reports and AllData's memory.bandwidth_gbps asks.",
     )
 
 
@@ -69,10 +84,37 @@ class Disk(Contract):
     mount_path: str | None = None
     pci_root: str | None = Field(default=None, description="PCI root complex of its controller.")
     random_read_iops: float | None = Field(
-        default=None, ge=0, description="Measured 4 KiB random reads per second, queue depth 1."
+        default=None,
+        ge=0,
+        description="Measured 4 KiB random reads per second at queue depth 1, one thread "
+        "(about 1 / latency): far below the datasheet figure, which is at depth.",
     )
-    read_latency_us_p50: float | None = Field(default=None, ge=0, description="Measured.")
-    read_latency_us_p99: float | None = Field(default=None, ge=0, description="Measured.")
+    read_latency_us_p50: float | None = Field(
+        default=None, ge=0, description="Measured at queue depth 1."
+    )
+    read_latency_us_p99: float | None = Field(
+        default=None, ge=0, description="Measured at queue depth 1."
+    )
+    random_read_iops_at_depth: float | None = Field(
+        default=None,
+        ge=0,
+        description="4 KiB random reads per second at high queue depth (32 or more, several "
+        "jobs): the figure datasheets and fio benchmarks state, and AllData's ssd.iops_min "
+        "asks. Measured by the probe, it is a lower bound (many threads, Python's cost per "
+        "read caps it).",
+    )
+    random_read_iops_at_depth_source: FigureSource | None = Field(
+        default=None,
+        description="Where random_read_iops_at_depth comes from; set with it, None without.",
+    )
+
+    @model_validator(mode="after")
+    def _figure_with_source(self) -> Disk:
+        if (self.random_read_iops_at_depth is None) != (
+            self.random_read_iops_at_depth_source is None
+        ):
+            raise ValueError("random_read_iops_at_depth and its source go together")
+        return self
 
 
 class TaintEffect(StrEnum):

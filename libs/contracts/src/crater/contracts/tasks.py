@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -37,6 +38,13 @@ Name = Annotated[
     str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 ]
 
+
+# Bounds of what a task asks its node agent to run.
+COMMAND_ARGS_MAX = 256
+COMMAND_ARG_MAX = 8192
+ENV_VARIABLES_MAX = 128
+ENV_VALUE_MAX = 8192
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 LabelKey = Annotated[str, Field(min_length=1, max_length=253)]
 LabelValue = Annotated[str, Field(max_length=63)]
@@ -269,9 +277,17 @@ class CpuRequirement(Contract):
     avx_support: Literal["avx", "avx2", "avx512"] | None = None
 
 
+# Host memory held for a task that does not say, when nothing predicts it either.
+DEFAULT_HOST_MEMORY_MB = 1024
+
+
 class MemoryRequirement(Contract):
-    capacity_mb: MiBQuantity = Field(
-        default=1024, ge=0, le=64 * 1_048_576, description="Host memory, MiB, or a quantity (64Gi)."
+    capacity_mb: MiBQuantity | None = Field(
+        default=None,
+        ge=0,
+        le=64 * 1_048_576,
+        description="Host memory, MiB, or a quantity (64Gi); unset: what the predictor "
+        f"predicts the task needs ({DEFAULT_HOST_MEMORY_MB} MiB without a prediction).",
     )
     bandwidth_gbps: float | None = Field(default=None, gt=0, le=100_000)
 
@@ -531,6 +547,36 @@ class TaskRequest(Contract):
         description="Retry an attempt that failed, was preempted or lost its node; None: the "
         "pool's policy (pools file), else never.",
     )
+    command: list[Annotated[str, Field(min_length=1, max_length=COMMAND_ARG_MAX)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=COMMAND_ARGS_MAX,
+        description="What to run, as argv (no shell): a node agent with execution switched on "
+        "(CRATER_PROBE_EXECUTE) runs it as a process pinned to the granted cores; None: the "
+        "task is started by a launcher of its own, which confirms it.",
+        examples=[["python", "train.py", "--epochs", "3"]],
+    )
+    env: dict[str, Annotated[str, Field(max_length=ENV_VALUE_MAX)]] = Field(
+        default_factory=dict,
+        max_length=ENV_VARIABLES_MAX,
+        description="Variables added to the command's environment; CRATER_* names are Crater's "
+        "own (the task environment) and refused.",
+        examples=[{"OMP_NUM_THREADS": "4"}],
+    )
+    working_dir: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="Absolute directory the command starts in, on the node; None: the "
+        "attempt's own run directory.",
+    )
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Container image for node agents with a container runtime; the local "
+        "agent runs processes directly and fails a task naming one, saying why.",
+    )
     reservation_timeout_ms: int | None = Field(
         default=None,
         ge=RESERVATION_TIMEOUT_MS_MIN,
@@ -570,6 +616,39 @@ class TaskRequest(Contract):
         raise ValueError(
             f"must be high, medium, low or an integer {PRIORITY_MIN}..{PRIORITY_MAX}; got {value!r}"
         )
+
+    @field_validator("command")
+    @classmethod
+    def _command_args(cls, value: list[str] | None) -> list[str] | None:
+        for index, arg in enumerate(value or ()):
+            if "\x00" in arg:
+                raise ValueError(f"argument {index} contains a NUL byte")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if name.upper().startswith("CRATER_"):
+                raise ValueError(
+                    f"{name!r} is refused: CRATER_* variables are set by Crater (the task "
+                    "environment), a task cannot override them"
+                )
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a variable name (letters, digits and '_', not starting "
+                    "with a digit)"
+                )
+            if "\x00" in text:
+                raise ValueError(f"the value of {name!r} contains a NUL byte")
+        return value
+
+    @field_validator("working_dir")
+    @classmethod
+    def _working_dir_absolute(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or "\x00" in value):
+            raise ValueError(f"{value!r} must be an absolute path (starting with '/')")
+        return value
 
     @model_validator(mode="after")
     def _gpu_memory_needs_gpus(self) -> TaskRequest:

@@ -192,6 +192,13 @@ class PredictorMetrics:
             registry=registry,
         )
 
+        self.usage_samples = Counter(
+            "crater_predictor_usage_samples",
+            "Tasks' own usage samples taken in (redeliveries not counted), by whether they "
+            "carried GPU readings.",
+            ["gpus"],
+            registry=registry,
+        )
         self.underutilized = Counter(
             "crater_predictor_tasks_underutilized",
             "Attempts whose GPU utilisation stayed below their SLA minimum for a whole window.",
@@ -325,6 +332,7 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         measured = await store.usage(event, publish_breach)
         if measured is None:
             return
+        metrics.usage_samples.labels(gpus="yes" if event.gpus else "no").inc()
         if measured.measured is not None:
             metrics.utilization.labels(task_id=measured.task_id).set(measured.measured)
         breach = measured.breach

@@ -45,9 +45,11 @@ from crater.probe.adapters.host import HostSampler
 from crater.probe.adapters.measure import Bounds, Measurements, measure_node
 from crater.probe.adapters.nvme import disks_wear
 from crater.probe.adapters.nvml import GpuSampler
-from crater.probe.adapters.sysfs import discover_local
+from crater.probe.adapters.sysfs import discover_local, hostname
 from crater.probe.domain.health import DiskWear, evaluate
 from crater.probe.domain.simulation import FleetSimulator
+from crater.probe.domain.topology import node_id_from_hostname
+from crater.probe.executor import TaskExecutor
 from crater.probe.fleet import open_fleet
 from crater.probe.runner import TaskRunner
 from crater.runtime.bus import durable, publish
@@ -67,7 +69,7 @@ class ProbeSettings(ServiceSettings):
         description="local: this machine; fleet: a simulated fleet and its task runner.",
     )
     fleet_file: Path | None = Field(
-        default=None, description="Fleet YAML for fleet mode; unset: the 36-node demo fleet."
+        default=None, description="Fleet YAML for fleet mode; unset: the 38-node demo fleet."
     )
     seed: int | None = Field(default=None, description="Simulation seed; unset: the file's.")
     faults: bool = Field(
@@ -93,6 +95,12 @@ class ProbeSettings(ServiceSettings):
     host_root: Path = Field(
         default=Path("/"), description="Local mode: where the host's /sys and /proc are."
     )
+    disk_iops_at_depth: dict[str, float] = Field(
+        default_factory=dict,
+        description="Local mode: each disk's 4 KiB random-read IOPS at depth as the operator "
+        "knows it (datasheet, fio), by disk name; it wins over the probe's datasheet table "
+        'and its own lower bound (JSON: {"nvme0n1": 1450000}).',
+    )
     metrics_interval_seconds: float = Field(
         default=5.0, gt=0, description="Seconds between metrics reports."
     )
@@ -109,8 +117,9 @@ class ProbeSettings(ServiceSettings):
     )
     full_measurement: bool = Field(
         default=False,
-        description="Local mode: measure memory bandwidth per NUMA node and disk random reads "
-        "once after start (a few seconds), and publish them with the topology.",
+        description="Local mode: measure memory bandwidth per NUMA node (one thread, all "
+        "cores) and disk random reads (queue depth 1, at depth) once after start (a few "
+        "seconds), and publish them with the topology.",
     )
     measure_seconds: float = Field(
         default=1.5, gt=0, le=60, description="Full measurement: seconds per disk (memory: 1/3)."
@@ -133,6 +142,31 @@ class ProbeSettings(ServiceSettings):
     task_failure_rate: float = Field(
         default=0.0, ge=0, le=1, description="Fleet mode: share of simulated tasks that fail."
     )
+    execute: bool = Field(
+        default=False,
+        description="Local mode: run the `command` of each task granted to this node as a "
+        "process pinned to the granted cores, and report its outcome (docs/execution.md).",
+    )
+    state_dir: Path = Field(
+        default=Path("var/probe"),
+        description="Execution: run directories (runs/), task bodies (tasks/) and task logs "
+        "(logs/tasks/TASK-ATTEMPT.log); keep it across restarts of the agent.",
+    )
+    kill_grace_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description="Execution: seconds from SIGTERM to SIGKILL when an allocation is released "
+        "(cancel, expiry); a preemption gives its own grace period.",
+    )
+    execute_poll_seconds: float = Field(
+        default=0.5, gt=0, le=60, description="Execution: seconds between looks at the tasks."
+    )
+    cgroup_root: Path | None = Field(
+        default=Path("/sys/fs/cgroup"),
+        description="Execution: the cgroup v2 mount where each task gets cpuset.cpus and "
+        "memory.max (under crater/); used where writable, else affinity only, logged once.",
+    )
     publish_chunk: int = Field(
         default=256, ge=1, le=10_000, description="Events published concurrently per chunk."
     )
@@ -143,6 +177,8 @@ class ProbeSettings(ServiceSettings):
             raise ValueError("task_seconds_min exceeds task_seconds_max")
         for taint in self.taints:
             Taint.parse(taint)  # a bad one stops the probe at start, named
+        if self.execute and self.mode != "local":
+            raise ValueError("execute needs mode local: a simulated fleet runs nothing")
         return self
 
     @property
@@ -196,6 +232,7 @@ class LocalNode:
             pool=self.settings.pool,
             labels=self.settings.labels,
             taints=[Taint.parse(t) for t in self.settings.taints],
+            disk_iops_at_depth=self.settings.disk_iops_at_depth,
         )
         # Wear moves slowly: read with each discovery, not each heartbeat.
         self.wear = disks_wear(node.disks, root / "dev")
@@ -442,6 +479,19 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
         service.state = runner
     else:
         nodes = LocalNode(settings)
+    executor: TaskExecutor | None = None
+    if settings.execute:
+        node_id = settings.node_id or node_id_from_hostname(hostname(settings.host_root))
+        executor = TaskExecutor(
+            node_id,
+            lambda event: publish(service.broker, event),
+            state_dir=settings.state_dir,
+            kill_grace_seconds=settings.kill_grace_seconds,
+            poll_seconds=settings.execute_poll_seconds,
+            cgroup_root=settings.cgroup_root,
+        )
+        _subscribe_runner(service, executor, metrics, f"agent-{node_id}")
+        service.state = executor
 
     published: dict[str, str] = {}  # node id -> fingerprint last published
 
@@ -518,6 +568,8 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
 
     async def open_nodes() -> None:
         await nodes.open()
+        if executor is not None:
+            await executor.start()
 
     async def start_reporting() -> None:
         # Topology first, so no consumer sees metrics for a node it has never heard of.
@@ -557,6 +609,8 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
         background.clear()
         if runner is not None:
             await runner.close()
+        if executor is not None:
+            await executor.close()  # its tasks go on, for the next agent to re-attach
         await nodes.close()
 
     service.on_startup.append(open_nodes)
@@ -575,10 +629,11 @@ def _local_gpu_gauges(metrics: ProbeMetrics, report: NodeMetricsReported) -> Non
 
 
 def _subscribe_runner(
-    service: Service, runner: TaskRunner, metrics: ProbeMetrics, consumer: str
+    service: Service, runner: TaskRunner | TaskExecutor, metrics: ProbeMetrics, consumer: str
 ) -> None:
-    """Durable consumers for the runner, named per fleet: two fleets each see every grant,
-    two replicas of one fleet share the work."""
+    """Durable consumers for the simulated runner, named per fleet (two fleets each see every
+    grant, two replicas of one fleet share the work), or for the executing agent, named per
+    node."""
     batch = service.settings.consumer_batch
 
     @durable(

@@ -15,8 +15,10 @@ how many of each to run, in which pool, under which seed:
       - {node: cpu-02, kind: silent, at_seconds: 90, for_seconds: 60}
 
 Labels and taints (`key=value:Effect`) of an entry add to its profile's. Profiles may carry
-the figures a real probe measures (memory bandwidth per NUMA node, disk random-read IOPS and
-latency); each node reports them jittered by up to 5%, drawn from the seed.
+the figures a real probe measures (memory bandwidth per NUMA node, of one thread and of all
+its CPUs at once; disk random-read IOPS and latency at queue depth 1); each node reports them
+jittered by up to 5%, drawn from the seed. A disk whose model is in the datasheet table
+(domain/datasheets.py) reports its rated random-read IOPS at depth, as a real probe does.
 
 Node ids are the profile's (or the entry's) prefix and a number per prefix, `a100-01`; the
 numbering widens past 99 nodes of one prefix. The same file and seed give the same nodes.
@@ -146,7 +148,14 @@ class Profile(_Spec):
     numa_nodes: int = Field(default=1, ge=1, le=64)
     memory_gb: int = Field(ge=1, description="GiB of RAM.")
     memory_bandwidth_gbps: float | None = Field(
-        default=None, gt=0, description="Measured per NUMA node (jittered a little per node)."
+        default=None,
+        gt=0,
+        description="Measured per NUMA node, one thread (jittered a little per node).",
+    )
+    memory_bandwidth_gbps_all_cores: float | None = Field(
+        default=None,
+        gt=0,
+        description="Measured per NUMA node, all its CPUs at once (jittered a little per node).",
     )
     gpu: GpuSpec | None = None
     disks: list[DiskSpec] = Field(default_factory=list)
@@ -291,11 +300,13 @@ def profile_topology(
     from (seed, node id)."""
     rng = random.Random(f"{seed}:{node_id}:hardware")
     measured = random.Random(f"{seed}:{node_id}:measured")
+    # Figures added later draw from their own stream: the earlier ones stay as they were.
+    measured_later = random.Random(f"{seed}:{node_id}:measured-all-cores")
 
-    def jitter(value: float | None) -> float | None:
+    def jitter(value: float | None, draw: random.Random = measured) -> float | None:
         if value is None:
             return None
-        return round(value * (1 + measured.uniform(-MEASURED_JITTER, MEASURED_JITTER)), 1)
+        return round(value * (1 + draw.uniform(-MEASURED_JITTER, MEASURED_JITTER)), 1)
 
     cores = profile.cpu.sockets * profile.cpu.cores_per_socket
     cpu = Cpu(
@@ -312,6 +323,9 @@ def profile_topology(
             cpus=cpus,
             memory_mb=memory_mb // profile.numa_nodes,
             memory_bandwidth_gbps=jitter(profile.memory_bandwidth_gbps),
+            memory_bandwidth_gbps_all_cores=jitter(
+                profile.memory_bandwidth_gbps_all_cores, measured_later
+            ),
         )
         for i, cpus in enumerate(_cpu_lists(profile.cpu, profile.numa_nodes))
     ]

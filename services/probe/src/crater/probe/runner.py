@@ -50,6 +50,7 @@ class GrantOutcome(StrEnum):
     NOT_OURS = "not-ours"  # a node another probe reports
     DUPLICATE = "duplicate"  # a redelivery of a grant already running here
     STALE = "stale"  # its reservation expired long before we saw it: history, not work
+    WAITING = "waiting"  # executing agent: its task's body (command) has not come yet
 
 
 class TaskRunner:
@@ -191,31 +192,7 @@ class TaskRunner:
             await self._report(grant, TaskStatus.FAILED, "simulated run failed (seeded fault)")
 
     async def _report(self, grant: AllocationGranted, status: Reported, message: str) -> None:
-        event = TaskStatusReported(
-            event_id=derived_event_id(grant.event_id, status.value),
-            task_id=grant.task_id,
-            status=status,
-            allocation_id=grant.allocation_id,
-            message=message,
-        )
-        # The scheduler waits on these reports, so a broker hiccup must not lose one; the
-        # derived event id makes every retry safe.
-        attempt = 0
-        while True:
-            try:
-                await self._publish(event)
-                return
-            except Exception as error:
-                delay = RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)]
-                attempt += 1
-                log.warning(
-                    "reporting %s %s failed (%s); retrying in %ss",
-                    grant.task_id,
-                    status.value,
-                    error,
-                    delay,
-                )
-                await asyncio.sleep(delay)
+        await publish_retried(self._publish, status_report(grant, status, message))
 
     async def close(self) -> None:
         """Stop every simulated run (on shutdown)."""
@@ -225,6 +202,39 @@ class TaskRunner:
         for run in runs:
             with contextlib.suppress(asyncio.CancelledError):
                 await run
+
+
+def status_report(grant: AllocationGranted, status: Reported, message: str) -> TaskStatusReported:
+    """A node's report on a granted allocation. Its id derives from the grant's, so a
+    redelivered grant, or a restarted agent reporting again, cannot double it."""
+    return TaskStatusReported(
+        event_id=derived_event_id(grant.event_id, status.value),
+        task_id=grant.task_id,
+        status=status,
+        allocation_id=grant.allocation_id,
+        message=message[:2048],
+    )
+
+
+async def publish_retried(publish: Publish, event: TaskStatusReported) -> None:
+    """The scheduler waits on a node's reports, so a broker hiccup must not lose one; the
+    derived event id makes every retry safe."""
+    attempt = 0
+    while True:
+        try:
+            await publish(event)
+            return
+        except Exception as error:
+            delay = RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)]
+            attempt += 1
+            log.warning(
+                "reporting %s %s failed (%s); retrying in %ss",
+                event.task_id,
+                event.status.value,
+                error,
+                delay,
+            )
+            await asyncio.sleep(delay)
 
 
 def _remember(memory: OrderedDict[str, V], key: str, value: V) -> None:

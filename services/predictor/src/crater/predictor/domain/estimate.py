@@ -39,6 +39,7 @@ from crater.contracts.dataloader import (
     workers_per_process,
 )
 from crater.contracts.tasks import (
+    DEFAULT_HOST_MEMORY_MB,
     InferenceConfig,
     Optimizer,
     TimelinePoint,
@@ -192,7 +193,8 @@ def predict(
         workers, prefetch = dataloader_settings(cores, gpus)
         return ResourcePrediction(
             gpu_memory_per_gpu_mb=gpu.memory_mb,
-            host_memory_mb=request.resource_requirements.memory.capacity_mb,
+            host_memory_mb=request.resource_requirements.memory.capacity_mb
+            or DEFAULT_HOST_MEMORY_MB,
             breakdown_mb={"requested": gpu.memory_mb},
             confidence=Confidence.LOW,
             method=f"unknown model {request.model_spec.name!r} without parameters_billion: "

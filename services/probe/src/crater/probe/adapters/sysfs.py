@@ -263,8 +263,10 @@ def discover_local(
     pool: str = "default",
     labels: Mapping[str, str] | None = None,
     taints: Sequence[Taint] = (),
+    disk_iops_at_depth: Mapping[str, float] | None = None,
 ) -> NodeTopology:
-    """This machine's topology; GPUs come from NVML unless given (a recorded tree has none)."""
+    """This machine's topology; GPUs come from NVML unless given (a recorded tree has none).
+    `disk_iops_at_depth`: an operator's rated random-read IOPS, by disk name."""
     host = discover_host(root)
     if gpus is None:
         gpus = discover_gpus(root=root)
@@ -279,4 +281,5 @@ def discover_local(
         gpus=gpus,
         disks=host.disks,
         taints=taints,
+        disk_iops_at_depth=disk_iops_at_depth,
     )

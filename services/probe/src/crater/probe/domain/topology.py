@@ -11,6 +11,7 @@ from typing import Any
 
 from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode, Taint
 from crater.contracts.gpus import gpu_of_inventory, nominal_memory_gb
+from crater.probe.domain.datasheets import rate_disks
 
 LABEL_ROLE = "crater.ai/node-role"
 LABEL_GPU_VENDOR = "crater.ai/gpu-vendor"
@@ -73,8 +74,17 @@ def node_labels(gpus: Sequence[Gpu], extra: Mapping[str, str] | None = None) -> 
 
 # Measured figures vary run to run: they travel with the topology but are not hardware.
 MEASURED_FIELDS = {
-    "numa_nodes": frozenset({"memory_bandwidth_gbps"}),
-    "disks": frozenset({"random_read_iops", "read_latency_us_p50", "read_latency_us_p99"}),
+    "numa_nodes": frozenset({"memory_bandwidth_gbps", "memory_bandwidth_gbps_all_cores"}),
+    "disks": frozenset(
+        {
+            "random_read_iops",
+            "read_latency_us_p50",
+            "read_latency_us_p99",
+            # a figure (measured, a datasheet's or an operator's), not hardware: the model is
+            "random_read_iops_at_depth",
+            "random_read_iops_at_depth_source",
+        }
+    ),
 }
 # Fields added after the first release, left out of the fingerprint while unknown (None or
 # empty), so an upgraded probe reports the same fingerprint for the same machine.
@@ -158,9 +168,12 @@ def build_topology(
     labels: Mapping[str, str] | None = None,
     simulated: bool = False,
     taints: Sequence[Taint] = (),
+    disk_iops_at_depth: Mapping[str, float] | None = None,
 ) -> NodeTopology:
+    """A node's topology. Disks get their at-depth random-read IOPS from `disk_iops_at_depth`
+    (an operator's, by disk name) or the datasheet table (see datasheets.py)."""
     gpus = sorted(gpus, key=lambda g: g.index)
-    disks = sorted(disks, key=lambda d: d.name)
+    disks = sorted(rate_disks(disks, disk_iops_at_depth), key=lambda d: d.name)
     numa_nodes = sorted(numa_nodes, key=lambda n: n.id)
     return NodeTopology(
         node_id=node_id,

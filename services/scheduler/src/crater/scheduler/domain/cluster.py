@@ -227,6 +227,32 @@ class Node:
         return max((v for v in measured if v is not None), default=math.nan)
 
     @property
+    def memory_bandwidth_all_cores_gbps(self) -> float:
+        """The best NUMA node's aggregate bandwidth (all its cores at once), where a node was
+        measured only one thread at a time its single-thread figure (a lower bound of it);
+        NaN: not measured. What AllData's memory.bandwidth_gbps is compared with."""
+        known = [
+            n.memory_bandwidth_gbps
+            if n.memory_bandwidth_gbps_all_cores is None
+            else n.memory_bandwidth_gbps_all_cores
+            for n in self.topology.numa_nodes
+        ]
+        return max((b for b in known if b is not None), default=math.nan)
+
+    @property
+    def ssd_iops_at_depth(self) -> float:
+        """The best solid-state disk's random-read IOPS at depth (datasheet, operator or
+        measured), where a disk has none its queue-depth-1 figure (a lower bound of it);
+        NaN: neither known. What AllData's ssd.iops_min is compared with."""
+        known = [
+            d.random_read_iops
+            if d.random_read_iops_at_depth is None
+            else d.random_read_iops_at_depth
+            for d in self._ssds
+        ]
+        return max((v for v in known if v is not None), default=math.nan)
+
+    @property
     def ssd_latency_us(self) -> float:
         """The lowest measured median read latency of a solid-state disk; NaN: not measured."""
         measured = [d.read_latency_us_p50 for d in self._ssds]
@@ -264,6 +290,9 @@ _COLUMNS: dict[str, str] = {
     "memory_bandwidth_gbps": "float64",  # NaN: not measured
     "ssd_iops": "float64",
     "ssd_latency_us": "float64",
+    # what the filters compare AllData's figures with (see Node): NaN, unknown
+    "memory_bandwidth_all_cores_gbps": "float64",
+    "ssd_iops_at_depth": "float64",
     "mig_cards": "int64",
     "label_set": "int64",  # index into `label_sets`
     "taint_set": "int64",  # index into `taint_sets`
@@ -296,6 +325,8 @@ class ClusterArrays:
     memory_bandwidth_gbps: FloatArray
     ssd_iops: FloatArray
     ssd_latency_us: FloatArray
+    memory_bandwidth_all_cores_gbps: FloatArray
+    ssd_iops_at_depth: FloatArray
     mig_cards: IntArray
     label_set: IntArray
     taint_set: IntArray
@@ -373,6 +404,8 @@ class ClusterArrays:
         self.memory_bandwidth_gbps[i] = node.memory_bandwidth_gbps
         self.ssd_iops[i] = node.ssd_iops
         self.ssd_latency_us[i] = node.ssd_latency_us
+        self.memory_bandwidth_all_cores_gbps[i] = node.memory_bandwidth_all_cores_gbps
+        self.ssd_iops_at_depth[i] = node.ssd_iops_at_depth
         self.mig_cards[i] = node.mig_cards
         self.label_set[i] = self._intern_labels(node.topology.labels)
         self.taint_set[i] = self._intern_taints(tuple(node.topology.taints))

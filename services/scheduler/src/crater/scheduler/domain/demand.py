@@ -15,6 +15,7 @@ from crater.contracts import (
     TaskRequest,
     Toleration,
 )
+from crater.contracts.tasks import DEFAULT_HOST_MEMORY_MB
 from crater.scheduler.domain.mig import MigProfile
 
 # Headroom over a predicted peak: allocator fragmentation and what the model misses.
@@ -25,6 +26,16 @@ def _trusted(prediction: ResourcePrediction, requested_mb: int) -> bool:
     """A prediction of a known model (medium or high confidence) is placed on; a guess
     (low confidence) only stands in when nothing was asked."""
     return prediction.confidence is not Confidence.LOW or not requested_mb
+
+
+def _host_memory(needs: ResourceRequirements, prediction: ResourcePrediction | None) -> int:
+    """The host memory asked for; unasked, the predicted need (a guess stands in when nothing
+    was asked, as for GPU memory), else the default."""
+    if needs.memory.capacity_mb is not None:
+        return needs.memory.capacity_mb
+    if prediction is not None and prediction.host_memory_mb:
+        return prediction.host_memory_mb
+    return DEFAULT_HOST_MEMORY_MB
 
 
 @dataclass(frozen=True)
@@ -114,7 +125,7 @@ class Demand:
             gpu_memory_mb=gpu_memory,
             gpu_model="|".join(models) or None,
             cpu_cores=needs.cpu.cores,
-            memory_mb=needs.memory.capacity_mb,
+            memory_mb=_host_memory(needs, prediction),
             disk_gb=needs.ssd.capacity_gb,
             avx=needs.cpu.avx_support,
             numa_strict=affinity.numa == "strict",

@@ -177,16 +177,22 @@ def _memory(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
 
 
 def _memory_bandwidth(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
-    """A NUMA node measured at the asked bandwidth or more; unmeasured nodes fail."""
+    """A NUMA node at the asked bandwidth or more, in the asker's sense: its aggregate (all
+    its cores copying at once); where only one thread was measured, that figure, a lower
+    bound (the node passes when even one thread reaches the ask). Unmeasured nodes fail."""
     if d.memory_bandwidth_gbps is None:
         return _all(c)
-    return np.asarray(c.memory_bandwidth_gbps >= d.memory_bandwidth_gbps)  # NaN: False
+    return np.asarray(c.memory_bandwidth_all_cores_gbps >= d.memory_bandwidth_gbps)  # NaN: False
 
 
 def _ssd_iops(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
+    """A solid-state disk at the asked IOPS or more, in the datasheets' sense: 4 KiB random
+    reads at depth (rated, an operator's or measured); where a disk has no such figure, its
+    queue-depth-1 one, a lower bound (it passes when even one read at a time reaches the
+    ask). Disks known by neither fail."""
     if d.ssd_iops_min is None:
         return _all(c)
-    return np.asarray(c.ssd_iops >= d.ssd_iops_min)
+    return np.asarray(c.ssd_iops_at_depth >= d.ssd_iops_min)
 
 
 def _ssd_latency(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
@@ -263,14 +269,20 @@ FILTERS: dict[str, Filter] = {
             "MemoryBandwidth",
             "InsufficientMemoryBandwidth",
             _memory_bandwidth,
-            lambda d: f"memory bandwidth < {d.memory_bandwidth_gbps:g} GB/s or not measured",
+            lambda d: (
+                f"memory bandwidth < {d.memory_bandwidth_gbps:g} GB/s over a NUMA node's cores "
+                "(one thread's where no such figure) or not measured"
+            ),
         ),
         Filter("DiskCapacity", "InsufficientDisk", _disk, lambda d: f"SSD < {d.disk_gb} GB"),
         Filter(
             "SsdIops",
             "InsufficientSsdIops",
             _ssd_iops,
-            lambda d: f"SSD random reads < {d.ssd_iops_min} IOPS or not measured",
+            lambda d: (
+                f"SSD random reads < {d.ssd_iops_min} IOPS at depth (at QD1 where no such "
+                "figure) or not measured"
+            ),
         ),
         Filter(
             "SsdLatency",

@@ -42,6 +42,7 @@ from crater.contracts import (
     TaskSummary,
     derived_event_id,
 )
+from crater.contracts.tasks import DEFAULT_HOST_MEMORY_MB
 from crater.runtime.bus import Rejections, subject_of
 from crater.runtime.outbox import (
     IN_LIST_LIMIT,
@@ -550,7 +551,7 @@ def _no_prediction(request: TaskRequest) -> ResourcePrediction:
     gpu = request.resource_requirements.gpu
     return ResourcePrediction(
         gpu_memory_per_gpu_mb=gpu.memory_mb,
-        host_memory_mb=request.resource_requirements.memory.capacity_mb,
+        host_memory_mb=request.resource_requirements.memory.capacity_mb or DEFAULT_HOST_MEMORY_MB,
         confidence=Confidence.LOW,
         method="copied from the replica template's request",
         dataloader_num_workers=0,
