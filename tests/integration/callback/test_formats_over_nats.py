@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,18 @@ async def test_alldata_hears_its_own_shape_and_a_crater_endpoint_the_typed_body(
     assert alldata.body == json.loads(fixture("alldata_webhook.json"))
     assert alldata.headers["crater-attempt"] == "1"
     assert alldata.headers["crater-format"] == "alldata"
+    # What a launcher confirms the allocation with: headers beside AllData's exact body.
+    assert alldata.headers["crater-allocation-id"] == grant.allocation_id
+    assert alldata.headers["crater-reservation-token"] == grant.reservation_token
+    expires = datetime.fromisoformat(alldata.headers["crater-reservation-expires-at"])
+    assert expires == grant.reservation_expires_at
     # The launcher's body is Crater's WebhookBody, with the environment to inject.
     body = WebhookBody.model_validate(typed.body)
+    assert (body.allocation_id, body.reservation_token, body.reservation_expires_at) == (
+        grant.allocation_id,
+        grant.reservation_token,
+        grant.reservation_expires_at,
+    )
     assert body.allocated_resources is not None
     assert body.allocated_resources.gpu_ids == [0, 1]
     assert body.allocated_resources.environment == grant.environment

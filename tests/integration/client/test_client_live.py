@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,8 +20,10 @@ from crater_client import (
     AsyncCraterClient,
     CraterClient,
     NotFound,
+    RunRefused,
     TaskExists,
     ValidationFailed,
+    run_task,
 )
 from tests.support.events import EventTap
 
@@ -136,3 +139,51 @@ async def test_a_task_below_its_sla_is_said_once(stack: Stack) -> None:
         await client.cancel("slow-1")
     finally:
         await tap.close()
+
+
+def launched_environment(client: CraterClient, stack: Stack, task_id: str) -> dict[str, str]:
+    """What AllData injects into the task's container: its allocation's environment, with the
+    gateway's URL."""
+    client.submit(task(task_id))
+    client.wait(task_id, until={"running"}, timeout=60, poll=0.2)
+    [held] = client.get(task_id).raw["allocations"]
+    return {**held["environment"], "CRATER_GATEWAY_URL": stack.url("gateway")}
+
+
+def test_run_task_confirms_heartbeats_and_reports_success(stack: Stack) -> None:
+    client = CraterClient(stack.url("gateway"))
+    env = launched_environment(client, stack, "launch-ok")
+    with run_task(environ=env, heartbeat_seconds=0.5) as running:
+        assert running.task_id == "launch-ok"
+        time.sleep(2)
+    assert running.heartbeats >= 2
+    assert running.lost is None
+    ended = client.wait("launch-ok", timeout=30, poll=0.2)
+    assert ended.status == "succeeded"
+    assert ended.reason == "succeeded as its launcher reported (exit code 0)"
+
+
+def test_run_task_reports_the_exception_and_reraises_it(stack: Stack) -> None:
+    client = CraterClient(stack.url("gateway"))
+    env = launched_environment(client, stack, "launch-boom")
+    with pytest.raises(RuntimeError, match="CUDA out of memory"), run_task(environ=env):
+        raise RuntimeError("CUDA out of memory")
+    ended = client.wait("launch-boom", timeout=30, poll=0.2)
+    assert ended.status == "failed"
+    assert ended.reason == (
+        "failed as its launcher reported (exit code 1): RuntimeError: CUDA out of memory"
+    )
+
+
+def test_run_task_with_a_wrong_token_is_refused_on_entry(stack: Stack) -> None:
+    client = CraterClient(stack.url("gateway"))
+    env = launched_environment(client, stack, "launch-forged")
+    token = env["CRATER_RESERVATION_TOKEN"]
+    forged = {**env, "CRATER_RESERVATION_TOKEN": token[:-8] + "00000000"}
+    with pytest.raises(RunRefused) as refused, run_task(environ=forged):
+        pytest.fail("the body must not run")
+    assert refused.value.status == 403
+    [(field, reason)] = refused.value.errors
+    assert field == "token"
+    assert reason.startswith("forged")
+    client.cancel("launch-forged")

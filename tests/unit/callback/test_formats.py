@@ -160,8 +160,18 @@ def test_headers_carry_what_the_alldata_body_leaves_out() -> None:
         "crater-attempt": "3",
         "crater-gang-index": "1",
         "crater-gang-size": "2",
+        # what a launcher confirms the allocation with
+        "crater-allocation-id": "alloc-ddp",
+        "crater-reservation-token": "tok-1",
+        "crater-reservation-expires-at": "2025-05-01T12:00:30Z",
     }
     assert render(recorded, "crater").headers["crater-format"] == "crater"
+    typed = WebhookBody.model_validate_json(render(recorded, "crater").body)
+    assert (typed.allocation_id, typed.reservation_token) == ("alloc-ddp", "tok-1")
+    assert typed.reservation_expires_at == event.reservation_expires_at
+    # the alldata body keeps AllData's exact shape: none of them in it
+    assert b"tok-1" not in rendered.body
+    assert b"alloc-ddp" not in rendered.body
     # A node's report says neither sequence nor (before release) attempt: not sent empty.
     report = render(webhook_body(status("t")).encode().decode(), "alldata")
     assert set(report.headers) == {"crater-format", "crater-occurred-at"}

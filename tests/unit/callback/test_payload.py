@@ -35,6 +35,9 @@ def test_granted_allocation_is_scheduled_with_its_resources() -> None:
             "checkpoint_path": None,
             "environment": {"CRATER_GPU_IDS": "0,1"},
         },
+        "allocation_id": event.allocation_id,
+        "reservation_token": event.reservation_token,
+        "reservation_expires_at": event.reservation_expires_at.isoformat().replace("+00:00", "Z"),
         "event_id": str(event.event_id),
         "occurred_at": "2025-05-01T12:00:00Z",
         "reason": event.explanation,
@@ -179,3 +182,11 @@ async def test_the_recorder_records_nothing_for_a_report_that_is_no_webhook() ->
     # Neither the log nor the loop is touched: a None in their place would fail loudly.
     recorder = Recorder(cast(DeliveryLog, None), [], cast(Dispatcher, None))
     assert await recorder.record(status(value=TaskStatus.SUCCEEDED)) == 0
+
+
+def test_a_launchers_heartbeat_is_no_webhook_but_its_confirmation_is() -> None:
+    confirmed = status().model_copy(
+        update={"allocation_id": "alloc-1", "reservation_token": "v1.alloc-1.1.ab"}
+    )
+    assert has_webhook(confirmed)
+    assert not has_webhook(confirmed.model_copy(update={"heartbeat": True}))

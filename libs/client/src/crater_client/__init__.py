@@ -1,7 +1,8 @@
 """Crater's Python client.
 
 Inside a placed task: `get_allocation_config()`, `bind()`, `start_monitoring()`,
-`on_preempt()`, `resume_from()`.
+`on_preempt()`, `resume_from()`, and `with run_task():` (confirm the allocation, heartbeat,
+report the end).
 For AllData: `CraterClient` and `AsyncCraterClient`, and the errors they raise.
 """
 
@@ -37,6 +38,7 @@ from crater_client.client import (
     ValidationFailed,
     WaitTimedOut,
 )
+from crater_client.launcher import RunningTask, RunRefused, run_task
 from crater_client.monitoring import Monitor, read_tree, start_monitoring
 
 __all__ = [
@@ -53,6 +55,8 @@ __all__ = [
     "Monitor",
     "NotFound",
     "Placement",
+    "RunRefused",
+    "RunningTask",
     "Task",
     "TaskExists",
     "Unavailable",
@@ -68,5 +72,6 @@ __all__ = [
     "preempt_requested",
     "read_tree",
     "resume_from",
+    "run_task",
     "start_monitoring",
 ]

@@ -14,6 +14,8 @@ from pydantic import BaseModel
 from crater.contracts import (
     SCHEMA_VERSION,
     TASK_ENVIRONMENT,
+    AllocationCheck,
+    AllocationQuery,
     JobDescription,
     NodesAnswer,
     NodesQuery,
@@ -42,6 +44,7 @@ QUERIES: list[tuple[str, type[BaseModel], type[BaseModel], str]] = [
     (QuerySubjects.TASKS, TasksQuery, TasksAnswer, "scheduler"),
     (QuerySubjects.PLACEMENT, PlacementQuery, PlacementAnswer, "scheduler"),
     (QuerySubjects.TASK_PLACEMENT, TaskPlacementQuery, TaskPlacementAnswer, "scheduler"),
+    (QuerySubjects.ALLOCATION, AllocationQuery, AllocationCheck, "scheduler"),
     (QuerySubjects.PREDICTION, PredictionQuery, PredictionAnswer, "predictor"),
     (QuerySubjects.RESOLVE, ResolveQuery, ResolveAnswer, "predictor"),
 ]

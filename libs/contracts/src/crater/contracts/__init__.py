@@ -46,6 +46,8 @@ from crater.contracts.nodes import (
     Toleration,
 )
 from crater.contracts.queries import (
+    AllocationCheck,
+    AllocationQuery,
     AttemptRecord,
     HeldAllocation,
     MemberPlacement,
@@ -134,7 +136,9 @@ __all__ = [
     "TASK_ENVIRONMENT",
     "Affinity",
     "AllocatedResources",
+    "AllocationCheck",
     "AllocationGranted",
+    "AllocationQuery",
     "AllocationReleased",
     "AntiAffinity",
     "AttemptRecord",

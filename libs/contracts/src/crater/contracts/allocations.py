@@ -17,6 +17,9 @@ TASK_ENVIRONMENT: dict[str, str] = {
     "CRATER_TASK_ID": "The task's id.",
     "CRATER_ALLOCATION_ID": "This allocation's id (a gang member's own); name it in reports.",
     "CRATER_ATTEMPT": "Which attempt of the task this is, from 1 (restart policy).",
+    "CRATER_RESERVATION_TOKEN": "The allocation's reservation token: a launcher (crater_client"
+    ".run_task) confirms the allocation with it and names it in every report (POST /api/v1/"
+    "allocations/{id}/confirm and /status). A credential: keep it out of logs.",
     "CRATER_GPU_IDS": "GPU indexes granted on the node, comma separated (`0,1`); empty: none.",
     "CRATER_CPU_CORES": "How many CPU cores are granted (a count, `4`).",
     "CRATER_CPU_CORE_IDS": "The granted CPU core ids, comma separated (`2,3,4,5`): pin to them "
@@ -63,8 +66,15 @@ class AllocationGranted(TaskEvent):
     numa_node: int | None
     memory_mb: int = Field(ge=0)
     checkpoint_path: str | None
-    reservation_token: str
-    reservation_expires_at: AwareDatetime
+    reservation_token: str = Field(
+        description="Confirms the allocation and signs the launcher's reports about it "
+        "(`v1.<allocation_id>.<expiry>.<signature>`)."
+    )
+    reservation_expires_at: AwareDatetime = Field(
+        description="Confirm before this and the reservation holds: its deadline as decided. "
+        "The deadline that counts starts when the grant is stored on the stream, so it is "
+        "this or a little later (GET /api/v1/tasks/{id}: allocations[].reservation_expires_at)."
+    )
     score: float
     scores: list[ScoreDetail] = Field(default_factory=list)
     explanation: str = Field(description="Why this node, in one line.")

@@ -32,6 +32,7 @@ class QuerySubjects:
     TASKS = f"{PREFIX}.query.tasks"
     PLACEMENT = f"{PREFIX}.query.placement"
     TASK_PLACEMENT = f"{PREFIX}.query.task-placement"
+    ALLOCATION = f"{PREFIX}.query.allocation"
     # answered by the predictor
     PREDICTION = f"{PREFIX}.query.prediction"
     RESOLVE = f"{PREFIX}.query.resolve"
@@ -94,6 +95,11 @@ class HeldAllocation(Contract):
     gang_index: int = Field(default=0, ge=0, description="The member's rank, from 0.")
     attempt: int = Field(default=1, ge=1)
     running: bool = Field(description="Its node reported it running: the reservation holds.")
+    reservation_token: str | None = Field(
+        default=None,
+        description="Its reservation token, as in the grant (CRATER_RESERVATION_TOKEN): what a "
+        "launcher confirms it and reports with.",
+    )
     reservation_expires_at: AwareDatetime = Field(
         description="Unless running by then, released (expired) at this time."
     )
@@ -243,3 +249,31 @@ class ResolveAnswer(Contract):
     prediction: ResourcePrediction | None = None
     explanation: str = ""
     errors: list[FieldError] = Field(default_factory=list)
+
+
+AllocationVerdict = Literal["accepted", "forged", "unknown", "expired", "released"]
+
+
+class AllocationQuery(Contract):
+    """Would the scheduler take a launcher's report about this allocation with this token?"""
+
+    allocation_id: str = Field(min_length=1, max_length=64)
+    reservation_token: str = Field(min_length=1, max_length=256)
+
+
+class AllocationCheck(Contract):
+    """The scheduler's verdict on an allocation and a token, by the function that refuses such
+    reports on the bus: `accepted` (held, and the token is its own), `forged` (a token that is
+    malformed, names another allocation, or was not signed by this scheduler), `unknown` (no
+    such allocation), `expired` (its reservation ran out unconfirmed), `released` (it was
+    released otherwise: the task ended, was preempted, cancelled, ...)."""
+
+    allocation_id: str
+    verdict: AllocationVerdict
+    reason: str | None = Field(default=None, description="Why, when not accepted.")
+    task_id: str | None = None
+    node: str | None = None
+    running: bool = Field(default=False, description="Confirmed: it no longer expires.")
+    reservation_expires_at: AwareDatetime | None = Field(
+        default=None, description="Its real deadline (from when the grant was stored)."
+    )

@@ -12,6 +12,7 @@ from pydantic import (
     BaseModel,
     Field,
     GetJsonSchemaHandler,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -802,11 +803,78 @@ class TaskEscalated(TaskEvent):
 
 
 class TaskStatusReported(Event):
-    """A node (or its runner) reports a placed task's progress."""
+    """A node (or its runner), or the task's launcher, reports a placed task's progress.
+
+    A launcher (AllData, `crater_client.run_task`, the gateway's
+    `/api/v1/allocations/{id}/confirm` and `/status`) names the allocation and carries its
+    reservation token: the scheduler checks the token, and from the first such `running` on,
+    repeated `running` reports are the task's heartbeats, and every report about that
+    allocation must carry the token."""
 
     task_id: TaskId
     status: Literal[
         TaskStatus.RUNNING, TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED
     ]
-    allocation_id: str | None = None
+    allocation_id: str | None = Field(default=None, max_length=64)
     message: str | None = Field(default=None, max_length=2048)
+    reservation_token: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The allocation's reservation token (AllocationGranted.reservation_token, "
+        "CRATER_RESERVATION_TOKEN): the report is the launcher's; with it, `allocation_id` "
+        "is required.",
+    )
+    exit_code: int | None = Field(
+        default=None,
+        ge=-255,
+        le=255,
+        description="The task's exit code (negative: the signal that ended it), on `succeeded` "
+        "or `failed` only.",
+    )
+    heartbeat_grace_seconds: float | None = Field(
+        default=None,
+        ge=5,
+        le=86_400,
+        description="On a launcher's `running`: how long the task may go without another "
+        "`running` before it is failed (no heartbeat); default the scheduler's "
+        "CRATER_SCHEDULER_TASK_HEARTBEAT_GRACE_SECONDS.",
+    )
+    heartbeat: bool = Field(
+        default=False,
+        description="A `running` repeated to say the task is alive (a launcher's heartbeat), "
+        "not news: AllData is not told it.",
+    )
+
+    @field_validator("reservation_token")
+    @classmethod
+    def _token_names_allocation(cls, token: str | None, info: ValidationInfo) -> str | None:
+        if token is not None and info.data.get("allocation_id") is None:
+            raise ValueError("a report carrying a reservation token names its allocation_id too")
+        return token
+
+    @field_validator("exit_code")
+    @classmethod
+    def _exit_code_on_end(cls, code: int | None, info: ValidationInfo) -> int | None:
+        status = info.data.get("status")
+        if code is not None and status not in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
+            raise ValueError(f"an exit code is reported with succeeded or failed, not {status}")
+        return code
+
+    @field_validator("heartbeat")
+    @classmethod
+    def _heartbeat_is_running(cls, heartbeat: bool, info: ValidationInfo) -> bool:
+        if heartbeat and info.data.get("status") != TaskStatus.RUNNING:
+            raise ValueError("a heartbeat is a running report")
+        return heartbeat
+
+    @field_validator("heartbeat_grace_seconds")
+    @classmethod
+    def _grace_on_running(cls, grace: float | None, info: ValidationInfo) -> float | None:
+        if grace is None:
+            return grace
+        if info.data.get("status") != TaskStatus.RUNNING:
+            raise ValueError("a heartbeat grace is set on a running report")
+        if info.data.get("reservation_token") is None:
+            raise ValueError("a heartbeat grace is set by a launcher, with its reservation_token")
+        return grace

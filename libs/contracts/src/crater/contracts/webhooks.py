@@ -64,6 +64,21 @@ class WebhookBody(Contract):
     task_id: str
     status: WebhookStatus
     allocated_resources: AllocatedResources | None = None
+    allocation_id: str | None = Field(
+        default=None,
+        description="On `scheduled`: the allocation a launcher confirms and reports on "
+        "(POST /api/v1/allocations/{allocation_id}/confirm, /status).",
+    )
+    reservation_token: str | None = Field(
+        default=None,
+        description="On `scheduled`: the token that confirms the allocation and signs the "
+        "launcher's reports (CRATER_RESERVATION_TOKEN). A credential.",
+    )
+    reservation_expires_at: AwareDatetime | None = Field(
+        default=None,
+        description="On `scheduled`: confirm before this and the reservation holds (the "
+        "deadline as decided; the one that counts is this or a little later).",
+    )
     event_id: UUID = Field(description="The source event's id; also the webhook-id header.")
     occurred_at: AwareDatetime = Field(description="When the source event happened.")
     reason: str | None = None

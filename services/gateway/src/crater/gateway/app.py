@@ -13,7 +13,7 @@ from uuid import UUID
 
 import nats.errors
 import nats.js.errors
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from faststream.exceptions import IncorrectState
@@ -35,6 +35,8 @@ from crater.contracts import (
     TaskUsageReported,
 )
 from crater.contracts.queries import (
+    AllocationCheck,
+    AllocationQuery,
     NodesAnswer,
     NodesQuery,
     PlacementAnswer,
@@ -70,7 +72,12 @@ from crater.gateway.claims import (
     takeover_id,
 )
 from crater.gateway.observe import ObserveRequests
-from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS, ensure_streams, publish
+from crater.runtime.bus import (
+    PUBLISH_ACK_TIMEOUT_SECONDS,
+    ensure_streams,
+    field_errors,
+    publish,
+)
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
 
@@ -135,6 +142,61 @@ class CancelAccepted(BaseModel):
 class UsageAccepted(BaseModel):
     task_id: str
     event_id: UUID
+
+
+class AllocationConfirm(Contract):
+    """A launcher confirms the allocation it runs the task on."""
+
+    token: str = Field(
+        min_length=1,
+        max_length=256,
+        description="The allocation's reservation token (the `scheduled` webhook, "
+        "CRATER_RESERVATION_TOKEN).",
+    )
+    heartbeat_grace_seconds: float | None = Field(
+        default=None,
+        ge=5,
+        le=86_400,
+        description="Fail the task when no `running` comes for this long (default the "
+        "scheduler's CRATER_SCHEDULER_TASK_HEARTBEAT_GRACE_SECONDS).",
+    )
+
+
+class AllocationStatus(Contract):
+    """A launcher's report on the task it runs: `running` (again: a heartbeat), `succeeded`
+    or `failed` (the task's end, with its exit code and why)."""
+
+    token: str = Field(min_length=1, max_length=256, description="The reservation token.")
+    status: Literal[TaskStatus.RUNNING, TaskStatus.SUCCEEDED, TaskStatus.FAILED]
+    exit_code: int | None = Field(
+        default=None, ge=-255, le=255, description="On succeeded or failed only."
+    )
+    reason: str | None = Field(default=None, max_length=2048, description="Said in task.ended.")
+    heartbeat_grace_seconds: float | None = Field(default=None, ge=5, le=86_400)
+
+
+class ReportAccepted(BaseModel):
+    """The report is on the bus; the scheduler, which checks the token again, decides."""
+
+    allocation_id: str
+    task_id: str
+    event_id: UUID
+    status: TaskStatus
+    reservation_expires_at: datetime | None = Field(
+        description="The reservation's real deadline (confirmed: it no longer expires)."
+    )
+
+
+# A launcher's refusal by the scheduler's verdict: the status, and the field it names.
+VERDICT_STATUS: dict[str, tuple[int, str]] = {
+    "forged": (403, "token"),
+    "unknown": (404, "allocation_id"),
+    "released": (409, "token"),
+    "expired": (410, "token"),
+}
+AllocationId = Annotated[str, Path(min_length=1, max_length=64)]
+# The report's fields under the names the HTTP body gives them.
+REPORT_FIELDS = {"reservation_token": "token", "message": "reason"}
 
 
 class FieldErrors(BaseModel):
@@ -676,6 +738,110 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
             log.warning("could not publish a usage sample of %s: %r", task_id, error)
             return _problem(503, f"NATS unavailable: {type(error).__name__}")
         return UsageAccepted(task_id=task_id, event_id=sample.event_id)
+
+    launcher_answers: dict[int | str, dict[str, Any]] = {
+        403: {
+            "model": FieldErrors,
+            "description": "`token`: malformed, forged, or another allocation's.",
+        },
+        404: {"model": FieldErrors, "description": "`allocation_id`: never granted."},
+        409: {
+            "model": FieldErrors,
+            "description": "`token`: the allocation was released (the "
+            "task ended, was cancelled, preempted, ...).",
+        },
+        410: {"model": FieldErrors, "description": "`token`: the reservation expired unconfirmed."},
+        422: {"model": FieldErrors, "description": "Every invalid field and why."},
+        **answers,
+    }
+
+    async def launcher_report(
+        allocation_id: str,
+        token: str,
+        status: TaskStatus,
+        **fields: Any,
+    ) -> ReportAccepted | JSONResponse:
+        """Ask the scheduler whether it would take the report (the token, the reservation),
+        answer its refusal by name, else publish the report on task.status."""
+        query = AllocationQuery(allocation_id=allocation_id, reservation_token=token)
+        check = await ask(QuerySubjects.ALLOCATION, query, AllocationCheck)
+        if isinstance(check, JSONResponse):
+            return check
+        if check.verdict != "accepted" or check.task_id is None:
+            code, field = VERDICT_STATUS.get(check.verdict, (409, "token"))
+            reason = check.reason or check.verdict
+            return _field_errors(code, [FieldError(field=field, reason=reason)])
+        try:
+            report = TaskStatusReported(
+                task_id=check.task_id,
+                status=status,
+                allocation_id=allocation_id,
+                reservation_token=token,
+                # a `running` about a confirmed allocation says it is alive, nothing new
+                heartbeat=status is TaskStatus.RUNNING and check.running,
+                **fields,
+            )
+        except ValidationError as error:
+            errors = [
+                FieldError(field=REPORT_FIELDS.get(e.field, e.field), reason=e.reason)
+                for e in field_errors(error)
+            ]
+            return _field_errors(422, errors)
+        trace.get_current_span().set_attribute("crater.task_id", check.task_id)
+        try:
+            await publish(broker, report)
+        except BUS_ERRORS as error:
+            log.warning("could not publish a report of %s: %r", allocation_id, error)
+            return _problem(503, f"NATS unavailable: {type(error).__name__}")
+        return ReportAccepted(
+            allocation_id=allocation_id,
+            task_id=check.task_id,
+            event_id=report.event_id,
+            status=status,
+            reservation_expires_at=None if check.running else check.reservation_expires_at,
+        )
+
+    @app.post(
+        "/api/v1/allocations/{allocation_id}/confirm",
+        status_code=202,
+        response_model=ReportAccepted,
+        responses=launcher_answers,
+    )
+    async def confirm_allocation(
+        allocation_id: AllocationId, body: AllocationConfirm
+    ) -> ReportAccepted | JSONResponse:
+        """A launcher (AllData, `crater_client.run_task`) confirms the allocation it runs the
+        task on, with its reservation token: the reservation no longer expires, and from now
+        on the task is failed if its `running` reports (heartbeats, `/status`) stop for the
+        grace. The scheduler checks the token and the reservation's real deadline first."""
+        return await launcher_report(
+            allocation_id,
+            body.token,
+            TaskStatus.RUNNING,
+            message="confirmed through the API",
+            heartbeat_grace_seconds=body.heartbeat_grace_seconds,
+        )
+
+    @app.post(
+        "/api/v1/allocations/{allocation_id}/status",
+        status_code=202,
+        response_model=ReportAccepted,
+        responses=launcher_answers,
+    )
+    async def allocation_status(
+        allocation_id: AllocationId, body: AllocationStatus
+    ) -> ReportAccepted | JSONResponse:
+        """The launcher's report on the task: `running` (a heartbeat; the first confirms),
+        `succeeded` or `failed` with the exit code and reason: the scheduler ends the task
+        (task.ended, the webhook) with them."""
+        return await launcher_report(
+            allocation_id,
+            body.token,
+            body.status,
+            exit_code=body.exit_code,
+            message=body.reason,
+            heartbeat_grace_seconds=body.heartbeat_grace_seconds,
+        )
 
     @app.get("/healthz", response_model=Health, responses={503: {"model": Problem}})
     async def healthz() -> Health | JSONResponse:

@@ -14,7 +14,9 @@ from crater.contracts import (
     RESERVATION_TIMEOUT_MS_DEFAULT,
     RESERVATION_TIMEOUT_MS_MAX,
     RESERVATION_TIMEOUT_MS_MIN,
+    AllocationCheck,
     AllocationGranted,
+    AllocationQuery,
     NodeHealthReported,
     NodesAnswer,
     NodesQuery,
@@ -75,7 +77,23 @@ class SchedulerSettings(ServiceSettings):
         default=30.0, gt=0, description="A node silent this long is NotReady."
     )
     token_secret: str = Field(
-        default="crater-development-only", description="Signs reservation tokens. Set it!"
+        default="crater-development-only",
+        description="Signs and checks reservation tokens (only the scheduler does: the gateway "
+        "asks it). Set it!",
+    )
+    task_heartbeat_grace_seconds: float = Field(
+        default=60.0,
+        ge=5,
+        le=86_400,
+        description="A task whose launcher confirmed it with its reservation token is failed "
+        "(`no heartbeat for N s`) when its running reports stop this long; a launcher may set "
+        "its own (heartbeat_grace_seconds on its running report).",
+    )
+    require_report_tokens: bool = Field(
+        default=False,
+        description="Refuse every task running/succeeded/failed report without its "
+        "allocation's reservation token (node agents must send it); off: only allocations a "
+        "launcher confirmed with the token need it.",
     )
     checkpoint_root: str = Field(default="/var/lib/crater/checkpoints")
     grace_period_seconds: int = Field(
@@ -166,6 +184,8 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
             node_lost_seconds=settings.node_lost_seconds,
             heartbeat_lag_seconds=settings.heartbeat_lag_seconds,
             confirmation_lag_seconds=settings.confirmation_lag_seconds,
+            task_heartbeat_grace_seconds=settings.task_heartbeat_grace_seconds,
+            require_report_tokens=settings.require_report_tokens,
         ),
         SchedulerMetrics(service.registry),
         service.rejections,
@@ -222,6 +242,10 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @broker.subscriber(QuerySubjects.TASK_PLACEMENT, title="scheduler-query-task-placement")
     async def on_task_placement_query(event: TaskPlacementQuery) -> TaskPlacementAnswer:
         return core.dry_run_task(event)
+
+    @broker.subscriber(QuerySubjects.ALLOCATION, title="scheduler-query-allocation")
+    async def on_allocation_query(event: AllocationQuery) -> AllocationCheck:
+        return await core.check_allocation(event)
 
     @broker.subscriber(QuerySubjects.TASKS, title="scheduler-query-tasks")
     async def on_tasks_query(event: TasksQuery) -> TasksAnswer:

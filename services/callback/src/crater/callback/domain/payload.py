@@ -51,10 +51,11 @@ class WebhookFormat(StrEnum):
 
 def has_webhook(event: LifecycleEvent) -> bool:
     """Whether AllData is told of the event. Of a node's (or the gateway's) reports only
-    `running` is: the scheduler's `task.ended` says how a task ended, once, and a report's
-    `succeeded`, `failed` or `cancelled` is only what one node saw."""
-    if isinstance(event, TaskStatusReported):
-        return event.status is TaskStatus.RUNNING
+    `running` is, and not a launcher's heartbeat (a `running` repeated): the scheduler's
+    `task.ended` says how a task ended, once, and a report's `succeeded`, `failed` or
+    `cancelled` is only what one node saw."""
+    if isinstance(event, TaskStatusReported):  # a launcher's heartbeat is not news
+        return event.status is TaskStatus.RUNNING and not event.heartbeat
     return True
 
 
@@ -64,6 +65,7 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
     reason: str | None
     gang_index: int | None = None
     gang_size: int | None = None
+    granted = event if isinstance(event, AllocationGranted) else None
     match event:
         case AllocationGranted():
             status = WebhookStatus.SCHEDULED
@@ -116,6 +118,9 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
         task_id=event.task_id,
         status=status,
         allocated_resources=resources,
+        allocation_id=granted.allocation_id if granted else None,
+        reservation_token=granted.reservation_token if granted else None,
+        reservation_expires_at=granted.reservation_expires_at if granted else None,
         event_id=event.event_id,
         occurred_at=event.occurred_at,
         reason=reason,
@@ -202,6 +207,11 @@ HEADER_FIELDS = (
     ("crater-attempt", "attempt"),
     ("crater-gang-index", "gang_index"),
     ("crater-gang-size", "gang_size"),
+    # on `scheduled`: what a launcher confirms the allocation with (the `alldata` body has
+    # no place for them)
+    ("crater-allocation-id", "allocation_id"),
+    ("crater-reservation-token", "reservation_token"),
+    ("crater-reservation-expires-at", "reservation_expires_at"),
 )
 
 

@@ -88,6 +88,8 @@ allocations = Table(
     Column("attempt", Integer, nullable=False, default=1, server_default="1"),
     # what the grant handed the task (CRATER_*); None for rows from before it was kept
     Column("environment", JSON, nullable=True),
+    # a launcher confirmed it with its token: failed when its heartbeats stop this long
+    Column("heartbeat_grace_seconds", Float, nullable=True),
 )
 
 # Cancels of tasks the scheduler has not received yet (still being profiled): when the task

@@ -115,6 +115,8 @@ class SchedulerRepository:
                     {"b_task_id": event.task_id, "status": event.status.value, "updated_at": now},
                 )
                 await self.session.execute(MARK_RUNNING, {"b_task_id": event.task_id})
+                if event.reservation_token is not None and core is not None:
+                    await self._held_to_heartbeats(event, core)
         elif isinstance(event, NodeTopologyReported):
             await self._upsert_node(event.node, None, event.occurred_at.timestamp(), now)
         elif isinstance(event, NodeHealthReported):
@@ -129,6 +131,19 @@ class SchedulerRepository:
             )
         for decision in decisions:
             await self._apply(decision, now, core)
+
+    async def _held_to_heartbeats(self, event: TaskStatusReported, core: Scheduler) -> None:
+        """A launcher's `running`: its allocation's grace, as the core holds it now."""
+        head = core.allocations.get(event.task_id)
+        for member in head.members() if head is not None else ():
+            if member.allocation_id == event.allocation_id:
+                await self.session.execute(
+                    SET_ALLOCATION,
+                    {
+                        "b_allocation_id": member.allocation_id,
+                        "heartbeat_grace_seconds": member.heartbeat_grace,
+                    },
+                )
 
     async def _nominate(self, task_id: str, node: str, now: datetime) -> None:
         """Victims yield on `node` for `task_id` (a gang's may yield on several nodes)."""
@@ -407,6 +422,7 @@ class SchedulerRepository:
                     yield_by=_aware(r.yield_by) if r.yield_by is not None else None,
                     armed=r.armed,
                     attempt=r.attempt,
+                    heartbeat_grace=r.heartbeat_grace_seconds,
                     task=_pending(r, config.prediction_margin),
                 )
                 for r in alloc_rows
@@ -446,6 +462,14 @@ class SchedulerRepository:
             for r in rows
         ]
 
+    async def allocation(self, allocation_id: str) -> Any | None:
+        """One allocation's stored row, held or released; None: no such allocation."""
+        return (
+            await self.session.execute(
+                select(allocations).where(allocations.c.allocation_id == allocation_id)
+            )
+        ).first()
+
     async def _held(self, task_id: str) -> list[HeldAllocation]:
         """What the task holds now, a gang's members by rank; empty when it holds nothing."""
         rows = (
@@ -467,6 +491,7 @@ class SchedulerRepository:
                 gang_index=r.gang_index,
                 attempt=r.attempt,
                 running=r.running,
+                reservation_token=r.reservation_token,
                 reservation_expires_at=_aware(r.reservation_expires_at),
                 environment=r.environment or {},
             )

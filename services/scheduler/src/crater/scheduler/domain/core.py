@@ -7,9 +7,7 @@ and its time from that event's `occurred_at`.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import hmac
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -81,6 +79,7 @@ from crater.scheduler.domain.queue import (
     pool_capacity,
 )
 from crater.scheduler.domain.quotas import QUOTA_FIELDS, Quota, Quotas, Usage
+from crater.scheduler.domain.tokens import sign_token, token_refusal
 
 # (node row, total score, per-plugin scores)
 Ranked = tuple[int, float, list[ScoreDetail]]
@@ -176,6 +175,13 @@ class SchedulerConfig:
     confirmation_lag_seconds: float = 30.0
     # the gateway's public URL, handed to tasks (CRATER_GATEWAY_URL); None: not handed
     gateway_url: str | None = None
+    # A task whose launcher confirmed it with its token is failed when its `running` reports
+    # (heartbeats) stop for this long, unless the launcher set its own grace.
+    task_heartbeat_grace_seconds: float = 60.0
+    # Refuse every running/succeeded/failed report that does not carry its allocation's token
+    # (the simulated fleet and node agents then must send it); off: only the allocations a
+    # launcher confirmed with the token need it.
+    require_report_tokens: bool = False
 
     def restart_for(self, request: TaskRequest) -> RestartPolicy:
         """The task's own restart policy, else its pool's, else never."""
@@ -283,6 +289,11 @@ class Allocation:
     # The scheduler has read its own grant back from the stream: the reservation counts.
     armed: bool = True
     attempt: int = 1
+    # Confirmed by its launcher with the token: failed when its heartbeats (the launcher's
+    # `running` reports) stop for this many seconds. None: not held to heartbeats.
+    heartbeat_grace: float | None = None
+    # The latest heartbeat's time (not stored: a restart counts every one as heard then).
+    heard_at: datetime | None = field(default=None, compare=False)
     # The task as it waited (request, prediction): a retried attempt queues it again.
     task: PendingTask | None = field(default=None, compare=False, repr=False)
 
@@ -353,6 +364,11 @@ class Scheduler:
     # them), by task id: True once the task arrived and ended cancelled (its own cancel
     # report, echoed back, must not start another wait).
     early_cancels: dict[str, bool] = field(default_factory=dict)
+    # Tasks with a member held to heartbeats (`Allocation.heartbeat_grace`): the only ones
+    # the silence scan reads.
+    heartbeating: set[str] = field(default_factory=set, compare=False, repr=False)
+    # Each allocation held (a gang's every member) by id: the task it belongs to.
+    held_by: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.quotas.limits = dict(self.config.quotas)
@@ -419,8 +435,15 @@ class Scheduler:
         self.preemptible = Counter(
             a.priority for a in self.allocations.values() if a.preemptible and a.yield_by is None
         )
+        self.heartbeating = {
+            a.task_id
+            for a in self.allocations.values()
+            if any(m.heartbeat_grace is not None for m in a.members())
+        }
 
     def handle(self, event: Event) -> list[Event]:
+        if isinstance(event, TaskStatusReported) and self.report_refusal(event) is not None:
+            return []  # refused (the service says why, MessageRejected): it changes nothing
         self.clock = max(self.clock or event.occurred_at, event.occurred_at)
         now = self.clock
         if self.restored:
@@ -434,6 +457,7 @@ class Scheduler:
         if isinstance(event, NodeHealthReported) and self.cluster.get(event.node_id) is not None:
             self.health_clock = max(self.health_clock or event.occurred_at, event.occurred_at)
         decisions: list[Event] = self._expire_reservations(now, event)
+        decisions += self._fail_silent_tasks(now, event)
         decisions += self._escalate(now, event)
         changed = self._expire_heartbeats(self._heard_until(now)) or bool(decisions)
         changed = self._end_backoffs(now) or changed
@@ -636,13 +660,92 @@ class Scheduler:
 
     def _confirm(self, event: TaskStatusReported) -> None:
         """A node reports the task running: its reservation (the member named, or every
-        member) is confirmed and no longer expires."""
+        member) is confirmed and no longer expires. A launcher's report (with the token) is
+        also a heartbeat: from the first, the member is failed if they stop."""
         allocation = self.allocations.get(event.task_id)
         if allocation is None:
             return
         for member in allocation.members():
             if event.allocation_id in (None, member.allocation_id):
                 member.running = True
+                if event.reservation_token is not None:
+                    member.heartbeat_grace = (
+                        event.heartbeat_grace_seconds
+                        or member.heartbeat_grace
+                        or self.config.task_heartbeat_grace_seconds
+                    )
+                    member.heard_at = max(member.heard_at or event.occurred_at, event.occurred_at)
+                    self.heartbeating.add(event.task_id)
+
+    def report_refusal(self, event: TaskStatusReported) -> FieldError | None:
+        """Why a task report cannot be taken (None: it can). A report carrying a token about
+        an allocation held now must carry that allocation's own token, and a `running` that
+        would confirm it must come before its reservation's real deadline; once a launcher
+        confirmed an allocation with the token, reports about it without the token are
+        refused (with `require_report_tokens`, every running/succeeded/failed one). Cancels
+        without a token (the gateway's, an operator's) are taken. Reports about what is not
+        held (an ended task, an earlier attempt) are taken and change nothing, as before."""
+        head = self.allocations.get(event.task_id)
+        members = head.members() if head is not None else []
+        token = event.reservation_token
+        if token is None:
+            if event.status is TaskStatus.CANCELLED:
+                return None
+            for member in members:
+                if member.heartbeat_grace is not None and event.allocation_id in (
+                    None,
+                    member.allocation_id,
+                ):
+                    return FieldError(
+                        field="reservation_token",
+                        reason=f"missing: allocation {member.allocation_id!r} was confirmed by "
+                        "its launcher with its reservation token; every report about it must "
+                        "carry that token",
+                    )
+            if self.config.require_report_tokens and members:
+                return FieldError(
+                    field="reservation_token",
+                    reason="missing: this scheduler takes a task's running, succeeded or failed "
+                    "only with its allocation's reservation token "
+                    "(CRATER_SCHEDULER_REQUIRE_REPORT_TOKENS)",
+                )
+            return None
+        named = next((m for m in members if m.allocation_id == event.allocation_id), None)
+        if named is None:
+            return None
+        member = named
+        why = token_refusal(
+            self.config.token_secret, token, member.allocation_id, member.task_id, member.node
+        )
+        if why is not None:
+            return FieldError(field="reservation_token", reason=why)
+        if (
+            event.status is TaskStatus.RUNNING
+            and not member.running
+            and member.armed
+            and event.occurred_at > member.expires_at
+        ):
+            return FieldError(field="reservation_token", reason=_expired(member))
+        return None
+
+    def allocation_check(
+        self, allocation_id: str, token: str, at: datetime
+    ) -> tuple[Allocation, FieldError | None] | None:
+        """An allocation held now and why a launcher's `running` with `token`, sent at `at`,
+        would be refused (None: taken); None when it is not held. The judgement of
+        `report_refusal`, asked before the report is sent (the gateway's synchronous answer)."""
+        head = self.allocations.get(self.held_by.get(allocation_id, ""))
+        for member in head.members() if head is not None else ():
+            if member.allocation_id == allocation_id:
+                report = TaskStatusReported(
+                    task_id=member.task_id,
+                    status=TaskStatus.RUNNING,
+                    allocation_id=allocation_id,
+                    reservation_token=token,
+                    occurred_at=at,
+                )
+                return member, self.report_refusal(report)
+        return None
 
     def _on_release_requested(self, event: ReplicaReleaseRequested) -> list[Event]:
         """A scaled-in replica, drained: its resources go back."""
@@ -665,7 +768,11 @@ class Scheduler:
                     self.expiry_floor = min(self.expiry_floor, member.expires_at)
 
     def _attempt_over(
-        self, allocation: Allocation, reason: ReleaseReason, cause: Event
+        self,
+        allocation: Allocation,
+        reason: ReleaseReason,
+        cause: Event,
+        why: str | None = None,
     ) -> list[Event]:
         """An attempt's resources go back (every member of a gang); then the task is retried,
         as its restart policy says, or ends: exactly one `task.ended` per task."""
@@ -677,14 +784,14 @@ class Scheduler:
             on = RESTART_ON.get(reason)
             if on is not None and on in policy.when and attempt < policy.max_attempts:
                 return [*released, self._retry(task, attempt + 1, reason, policy, cause)]
-        why = END_REASON.get(reason, f"its attempt ended: {reason.value}")
-        if reason is ReleaseReason.PREEMPTED and allocation.yield_by is not None:
+        if why is not None:
+            pass
+        elif reason is ReleaseReason.PREEMPTED and allocation.yield_by is not None:
             why = "it yielded its resources to a higher-priority task"
         elif reason in (ReleaseReason.SUCCEEDED, ReleaseReason.FAILED, ReleaseReason.CANCELLED):
-            why = f"{reason.value} as its node reported"
-            reported = getattr(cause, "message", None)
-            if reported:
-                why += f": {reported}"
+            why = _as_reported(reason, cause)
+        else:
+            why = END_REASON.get(reason, f"its attempt ended: {reason.value}")
         if attempt > 1:
             why += f" (attempt {attempt})"
         return [
@@ -1070,6 +1177,44 @@ class Scheduler:
         reported = _consumed_until(self.reports_clock, now, self.config.confirmation_lag_seconds)
         return member.expires_at < reported
 
+    def _fail_silent_tasks(self, now: datetime, cause: Event) -> list[Event]:
+        """Tasks held to heartbeats whose launcher has been silent past its grace fail (their
+        restart policy may retry them). Silence is measured, like a node's, to how far the
+        task reports have been consumed (a lagging stream or a restart never makes a live task
+        look silent), and not while reports a restarted scheduler never acknowledged may
+        still be on their way."""
+        if not self.heartbeating:
+            return []
+        if self.expiries_held_until is not None and now < self.expiries_held_until:
+            return []
+        heard = _consumed_until(self.reports_clock, now, self.config.confirmation_lag_seconds)
+        silent: list[tuple[Allocation, Allocation]] = []
+        for task_id in sorted(self.heartbeating):
+            head = self.allocations.get(task_id)
+            if head is None:
+                self.heartbeating.discard(task_id)
+                continue
+            held = [m for m in head.members() if m.heartbeat_grace is not None]
+            if not held:  # a later attempt no launcher has confirmed yet
+                self.heartbeating.discard(task_id)
+            for member in held:
+                grace = member.heartbeat_grace or 0.0
+                if member.heard_at is None or member.yield_by is not None:
+                    continue
+                if member.heard_at + timedelta(seconds=grace) < heard:
+                    silent.append((head, member))
+                    break
+        failed: list[Event] = []
+        for head, member in silent:
+            self.heartbeating.discard(head.task_id)
+            why = (
+                f"no heartbeat for {member.heartbeat_grace:g} s: allocation "
+                f"{member.allocation_id!r} on {member.node} was last reported running at "
+                f"{member.heard_at:%Y-%m-%dT%H:%M:%SZ} by its launcher, which stopped reporting"
+            )
+            failed += self._attempt_over(head, ReleaseReason.FAILED, cause, why=why)
+        return failed
+
     # -- nodes -------------------------------------------------------------------------------
 
     def _release_lost_nodes(self, now: datetime, cause: Event) -> list[Event]:
@@ -1142,7 +1287,12 @@ class Scheduler:
         for node in self.cluster.nodes:
             node.last_heartbeat_at = max(node.last_heartbeat_at or 0.0, now.timestamp())
         self.heartbeat_floor = None
-        self.expiries_held_until = now + timedelta(seconds=REDELIVERY_SECONDS)
+        if self.allocations:  # with none restored, every report is about a grant made since
+            self.expiries_held_until = now + timedelta(seconds=REDELIVERY_SECONDS)
+        for head in self.allocations.values():  # task heartbeats too: silent from here
+            for member in head.members():
+                if member.heartbeat_grace is not None:
+                    member.heard_at = max(member.heard_at or now, now)
 
     def _heard_until(self, now: datetime) -> datetime:
         """The time up to which nodes' heartbeats have been consumed: silence is measured to
@@ -1467,7 +1617,10 @@ class Scheduler:
         checkpoint = self._checkpoint_path(node, request.task_id)
         best = max(details, key=lambda d: d.score).plugin if details else "only fit"
         gang = f"gang member {member + 1}/{size}; " if size > 1 else ""
-        environment = self._environment(task, node, selection, allocation, checkpoint)
+        token = sign_token(
+            self.config.token_secret, allocation_id, request.task_id, node.name, expires
+        )
+        environment = self._environment(task, node, selection, allocation, checkpoint, token)
         return AllocationGranted(
             event_id=event_id,
             occurred_at=cause.occurred_at,
@@ -1484,7 +1637,7 @@ class Scheduler:
             numa_node=selection.numa_node,
             memory_mb=task.demand.memory_mb,
             checkpoint_path=checkpoint,
-            reservation_token=self._token(allocation_id, request.task_id, node.name, expires),
+            reservation_token=token,
             reservation_expires_at=expires,
             score=round(score, 4),
             scores=details,
@@ -1500,6 +1653,7 @@ class Scheduler:
         )
 
     def _take(self, allocation: Allocation) -> None:
+        self.held_by[allocation.allocation_id] = allocation.task_id
         if self.expiry_floor is not None:
             self.expiry_floor = min(self.expiry_floor, allocation.expires_at)
         self.quotas.take(allocation.tenant, allocation.usage)
@@ -1539,6 +1693,7 @@ class Scheduler:
             )
             self.cluster.refresh(node.name)
         self.quotas.give_back(allocation.tenant, allocation.usage)
+        self.held_by.pop(allocation.allocation_id, None)
         key = (allocation.pool, allocation.tenant)
         self.pool_usage[key] = self.pool_usage.get(key, Usage()) - allocation.usage
         self._stale(allocation.pool)
@@ -1665,12 +1820,6 @@ class Scheduler:
             return f"{ssd.mount_path.rstrip('/')}/crater/checkpoints/{task_id}"
         return f"{self.config.checkpoint_root}/{task_id}"
 
-    def _token(self, allocation_id: str, task_id: str, node: str, expires: datetime) -> str:
-        expiry = int(expires.timestamp())
-        claim = f"{allocation_id}.{task_id}.{node}.{expiry}"
-        signature = hmac.new(self.config.token_secret, claim.encode(), hashlib.sha256)
-        return f"v1.{allocation_id}.{expiry}.{signature.hexdigest()}"
-
     def _environment(
         self,
         task: PendingTask,
@@ -1678,6 +1827,7 @@ class Scheduler:
         selection: Selection,
         allocation: Allocation,
         checkpoint: str,
+        token: str,
     ) -> dict[str, str]:
         """What the task is handed (TASK_ENVIRONMENT names and explains each variable), the
         DataLoader figures fitted to this node: its local SSD, the cores and memory granted."""
@@ -1700,6 +1850,7 @@ class Scheduler:
             "CRATER_TASK_ID": request.task_id,
             "CRATER_ALLOCATION_ID": allocation.allocation_id,
             "CRATER_ATTEMPT": str(allocation.attempt),
+            "CRATER_RESERVATION_TOKEN": token,
             "CRATER_GPU_IDS": ",".join(map(str, selection.gpu_ids)),
             # a count: AllData's scripts read int(os.getenv("CRATER_CPU_CORES"))
             "CRATER_CPU_CORES": str(len(selection.cpu_cores)),
@@ -1745,6 +1896,29 @@ def _consumed_until(stream_clock: datetime | None, now: datetime, allowance: flo
     nothing to say), the clock less the allowance."""
     floor = now - timedelta(seconds=allowance)
     return floor if stream_clock is None else max(stream_clock, floor)
+
+
+def _as_reported(reason: ReleaseReason, cause: Event) -> str:
+    """An end as a report told it: by the launcher (with the token) or the node, with the
+    exit code and the message it gave."""
+    launcher = getattr(cause, "reservation_token", None) is not None
+    why = f"{reason.value} as its {'launcher' if launcher else 'node'} reported"
+    code = getattr(cause, "exit_code", None)
+    if code is not None:
+        why += f" (exit code {code})"
+    reported = getattr(cause, "message", None)
+    if reported:
+        why += f": {reported}"
+    return why
+
+
+def _expired(member: Allocation) -> str:
+    """Why a confirmation after the reservation's real deadline is refused."""
+    return (
+        f"expired: the reservation of allocation {member.allocation_id!r} ended unconfirmed "
+        f"at {member.expires_at:%Y-%m-%dT%H:%M:%S.%fZ}; it is released, and the task is "
+        "retried or ends (expired)"
+    )
 
 
 def _kind(reasons: list[FilterReason]) -> frozenset[str]:

@@ -17,7 +17,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from crater.contracts import (
+    AllocationCheck,
     AllocationGranted,
+    AllocationQuery,
     Confidence,
     Event,
     FieldError,
@@ -36,6 +38,7 @@ from crater.contracts import (
     TaskRequest,
     TasksQuery,
     TaskStatus,
+    TaskStatusReported,
     TaskSummary,
     derived_event_id,
 )
@@ -54,6 +57,7 @@ from crater.scheduler.adapters.repository import SchedulerRepository
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.inputs import ReservationArmed
+from crater.scheduler.domain.tokens import token_allocation, token_refusal
 from crater.scheduler.domain.views import node_summaries
 
 log = logging.getLogger("crater.scheduler")
@@ -145,6 +149,8 @@ class SchedulerService:
         # One decision at a time: the core is single-threaded by design (determinism).
         self.lock = asyncio.Lock()
         self.arrived: list[Waiting] = []  # events waiting for the next batch commit
+        # Task reports the core refused (a wrong or missing token), said once committed.
+        self.refused: list[tuple[TaskStatusReported, FieldError]] = []
 
     async def load(self) -> None:
         async with self.sessions() as session:
@@ -184,6 +190,7 @@ class SchedulerService:
             outcomes = await self._decide_and_commit(batch)
         except Exception as error:
             # The commit failed after the core changed its mind: go back to what is stored.
+            self.refused = []  # decided again, on the redelivery
             await self.load()
             if len(batch) == 1:
                 batch[0].outcome.set_exception(error)  # redelivered
@@ -193,6 +200,9 @@ class SchedulerService:
         else:
             for waiting, decisions in zip(batch, outcomes, strict=True):
                 waiting.outcome.set_result(decisions)
+            refused, self.refused = self.refused, []
+            for report, refusal in refused:
+                await self._refuse_report(report, refusal)
             decided = [d for decisions in outcomes for d in decisions]
             if decided:
                 self.relay.wake()
@@ -253,6 +263,11 @@ class SchedulerService:
                 # they are.
                 return [duplicate_submission(event.event_id, task_id, known[task_id])]
             known[task_id] = TaskStatus.PENDING.value
+        if isinstance(event, TaskStatusReported):
+            refusal = self.scheduler.report_refusal(event)
+            if refusal is not None:  # the core leaves it too; nothing is recorded
+                self.refused.append((event, refusal))
+                return []
         seq = self.scheduler.next_seq
         started = time.perf_counter()
         decisions = self.scheduler.handle(event)
@@ -304,6 +319,83 @@ class SchedulerService:
                 )
             ],
         )
+
+    async def _refuse_report(self, report: TaskStatusReported, refusal: FieldError) -> None:
+        """A task report refused by the core (a wrong or missing token): said by name, once
+        (its redelivery stops at the inbox)."""
+        log.warning(
+            "refused a %s report of %s (allocation %s): %s: %s",
+            report.status.value,
+            report.task_id,
+            report.allocation_id,
+            refusal.field,
+            refusal.reason,
+        )
+        if self.rejections is None:
+            return
+        await self.rejections.reject(
+            subject_of(report),
+            report.model_dump_json(exclude={"reservation_token"}).encode(),
+            [refusal],
+            error_class="ReportRefused",  # refused at once, never retried (kind decode)
+        )
+
+    async def check_allocation(self, query: AllocationQuery) -> AllocationCheck:
+        """Would a launcher's report about `query.allocation_id` with its token be taken now?
+        An allocation held now is judged by the core (`report_refusal`); a released one by
+        its stored row, with the same token function."""
+        allocation_id, token = query.allocation_id, query.reservation_token
+        if token_allocation(token) != allocation_id:  # malformed, or another allocation's
+            why = token_refusal(self.config.token_secret, token, allocation_id, "", "")
+            return AllocationCheck(allocation_id=allocation_id, verdict="forged", reason=why)
+        live = self.scheduler.allocation_check(allocation_id, token, datetime.now(UTC))
+        if live is not None:
+            member, refusal = live
+            found = AllocationCheck(
+                allocation_id=allocation_id,
+                verdict="accepted",
+                task_id=member.task_id,
+                node=member.node,
+                running=member.running,
+                reservation_expires_at=member.expires_at,
+            )
+            if refusal is None:
+                return found
+            verdict = "expired" if refusal.reason.startswith("expired") else "forged"
+            return found.model_copy(update={"verdict": verdict, "reason": refusal.reason})
+        async with self.sessions() as session:
+            row = await SchedulerRepository(session).allocation(allocation_id)
+        if row is None:
+            return AllocationCheck(
+                allocation_id=allocation_id,
+                verdict="unknown",
+                reason=f"no allocation {allocation_id!r} was ever granted",
+            )
+        stored = AllocationCheck(
+            allocation_id=allocation_id,
+            verdict="released",
+            task_id=row.task_id,
+            node=row.node,
+            running=row.running,
+            reservation_expires_at=_utc(row.reservation_expires_at),
+        )
+        why = token_refusal(self.config.token_secret, token, allocation_id, row.task_id, row.node)
+        if why is not None:
+            return stored.model_copy(update={"verdict": "forged", "reason": why})
+        if row.release_reason == "expired":
+            reason = (
+                f"expired: the reservation of allocation {allocation_id!r} ended unconfirmed at "
+                f"{_utc(row.reservation_expires_at):%Y-%m-%dT%H:%M:%SZ} and it was released"
+            )
+            return stored.model_copy(update={"verdict": "expired", "reason": reason})
+        released = (
+            "" if row.released_at is None else f" at {_utc(row.released_at):%Y-%m-%dT%H:%M:%SZ}"
+        )
+        reason = (
+            f"allocation {allocation_id!r} of task {row.task_id!r} is no longer held: released "
+            f"({row.release_reason or 'ended'}){released}"
+        )
+        return stored.model_copy(update={"reason": reason})
 
     async def request_replicas(self, event: ReplicasRequested, consumer: str) -> list[Event]:
         """Turn the autoscaler's request into one task.profiled per new replica, copying the
@@ -427,6 +519,11 @@ def duplicate_reason(task_id: str, status: str) -> str:
         f"ended task's too; this submission is refused and {task_id!r} is unchanged: "
         "submit under a new task_id"
     )
+
+
+def _utc(moment: datetime) -> datetime:
+    """A stored time as an aware UTC one (SQLite keeps none)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _no_template(service: str, named: str | None) -> str:
