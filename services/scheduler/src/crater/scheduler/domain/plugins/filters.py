@@ -170,7 +170,7 @@ ALL: tuple[Filter, ...] = (
         "NodeReady",
         "NodeNotReady",
         field=None,
-        checks="the node answers its heartbeats (placing only; a node down can still fit later)",
+        checks="the node is ready (only when placing: one down now may come back)",
         passes=_ready,
         explain=lambda d: "node not ready",
     ),
@@ -212,8 +212,8 @@ ALL: tuple[Filter, ...] = (
         "GpuModel",
         "GpuModelMismatch",
         field="resource_requirements.gpu.type",
-        checks="cards of the product asked (`A|B`: either), its memory or more, its form "
-        "factor where named",
+        checks="cards of the product asked (or of one of the alternatives), its memory or "
+        "more, its form factor where named",
         passes=_gpu_model,
         explain=lambda d: f"GPU model not {_models_text(d)}",
     ),
