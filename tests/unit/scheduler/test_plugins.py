@@ -4,10 +4,11 @@ topology locality."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
 from crater.contracts import (
     Affinity,
@@ -16,13 +17,14 @@ from crater.contracts import (
     PlacementQuery,
     ResourceRequirements,
     Taint,
+    TaskRequest,
     Toleration,
 )
 from crater.scheduler.domain.cluster import ClusterArrays, Node, Overcommit
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.mig import MigProfile, card_geometry
 from crater.scheduler.domain.placement import locality, select
-from crater.scheduler.domain.plugins import FIELD_WEIGHTS, FILTERS, SCORES
+from crater.scheduler.domain.plugins import FIELD_WEIGHTS, FILTERS, SCORES, judged_field
 from tests.support.topologies import node
 
 A100_MIG = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
@@ -462,3 +464,28 @@ def test_the_locality_score_matches_the_selection_it_predicts(needs: dict[str, A
                 # a neighbour takes cores on NUMA node 0
                 free = n.cpu_free
                 n.take((), 0, tuple(c for c in range(busy * 6, busy * 6 + 6) if c in free), 0, None)
+
+
+def _request_field(path: str) -> bool:
+    """`path` (dotted) names a field of the task request, through nested models."""
+    model: Any = TaskRequest
+    for part in path.split("."):
+        if model is None or part not in model.model_fields:
+            return False
+        annotation = model.model_fields[part].annotation
+        nested = [a for a in (annotation, *get_args(annotation)) if _is_model(a)]
+        model = nested[0] if nested else None
+    return True
+
+
+def _is_model(t: object) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def test_every_filter_names_a_request_field_or_none_and_rejections_read_it() -> None:
+    for f in FILTERS.values():
+        assert f.field is None or _request_field(f.field), f.name
+        assert f.checks, f.name
+        assert judged_field(f.name) == (f.field or f.name)
+    assert not _request_field("resource_requirements.gpu.nothing")
+    assert judged_field("Backfill") == "Backfill"  # the core's own, not a plugin

@@ -10,7 +10,8 @@ import pytest
 
 from crater.contracts import AllocationGranted, TaskRejected, TaskStatus, TaskStatusReported
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
-from crater.scheduler.domain.plugins import TaskShape, _fragment, policy_pipeline, typical_shapes
+from crater.scheduler.domain.plugins import TaskShape, policy_pipeline, typical_shapes
+from crater.scheduler.domain.plugins.baselines import _fragment
 from crater.scheduler.sim.openb import (
     CPU_UNIT_MILLI,
     SIM_TIME,

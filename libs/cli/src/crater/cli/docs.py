@@ -1,6 +1,6 @@
 """Documents generated from the contracts, never written by hand: a JSON Schema per message,
 an AsyncAPI 3 document of every subject, the subject and stream tables, the configuration
-and the task environment."""
+the task environment and the placement plugins."""
 
 from __future__ import annotations
 
@@ -209,12 +209,54 @@ def task_environment_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def plugins_markdown() -> str:
+    from crater.scheduler.domain.plugins import CONFIGURED_SCORES, FILTERS, POLICIES, SCORES
+
+    def cell(text: str) -> str:
+        return text.replace("|", "/")
+
+    lines = [
+        GENERATED,
+        "# Placement plugins",
+        "",
+        "The scheduler's registry (`crater.scheduler.domain.plugins`): a pool's pipeline names",
+        "its filters and weighted scores from it (the pools file), and `crater simulate`'s",
+        f"policies ({', '.join(POLICIES)}) are pipelines of every filter and one score.",
+        "",
+        "## Filters",
+        "",
+        "In the order they run. A node a filter excludes is counted under its reason code; a",
+        "task no node of its pool could ever hold is rejected naming the filter's field.",
+        "",
+        "| filter | reason code | request field | passes a node where |",
+        "|---|---|---|---|",
+        *(
+            f"| {f.name} | `{f.code}` | {f'`{f.field}`' if f.field else '-'} | {cell(f.checks)} |"
+            for f in FILTERS.values()
+        ),
+        "",
+        "## Scores",
+        "",
+        "Each rates the nodes that passed in [0, 1]; a pipeline weighs them. Those with",
+        "arguments take them from the pool's `args`.",
+        "",
+        "| score | arguments | prefers |",
+        "|---|---|---|",
+        *(
+            f"| {s.name} | {', '.join(f'`{a}`' for a in s.args) or '-'} | {cell(s.rates)} |"
+            for s in (*SCORES.values(), *CONFIGURED_SCORES.values())
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def documents() -> dict[str, str]:
     return {
         "asyncapi.json": asyncapi(),
         "subjects.md": subjects_markdown(),
         "configuration.md": configuration_markdown(),
         "task-environment.md": task_environment_markdown(),
+        "plugins.md": plugins_markdown(),
         **schemas(),
     }
 

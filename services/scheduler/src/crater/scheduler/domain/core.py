@@ -65,7 +65,7 @@ from crater.scheduler.domain.cluster import (
 from crater.scheduler.domain.demand import PREDICTION_MARGIN, Demand
 from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.placement import Selection, select
-from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
+from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline, judged_field
 from crater.scheduler.domain.pools import NEVER_RESTART, PoolPolicy
 from crater.scheduler.domain.preemption import Candidate, plan, plan_gang
 from crater.scheduler.domain.queue import (
@@ -128,25 +128,6 @@ END_REASON = {
 # Filters whose verdict is only where the task may go now, not what it needs: a change among
 # them alone is not a new kind of reason to wait (backfill comes and goes with the queue).
 TRANSIENT_FILTERS = frozenset({"Backfill"})
-
-# Which request field a filter judges: named in a rejection.
-FILTER_FIELDS = {
-    "Pool": "pool",
-    "GpuCount": "resource_requirements.gpu.count",
-    "GpuModel": "resource_requirements.gpu.type",
-    "GpuMemory": "resource_requirements.gpu.memory_mb",
-    "CpuCores": "resource_requirements.cpu.cores",
-    "Memory": "resource_requirements.memory.capacity_mb",
-    "DiskCapacity": "resource_requirements.ssd.capacity_gb",
-    "AvxSupport": "resource_requirements.cpu.avx_support",
-    "AntiAffinity": "anti_affinity.group",
-    "NodeLabels": "node_selector",
-    "TaintToleration": "tolerations",
-    "MigProfile": "resource_requirements.gpu.mig_profile",
-    "MemoryBandwidth": "resource_requirements.memory.bandwidth_gbps",
-    "SsdIops": "resource_requirements.ssd.iops_min",
-    "SsdLatency": "resource_requirements.ssd.latency_us_max",
-}
 
 
 @dataclass(frozen=True)
@@ -597,7 +578,7 @@ class Scheduler:
         if not fits.any():
             return [
                 FieldError(
-                    field=FILTER_FIELDS.get(r.filter, r.filter),
+                    field=judged_field(r.filter),
                     reason=f"no node in pool {demand.pool!r} can ever fit: {r.nodes} {r.message}",
                 )
                 for r in reasons

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from crater.scheduler.domain.cluster import WHOLE, BoolArray, ClusterArrays
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.gpu_match import model_matches
 from crater.scheduler.domain.workload import LearnedShape
 
 FloatArray = npt.NDArray[np.float64]
@@ -110,8 +111,6 @@ def host_stranded(
 
 
 def _models_ok(c: ClusterArrays, idx: IntArray, shapes: tuple[LearnedShape, ...]) -> BoolArray:
-    from crater.scheduler.domain.plugins import model_matches  # plugins registers this score
-
     gpu_shapes = [s for s in shapes if s.gpus]
     ok = np.ones((len(gpu_shapes), len(idx)), np.bool_)
     for row, shape in enumerate(gpu_shapes):

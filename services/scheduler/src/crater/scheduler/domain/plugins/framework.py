@@ -1,0 +1,63 @@
+"""The plugin framework, after the kube-scheduler's: a filter returns, for every node at
+once, whether the node can host the demand, names its reason code and declares the request
+field it judges; a score rates the nodes that passed. Pipelines of them are composed by name
+(`pipeline.py`) from the registry (`registry.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from crater.scheduler.domain.cluster import BoolArray, ClusterArrays
+from crater.scheduler.domain.demand import Demand
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Filter:
+    name: str
+    code: str
+    # the request field it judges (dotted, as a rejection names it); None: none (the node's
+    # own state, such as readiness)
+    field: str | None
+    # what it checks, in a line (the generated docs list it)
+    checks: str
+    # (cluster, demand, use free amounts?) -> which nodes pass
+    passes: Callable[[ClusterArrays, Demand, bool], BoolArray]
+    explain: Callable[[Demand], str]
+
+
+@dataclass(frozen=True)
+class Score:
+    name: str
+    weight: float
+    # (cluster, demand, candidate indexes) -> score in [0, 1] per candidate
+    rate: Callable[[ClusterArrays, Demand, IntArray], FloatArray]
+
+
+@dataclass(frozen=True)
+class ScorePlugin:
+    """A score as registered: its name, what it rates (the generated docs list it), and how
+    to make it at a weight, with the plugin's arguments where it takes some (the
+    kube-scheduler's plugin args): `plugin(weight, **args)`."""
+
+    name: str
+    rates: str
+    make: Callable[..., Score]
+    args: tuple[str, ...] = ()
+
+    def __call__(self, weight: float, **args: Any) -> Score:
+        return self.make(weight, **args)
+
+
+def plain_score(
+    name: str, rates: str, rate: Callable[[ClusterArrays, Demand, IntArray], FloatArray]
+) -> ScorePlugin:
+    """A score that takes only its weight."""
+    return ScorePlugin(name, rates, lambda weight: Score(name, weight, rate))

@@ -1,0 +1,126 @@
+"""The scores every pool can name by weight alone: bin packing, card fit, the field's
+weighted formula, topology locality and Crater's own, least fragmentation growth
+(`domain/fragmentation.py`). Adding one: its function and its entry in `ALL` here."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from crater.scheduler.domain.cluster import WHOLE, ClusterArrays
+from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.fragmentation import rate_fragmentation
+from crater.scheduler.domain.placement import expected_locality
+from crater.scheduler.domain.plugins.framework import FloatArray, ScorePlugin, plain_score
+
+
+def _leftover(free: npt.NDArray[np.int64], total: npt.NDArray[np.int64], asked: int) -> FloatArray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(total > 0, (free - asked) / np.maximum(total, 1), 0.0)
+    return np.asarray(share, np.float64)
+
+
+def _gpu_binpack(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
+    """Fill the fullest GPU node first, so whole nodes stay free for large tasks; a CPU-only
+    task scores best where there are no GPUs to strand."""
+    if not d.gpus:
+        return np.where(c.gpus_total[idx] == 0, 1.0, 0.0)
+    if d.mig_profile is not None:
+        return _mig_binpack(c, idx)
+    if d.gpu_milli < WHOLE:  # a share: the card it lands on is left fullest
+        return np.asarray(1.0 - (c.gpu_share_free[idx] - d.gpu_milli) / WHOLE, np.float64)
+    return 1.0 - _leftover(c.gpus_free[idx], c.gpus_total[idx], d.gpus)
+
+
+def _cpu_binpack(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
+    return 1.0 - _leftover(c.cpu_free[idx], c.cpu_capacity[idx], d.cpu_cores)
+
+
+def _memory_binpack(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
+    return 1.0 - _leftover(c.memory_free_mb[idx], c.memory_capacity_mb[idx], d.memory_mb)
+
+
+def _gpu_memory_fit(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
+    """Prefer the smallest card that is big enough: keep 80 GB cards for those who need them."""
+    if not d.gpus or not d.gpu_memory_mb:
+        return np.ones(len(idx))
+    return np.asarray(d.gpu_memory_mb / np.maximum(c.gpu_memory_mb[idx], 1), np.float64)
+
+
+# The field's weighted score: what a node offers, each resource relative to the best
+# candidate. Weights sum to 1.
+FIELD_WEIGHTS = {"gpu_memory": 0.45, "cpu": 0.20, "memory_bandwidth": 0.20, "ssd_iops": 0.15}
+
+
+def _relative(values: FloatArray) -> FloatArray:
+    """Each value over the largest among the candidates, in [0, 1]; unknown (NaN) and
+    negative count 0, and a resource no candidate has scores 0 everywhere."""
+    known = np.nan_to_num(np.maximum(values, 0.0), nan=0.0)
+    top = float(known.max(initial=0.0))
+    return known / top if top > 0 else np.zeros(len(values))
+
+
+def _field_weighted(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
+    """score = 0.45 * g + 0.20 * p + 0.20 * b + 0.15 * s, where, over the candidates,
+    g = free GPU memory (per-card memory x free cards, shares counted) / the most any has,
+    p = free CPU cores / the most, b = best NUMA node's measured memory bandwidth / the best,
+    s = best SSD's measured random-read IOPS / the best. Unmeasured figures count 0. A task
+    without GPUs leaves g at 0, so the score does not pull it onto GPU nodes."""
+    free_gpu_memory = c.gpu_memory_mb[idx] * c.gpu_milli_free[idx] / WHOLE
+    gpu = _relative(free_gpu_memory.astype(np.float64)) if d.gpus else np.zeros(len(idx))
+    return np.asarray(
+        FIELD_WEIGHTS["gpu_memory"] * gpu
+        + FIELD_WEIGHTS["cpu"] * _relative(c.cpu_free[idx].astype(np.float64))
+        + FIELD_WEIGHTS["memory_bandwidth"] * _relative(c.memory_bandwidth_gbps[idx])
+        + FIELD_WEIGHTS["ssd_iops"] * _relative(c.ssd_iops[idx]),
+        np.float64,
+    )
+
+
+def _topology_locality(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
+    """How close the devices the task would get sit together on each node, from the GPUs
+    `placement.select` picks there (see `placement.locality`)."""
+    return np.fromiter((expected_locality(c.nodes[i], d) for i in idx), np.float64, len(idx))
+
+
+def _mig_binpack(c: ClusterArrays, idx: npt.NDArray[np.int64]) -> FloatArray:
+    """A MIG slice goes where cards are cut already: whole cards stay whole."""
+    return np.fromiter(
+        (len(c.nodes[i].mig_used) / max(int(c.gpus_total[i]), 1) for i in idx),
+        np.float64,
+        len(idx),
+    )
+
+
+ALL: tuple[ScorePlugin, ...] = (
+    plain_score(
+        "GpuBinPack",
+        "the fullest GPU node first (a share: the card it lands on left fullest; a MIG slice: "
+        "where cards are cut already); a CPU-only task best where there are no GPUs",
+        _gpu_binpack,
+    ),
+    plain_score(
+        "GpuMemoryFit",
+        "the smallest card that is big enough (memory asked over the card's)",
+        _gpu_memory_fit,
+    ),
+    plain_score("CpuBinPack", "the node left with the fewest free CPU cores", _cpu_binpack),
+    plain_score("MemoryBinPack", "the node left with the least free memory", _memory_binpack),
+    plain_score(
+        "FieldWeighted",
+        "0.45 g + 0.20 p + 0.20 b + 0.15 s: free GPU memory, free CPU cores, memory bandwidth "
+        "and SSD IOPS, each over the largest among the candidates",
+        _field_weighted,
+    ),
+    plain_score(
+        "TopologyLocality",
+        "how close the devices the task would get sit together (NVLink, PCIe root, NUMA node)",
+        _topology_locality,
+    ),
+    # least growth of GPU fragmentation against the workload seen (fragmentation.py)
+    plain_score(
+        "Fragmentation",
+        "least growth of the node's expected GPU fragmentation, against the workload seen",
+        rate_fragmentation,
+    ),
+)
