@@ -10,7 +10,6 @@ so there 0 says it: `CRATER_AUTOSCALER_PANIC_P95_MS=0` turns panic mode off. The
 0 as None for those fields (and only those), so code never sees the 0.
 """
 
-
 from dataclasses import dataclass as _dataclass
 from typing import Annotated, Any, Literal, get_args, get_type_hints
 
