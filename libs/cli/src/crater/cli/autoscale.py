@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 from rich.console import Console
@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from crater.autoscaler.domain import ScalingPolicy
-from crater.autoscaler.domain.policy import STRATEGIES
+from crater.autoscaler.domain.policy import STRATEGIES, Strategy
 from crater.autoscaler.sim import (
     FleetModel,
     HpaBaseline,
@@ -141,7 +141,7 @@ def autoscale_sim(
         base = SimulationConfig(
             fleet=FleetModel(startup_s=startup_s),
             policy=ScalingPolicy(
-                strategy=strategy,
+                strategy=cast(Strategy, strategy),
                 target_pressure=targets[0],
                 drain_seconds=drain_seconds,
                 warm_pool_size=warm_pool,

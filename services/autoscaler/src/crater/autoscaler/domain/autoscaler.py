@@ -1,0 +1,448 @@
+"""The Autoscaler: per-service windows fed by events, a strategy that decides, and the guards
+every strategy shares (rate limits, panic, warm pool, pressure sources and drains).
+
+Every decision is judged on samples that arrived after the previous decision, so the effect of
+one decision is measured before the next is taken, and a burst does not produce a decision per
+sample.
+
+- Rate limits: a scale-out at most multiplies the fleet by `max_scale_out_factor`, and over
+  any `scale_out_period_seconds` the fleet grows by at most max(+N, xk) of its size at the
+  period's start; a scale-in removes at most `max_scale_in_step` replicas per stabilisation
+  window (domain/guards.py).
+- Panic (after Knative): when p95 over the short `panic_window_seconds` passes
+  `panic_p95_ms`, scale out at once, ahead of the cooldown and whatever the pressure (a burst
+  queues requests before it fills memory), and take no scale-in until the panic has been
+  over for `panic_hold_seconds`.
+- Warm pool: `warm_pool_size` standby replicas are kept placed; a scale-out promotes them
+  first (the decision names them) and asks for the rest cold, then refills the pool.
+- Pressure from the GPUs each replica holds: `allocation_granted` says which GPUs a replica's
+  task holds, `node_metrics` their memory; a replica's own reported pressure is the fallback.
+- Drain before release: a scale-in names the replica to drain; its allocation is released
+  (`ReplicaReleaseRequested`) when it reports drained, or when `drain_timeout_seconds` pass.
+
+Time is always the events' own `occurred_at` (or the `now` handed to `tick`): no clock.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from uuid import UUID
+
+from crater.autoscaler.domain import guards
+from crater.autoscaler.domain.decision import Assessment, Evaluation
+from crater.autoscaler.domain.demand import SlidingMax, TimeSeries
+from crater.autoscaler.domain.guards import QUANTILE
+from crater.autoscaler.domain.scaling_policy import ScalingPolicy
+from crater.autoscaler.domain.state import Drain, Replica, ServiceState
+from crater.autoscaler.domain.strategies import strategy_for
+from crater.autoscaler.domain.window import LatencyWindow
+from crater.contracts import (
+    Event,
+    LatencySamplesReported,
+    ReplicaDrained,
+    ReplicaReleaseRequested,
+    ReplicasRequested,
+    ScaleDecided,
+    ScaleDirection,
+    derived_event_id,
+)
+
+ANONYMOUS_REPLICA = ""
+_NOT_TASK_ID = re.compile(r"[^A-Za-z0-9._:-]+")
+
+
+class Autoscaler:
+    """Per-service windows, the policy's strategy and the shared guards. State changes only
+    through `observe`, `allocation_granted`, `allocation_released`, `node_metrics`,
+    `replica_drained` and `tick`, each given the time it happened."""
+
+    def __init__(self, policy: ScalingPolicy | None = None, remember_events: int = 10_000) -> None:
+        self.policy = policy or ScalingPolicy()
+        self.strategy = strategy_for(self.policy)
+        self._services: dict[str, ServiceState] = {}
+        self._seen: OrderedDict[UUID, Assessment] = OrderedDict()
+        self._remember_events = remember_events
+        # task id -> (node, GPU indexes) of every live allocation.
+        self._allocations: dict[str, tuple[str, tuple[int, ...]]] = {}
+        # node -> (when, GPU index -> memory pressure) from the latest node metrics.
+        self._gpu_pressure: dict[str, tuple[float, dict[int, float]]] = {}
+        self._service_of_task: dict[str, str] = {}
+
+    def replicas(self, service: str) -> int:
+        """The replica count believed now: the latest of a decision and a reported count."""
+        state = self._services.get(service)
+        if state is None or state.replicas is None:
+            return self.policy.min_replicas
+        return state.replicas
+
+    def warm_pool(self, service: str) -> list[str]:
+        """The standbys placed for a service, oldest first."""
+        state = self._services.get(service)
+        return [] if state is None else sorted(state.standby, key=lambda t: (state.standby[t], t))
+
+    def gpu_pressure_of(self, task_id: str) -> float | None:
+        """The highest memory pressure among the GPUs a task holds, by the latest metrics."""
+        return self._gpus_pressure(task_id, -math.inf)
+
+    def draining(self, service: str) -> list[str]:
+        state = self._services.get(service)
+        return [] if state is None else sorted(state.draining)
+
+    # -- inputs other than samples -------------------------------------------------------
+
+    def allocation_granted(
+        self, task_id: str, node: str, gpu_ids: Sequence[int], at: float
+    ) -> None:
+        """A task was placed: remember its GPUs; a requested standby joins the warm pool."""
+        self._allocations[task_id] = (node, tuple(gpu_ids))
+        service = self._service_of_task.get(task_id)
+        state = self._services.get(service) if service else None
+        if state is None:
+            return
+        state.template = task_id
+        if state.standby_pending.pop(task_id, None) is not None:
+            state.standby[task_id] = at
+
+    def allocation_released(self, task_id: str) -> None:
+        self._allocations.pop(task_id, None)
+        service = self._service_of_task.pop(task_id, None)
+        state = self._services.get(service) if service else None
+        if state is None:
+            return
+        state.standby.pop(task_id, None)
+        state.standby_pending.pop(task_id, None)
+        state.starting.pop(task_id, None)
+        for replica, info in list(state.seen.items()):
+            if info.task_id == task_id or replica == task_id:
+                del state.seen[replica]
+                state.pressures.pop(replica, None)
+                state.draining.pop(replica, None)
+
+    def node_metrics(self, node: str, at: float, gpu_pressure: dict[int, float]) -> None:
+        """The memory pressure (used/total) of each GPU of a node, as the probe measured it."""
+        previous = self._gpu_pressure.get(node)
+        if previous is None or at >= previous[0]:
+            self._gpu_pressure[node] = (at, dict(gpu_pressure))
+
+    def replica_drained(self, event: ReplicaDrained) -> list[Event]:
+        """A draining replica finished its requests: ask for its allocation's release."""
+        state = self._services.get(event.service)
+        if state is None or event.in_flight > 0:
+            return []
+        drain = state.draining.pop(event.replica_id, None)
+        if drain is None:
+            return []
+        return [self._release(event.service, drain, drained=True, at=event.occurred_at)]
+
+    def tick(self, now: float) -> list[Event]:
+        """Time passed (a timer in the service, the clock of a simulation): release the
+        replicas whose drain timed out."""
+        released: list[Event] = []
+        for name in sorted(self._services):
+            released += self._expire_drains(name, self._services[name], now)
+        return released
+
+    # -- samples --------------------------------------------------------------------------
+
+    def observe(self, sample: LatencySamplesReported) -> Assessment:
+        earlier = self._seen.get(sample.event_id)
+        if earlier is not None:
+            return replace(earlier, duplicate=True)
+        assessment = self._observe(sample)
+        self._seen[sample.event_id] = assessment
+        if len(self._seen) > self._remember_events:
+            self._seen.popitem(last=False)
+        return assessment
+
+    def _observe(self, sample: LatencySamplesReported) -> Assessment:
+        policy = self.policy
+        state = self._services.get(sample.service)
+        if state is None:
+            horizon = max(policy.demand_window_seconds, policy.panic_window_seconds)
+            state = ServiceState(
+                LatencyWindow(policy.window_seconds, policy.max_window_samples),
+                loads=TimeSeries(horizon),
+                waits=TimeSeries(horizon),
+                recommendations=SlidingMax(policy.stabilisation_seconds),
+            )
+            self._services[sample.service] = state
+
+        at = sample.occurred_at.timestamp()
+        state.window.add(at, sample.latencies_ms)
+        # The newest time seen is 'now': a late sample must not move time backwards.
+        now = state.window.latest
+        cutoff = now - policy.window_seconds
+        self._record_replica(state, sample, at, cutoff)
+        if sample.replicas is not None and at >= state.replicas_at:
+            state.replicas, state.replicas_at = sample.replicas, at
+            state.reported_serving = sample.replicas
+        # Queueing shows as time to first token beyond the fast (scale-in) line.
+        fast = policy.scale_in_p95_ms
+        waited = sum(v - fast for v in sample.latencies_ms if v > fast) / 1000
+        state.waits.add(now, waited, len(sample.latencies_ms))
+        requests: list[Event] = self._expire_drains(sample.service, state, now)
+        self._forget_slow_starters(state, now)
+
+        pressure, mean_pressure, source = self._pressure(state, cutoff)
+        current = self.replicas(sample.service)
+        whole = state.window.percentile(QUANTILE)
+        p95_ms, samples = whole if whole else (None, 0)
+        assessment = Assessment(sample.service, p95_ms, samples, pressure, current)
+
+        # Judge on what happened since the last decision, within the window.
+        since = state.last_decision_at
+        if since is None or since <= cutoff:
+            evidence = whole
+        else:
+            evidence = state.window.percentile(QUANTILE, since=since)
+        panic_p95 = guards.panic_p95(policy, state, now)
+        panicking = panic_p95 is not None
+        if panicking:
+            state.panic_until = now + policy.panic_hold_seconds
+        elif now >= state.panic_until:
+            state.panic_peak = 0
+        held = now < state.panic_until  # no scale-in while panicking or just after
+
+        decision = self.strategy.decide(
+            Evaluation(
+                state, sample, now, current, evidence, panic_p95, held, pressure, mean_pressure
+            )
+        )
+
+        if decision is not None:
+            decision = decision.model_copy(update={"pressure_source": source})
+            decision, carried = self._carry_out(state, sample, decision, now)
+            requests += carried
+            state.last_decision_at = now
+            state.calm_since = None
+            state.replicas, state.replicas_at = decision.desired_replicas, now
+            if decision.direction is ScaleDirection.OUT:
+                state.last_scale_out_at = now
+                state.growth.append((now, current))
+                if decision.panic:
+                    state.panic_peak = max(state.panic_peak, decision.desired_replicas)
+            assessment = replace(assessment, replicas=decision.desired_replicas)
+        requests += self._fill_warm_pool(state, sample, now)
+        return replace(
+            assessment, decision=decision, requests=tuple(requests), panic=panicking or held
+        )
+
+    # -- the shared parts -----------------------------------------------------------------
+
+    def _record_replica(
+        self, state: ServiceState, sample: LatencySamplesReported, at: float, cutoff: float
+    ) -> None:
+        replica = sample.replica_id or ANONYMOUS_REPLICA
+        if sample.replica_id:
+            task = sample.task_id or sample.replica_id
+            known = state.seen.get(replica)
+            first = known.first_seen if known else at
+            last = max(at, known.last_seen) if known else at
+            state.seen[replica] = Replica(min(first, at), last, task)
+            self._service_of_task.setdefault(task, sample.service)
+            state.starting.pop(task, None)
+            state.standby.pop(task, None)  # a standby that serves has been promoted
+        for name in [r for r, info in state.seen.items() if info.last_seen <= cutoff]:
+            if name not in state.draining:
+                del state.seen[name]
+        if sample.gpu_memory_pressure is None or at <= cutoff:
+            return
+        previous = state.pressures.get(replica)
+        if previous is None or at >= previous[0]:
+            state.pressures[replica] = (at, sample.gpu_memory_pressure)
+
+    def _pressure(
+        self, state: ServiceState, cutoff: float
+    ) -> tuple[float | None, float | None, str | None]:
+        """(highest, mean, source) of the pressure of the service's replicas heard of within
+        the window. Scale-out looks at the highest (one replica near its memory limit is
+        enough); scale-in at the mean (the load spreads over the replicas that stay), so one
+        replica's long request does not hold a whole fleet at its size. A replica's GPUs (from
+        its allocation and the node's metrics) come first; its own report is the fallback."""
+        for replica in [r for r, (at, _) in state.pressures.items() if at <= cutoff]:
+            del state.pressures[replica]
+        values: list[float] = []
+        sources: set[str] = set()
+        measured: set[str] = set()
+        for replica, info in state.seen.items():
+            gpus = self._gpus_pressure(info.task_id, cutoff)
+            if gpus is not None:
+                values.append(gpus)
+                sources.add("node-metrics")
+                measured.add(replica)
+        for replica, (_, reported) in state.pressures.items():
+            if replica not in measured:
+                values.append(reported)
+                sources.add("samples")
+        if not values:
+            return None, None, None
+        source = sources.pop() if len(sources) == 1 else "mixed"
+        return max(values), sum(values) / len(values), source
+
+    def _gpus_pressure(self, task_id: str | None, cutoff: float) -> float | None:
+        allocation = self._allocations.get(task_id) if task_id else None
+        if allocation is None or not allocation[1]:
+            return None
+        node, gpu_ids = allocation
+        metrics = self._gpu_pressure.get(node)
+        if metrics is None or metrics[0] <= cutoff:
+            return None
+        found = [metrics[1][g] for g in gpu_ids if g in metrics[1]]
+        return max(found) if found else None
+
+    def _carry_out(
+        self,
+        state: ServiceState,
+        sample: LatencySamplesReported,
+        decision: ScaleDecided,
+        now: float,
+    ) -> tuple[ScaleDecided, list[Event]]:
+        """Name the standbys to promote and ask for the rest cold (scale-out), or name the
+        replicas to drain (scale-in). Returns the completed decision and what to publish
+        beside it."""
+        requests: list[Event] = []
+        if decision.direction is ScaleDirection.OUT:
+            wanted = decision.desired_replicas - decision.current_replicas
+            if self.policy.strategy == "rule":
+                # The rule counts the replicas serving: a target repeated while its replicas
+                # still start asks for nothing twice. (The demand count includes them.)
+                wanted -= len(state.starting)
+            promoted = self.warm_pool(sample.service)[: max(0, wanted)]
+            for task in promoted:
+                del state.standby[task]
+                state.starting[task] = now
+            cold = max(0, wanted - len(promoted))
+            if cold:
+                ids = _task_ids(sample.service, decision.event_id, "replica", cold)
+                template = self._template(state)
+                for task in ids:
+                    state.starting[task] = now
+                    self._service_of_task[task] = sample.service
+                requests.append(
+                    ReplicasRequested(
+                        event_id=derived_event_id(decision.event_id, "replicas-requested"),
+                        occurred_at=decision.occurred_at,
+                        service=sample.service,
+                        task_ids=ids,
+                        template_task_id=template,
+                        standby=False,
+                        decision_id=decision.event_id,
+                        reason=f"scale-out {decision.current_replicas} -> "
+                        f"{decision.desired_replicas}: {len(promoted)} from the warm pool, "
+                        f"{cold} cold{_copying(template, sample.service)}",
+                    )
+                )
+            if promoted:
+                decision = decision.model_copy(
+                    update={"from_warm_pool": len(promoted), "promoted_replicas": promoted}
+                )
+            return decision, requests
+        candidates = [
+            (info.first_seen, name)
+            for name, info in state.seen.items()
+            if name not in state.draining and info.task_id not in state.standby
+        ]
+        removing = decision.current_replicas - decision.desired_replicas
+        chosen = [name for _, name in sorted(candidates, reverse=True)[:removing]]
+        for name in chosen:
+            state.draining[name] = Drain(
+                name,
+                state.seen[name].task_id,
+                now + self.policy.drain_timeout_seconds,
+                decision.event_id,
+            )
+        return decision.model_copy(update={"drain_replicas": chosen}), requests
+
+    def _fill_warm_pool(
+        self, state: ServiceState, sample: LatencySamplesReported, now: float
+    ) -> list[Event]:
+        missing = self.policy.warm_pool_size - len(state.standby) - len(state.standby_pending)
+        if missing <= 0:
+            return []
+        event_id = derived_event_id(sample.event_id, "warm-pool")
+        ids = _task_ids(sample.service, event_id, "standby", missing)
+        template = self._template(state)
+        for task in ids:
+            state.standby_pending[task] = now
+            self._service_of_task[task] = sample.service
+        return [
+            ReplicasRequested(
+                event_id=event_id,
+                occurred_at=sample.occurred_at,
+                service=sample.service,
+                task_ids=ids,
+                template_task_id=template,
+                standby=True,
+                reason=f"warm pool {len(state.standby)}/{self.policy.warm_pool_size} placed"
+                f"{_copying(template, sample.service)}",
+            )
+        ]
+
+    def _template(self, state: ServiceState) -> str | None:
+        """The task whose request new replicas copy: a live placed replica, else the fleet's
+        remembered template (placed once; ended perhaps, its request is still stored), else
+        a task a replica reports running (say, after a restart, before any grant was seen).
+        None only for a fleet never seen placed nor reporting a task: the scheduler then
+        copies the service's latest task, or refuses naming the service."""
+        reported = sorted(info.task_id for info in state.seen.values() if info.task_id)
+        placed = [task for task in reported if task in self._allocations]
+        if placed:
+            state.template = placed[0]
+            return placed[0]
+        return state.template or (reported[0] if reported else None)
+
+    def _forget_slow_starters(self, state: ServiceState, now: float) -> None:
+        timeout = self.policy.replica_start_timeout_seconds
+        for pending in (state.starting, state.standby_pending):
+            for task in [t for t, asked in pending.items() if now - asked >= timeout]:
+                del pending[task]
+
+    def _expire_drains(self, service: str, state: ServiceState, now: float) -> list[Event]:
+        overdue = sorted(r for r, d in state.draining.items() if d.deadline <= now)
+        at = datetime.fromtimestamp(now, UTC)
+        return [
+            self._release(service, state.draining.pop(r), drained=False, at=at) for r in overdue
+        ]
+
+    def _release(
+        self, service: str, drain: Drain, *, drained: bool, at: datetime
+    ) -> ReplicaReleaseRequested:
+        state = self._services[service]
+        state.seen.pop(drain.replica_id, None)
+        state.pressures.pop(drain.replica_id, None)
+        how = "drained" if drained else f"drain timed out ({self.policy.drain_timeout_seconds:g} s)"
+        return ReplicaReleaseRequested(
+            event_id=derived_event_id(drain.decision_id, f"release:{drain.replica_id}"),
+            occurred_at=at,
+            service=service,
+            replica_id=drain.replica_id,
+            task_id=drain.task_id,
+            drained=drained,
+            decision_id=drain.decision_id,
+            reason=f"scale-in: {drain.replica_id} {how}",
+        )
+
+
+def _copying(template: str | None, service: str) -> str:
+    """What the replicas copy, in words (never a bare None)."""
+    if template is None:
+        return f"; no replica of {service} known here: the scheduler copies its latest task"
+    return f"; copying {template}"
+
+
+def _task_ids(service: str, source: UUID, kind: str, count: int) -> list[str]:
+    """Task ids for new replicas, derived from the event that asked for them."""
+    stem = _NOT_TASK_ID.sub("-", service).strip("-._:")[:80] or "service"
+    return [
+        f"{stem}-{kind}-{derived_event_id(source, f'{kind}:{i}').hex[:12]}" for i in range(count)
+    ]
+
+
+def gpu_pressures(gpus: Iterable[tuple[int, int, int]]) -> dict[int, float]:
+    """(index, used MiB, total MiB) -> index -> used/total, for `Autoscaler.node_metrics`."""
+    return {index: (used / total if total else 0.0) for index, used, total in gpus}

@@ -1,0 +1,63 @@
+"""What the autoscaler remembers of each service between events."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from uuid import UUID
+
+from crater.autoscaler.domain.demand import SlidingMax, TimeSeries
+from crater.autoscaler.domain.window import LatencyWindow
+
+
+@dataclass(frozen=True)
+class Replica:
+    first_seen: float
+    last_seen: float
+    task_id: str | None
+
+
+@dataclass(frozen=True)
+class Drain:
+    replica_id: str
+    task_id: str | None
+    deadline: float
+    decision_id: UUID
+
+
+@dataclass
+class ServiceState:
+    window: LatencyWindow
+    # replica id -> (when, pressure): the latest self-reported pressure of each replica.
+    pressures: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # replica id -> when it was first and last heard of, and its task.
+    seen: dict[str, Replica] = field(default_factory=dict)
+    replicas: int | None = None
+    replicas_at: float = -math.inf
+    last_decision_at: float | None = None
+    last_scale_out_at: float | None = None
+    calm_since: float | None = None
+    # (when, replicas before) of each scale-out within the rate-limit period.
+    growth: deque[tuple[float, int]] = field(default_factory=deque)
+    panic_until: float = -math.inf
+    panic_peak: int = 0
+    # Warm pool: standbys placed (task id -> when placed), and those asked for, not yet placed.
+    standby: dict[str, float] = field(default_factory=dict)
+    standby_pending: dict[str, float] = field(default_factory=dict)
+    # Cold replicas asked for that have not reported yet (task id -> when asked).
+    starting: dict[str, float] = field(default_factory=dict)
+    draining: dict[str, Drain] = field(default_factory=dict)
+    # Demand strategy: summed pressure at each evaluation, and the queue wait of each batch.
+    loads: TimeSeries = field(default_factory=lambda: TimeSeries(3600.0))
+    waits: TimeSeries = field(default_factory=lambda: TimeSeries(3600.0))
+    # The counts the demand asked for over the stabilisation window: scale-in goes to the
+    # highest, once they cover a whole window.
+    recommendations: SlidingMax = field(default_factory=lambda: SlidingMax(300.0))
+    recommending_since: float | None = None
+    # The replicas serving, as the latest sample reported it (None: never reported).
+    reported_serving: int | None = None
+    # The fleet's template: the latest of its tasks seen placed. Kept after that replica
+    # ends (the scheduler keeps every task's request), so a fleet whose replicas all came and
+    # went still names a request to copy.
+    template: str | None = None
