@@ -16,10 +16,10 @@ from crater.cli import (
     bench,
     chaos,
     dead_letters,
+    dry_run,
     hardware,
     logs,
     predict,
-    schedule_test,
     simulate,
     webhooks,
 )
@@ -98,7 +98,7 @@ def submit(
                 console.print(f"  {error}")
         raise typer.Exit(1)
     if dry_run:
-        schedule_test.print_dry_run(response.content)
+        dry_run.print_dry_run(response.content)
         return
     console.print(f"[green]submitted[/green] {body['task_id']} (event {body['event_id']})")
 
@@ -192,7 +192,7 @@ def receiver(
 app.command()(hardware.probe)
 app.command()(hardware.diagnose)
 app.command("topology-export")(hardware.topology_export)
-app.command("schedule-test")(schedule_test.schedule_test)
+app.command("schedule-test")(dry_run.schedule_test)
 app.command("autoscale-sim")(autoscale.autoscale_sim)
 app.command()(predict.predict)
 app.command()(logs.logs)
