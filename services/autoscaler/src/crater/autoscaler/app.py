@@ -48,6 +48,7 @@ class AutoscalerSettings(ServiceSettings):
     """The rule's numbers, each from CRATER_AUTOSCALER_<NAME>."""
 
     service = "autoscaler"
+    default_port = 9104  # health and metrics when http_port is 0
 
     scale_out_p95_ms: float = Field(
         default=_POLICY.scale_out_p95_ms, gt=0, description="Scale out above this p95."

@@ -63,6 +63,7 @@ class ProbeSettings(ServiceSettings):
     """The shared CRATER_* settings, and the probe's own from CRATER_PROBE_<FIELD>."""
 
     service = "probe"
+    default_port = 9101  # health and metrics when http_port is 0
 
     mode: Literal["local", "fleet"] = Field(
         default="local",
