@@ -53,7 +53,7 @@ from crater.contracts import (
     TaskStatusReported,
     TaskSubmitted,
 )
-from crater.probe.fleet import build_fleet, read_fleet_spec
+from crater.probe.sim.fleet import build_fleet, read_fleet_spec
 from crater.runtime.bus import encode, ensure_streams, subject_of
 from crater.runtime.nats_server import free_port, start_nats_server
 

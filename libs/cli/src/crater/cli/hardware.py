@@ -20,7 +20,7 @@ from crater.probe.adapters.nvml import GpuSampler
 from crater.probe.adapters.sysfs import discover_local
 from crater.probe.domain.dot import topology_to_dot
 from crater.probe.domain.health import evaluate
-from crater.probe.fleet import load_fleet
+from crater.probe.sim.fleet import load_fleet
 
 console = Console(highlight=False)
 
