@@ -175,7 +175,7 @@ def receiver(
     seed: Annotated[int | None, typer.Option(help="Seed the injected failures.")] = None,
 ) -> None:
     """A reference webhook receiver standing in for AllData."""
-    from crater.callback.receiver import main as receiver_main
+    from crater.callback.sim.receiver import main as receiver_main
 
     receiver_main(
         host=host,
