@@ -16,13 +16,13 @@ from crater.cli import (
     bench,
     chaos,
     dead_letters,
-    dry_run,
     hardware,
     logs,
     predict,
     simulate,
     webhooks,
 )
+from crater.cli.dry_run import print_dry_run, schedule_test
 from crater.contracts import NodesAnswer, TasksAnswer
 
 app = typer.Typer(help="Crater: an event-driven scheduler for heterogeneous AI compute.")
@@ -98,7 +98,7 @@ def submit(
                 console.print(f"  {error}")
         raise typer.Exit(1)
     if dry_run:
-        dry_run.print_dry_run(response.content)
+        print_dry_run(response.content)
         return
     console.print(f"[green]submitted[/green] {body['task_id']} (event {body['event_id']})")
 
@@ -192,7 +192,7 @@ def receiver(
 app.command()(hardware.probe)
 app.command()(hardware.diagnose)
 app.command("topology-export")(hardware.topology_export)
-app.command("schedule-test")(dry_run.schedule_test)
+app.command("schedule-test")(schedule_test)
 app.command("autoscale-sim")(autoscale.autoscale_sim)
 app.command()(predict.predict)
 app.command()(logs.logs)
