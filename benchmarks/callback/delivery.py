@@ -33,7 +33,7 @@ import uvicorn
 from faststream.nats import NatsBroker
 
 from crater.callback.app import MIGRATIONS_DIR
-from crater.callback.receiver import Receiver
+from crater.callback.sim.receiver import Receiver
 from crater.contracts import (
     AllocationGranted,
     Event,

@@ -38,8 +38,8 @@ from benchmarks.chaos import analysis
 from benchmarks.chaos.analysis import Action, Grant, Release, StatusReport, TaskEnd, Webhook
 from benchmarks.chaos.plan import ChaosConfig, PlannedAction, describe_plan, make_plan, workload
 from crater.cli.stack import Stack, wait_healthy
-from crater.probe.domain.simulation import FaultKind
-from crater.probe.fleet import FaultSpec, Fleet, build_fleet, read_fleet_spec
+from crater.probe.sim.fleet import FaultSpec, Fleet, build_fleet, read_fleet_spec
+from crater.probe.sim.simulation import FaultKind
 from crater.runtime.db import fresh_postgres_database
 from crater.runtime.nats_server import free_port, start_nats_server
 

@@ -22,12 +22,12 @@ import os
 import platform
 import random
 import statistics
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from crater.cli.bench import PREDICTION, scaled_fleet
 from crater.contracts import (
     AllocationGranted,
     NodeTopologyReported,
@@ -37,6 +37,11 @@ from crater.contracts import (
     TaskStatusReported,
 )
 from crater.scheduler.domain.core import Scheduler
+
+if __package__ in (None, ""):  # run as a script: the repository root is where it imports from
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.scheduler.throughput import PREDICTION, scaled_fleet
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "scheduler_decision_time.json"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 import uvicorn
 
-from crater.callback.receiver import Receiver
+from crater.callback.sim.receiver import Receiver
 from crater.runtime.nats_server import free_port
 
 USERNAME, PASSWORD = "alldata", "s3cret"

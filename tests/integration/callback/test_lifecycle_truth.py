@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from crater.callback.adapters import tables
 from crater.callback.app import CallbackSettings, build
-from crater.callback.receiver import Receiver
+from crater.callback.sim.receiver import Receiver
 from crater.contracts import (
     AllocationReleased,
     Event,

@@ -15,7 +15,7 @@ from faststream import TestApp
 from crater.callback.app import CallbackSettings, build
 from crater.callback.delivery import Dispatcher
 from crater.callback.domain.signing import generate_secret
-from crater.callback.receiver import Receiver
+from crater.callback.sim.receiver import Receiver
 from crater.contracts import WebhookDeadLettered, WebhookDelivered
 from crater.runtime.bus import publish
 from crater.runtime.nats_server import NatsServer, free_port

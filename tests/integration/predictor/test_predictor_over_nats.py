@@ -37,8 +37,8 @@ from crater.predictor.adapters.store import LearningStore
 from crater.predictor.app import MIGRATIONS_DIR, PredictorSettings, build
 from crater.probe.app import ProbeSettings
 from crater.probe.app import build as build_probe
-from crater.probe.domain.simulation import true_use_mb
-from crater.probe.runner import TaskRunner
+from crater.probe.sim.runner import TaskRunner
+from crater.probe.sim.simulation import true_use_mb
 from crater.runtime.bus import publish
 from crater.runtime.db import make_engine, upgrade_to_head_async
 from crater.runtime.nats_server import NatsServer

@@ -29,7 +29,7 @@ from crater.contracts import (
     utc_now,
 )
 from crater.probe.executor import TaskExecutor, find_logs
-from crater.probe.runner import GrantOutcome
+from crater.probe.reports import GrantOutcome
 
 NODE = "node-a"
 CORE = min(os.sched_getaffinity(0))

@@ -23,7 +23,7 @@ from crater.contracts import (
     utc_now,
 )
 from crater.probe.app import ProbeSettings, build
-from crater.probe.fleet import load_fleet
+from crater.probe.sim.fleet import load_fleet
 from crater.runtime.bus import publish
 from crater.runtime.nats_server import NatsServer
 from tests.support.events import EventTap, publish_raw

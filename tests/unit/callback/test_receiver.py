@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from crater.callback.domain.signing import generate_secret, sign
-from crater.callback.receiver import ReceivedWebhook, Receiver, create_receiver, describe
+from crater.callback.sim.receiver import ReceivedWebhook, Receiver, create_receiver, describe
 
 BODY = {
     "task_id": "train-1",

@@ -34,8 +34,8 @@ from crater.predictor.domain.learning import (
     observe,
     overlaps,
 )
-from crater.probe.domain.simulation import FleetSimulator, Load, plan_run, true_use_mb
-from crater.probe.fleet import open_fleet
+from crater.probe.sim.fleet import open_fleet
+from crater.probe.sim.simulation import FleetSimulator, Load, plan_run, true_use_mb
 from crater.scheduler.domain.demand import Demand
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -431,7 +431,7 @@ def test_a_simulated_card_shows_the_task_s_true_use_whatever_was_reserved() -> N
 
 def test_the_runner_learns_true_use_from_the_profile_without_its_correction() -> None:
     from crater.contracts import TaskProfiled
-    from crater.probe.runner import TaskRunner
+    from crater.probe.sim.runner import TaskRunner
 
     async def publish(_: object) -> None:
         return None
@@ -454,7 +454,7 @@ def test_the_runner_learns_true_use_from_the_profile_without_its_correction() ->
 
 async def test_a_grant_ahead_of_its_profile_shows_the_true_use_once_the_profile_is_in() -> None:
     from crater.contracts import AllocationGranted, TaskProfiled
-    from crater.probe.runner import TaskRunner
+    from crater.probe.sim.runner import TaskRunner
 
     async def publish(_: object) -> None:
         return None

@@ -8,7 +8,7 @@ import pytest
 
 from crater.contracts import NodeTopology
 from crater.probe.domain.dot import nvlink_pairs, topology_to_dot
-from crater.probe.fleet import load_fleet
+from crater.probe.sim.fleet import load_fleet
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from crater.probe.domain.health import (
     Assessment,
     evaluate,
 )
-from crater.probe.domain.simulation import Fault, FaultKind, FleetSimulator, Load
-from crater.probe.fleet import FleetError, open_fleet, read_fleet_spec
+from crater.probe.sim.fleet import FleetError, open_fleet, read_fleet_spec
+from crater.probe.sim.simulation import Fault, FaultKind, FleetSimulator, Load
 
 FLEET = """seed: 9
 nodes:

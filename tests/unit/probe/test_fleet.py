@@ -7,14 +7,14 @@ import pytest
 
 from crater.contracts import NodeMetricsReported
 from crater.probe.domain.health import evaluate
-from crater.probe.domain.simulation import FleetSimulator, Load, plan_run
-from crater.probe.fleet import (
+from crater.probe.sim.fleet import (
     FleetError,
     builtin_profiles,
     load_fleet,
     open_fleet,
     read_fleet_spec,
 )
+from crater.probe.sim.simulation import FleetSimulator, Load, plan_run
 
 
 def strip(report: NodeMetricsReported) -> dict[str, object]:

@@ -11,7 +11,7 @@ import pytest
 from crater.contracts import NodeTopologyReported, PlacementQuery, Taint
 from crater.probe.app import ProbeSettings
 from crater.probe.domain.topology import fingerprint_of
-from crater.probe.fleet import FleetError, builtin_profiles, load_fleet
+from crater.probe.sim.fleet import FleetError, builtin_profiles, load_fleet
 from crater.scheduler.domain.core import Scheduler
 from crater.scheduler.domain.demand import Demand
 

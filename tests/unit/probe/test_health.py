@@ -11,7 +11,7 @@ from crater.contracts import (
     NumaNode,
 )
 from crater.probe.domain.health import HealthLimits, evaluate, health_report
-from crater.probe.fleet import load_fleet
+from crater.probe.sim.fleet import load_fleet
 
 
 @pytest.fixture(scope="module")

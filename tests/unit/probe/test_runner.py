@@ -15,9 +15,10 @@ from crater.contracts import (
     derived_event_id,
     utc_now,
 )
-from crater.probe.domain.simulation import FleetSimulator
-from crater.probe.fleet import open_fleet
-from crater.probe.runner import GrantOutcome, TaskRunner
+from crater.probe.reports import GrantOutcome
+from crater.probe.sim.fleet import open_fleet
+from crater.probe.sim.runner import TaskRunner
+from crater.probe.sim.simulation import FleetSimulator
 
 
 def grant(allocation: str, node: str = "t4-01", expires_in: float = 30.0) -> AllocationGranted:

@@ -20,7 +20,7 @@ from crater.contracts import (
     TaskRejected,
     TaskRequest,
 )
-from crater.probe.fleet import load_fleet
+from crater.probe.sim.fleet import load_fleet
 from crater.scheduler.domain.core import Scheduler
 from tests.support.alldata import fixture
 from tests.support.topologies import node

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
-from crater.cli.bench import PREDICTION, scaled_fleet, task_request
+from benchmarks.scheduler.throughput import PREDICTION, scaled_fleet, task_request
 from crater.contracts import (
     Event,
     NodeCondition,

@@ -4,14 +4,10 @@ and the derived traces used to check it is not tuned to one trace."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
-from typer.testing import CliRunner
 
-from crater.cli.main import app
 from crater.scheduler.domain.cluster import ClusterArrays, Node
 from crater.scheduler.domain.core import Scheduler
 from crater.scheduler.domain.demand import Demand
@@ -24,7 +20,7 @@ from crater.scheduler.domain.fragmentation import (
 )
 from crater.scheduler.domain.workload import LearnedShape, WorkloadModel
 from crater.scheduler.sim.openb import OpenbNode, OpenbPod, topology
-from crater.scheduler.sim.variants import derive, write_pods
+from crater.scheduler.sim.variants import derive
 from tests.support.topologies import node
 from tests.unit.scheduler.test_core import cluster as core_cluster
 from tests.unit.scheduler.test_core import profiled
@@ -194,21 +190,3 @@ def test_gpuspec_pins_gpu_pods_only_to_models_that_can_hold_them() -> None:
     assert specs[(8, "G2")] > 0
     assert all(not p.gpu_spec for p in pinned if not p.num_gpu)
     assert 0.2 < sum(bool(p.gpu_spec) for p in pinned) / 75 < 0.5
-
-
-def test_simulate_replays_a_derived_trace(tmp_path: Path) -> None:
-    nodes = tmp_path / "nodes.csv"
-    nodes.write_text(
-        "sn,cpu_milli,memory_mib,gpu,model\ng8,96000,393216,8,G2\nt4,104000,524288,2,T4\n"
-    )
-    pods = tmp_path / "pods.csv"
-    write_pods(PODS, pods)
-    out = tmp_path / "results"
-    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--out", str(out)]
-    result = CliRunner().invoke(app, [*args, "--variant", "sharing", "--seeds", "1-2"])
-    assert result.exit_code == 0, result.output
-    summary = json.loads((out / "openb_sharing_crater.json").read_text())
-    assert (summary["trace"], summary["seeds"], summary["published"]) == ("sharing", [1, 2], None)
-    wrong = CliRunner().invoke(app, [*args, "--variant", "busy"])
-    assert wrong.exit_code != 0
-    assert "--variant" in wrong.output

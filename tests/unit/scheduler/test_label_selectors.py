@@ -15,7 +15,7 @@ from crater.contracts import (
     TaskRequest,
 )
 from crater.contracts.gpus import parse_gpu_product
-from crater.probe.fleet import builtin_profiles, load_fleet, profile_topology
+from crater.probe.sim.fleet import builtin_profiles, load_fleet, profile_topology
 from crater.scheduler.domain.core import Scheduler
 from crater.scheduler.domain.demand import Demand
 

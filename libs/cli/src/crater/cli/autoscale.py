@@ -14,8 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from crater.autoscaler.domain import ScalingPolicy
-from crater.autoscaler.domain.policy import STRATEGIES, Strategy
+from crater.autoscaler.api import STRATEGIES, ScalingPolicy, Strategy
 from crater.autoscaler.sim import (
     FleetModel,
     HpaBaseline,

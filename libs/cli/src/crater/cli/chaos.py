@@ -1,14 +1,13 @@
 """`crater chaos`: the chaos harness of `benchmarks/chaos/` from the command line.
 
 The harness lives with the other benchmarks in the repository (it is not part of an installed
-Crater), so this command finds it from the source tree it was installed from in development.
+Crater), so this command finds it from the source tree it was installed from in development
+(`crater.cli.checkout`).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated
@@ -16,21 +15,15 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from crater.cli.checkout import benchmark
+
 console = Console(highlight=False)
-REPOSITORY = Path(__file__).resolve().parents[5]
 DEFAULT_DATABASE = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 
 
 def _harness() -> tuple[ModuleType, ModuleType]:
-    if not (REPOSITORY / "benchmarks" / "chaos" / "harness.py").exists():
-        console.print(f"[red]no benchmarks/chaos/ under {REPOSITORY}[/red]: run from a checkout")
-        raise typer.Exit(2)
-    if str(REPOSITORY) not in sys.path:
-        sys.path.insert(0, str(REPOSITORY))
-    return (
-        importlib.import_module("benchmarks.chaos.harness"),
-        importlib.import_module("benchmarks.chaos.plan"),
-    )
+    harness, plan = benchmark("chaos", "harness", "plan", console=console)
+    return harness, plan
 
 
 def _seconds_range(text: str) -> tuple[float, float]:

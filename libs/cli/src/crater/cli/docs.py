@@ -139,7 +139,6 @@ def configuration_markdown() -> str:
     from crater.gateway.app import GatewaySettings
     from crater.predictor.app import PredictorSettings
     from crater.probe.app import ProbeSettings
-    from crater.runtime.service import DEFAULT_PORTS
     from crater.runtime.settings import ServiceSettings
     from crater.scheduler.app import SchedulerSettings
 
@@ -161,7 +160,17 @@ def configuration_markdown() -> str:
     lines += [
         "",
         "Default HTTP ports (health and metrics; the gateway's API): "
-        + ", ".join(f"{service} {port}" for service, port in DEFAULT_PORTS.items())
+        + ", ".join(
+            f"{s.service} {s.default_port}"
+            for s in (
+                GatewaySettings,
+                ProbeSettings,
+                PredictorSettings,
+                SchedulerSettings,
+                AutoscalerSettings,
+                CallbackSettings,
+            )
+        )
         + ".",
     ]
     for settings in (

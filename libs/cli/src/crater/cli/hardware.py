@@ -13,14 +13,17 @@ from rich.console import Console
 from rich.table import Table
 
 from crater.contracts import NodeCondition, NodeMetricsReported, NodeTopology
-from crater.probe.adapters.host import HostSampler
-from crater.probe.adapters.measure import Bounds, measure_node
-from crater.probe.adapters.nvme import disks_wear
-from crater.probe.adapters.nvml import GpuSampler
-from crater.probe.adapters.sysfs import discover_local
-from crater.probe.domain.dot import topology_to_dot
-from crater.probe.domain.health import evaluate
-from crater.probe.fleet import load_fleet
+from crater.probe.api import (
+    Bounds,
+    GpuSampler,
+    HostSampler,
+    discover_local,
+    disks_wear,
+    evaluate,
+    load_fleet,
+    measure_node,
+    topology_to_dot,
+)
 
 console = Console(highlight=False)
 

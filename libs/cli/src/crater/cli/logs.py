@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from crater.probe.executor import find_logs, log_finished
+from crater.probe.api import find_logs, log_finished
 
 
 def logs(

@@ -19,10 +19,10 @@ from crater.cli import (
     hardware,
     logs,
     predict,
-    schedule_test,
     simulate,
     webhooks,
 )
+from crater.cli.dry_run import print_dry_run, schedule_test
 from crater.contracts import NodesAnswer, TasksAnswer
 
 app = typer.Typer(help="Crater: an event-driven scheduler for heterogeneous AI compute.")
@@ -98,7 +98,7 @@ def submit(
                 console.print(f"  {error}")
         raise typer.Exit(1)
     if dry_run:
-        schedule_test.print_dry_run(response.content)
+        print_dry_run(response.content)
         return
     console.print(f"[green]submitted[/green] {body['task_id']} (event {body['event_id']})")
 
@@ -175,7 +175,7 @@ def receiver(
     seed: Annotated[int | None, typer.Option(help="Seed the injected failures.")] = None,
 ) -> None:
     """A reference webhook receiver standing in for AllData."""
-    from crater.callback.receiver import main as receiver_main
+    from crater.callback.sim.receiver import main as receiver_main
 
     receiver_main(
         host=host,
@@ -192,7 +192,7 @@ def receiver(
 app.command()(hardware.probe)
 app.command()(hardware.diagnose)
 app.command("topology-export")(hardware.topology_export)
-app.command("schedule-test")(schedule_test.schedule_test)
+app.command("schedule-test")(schedule_test)
 app.command("autoscale-sim")(autoscale.autoscale_sim)
 app.command()(predict.predict)
 app.command()(logs.logs)

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from crater.contracts import ResourcePrediction, TaskRequest
+from crater.predictor.api import Refused
+from crater.predictor.api import predict as estimate
 from crater.predictor.app import PredictorSettings
-from crater.predictor.domain.estimate import Refused
-from crater.predictor.domain.estimate import predict as estimate
 
 console = Console()
 

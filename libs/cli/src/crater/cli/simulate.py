@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from crater.scheduler.domain.plugins import POLICIES
+from crater.scheduler.api import POLICIES
 from crater.scheduler.sim.openb import (
     CPU_UNIT_MILLI,
     OpenbNode,

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from crater.callback.adapters.store import DeliveryLog
+from crater.callback.api import DeliveryLog
 from crater.runtime.db import make_engine, make_session_factory
 from crater.runtime.settings import DEFAULT_DATABASE_URL
 

@@ -218,6 +218,7 @@ class Subjects:
         Streams.TASKS,
         "A task waited past its max_queue_time_seconds and now ranks one class higher.",
         producers=("scheduler",),
+        consumers=("callback",),
     )
     TASK_ENDED = Channel(
         f"{PREFIX}.task.ended",
@@ -261,7 +262,13 @@ class Subjects:
         Streams.ALLOCATIONS,
         "A task was placed: node, GPUs, CPU cores, NUMA node, checkpoint path.",
         producers=("scheduler",),
-        consumers=("callback", "probe", "predictor", "autoscaler"),
+        consumers=(
+            "callback",
+            "probe",
+            "predictor",
+            "autoscaler",
+            "scheduler (its own grants read back: when the reservation is armed)",
+        ),
     )
     ALLOCATION_RELEASED = Channel(
         f"{PREFIX}.allocation.released",

@@ -29,15 +29,6 @@ from crater.runtime.telemetry import make_registry, make_tracer_provider
 
 Hook = Callable[[], Awaitable[None]]
 
-DEFAULT_PORTS = {
-    "gateway": 8080,
-    "probe": 9101,
-    "predictor": 9102,
-    "scheduler": 9103,
-    "autoscaler": 9104,
-    "callback": 9105,
-}
-
 
 @dataclass
 class Service:
@@ -55,7 +46,11 @@ class Service:
 
     @property
     def port(self) -> int:
-        return self.settings.http_port or DEFAULT_PORTS[self.name]
+        """The HTTP port: the settings' http_port, or when 0 the service's own default."""
+        port = self.settings.http_port or self.settings.default_port
+        if port is None:
+            raise ValueError(f"{self.name}: http_port is 0 and its settings name no default_port")
+        return port
 
     def database(self, migrations_dir: Path) -> async_sessionmaker[Any]:
         """The service's database: its Alembic migrations applied first on start (unless

@@ -48,6 +48,7 @@ class ServiceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=SHARED_PREFIX, extra="ignore")
     service: ClassVar[str | None] = None
+    default_port: ClassVar[int | None] = None  # the service's own: its HTTP port if http_port is 0
 
     nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server URL.")
     database_url: str = Field(

@@ -47,6 +47,7 @@ class AutoscalerSettings(ServiceSettings, ScalingPolicy):
     # The policy's fields as it annotates them (their defaults come from it as well).
     __annotations__ = policy_annotations()
     service = "autoscaler"
+    default_port = 9104  # health and metrics when http_port is 0
 
     drain_check_seconds: float = Field(
         default=1.0, gt=0, description="How often the drain timeouts are checked."

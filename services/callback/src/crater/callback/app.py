@@ -67,6 +67,7 @@ class CallbackSettings(ServiceSettings):
     """Own settings from CRATER_CALLBACK_<NAME> (CRATER_CALLBACK_WEBHOOK_URL, ...)."""
 
     service = "callback"
+    default_port = 9105  # health and metrics when http_port is 0
 
     endpoints_file: str | None = Field(
         default=None,

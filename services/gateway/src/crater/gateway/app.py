@@ -98,6 +98,7 @@ class GatewaySettings(ServiceSettings):
     """Own settings from CRATER_GATEWAY_<NAME>; http_port 0 means 8080."""
 
     service = "gateway"
+    default_port = 8080  # health and metrics when http_port is 0
 
     http_host: str = Field(default="127.0.0.1", description="Bind address of the HTTP API.")
     max_body_bytes: int = Field(

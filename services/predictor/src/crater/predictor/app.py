@@ -71,6 +71,7 @@ class PredictorSettings(ServiceSettings):
     """Own settings from CRATER_PREDICTOR_<NAME> (CRATER_PREDICTOR_CUDA_CONTEXT_MB, ...)."""
 
     service = "predictor"
+    default_port = 9102  # health and metrics when http_port is 0
 
     cuda_context_mb: int = Field(
         default=1024, ge=0, le=16_384, description="CUDA context and kernels per GPU, MiB."

@@ -47,11 +47,11 @@ from crater.probe.adapters.nvme import disks_wear
 from crater.probe.adapters.nvml import GpuSampler
 from crater.probe.adapters.sysfs import discover_local, hostname
 from crater.probe.domain.health import DiskWear, evaluate
-from crater.probe.domain.simulation import FleetSimulator
 from crater.probe.domain.topology import node_id_from_hostname
 from crater.probe.executor import TaskExecutor
-from crater.probe.fleet import open_fleet
-from crater.probe.runner import TaskRunner
+from crater.probe.sim.fleet import open_fleet
+from crater.probe.sim.runner import TaskRunner
+from crater.probe.sim.simulation import FleetSimulator
 from crater.runtime.bus import durable, publish
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -63,6 +63,7 @@ class ProbeSettings(ServiceSettings):
     """The shared CRATER_* settings, and the probe's own from CRATER_PROBE_<FIELD>."""
 
     service = "probe"
+    default_port = 9101  # health and metrics when http_port is 0
 
     mode: Literal["local", "fleet"] = Field(
         default="local",

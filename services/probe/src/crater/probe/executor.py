@@ -46,7 +46,7 @@ from crater.contracts import (
     TaskStatus,
     utc_now,
 )
-from crater.probe.runner import STALE_AFTER, GrantOutcome, Publish, publish_retried, status_report
+from crater.probe.reports import STALE_AFTER, GrantOutcome, Publish, publish_retried, status_report
 from crater.probe.supervise import EXIT, SPEC, SUPERVISOR, alive, describe, read_json, start_time
 from crater.probe.supervise import write_json as _write_json
 

@@ -50,6 +50,7 @@ MIGRATIONS_DIR = Path(__file__).parent / "adapters" / "migrations"
 
 class SchedulerSettings(ServiceSettings):
     service = "scheduler"
+    default_port = 9103  # health and metrics when http_port is 0
 
     reservation_timeout_ms: int = Field(
         default=RESERVATION_TIMEOUT_MS_DEFAULT,

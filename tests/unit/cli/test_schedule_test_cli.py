@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
+from crater.cli.dry_run import _toleration
 from crater.cli.main import app
-from crater.cli.schedule_test import _toleration
 from crater.contracts import Taint, Toleration
 
 

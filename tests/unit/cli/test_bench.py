@@ -1,4 +1,5 @@
-"""The pure parts of `crater bench`: its workload fits its fleet, and its statistics."""
+"""The pure parts of `crater bench` (benchmarks/scheduler/throughput.py, and the options it
+reads): its workload fits its fleet, its statistics, its rates."""
 
 from __future__ import annotations
 
@@ -7,15 +8,15 @@ import random
 
 import pytest
 
-from crater.cli.bench import (
+from benchmarks.scheduler.throughput import (
     PREDICTION,
     bucket_delta,
     histogram_quantile,
-    parse_rates,
     percentile,
     scaled_fleet,
     task_request,
 )
+from crater.cli.bench import parse_rates
 from crater.contracts import (
     AllocationGranted,
     NodeTopologyReported,

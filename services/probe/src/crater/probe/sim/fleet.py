@@ -47,8 +47,8 @@ from pydantic import (
 
 from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode, Taint
 from crater.contracts.tasks import MIG_PROFILE_PATTERN
-from crater.probe.domain.simulation import GPU_FAULTS, Fault, FaultKind, SimulatedNode
 from crater.probe.domain.topology import build_topology
+from crater.probe.sim.simulation import GPU_FAULTS, Fault, FaultKind, SimulatedNode
 
 DEFAULT_FLEET = "demo"
 MAX_GPUS_PER_NODE = 16
@@ -236,7 +236,7 @@ def _parse(model: type[BaseModel], text: str, origin: str) -> Any:
 def builtin_profiles() -> dict[str, Profile]:
     """The profiles shipped with the probe, by name."""
     profiles: dict[str, Profile] = {}
-    folder = resources.files("crater.probe") / "profiles"
+    folder = resources.files("crater.probe.sim") / "profiles"
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
             profile: Profile = _parse(Profile, entry.read_text(), f"profiles/{entry.name}")
@@ -247,7 +247,9 @@ def builtin_profiles() -> dict[str, Profile]:
 def read_fleet_spec(path: Path | None = None) -> FleetSpec:
     """A fleet file, or the default demo fleet when `path` is None."""
     if path is None:
-        text = (resources.files("crater.probe") / "fleets" / f"{DEFAULT_FLEET}.yaml").read_text()
+        text = (
+            resources.files("crater.probe.sim") / "fleets" / f"{DEFAULT_FLEET}.yaml"
+        ).read_text()
         return _parse(FleetSpec, text, f"fleets/{DEFAULT_FLEET}.yaml")  # type: ignore[no-any-return]
     try:
         text = Path(path).read_text()

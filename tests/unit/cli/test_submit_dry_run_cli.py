@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from crater.cli import schedule_test
+from crater.cli import dry_run
 from crater.contracts import TaskRequest
 from crater.contracts.tasks import TrainingConfig
 from crater.gateway.app import TaskDryRun
@@ -24,7 +24,7 @@ def printed(request: TaskRequest, capsys: pytest.CaptureFixture[str], *nodes: ob
         prediction=prediction,
         placement=scheduler.dry_run_task(request, prediction),
     )
-    schedule_test.print_dry_run(answer.model_dump_json().encode())
+    dry_run.print_dry_run(answer.model_dump_json().encode())
     return capsys.readouterr().out
 
 

@@ -12,45 +12,34 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from enum import StrEnum
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
-    Event,
     TaskPreempted,
     TaskProfiled,
     TaskStatus,
-    TaskStatusReported,
-    derived_event_id,
     utc_now,
 )
-from crater.probe.domain.simulation import FleetSimulator, Load, RunPlan, plan_run, true_use_mb
+from crater.probe.reports import (
+    STALE_AFTER,
+    GrantOutcome,
+    Publish,
+    Reported,
+    publish_retried,
+    status_report,
+)
+from crater.probe.sim.simulation import FleetSimulator, Load, RunPlan, plan_run, true_use_mb
 
 log = logging.getLogger("crater.probe.runner")
 V = TypeVar("V")
 
-Publish = Callable[[Event], Awaitable[None]]
-Reported = Literal[TaskStatus.RUNNING, TaskStatus.SUCCEEDED, TaskStatus.FAILED]
-RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
 # Allocations already run or released, remembered so that a late or redelivered grant is
 # not run again; bounded, since only recent redeliveries can happen.
 REMEMBERED = 100_000
-# A grant whose reservation ran out this long ago is history (a new consumer starts at the
-# beginning of the stream), not work. Generous, so that a scheduler working through a
-# backlog, whose grants carry the time of their cause, is still served.
-STALE_AFTER = timedelta(minutes=10)
-
-
-class GrantOutcome(StrEnum):
-    STARTED = "started"
-    NOT_OURS = "not-ours"  # a node another probe reports
-    DUPLICATE = "duplicate"  # a redelivery of a grant already running here
-    STALE = "stale"  # its reservation expired long before we saw it: history, not work
-    WAITING = "waiting"  # executing agent: its task's body (command) has not come yet
 
 
 class TaskRunner:
@@ -202,39 +191,6 @@ class TaskRunner:
         for run in runs:
             with contextlib.suppress(asyncio.CancelledError):
                 await run
-
-
-def status_report(grant: AllocationGranted, status: Reported, message: str) -> TaskStatusReported:
-    """A node's report on a granted allocation. Its id derives from the grant's, so a
-    redelivered grant, or a restarted agent reporting again, cannot double it."""
-    return TaskStatusReported(
-        event_id=derived_event_id(grant.event_id, status.value),
-        task_id=grant.task_id,
-        status=status,
-        allocation_id=grant.allocation_id,
-        message=message[:2048],
-    )
-
-
-async def publish_retried(publish: Publish, event: TaskStatusReported) -> None:
-    """The scheduler waits on a node's reports, so a broker hiccup must not lose one; the
-    derived event id makes every retry safe."""
-    attempt = 0
-    while True:
-        try:
-            await publish(event)
-            return
-        except Exception as error:
-            delay = RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)]
-            attempt += 1
-            log.warning(
-                "reporting %s %s failed (%s); retrying in %ss",
-                event.task_id,
-                event.status.value,
-                error,
-                delay,
-            )
-            await asyncio.sleep(delay)
 
 
 def _remember(memory: OrderedDict[str, V], key: str, value: V) -> None:

@@ -1,4 +1,5 @@
-"""`crater schedule-test`: a dry run against the live cluster state."""
+"""Dry runs: `crater schedule-test` (a placement query against the live cluster state) and
+the readable print of `crater submit --dry-run`."""
 
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from crater.cli.main import app
+from crater.scheduler.sim.variants import write_pods
+from tests.unit.scheduler.test_fragmentation import PODS
 
 
 def test_simulate_writes_the_curve(tmp_path: Path) -> None:
@@ -40,3 +42,21 @@ def test_simulate_writes_the_curve(tmp_path: Path) -> None:
     lines = (out / "openb_fgd.csv").read_text().splitlines()
     assert lines[0] == "arrived_pct,gpu_alloc_pct,cpu_alloc_pct,memory_alloc_pct"
     assert (out / "openb_fgd.png").stat().st_size > 0
+
+
+def test_simulate_replays_a_derived_trace(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\ng8,96000,393216,8,G2\nt4,104000,524288,2,T4\n"
+    )
+    pods = tmp_path / "pods.csv"
+    write_pods(PODS, pods)
+    out = tmp_path / "results"
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--variant", "sharing", "--seeds", "1-2"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "openb_sharing_crater.json").read_text())
+    assert (summary["trace"], summary["seeds"], summary["published"]) == ("sharing", [1, 2], None)
+    wrong = CliRunner().invoke(app, [*args, "--variant", "busy"])
+    assert wrong.exit_code != 0
+    assert "--variant" in wrong.output

@@ -1,0 +1,717 @@
+"""The scheduler's throughput end to end over a real nats-server: the harness `crater bench`
+runs (its options are the command's; `run` takes them as a `BenchConfig`).
+
+One run: a nats-server from the wheel; the raw JetStream publish-and-consume rate measured
+against it (the ceiling); the scheduler service as its own process on SQLite (or a given
+PostgreSQL URL); N simulated nodes from the probe's fleet generator, published as
+NodeTopologyReported; then tasks at rising rates, each timed from its publish to the
+AllocationGranted that places it, and completed at once (TaskStatusReported succeeded) so the
+cluster stays busy but never fills. `--path scheduler` publishes what the scheduler consumes
+(task.profiled); `--path full` publishes task.submitted and runs the predictor too.
+
+Writes benchmarks/results/bench_<path>_<nodes>.json and a PNG beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import StorageType, StreamConfig
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+
+from crater.cli.stack import Process, migrate, stop_process, wait_healthy
+from crater.contracts import (
+    Confidence,
+    NodeTopology,
+    NodeTopologyReported,
+    ResourcePrediction,
+    Subjects,
+    TaskProfiled,
+    TaskRequest,
+    TaskStatus,
+    TaskStatusReported,
+    TaskSubmitted,
+)
+from crater.probe.sim.fleet import build_fleet, read_fleet_spec
+from crater.runtime.bus import encode, ensure_streams, subject_of
+from crater.runtime.nats_server import free_port, start_nats_server
+
+console = Console()
+RESULTS = Path("benchmarks/results")
+RAW_STREAM, RAW_SUBJECT = "CRATER_BENCH_RAW", "crater.bench.raw"
+PUBLISH_WINDOW = 512  # publishes awaiting their JetStream ack at once
+PUBLISH_TIMEOUT_SECONDS = 10.0
+DECISION_METRIC = "crater_scheduler_decision_seconds"
+# `crater run NAME` under cProfile, the profile written on SIGTERM too: uvicorn re-raises the
+# signal after its clean shutdown, and `python -m cProfile` would die without writing. Timed
+# by the process's CPU clock (not the wall clock, which counts every await as time spent), and
+# started by SIGUSR1 when the tasks start: the profile shows the cost of the tasks, not of
+# imports or of registering the nodes.
+PROFILED = """
+import cProfile, signal, sys, time
+def stop(*_): raise SystemExit(0)
+signal.signal(signal.SIGTERM, stop)
+from crater.cli.main import app
+profiler = cProfile.Profile(time.process_time)
+signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
+try:
+    app(["run", sys.argv[1]])
+finally:
+    profiler.disable()
+    profiler.dump_stats(sys.argv[2])
+"""
+# Task shapes per pool of the demo fleet, each small enough for every node of its pool:
+# (gpus, milli of each card, GPU memory MiB per card, cores, host memory MiB).
+SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
+    "training": [(8, 1000, 70000, 64, 500_000), (2, 1000, 40000, 16, 128_000)],
+    "inference": [(1, 1000, 12000, 4, 16_000), (1, 500, 6000, 4, 8_000)],
+    "default": [(1, 1000, 12000, 8, 32_000), (0, 1000, 0, 8, 16_000)],
+}
+PREDICTION = ResourcePrediction(
+    gpu_memory_per_gpu_mb=0,
+    host_memory_mb=0,
+    confidence=Confidence.LOW,
+    method="benchmark",
+    dataloader_num_workers=1,
+    dataloader_prefetch_factor=2,
+)
+
+
+# -- workload ---------------------------------------------------------------------------------
+
+
+def scaled_fleet(nodes: int, seed: int) -> list[NodeTopology]:
+    """`nodes` simulated nodes: the probe's demo fleet, every group scaled alike (largest
+    remainders), each kept when there are at least as many nodes as groups."""
+    spec = read_fleet_spec(None)
+    base = sum(group.count for group in spec.nodes)
+    shares = [group.count * nodes / base for group in spec.nodes]
+    counts = [int(share) for share in shares]
+    by_remainder = sorted(range(len(shares)), key=lambda i: counts[i] - shares[i])
+    for i in by_remainder[: nodes - sum(counts)]:
+        counts[i] += 1
+    if nodes >= len(counts):
+        while 0 in counts:  # every kind of node, taken from the largest group
+            counts[counts.index(max(counts))] -= 1
+            counts[counts.index(0)] = 1
+    scaled = spec.model_copy(
+        update={
+            "faults": [],
+            "nodes": [
+                g.model_copy(update={"count": c})
+                for g, c in zip(spec.nodes, counts, strict=True)
+                if c
+            ],
+        }
+    )
+    return [n.topology for n in build_fleet(scaled, seed).nodes]
+
+
+def task_request(task_id: str, rng: random.Random, pools: list[str]) -> TaskRequest:
+    """A task that fits any node of its pool when that node is free."""
+    pool = rng.choice(pools)
+    gpus, milli, gpu_mb, cores, memory = rng.choice(SHAPES.get(pool, SHAPES["default"]))
+    return TaskRequest.model_validate(
+        {
+            "task_id": task_id,
+            "task_type": "training" if gpus else "evaluation",
+            "model_config": {"name": "bench"},
+            "resource_requirements": {
+                "gpu": {"count": gpus, "milli": milli, "memory_mb": gpu_mb},
+                "cpu": {"cores": cores},
+                "memory": {"capacity_mb": memory},
+            },
+            "pool": pool,
+        }
+    )
+
+
+def task_message(request: TaskRequest, path: str) -> tuple[str, bytes, str]:
+    """(subject, body, event id) of the event that hands a task to the bench's entry point."""
+    event = (
+        TaskProfiled(task=request, prediction=PREDICTION)
+        if path == "scheduler"
+        else TaskSubmitted.from_request(request)
+    )
+    return subject_of(event), encode(event), str(event.event_id)
+
+
+# -- statistics -------------------------------------------------------------------------------
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The nearest-rank percentile (q in 0..100) of ascending values; nan when empty."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, -(-len(sorted_values) * q // 100))
+    return sorted_values[int(min(rank, len(sorted_values))) - 1]
+
+
+Buckets = dict[float, float]  # upper bound (s) -> cumulative count
+
+
+def histogram_quantile(buckets: Buckets, q: float) -> float:
+    """The upper bound of the bucket holding quantile q (0..1): a bound, never an under-
+    estimate. nan when the histogram is empty."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return float("nan")
+    for bound in bounds:
+        if buckets[bound] >= q * total:
+            return bound
+    return float("inf")
+
+
+def bucket_delta(after: Buckets, before: Buckets) -> Buckets:
+    return {bound: count - before.get(bound, 0.0) for bound, count in after.items()}
+
+
+# -- the pieces of a run ----------------------------------------------------------------------
+
+
+class Publisher:
+    """Publishes to JetStream with up to `window` acks outstanding: `send` waits only when the
+    window is full (back-pressure), `flush` waits for every ack. Raises on a failed publish."""
+
+    def __init__(self, js: Any, window: int = PUBLISH_WINDOW) -> None:
+        self.js = js
+        self.window = asyncio.Semaphore(window)
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.failures: list[BaseException] = []
+
+    async def send(self, subject: str, body: bytes, event_id: str) -> None:
+        if self.failures:
+            raise RuntimeError(f"JetStream publish failed: {self.failures[0]!r}")
+        await self.window.acquire()
+        task = asyncio.create_task(self._one(subject, body, event_id))
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+
+    async def _one(self, subject: str, body: bytes, event_id: str) -> None:
+        try:
+            await self.js.publish(
+                subject, body, timeout=PUBLISH_TIMEOUT_SECONDS, headers={"Nats-Msg-Id": event_id}
+            )
+        except Exception as error:  # raised by the next send or flush
+            self.failures.append(error)
+        finally:
+            self.window.release()
+
+    async def flush(self) -> None:
+        await asyncio.gather(*self.in_flight)
+        if self.failures:
+            raise RuntimeError(f"JetStream publish failed: {self.failures[0]!r}")
+
+
+async def raw_jetstream_rate(nc: Client, count: int, payload_bytes: int, batch: int) -> float:
+    """Messages per second through one stream: published with acks (same window as the
+    bench's own publishing) while a durable pull consumer fetches and acks them."""
+    js = nc.jetstream()
+    with contextlib.suppress(Exception):
+        await js.delete_stream(RAW_STREAM)
+    await js.add_stream(
+        StreamConfig(name=RAW_STREAM, subjects=[RAW_SUBJECT], storage=StorageType.FILE)
+    )
+    subscription = await js.pull_subscribe(RAW_SUBJECT, durable="bench-raw", stream=RAW_STREAM)
+    payload = b"x" * payload_bytes
+    consumed = 0
+
+    async def consume() -> None:
+        nonlocal consumed
+        while consumed < count:
+            with contextlib.suppress(nats.errors.TimeoutError):
+                for msg in await subscription.fetch(batch, timeout=1.0):
+                    await msg.ack()
+                    consumed += 1
+
+    started = time.perf_counter()
+    consumer = asyncio.create_task(consume())
+    publisher = Publisher(js)
+    for _ in range(count):
+        await publisher.send(RAW_SUBJECT, payload, uuid.uuid4().hex)
+    await publisher.flush()
+    await asyncio.wait_for(consumer, timeout=120)
+    elapsed = time.perf_counter() - started
+    await subscription.unsubscribe()
+    await js.delete_stream(RAW_STREAM)
+    return count / elapsed
+
+
+@dataclass
+class Service:
+    process: Process
+    metrics_url: str
+
+
+def spawn(name: str, data_dir: Path, env: dict[str, str], profile: bool) -> Service:
+    """A service as its own process (as `crater up` runs it), optionally under cProfile."""
+    port = free_port()
+    log_path = data_dir / f"{name}.log"
+    args = [sys.executable, "-m", "crater.cli", "run", name]
+    if profile:
+        args = [sys.executable, "-c", PROFILED, name, str(data_dir / f"{name}.prof")]
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env, "CRATER_HTTP_PORT": str(port)},
+            start_new_session=True,
+        )
+    process = Process(name, port, popen, log_path, args)
+    wait_healthy(process)
+    return Service(process, f"{process.url}/metrics")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far (Linux); nan elsewhere. Divided by the
+    work done it gives a cost per allocation that other load on the machine does not change."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape(url: str) -> tuple[Buckets, dict[str, float]]:
+    """The decision-time histogram's buckets and the scheduler's gauges, from /metrics."""
+    buckets: Buckets = {}
+    gauges: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for sample in family.samples:
+            if sample.name == f"{DECISION_METRIC}_bucket":
+                buckets[float(sample.labels["le"])] = sample.value
+            elif family.type == "gauge" and sample.name.startswith("crater_scheduler_"):
+                gauges[sample.name] = sample.value
+    return buckets, gauges
+
+
+@dataclass
+class StageResult:
+    offered_per_second: float
+    submitted: int
+    granted: int
+    seconds: float  # first submit to last grant
+    allocations_per_second: float
+    kept_up: bool
+    latency_p50_ms: float
+    latency_p99_ms: float
+    latency_p99_9_ms: float
+    latency_max_ms: float
+    decision_p50_ms: float
+    decision_p99_ms: float
+    decision_p99_9_ms: float
+    decisions: int
+    scheduler_cpu_ms_per_allocation: float  # its CPU time (all threads) over allocations
+    # When the stage ended: tasks the core holds waiting, and allocations it holds (granted,
+    # not yet released): with tasks not placed, they tell a queue in the core from a backlog
+    # on the bus or grants not yet published.
+    waiting_in_core: int = 0
+    held_in_core: int = 0
+
+
+@dataclass
+class BenchResult:
+    path: str
+    nodes: int
+    database: str
+    consumer_batch: int
+    raw_jetstream_per_second: float
+    scheduler_cpu_ms_per_allocation: float = float("nan")  # of the fastest stage
+    stages: list[StageResult] = field(default_factory=list)
+    sustained_allocations_per_second: float = 0.0
+    ratio_to_raw: float = 0.0
+    latency_p50_ms: float = float("nan")
+    latency_p99_ms: float = float("nan")
+    latency_p99_9_ms: float = float("nan")
+    decision_p50_ms: float = float("nan")
+    decision_p99_ms: float = float("nan")
+    decision_p99_9_ms: float = float("nan")
+    topology_seconds: float = 0.0
+    rejected: int = 0
+    ungranted: int = 0
+    machine: str = ""
+    finished_at: str = ""
+
+
+class Tracker:
+    """Submit times, grant times, and completion of each granted task (so it frees its node)."""
+
+    def __init__(self, js: Any) -> None:
+        self.js = js
+        # Task ids unique to the run: a reused database already holds earlier runs' tasks.
+        self.run = uuid.uuid4().hex[:8]
+        self.submitted: dict[str, float] = {}
+        self.latencies: dict[str, float] = {}
+        self.last_grant = 0.0
+        self.rejected = 0
+        self.releases: set[asyncio.Task[None]] = set()
+        self.release_window = asyncio.Semaphore(PUBLISH_WINDOW)
+        self.release_failures = 0
+
+    async def on_granted(self, msg: Msg) -> None:
+        now = time.perf_counter()
+        event = json.loads(msg.data)
+        task_id = event["task_id"]
+        submitted = self.submitted.get(task_id)
+        if submitted is None or task_id in self.latencies:
+            return
+        self.latencies[task_id] = now - submitted
+        self.last_grant = now
+        done = TaskStatusReported(
+            task_id=task_id, status=TaskStatus.SUCCEEDED, allocation_id=event["allocation_id"]
+        )
+        task = asyncio.create_task(self._release(done))
+        self.releases.add(task)
+        task.add_done_callback(self.releases.discard)
+
+    async def _release(self, done: TaskStatusReported) -> None:
+        async with self.release_window:
+            try:
+                await self.js.publish(
+                    subject_of(done),
+                    encode(done),
+                    timeout=PUBLISH_TIMEOUT_SECONDS,
+                    headers={"Nats-Msg-Id": str(done.event_id)},
+                )
+            except Exception:  # counted in release_failures
+                self.release_failures += 1
+
+    async def on_rejected(self, msg: Msg) -> None:
+        self.rejected += 1
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchConfig:
+    nodes: int = 1000
+    rates: list[float] = field(default_factory=lambda: [25, 50, 100, 200, 400, 800, 1600])
+    stage_seconds: float = 8.0
+    path: str = "scheduler"
+    database_url: str | None = None
+    consumer_batch: int = 64
+    raw_messages: int = 20000
+    seed: int = 7
+    out_dir: Path = RESULTS
+    profile: bool = False
+    keep_going: bool = False  # run every rate even after the scheduler fell behind
+
+
+async def run_stage(
+    publisher: Publisher,
+    tracker: Tracker,
+    scheduler: Service,
+    rate: float,
+    config: BenchConfig,
+    rng: random.Random,
+    pools: list[str],
+    stage: int,
+) -> StageResult:
+    """Offer `rate` tasks a second for `stage_seconds`, then wait for the backlog to drain."""
+    count = max(1, int(rate * config.stage_seconds))
+    ids = [f"{tracker.run}-s{stage}-t{n}" for n in range(count)]
+    messages = [task_message(task_request(i, rng, pools), config.path) for i in ids]
+    before, _ = await asyncio.to_thread(scrape, scheduler.metrics_url)
+    cpu_before = cpu_seconds(scheduler.process.popen.pid)
+    started = last_report = time.perf_counter()
+    sent = 0
+    while sent < count:
+        due = min(count, int((time.perf_counter() - started) * rate) + 1)
+        while sent < due:
+            tracker.submitted[ids[sent]] = time.perf_counter()
+            await publisher.send(*messages[sent])
+            sent += 1
+        if time.perf_counter() - last_report >= 2.0:
+            last_report = time.perf_counter()
+            _progress(rate, sent, count, tracker, ids)
+        await asyncio.sleep(0.002)
+    await publisher.flush()
+    # The backlog drains: wait until every task is placed, or nothing moved for a while.
+    idle_limit = max(10.0, config.stage_seconds)
+    placed, last_change = -1, time.perf_counter()
+    while True:
+        now_placed = sum(1 for i in ids if i in tracker.latencies)
+        now = time.perf_counter()
+        if now_placed != placed:
+            placed, last_change = now_placed, now
+        if placed == count or now - last_change > idle_limit:
+            break
+        if now - last_report >= 2.0:
+            last_report = now
+            _progress(rate, sent, count, tracker, ids)
+        await asyncio.sleep(0.05)
+    cpu = cpu_seconds(scheduler.process.popen.pid) - cpu_before
+    after, gauges = await asyncio.to_thread(scrape, scheduler.metrics_url)
+    granted = [i for i in ids if i in tracker.latencies]
+    latencies = sorted(tracker.latencies[i] * 1000 for i in granted)
+    last = max((tracker.submitted[i] + tracker.latencies[i] for i in granted), default=started)
+    seconds = max(last - started, 1e-9)
+    achieved = len(granted) / seconds
+    decisions = bucket_delta(after, before)
+    return StageResult(
+        offered_per_second=rate,
+        submitted=count,
+        granted=len(granted),
+        seconds=round(seconds, 3),
+        allocations_per_second=round(achieved, 1),
+        kept_up=len(granted) == count and achieved >= 0.9 * rate,
+        latency_p50_ms=round(percentile(latencies, 50), 2),
+        latency_p99_ms=round(percentile(latencies, 99), 2),
+        latency_p99_9_ms=round(percentile(latencies, 99.9), 2),
+        latency_max_ms=round(latencies[-1], 2) if latencies else float("nan"),
+        decision_p50_ms=histogram_quantile(decisions, 0.5) * 1000,
+        decision_p99_ms=histogram_quantile(decisions, 0.99) * 1000,
+        decision_p99_9_ms=histogram_quantile(decisions, 0.999) * 1000,
+        decisions=int(max(decisions.values(), default=0)),
+        scheduler_cpu_ms_per_allocation=round(cpu * 1000 / max(len(granted), 1), 3),
+        waiting_in_core=int(gauges.get("crater_scheduler_pending_tasks", 0)),
+        held_in_core=int(gauges.get("crater_scheduler_active_allocations", 0)),
+    )
+
+
+def _progress(rate: float, sent: int, count: int, tracker: Tracker, ids: list[str]) -> None:
+    placed = sum(1 for i in ids if i in tracker.latencies)
+    console.print(f"  {rate:>7.0f}/s offered: {sent}/{count} submitted, {placed} placed")
+
+
+async def publish_fleet(
+    publisher: Publisher, topologies: list[NodeTopology], scheduler: Service
+) -> float:
+    """Every node's topology, then wait until the scheduler knows them all; seconds taken."""
+    started = time.perf_counter()
+    for topology in topologies:
+        event = NodeTopologyReported(node=topology)
+        await publisher.send(subject_of(event), encode(event), str(event.event_id))
+    await publisher.flush()
+    last_report = started
+    while True:
+        _, gauges = await asyncio.to_thread(scrape, scheduler.metrics_url)
+        known = int(gauges.get("crater_scheduler_nodes", 0))
+        if known >= len(topologies):
+            return time.perf_counter() - started
+        if time.perf_counter() - last_report >= 2.0:
+            last_report = time.perf_counter()
+            console.print(f"  nodes known to the scheduler: {known}/{len(topologies)}")
+        if scheduler.process.popen.poll() is not None:
+            raise RuntimeError(f"the scheduler exited; see {scheduler.process.log_path}")
+        await asyncio.sleep(0.25)
+
+
+async def bench_async(config: BenchConfig, data_dir: Path) -> BenchResult:
+    topologies = scaled_fleet(config.nodes, config.seed)
+    pools = sorted({t.pool for t in topologies})
+    rng = random.Random(config.seed)
+    database_url = config.database_url or f"sqlite+aiosqlite:///{data_dir / 'crater.db'}"
+    server = start_nats_server(data_dir / "jetstream", log_file=data_dir / "nats-server.log")
+    services: list[Service] = []
+    nc: Client | None = None
+    try:
+        await ensure_streams(server.url)
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        sample = task_message(task_request("sample", rng, pools), config.path)[1]
+        console.print(f"raw JetStream: {config.raw_messages} messages of {len(sample)} bytes")
+        raw = await raw_jetstream_rate(nc, config.raw_messages, len(sample), config.consumer_batch)
+        console.print(f"  {raw:,.0f} messages/s published and consumed")
+        await asyncio.to_thread(migrate, database_url)
+        env = {
+            "CRATER_NATS_URL": server.url,
+            "CRATER_DATABASE_URL": database_url,
+            "CRATER_MIGRATE_ON_START": "false",
+            "CRATER_LOG_LEVEL": "WARNING",
+            "CRATER_CONSUMER_BATCH": str(config.consumer_batch),
+            # The simulated nodes send no heartbeats: without this a run longer than the
+            # default 30 s would see every node turn NotReady and place nothing.
+            "CRATER_SCHEDULER_HEARTBEAT_TIMEOUT_SECONDS": "86400",
+        }
+        scheduler = await asyncio.to_thread(spawn, "scheduler", data_dir, env, config.profile)
+        services.append(scheduler)
+        if config.path == "full":
+            services.append(await asyncio.to_thread(spawn, "predictor", data_dir, env, False))
+        publisher = Publisher(js)
+        console.print(f"publishing {len(topologies)} node topologies")
+        topology_seconds = await publish_fleet(publisher, topologies, scheduler)
+        console.print(f"  the scheduler knows them all after {topology_seconds:.1f} s")
+        tracker = Tracker(js)
+        await nc.subscribe(Subjects.ALLOCATION_GRANTED.subject, cb=tracker.on_granted)
+        await nc.subscribe(Subjects.TASK_REJECTED.subject, cb=tracker.on_rejected)
+        result = BenchResult(
+            path=config.path,
+            nodes=len(topologies),
+            database=database_url.split(":", 1)[0],
+            consumer_batch=config.consumer_batch,
+            raw_jetstream_per_second=round(raw, 1),
+            topology_seconds=round(topology_seconds, 2),
+        )
+        overall_before, _ = await asyncio.to_thread(scrape, scheduler.metrics_url)
+        if config.profile:
+            os.kill(scheduler.process.popen.pid, signal.SIGUSR1)  # the profile starts now
+        for stage, rate in enumerate(config.rates):
+            console.print(f"stage {stage + 1}/{len(config.rates)}: {rate:g} tasks/s offered")
+            outcome = await run_stage(
+                publisher, tracker, scheduler, rate, config, rng, pools, stage
+            )
+            result.stages.append(outcome)
+            console.print(
+                f"  {outcome.allocations_per_second:,.0f} allocations/s, latency p50 "
+                f"{outcome.latency_p50_ms} ms p99 {outcome.latency_p99_ms} ms, decision p99 "
+                f"<= {outcome.decision_p99_ms:g} ms, scheduler CPU "
+                f"{outcome.scheduler_cpu_ms_per_allocation:g} ms per allocation"
+            )
+            if not outcome.kept_up and not config.keep_going:
+                break  # saturated: a higher rate only grows the queue
+        overall_after, _ = await asyncio.to_thread(scrape, scheduler.metrics_url)
+        await asyncio.gather(*tracker.releases)
+        summarise(result, tracker, bucket_delta(overall_after, overall_before))
+        result.machine = (
+            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+        )
+        result.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
+        return result
+    finally:
+        if nc is not None:
+            await nc.close()
+        for service in reversed(services):
+            await asyncio.to_thread(stop_process, service.process)
+        server.stop()
+
+
+def summarise(result: BenchResult, tracker: Tracker, decisions: Buckets) -> None:
+    """The run's headline figures: the best stage's rate, latency over all stages."""
+    latencies = sorted(v * 1000 for v in tracker.latencies.values())
+    best = max(result.stages, key=lambda s: s.allocations_per_second, default=None)
+    result.sustained_allocations_per_second = best.allocations_per_second if best else 0.0
+    if best is not None:
+        result.scheduler_cpu_ms_per_allocation = best.scheduler_cpu_ms_per_allocation
+    result.ratio_to_raw = round(
+        result.sustained_allocations_per_second / result.raw_jetstream_per_second, 3
+    )
+    result.latency_p50_ms = round(percentile(latencies, 50), 2)
+    result.latency_p99_ms = round(percentile(latencies, 99), 2)
+    result.latency_p99_9_ms = round(percentile(latencies, 99.9), 2)
+    result.decision_p50_ms = histogram_quantile(decisions, 0.5) * 1000
+    result.decision_p99_ms = histogram_quantile(decisions, 0.99) * 1000
+    result.decision_p99_9_ms = histogram_quantile(decisions, 0.999) * 1000
+    result.rejected = tracker.rejected
+    result.ungranted = len(tracker.submitted) - len(tracker.latencies)
+
+
+def draw(result: BenchResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (rates, latency) = plt.subplots(1, 2, figsize=(12, 4.8))
+    offered = [s.offered_per_second for s in result.stages]
+    rates.plot(offered, [s.allocations_per_second for s in result.stages], "o-", label="Crater")
+    rates.plot(offered, offered, ":", color="0.6", label="offered")
+    rates.axhline(
+        result.raw_jetstream_per_second,
+        color="red",
+        linestyle="--",
+        label=f"raw JetStream {result.raw_jetstream_per_second:,.0f}/s",
+    )
+    rates.axhline(result.raw_jetstream_per_second / 2, color="red", linestyle=":", linewidth=0.8)
+    rates.set_xscale("log")
+    rates.set_yscale("log")
+    rates.set_xlabel("tasks offered per second")
+    rates.set_ylabel("allocations per second")
+    rates.set_title(
+        f"{result.path} path, {result.nodes:,} nodes, {result.database}: "
+        f"{result.sustained_allocations_per_second:,.0f}/s = {result.ratio_to_raw:.0%} of raw"
+    )
+    rates.legend(loc="lower right")
+    for label, values in (
+        ("submit-to-allocation p50", [s.latency_p50_ms for s in result.stages]),
+        ("submit-to-allocation p99", [s.latency_p99_ms for s in result.stages]),
+        ("submit-to-allocation p99.9", [s.latency_p99_9_ms for s in result.stages]),
+        ("decision p99 (bucket bound)", [s.decision_p99_ms for s in result.stages]),
+    ):
+        latency.plot(offered, values, "o-", label=label)
+    latency.set_xscale("log")
+    latency.set_yscale("log")
+    latency.set_xlabel("tasks offered per second")
+    latency.set_ylabel("ms")
+    latency.legend(loc="upper left")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def run(config: BenchConfig) -> None:
+    """One run of `config`: the result as JSON and PNG under its out_dir, the summary printed;
+    the scheduler's logs copied beside them if a task was not placed, its profile if asked."""
+    path, out_dir, profile = config.path, config.out_dir, config.profile
+    data_dir = Path(tempfile.mkdtemp(prefix="crater-bench-"))
+    try:
+        result = asyncio.run(bench_async(config, data_dir))
+        stem = out_dir / f"bench_{path}_{result.nodes}"
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{stem}.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+        draw(result, Path(f"{stem}.png"))
+        report(result, Path(f"{stem}.json"))
+        if result.ungranted or result.rejected:
+            for log in data_dir.glob("*.log"):  # to see why
+                shutil.copy(log, Path(f"{stem}.{log.name}"))
+            console.print(f"[yellow]some tasks were not placed: logs at {stem}.*.log[/yellow]")
+        if profile:
+            show_profile(data_dir / "scheduler.prof", Path(f"{stem}.prof.txt"))
+            with contextlib.suppress(OSError):  # kept for pstats or snakeviz
+                shutil.copy(data_dir / "scheduler.prof", Path(f"{stem}.prof"))
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def report(result: BenchResult, json_path: Path) -> None:
+    console.print(
+        f"[bold]{result.sustained_allocations_per_second:,.0f} allocations/s sustained[/bold] "
+        f"= {result.ratio_to_raw:.1%} of raw JetStream ({result.raw_jetstream_per_second:,.0f}"
+        f" msgs/s); submit-to-allocation p50 {result.latency_p50_ms} ms, p99 "
+        f"{result.latency_p99_ms} ms, p99.9 {result.latency_p99_9_ms} ms; decision time p50 <= "
+        f"{result.decision_p50_ms:g} ms, p99 <= {result.decision_p99_ms:g} ms, p99.9 <= "
+        f"{result.decision_p99_9_ms:g} ms; scheduler CPU "
+        f"{result.scheduler_cpu_ms_per_allocation:g} ms per allocation; "
+        f"{result.rejected} rejected, {result.ungranted} not placed"
+    )
+    console.print(f"written: {json_path} and {json_path.with_suffix('.png')}")
+
+
+def show_profile(profile_path: Path, out: Path, top: int = 40) -> None:
+    import io
+    import pstats
+
+    if not profile_path.exists():
+        console.print(f"[yellow]no profile written at {profile_path}[/yellow]")
+        return
+    text = io.StringIO()
+    pstats.Stats(str(profile_path), stream=text).sort_stats("cumulative").print_stats(top)
+    text.write("\n")
+    pstats.Stats(str(profile_path), stream=text).sort_stats("tottime").print_stats(top)
+    out.write_text(text.getvalue())
+    console.print(f"profile of the scheduler: {out}")
