@@ -4,13 +4,16 @@ refusal; an ASGI app serving /healthz and /metrics beside the consumers; a clean
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import uvicorn
 from faststream.asgi import AsgiFastStream, make_ping_asgi
+from faststream.exceptions import IncorrectState
 from faststream.nats import NatsBroker
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, make_asgi_app
@@ -28,6 +31,8 @@ from crater.runtime.settings import ServiceSettings
 from crater.runtime.telemetry import make_registry, make_tracer_provider
 
 Hook = Callable[[], Awaitable[None]]
+# What a NATS call raises when the server is away, the connection closed, or nobody answers.
+BUS_ERRORS = (nats.errors.Error, TimeoutError, IncorrectState)
 
 
 @dataclass
@@ -89,6 +94,37 @@ class Service:
             after_shutdown=list(self.after_shutdown),
             logger=logging.getLogger(f"crater.{self.name}"),
         )
+
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        """The same start and stop for an app of its own (the gateway's FastAPI) instead of
+        `asgi`: streams ensured, `on_startup`, the broker started, `after_startup`; on leaving,
+        `on_shutdown`, the broker drained (closed when NATS is away), traces flushed,
+        `after_shutdown`."""
+        await ensure_streams(self.settings.nats_url)
+        for hook in self.on_startup:
+            await hook()
+        await self.broker.start()
+        for hook in self.after_startup:
+            await hook()
+        try:
+            yield
+        finally:
+            for hook in self.on_shutdown:
+                await hook()
+            await stop_broker(self.broker)
+            self.tracer_provider.force_flush()
+            for hook in self.after_shutdown:
+                await hook()
+
+
+async def stop_broker(broker: NatsBroker) -> None:
+    """Drain and stop `broker`; when NATS is away there is nothing left to flush: just close."""
+    try:
+        await broker.stop()
+    except BUS_ERRORS:
+        with suppress(IncorrectState):
+            await broker.connection.close()
 
 
 def create_service(name: str, settings: ServiceSettings) -> Service:

@@ -24,18 +24,15 @@ once per attempt, counted in `crater_predictor_tasks_underutilized_total`.
 
 from __future__ import annotations
 
-import logging
-from contextlib import suppress
 from pathlib import Path
 
 from faststream.asgi import AsgiFastStream
-from prometheus_client import Counter, Gauge, Histogram
 from pydantic import Field
 
 from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
-    FieldError,
+    Event,
     NodeMetricsReported,
     PredictionAnswer,
     PredictionQuery,
@@ -43,28 +40,20 @@ from crater.contracts import (
     ResolveAnswer,
     ResolveQuery,
     Subjects,
-    TaskProfiled,
-    TaskRejected,
-    TaskRequest,
     TaskStatusReported,
     TaskSubmitted,
-    TaskUnderutilized,
     TaskUsageReported,
-    derived_event_id,
 )
 from crater.predictor.adapters.store import LearningStore
-from crater.predictor.domain.estimate import Assumptions, Correction, Refused, predict
-from crater.predictor.domain.estimate import family as model_family
-from crater.predictor.domain.learning import Rule, Track
-from crater.predictor.domain.resolve import request_for, resolve_job
+from crater.predictor.domain.estimate import Assumptions
+from crater.predictor.domain.learning import Rule
 from crater.predictor.domain.sla import SlaRule
+from crater.predictor.service_layer.handlers import PredictorHandlers, PredictorMetrics
 from crater.runtime.bus import durable, publish
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
 
 MIGRATIONS_DIR = Path(__file__).parent / "adapters" / "migrations"
-
-log = logging.getLogger("crater.predictor")
 
 
 class PredictorSettings(ServiceSettings):
@@ -144,238 +133,59 @@ class PredictorSettings(ServiceSettings):
         )
 
 
-class PredictorMetrics:
-    def __init__(self, service: Service) -> None:
-        registry = service.registry
-        self.predictions = Counter(
-            "crater_predictor_predictions",
-            "Tasks profiled, by confidence.",
-            ["confidence"],
-            registry=registry,
-        )
-        self.rejected = Counter(
-            "crater_predictor_rejected", "Tasks refused as absurd or unknown.", registry=registry
-        )
-        self.predicted_mb = Histogram(
-            "crater_predictor_gpu_memory_per_gpu_mb",
-            "Predicted peak GPU memory per card.",
-            buckets=(1024, 4096, 8192, 16384, 24576, 40960, 81920, 163840),
-            registry=registry,
-        )
-        self.mape = Gauge(
-            "crater_predictor_mape",
-            "Mean absolute percentage error of published peak predictions (0.1 = 10%).",
-            ["family", "task_type"],
-            registry=registry,
-        )
-        self.factor = Gauge(
-            "crater_predictor_correction_factor",
-            "Learned multiplier applied to the modelled peak.",
-            ["family", "task_type"],
-            registry=registry,
-        )
-        self.observations = Counter(
-            "crater_predictor_observations",
-            "Observed peaks folded into a correction.",
-            ["family", "task_type"],
-            registry=registry,
-        )
-        self.releases = Counter(
-            "crater_predictor_releases",
-            "Released allocations by what their readings taught (learned, shared, never-ran, "
-            "too-few-samples, saturated, uninformative, no-prediction).",
-            ["outcome"],
-            registry=registry,
-        )
-        self.duplicate_grants = Counter(
-            "crater_predictor_duplicate_grants",
-            "Grants repeating a known allocation id under a new event id (ignored).",
-            registry=registry,
-        )
-
-        self.usage_samples = Counter(
-            "crater_predictor_usage_samples",
-            "Tasks' own usage samples taken in (redeliveries not counted), by whether they "
-            "carried GPU readings.",
-            ["gpus"],
-            registry=registry,
-        )
-        self.underutilized = Counter(
-            "crater_predictor_tasks_underutilized",
-            "Attempts whose GPU utilisation stayed below their SLA minimum for a whole window.",
-            registry=registry,
-        )
-        self.utilization = Gauge(
-            "crater_predictor_task_gpu_utilization_percent",
-            "A running task's GPU utilisation, mean of its last whole window.",
-            ["task_id"],
-            registry=registry,
-        )
-
-    def show(self, family: str, task_type: str, track: Track) -> None:
-        if track.mape is not None:
-            self.mape.labels(family=family, task_type=task_type).set(track.mape)
-        self.factor.labels(family=family, task_type=task_type).set(track.factor)
-
-
 def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastStream]:
     settings = settings or PredictorSettings()
     service = create_service("predictor", settings)
-    metrics = PredictorMetrics(service)
-    assumptions, rule = settings.assumptions(), settings.rule()
+    rule = settings.rule()
     store = LearningStore(service.database(MIGRATIONS_DIR), rule, service.name, settings.sla())
     service.state = store
     broker, name, batch = service.broker, service.name, settings.consumer_batch
 
-    async def correction_for(request: TaskRequest) -> Correction | None:
-        """The learned correction a prediction of `request` applies now, if one applies."""
-        track = await store.track(model_family(request), request.task_type.value)
-        if not rule.applies(track):
-            return None
-        return Correction(rule.bounded(track.factor), track.samples, track.mape)
+    async def publish_event(event: Event) -> None:
+        await publish(broker, event)
+
+    handlers = PredictorHandlers(
+        store, PredictorMetrics(service), settings.assumptions(), rule, publish_event
+    )
 
     # Handlers name their message `event` (rejections report field paths below it).
     @durable(broker, Subjects.TASK_SUBMITTED, name, batch=batch)
     async def on_task_submitted(event: TaskSubmitted) -> None:
-        request = event.request()
-        try:
-            family = model_family(request)
-            prediction = predict(request, assumptions, await correction_for(request))
-        except Refused as refused:
-            metrics.rejected.inc()
-            # A refused body under the id of a task profiled before is not that task's end:
-            # a refused duplicate (the scheduler answers a valid one with the task's status).
-            duplicate = await store.predicted(request.task_id)
-            errors = refused.errors
-            if duplicate:
-                errors = [FieldError(field="task_id", reason=_profiled_before(request.task_id))]
-                errors += refused.errors
-            await publish(
-                broker,
-                TaskRejected(
-                    event_id=derived_event_id(event.event_id, "rejected"),
-                    task_id=request.task_id,
-                    errors=errors,
-                    duplicate=duplicate,
-                ),
-            )
-            return
-        metrics.predictions.labels(confidence=prediction.confidence.value).inc()
-        metrics.predicted_mb.observe(prediction.gpu_memory_per_gpu_mb)
-        learned = prediction.breakdown_mb.get("learned_correction", 0)
-        await store.record_prediction(
-            request.task_id,
-            family,
-            request.task_type.value,
-            raw_mb=prediction.gpu_memory_per_gpu_mb - learned,
-            predicted_mb=prediction.gpu_memory_per_gpu_mb,
-            min_gpu_utilization_percent=request.sla.min_gpu_utilization_percent,
-        )
-        await publish(
-            broker,
-            TaskProfiled(
-                event_id=derived_event_id(event.event_id, "profiled"),
-                task=request,
-                prediction=prediction,
-            ),
-        )
+        await handlers.task_submitted(event)
 
-    # Queries: what a submission would be predicted, what a job description resolves to.
-    # Nothing is recorded or counted: a dry run must not teach or skew anything.
     @broker.subscriber(QuerySubjects.PREDICTION, title="predictor-query-prediction")
     async def on_prediction_query(event: PredictionQuery) -> PredictionAnswer:
-        try:
-            correction = await correction_for(event.task)
-            return PredictionAnswer(prediction=predict(event.task, assumptions, correction))
-        except Refused as refused:
-            return PredictionAnswer(errors=refused.errors)
+        return await handlers.prediction_query(event)
 
     @broker.subscriber(QuerySubjects.RESOLVE, title="predictor-query-resolve")
     async def on_resolve_query(event: ResolveQuery) -> ResolveAnswer:
-        job = event.job
-        try:
-            # The family and task kind (hence the correction) do not depend on the sizes.
-            correction = await correction_for(request_for(job, "draft", 1, 1))
-            resolved = resolve_job(job, assumptions, correction)
-        except Refused as refused:
-            return ResolveAnswer(errors=refused.errors)
-        return ResolveAnswer(
-            task=resolved.task, prediction=resolved.prediction, explanation=resolved.explanation
-        )
+        return await handlers.resolve_query(event)
 
     @durable(broker, Subjects.ALLOCATION_GRANTED, name, batch=batch)
     async def on_allocation_granted(event: AllocationGranted) -> None:
-        if not await store.granted(event):
-            # recorded with its event id in the inbox, so this is counted and logged once
-            metrics.duplicate_grants.inc()
-            log.warning(
-                "allocation.granted %s repeats allocation %s (task %s): ignored",
-                event.event_id,
-                event.allocation_id,
-                event.task_id,
-            )
+        await handlers.allocation_granted(event)
 
     @durable(broker, Subjects.TASK_STATUS, name, batch=batch)
     async def on_task_status(event: TaskStatusReported) -> None:
-        await store.running(event)
+        await handlers.task_status(event)
 
     @durable(broker, Subjects.NODE_METRICS, name, batch=batch)
     async def on_node_metrics(event: NodeMetricsReported) -> None:
-        await store.observe(event)
-
-    async def publish_breach(breach: TaskUnderutilized) -> None:
-        await publish(broker, breach)
+        await handlers.node_metrics(event)
 
     # One sample at a time, in stream order: FastStream handles the messages of one pulled
     # batch concurrently, and a task's SLA window folds its samples in the order sent.
     @durable(broker, Subjects.TASK_USAGE, name, batch=1)
     async def on_task_usage(event: TaskUsageReported) -> None:
-        measured = await store.usage(event, publish_breach)
-        if measured is None:
-            return
-        metrics.usage_samples.labels(gpus="yes" if event.gpus else "no").inc()
-        if measured.measured is not None:
-            metrics.utilization.labels(task_id=measured.task_id).set(measured.measured)
-        breach = measured.breach
-        if breach is None:
-            return
-        metrics.underutilized.inc()  # after the commit: a redelivery is not counted again
-        log.warning(
-            "task %s attempt %s used its GPUs %.1f%% over %.0f s, below its SLA of %.1f%%",
-            breach.task_id,
-            breach.attempt,
-            breach.measured_gpu_utilization_percent,
-            breach.window_seconds,
-            breach.min_gpu_utilization_percent,
-        )
+        await handlers.task_usage(event)
 
     @durable(broker, Subjects.ALLOCATION_RELEASED, name, batch=batch)
     async def on_allocation_released(event: AllocationReleased) -> None:
-        with suppress(KeyError):  # no gauge: it never completed a window here
-            metrics.utilization.remove(event.task_id)
-        released = await store.released(event)
-        if released is None:
-            return
-        metrics.releases.labels(outcome=released.outcome.value).inc()
-        if released.key is not None and released.track is not None:
-            family, task_type = released.key
-            metrics.observations.labels(family=family, task_type=task_type).inc()
-            metrics.show(family, task_type, released.track)
+        await handlers.allocation_released(event)
 
-    async def show_learned() -> None:
-        for (family, task_type), track in (await store.tracks()).items():
-            metrics.show(family, task_type, track)
-
-    service.on_startup.append(show_learned)  # after the migrations (service.database)
+    service.on_startup.append(handlers.show_learned)  # after the migrations (service.database)
     app = service.asgi()
     return service, app
-
-
-def _profiled_before(task_id: str) -> str:
-    return (
-        f"task {task_id!r} was submitted and profiled before: a task id is used once; this "
-        f"submission is refused and {task_id!r} is unchanged: submit under a new task_id"
-    )
 
 
 def create_app() -> AsgiFastStream:

@@ -50,7 +50,7 @@ from crater.predictor.domain.learning import (
     overlaps,
 )
 from crater.predictor.domain.sla import SlaRule, Window, fold
-from crater.runtime.outbox import first_delivery
+from crater.runtime.unit_of_work import unit_of_work
 
 Key = tuple[str, str]  # (model family, task type)
 _UNDERUTILIZED_NAMESPACE = UUID("0b7d2c5e-61f4-4f4e-8f0e-4a3c9d1e7b25")
@@ -148,8 +148,9 @@ class LearningStore:
     async def granted(self, event: AllocationGranted) -> bool:
         """Record who holds which cards; False for an allocation id already recorded (a grant
         repeated under a new event id), which changes nothing."""
-        async with self.sessions() as session, session.begin():
-            if not await first_delivery(session, inbox, self.consumer, event.event_id):
+        async with unit_of_work(self.sessions, inbox, self.consumer, event.event_id) as work:
+            session = work.session
+            if not work.first:
                 return True  # this very event again: already handled
             known = await session.scalar(
                 select(allocations.c.allocation_id).where(
@@ -262,8 +263,9 @@ class LearningStore:
         """Keep a task's own sample: its peak card memory for learning at release, and its GPU
         utilisation in the attempt's SLA window. A breach is handed to `on_breach` before the
         commit, so a failed publish is retried with the sample. None for a redelivery."""
-        async with self.sessions() as session, session.begin():
-            if not await first_delivery(session, inbox, self.consumer, event.event_id):
+        async with unit_of_work(self.sessions, inbox, self.consumer, event.event_id) as work:
+            session = work.session
+            if not work.first:
                 return None
             allocation_id = event.allocation_id or await session.scalar(
                 select(allocations.c.allocation_id).where(
@@ -356,8 +358,9 @@ class LearningStore:
     async def released(self, event: AllocationReleased) -> Released | None:
         """Close the allocation and fold the task's own measured peak into its correction;
         None when the allocation is unknown or already closed (a redelivery)."""
-        async with self.sessions() as session, session.begin():
-            if not await first_delivery(session, inbox, self.consumer, event.event_id):
+        async with unit_of_work(self.sessions, inbox, self.consumer, event.event_id) as work:
+            session = work.session
+            if not work.first:
                 return None
             allocation = (
                 await session.execute(

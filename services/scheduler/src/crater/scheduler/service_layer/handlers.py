@@ -49,9 +49,9 @@ from crater.runtime.outbox import (
     OutboxRelay,
     TaskSequencer,
     first_deliveries,
-    first_delivery,
     stage,
 )
+from crater.runtime.unit_of_work import unit_of_work
 from crater.scheduler.adapters.orm import inbox, outbox
 from crater.scheduler.adapters.repository import SchedulerRepository
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
@@ -403,9 +403,13 @@ class SchedulerService:
         where each replica came from. A fleet keeps a template while any of its tasks is
         stored: the named template, else the service's latest task (`anti_affinity.group`),
         ended or not; with neither, each replica is refused naming the service and why."""
-        async with self.lock, self.sessions() as session, session.begin():
-            if not await first_delivery(session, inbox, consumer, event.event_id):
+        async with (
+            self.lock,
+            unit_of_work(self.sessions, inbox, consumer, event.event_id, outbox) as work,
+        ):
+            if not work.first:
                 return []
+            session = work.session
             repository = SchedulerRepository(session)
             named = event.template_task_id
             template = await repository.task_request(named) if named else None
@@ -451,7 +455,7 @@ class SchedulerService:
                     f"template {named!r} is not known" if named else "no template was named",
                 )
             staged = await self.sequencer.stamp(session, staged)
-            await stage(session, outbox, *staged)
+            await work.stage(*staged)
         self.relay.wake()
         return staged
 

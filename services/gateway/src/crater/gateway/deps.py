@@ -1,0 +1,39 @@
+"""The routes' FastAPI dependencies: what `build` put on the app's state. Async, so FastAPI
+calls them on the event loop, not in its thread pool."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from crater.gateway.bus import Bus
+from crater.gateway.settings import GatewaySettings
+from crater.gateway.submissions import Submissions
+from crater.runtime.service import Service
+
+
+async def service(request: Request) -> Service:
+    found: Service = request.app.state.service
+    return found
+
+
+async def settings(request: Request) -> GatewaySettings:
+    found: GatewaySettings = request.app.state.settings
+    return found
+
+
+async def bus(request: Request) -> Bus:
+    found: Bus = request.app.state.bus
+    return found
+
+
+async def submissions(request: Request) -> Submissions:
+    found: Submissions = request.app.state.submissions
+    return found
+
+
+ServiceDep = Annotated[Service, Depends(service)]
+SettingsDep = Annotated[GatewaySettings, Depends(settings)]
+BusDep = Annotated[Bus, Depends(bus)]
+SubmissionsDep = Annotated[Submissions, Depends(submissions)]

@@ -1,0 +1,15 @@
+"""The gateway's HTTP routes by resource, in the order the OpenAPI document lists them."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from crater.gateway.routes import allocations, nodes, ops, schedule, tasks
+
+ROUTERS: tuple[APIRouter, ...] = (
+    schedule.router,
+    nodes.router,
+    tasks.router,
+    allocations.router,
+    ops.router,
+)

@@ -1,0 +1,170 @@
+"""Submitting a task (or asking what a submission would do) and resolving a job description."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse
+from opentelemetry import trace
+
+from crater.contracts import FieldError, JobDescription, TaskRequest, TaskSubmitted
+from crater.contracts.queries import (
+    PlacementAnswer,
+    PlacementQuery,
+    PredictionAnswer,
+    PredictionQuery,
+    QuerySubjects,
+    ResolveAnswer,
+    ResolveQuery,
+    TaskPlacementAnswer,
+    TaskPlacementQuery,
+)
+from crater.gateway.bodies import BodyTooLarge, parse_task_request, read_limited, submission_id
+from crater.gateway.bus import Bus
+from crater.gateway.claims import body_digest
+from crater.gateway.deps import BusDep, SettingsDep, SubmissionsDep
+from crater.gateway.models import (
+    ANSWERS,
+    PREDICTOR_NOT_ANSWERING,
+    FieldErrors,
+    Problem,
+    ResolvedJob,
+    ScheduleAccepted,
+    TaskDryRun,
+    TaskKnown,
+    field_errors_response,
+    nats_unavailable,
+)
+from crater.runtime.service import BUS_ERRORS
+
+log = logging.getLogger("crater.gateway")
+
+router = APIRouter()
+
+
+async def dry_run_task(bus: Bus, request: TaskRequest) -> TaskDryRun | JSONResponse:
+    """Ask the predictor, then the scheduler with its prediction, what a submission of
+    `request` would do: the same two steps as the bus, publishing and claiming nothing."""
+    predicted = await bus.ask(
+        QuerySubjects.PREDICTION, PredictionQuery(task=request), PredictionAnswer, "predictor"
+    )
+    if isinstance(predicted, JSONResponse):
+        return predicted
+    if predicted.prediction is None:  # a submission would end task.rejected, these errors
+        return field_errors_response(422, predicted.errors)
+    query = TaskPlacementQuery(task=request, prediction=predicted.prediction)
+    placed = await bus.ask(QuerySubjects.TASK_PLACEMENT, query, TaskPlacementAnswer)
+    if isinstance(placed, JSONResponse):
+        return placed
+    return TaskDryRun(task_id=request.task_id, prediction=predicted.prediction, placement=placed)
+
+
+@router.post(
+    "/api/v1/schedule",
+    status_code=202,
+    response_model=ScheduleAccepted,
+    responses={
+        200: {
+            "model": TaskDryRun,
+            "description": "dry_run=true: what a submission would do; nothing submitted.",
+        },
+        503: {
+            "model": Problem,
+            "description": "NATS unavailable, or the task id is being submitted by another "
+            "request not yet confirmed (Retry-After); dry_run=true: the predictor or the "
+            "scheduler not answering.",
+        },
+        409: {
+            "model": TaskKnown,
+            "description": "The task id is known already (its status says how far it "
+            "got): a task id is used once, an ended task's too.",
+        },
+        413: {"model": FieldErrors, "description": "Body larger than max_body_bytes."},
+        422: {"model": FieldErrors, "description": "Every invalid field and why."},
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/TaskRequest"}}
+            },
+        }
+    },
+)
+async def schedule(
+    request: Request,
+    settings: SettingsDep,
+    bus: BusDep,
+    submissions: SubmissionsDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(max_length=256, description="Retries with the same key and body submit once."),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        Query(
+            description="Answer (200) what a submission would do: the prediction, the node "
+            "(every gang member's), or why it would wait or be rejected. Nothing is "
+            "submitted, the task id is not taken, nothing is reserved."
+        ),
+    ] = False,
+) -> ScheduleAccepted | JSONResponse:
+    try:
+        body = await read_limited(
+            request.stream(), settings.max_body_bytes, request.headers.get("content-length")
+        )
+    except BodyTooLarge as error:
+        return field_errors_response(413, [FieldError(field="body", reason=str(error))])
+    parsed = parse_task_request(body, settings.max_json_depth)
+    if not isinstance(parsed, TaskRequest):
+        return field_errors_response(422, parsed)
+
+    if dry_run:
+        answered = await dry_run_task(bus, parsed)
+        if isinstance(answered, JSONResponse):
+            return answered
+        # 200, not the route's 202: nothing was accepted.
+        return JSONResponse(status_code=200, content=answered.model_dump(mode="json"))
+    event = TaskSubmitted.from_request(parsed)
+    if idempotency_key:
+        event = event.model_copy(update={"event_id": submission_id(parsed, idempotency_key)})
+    trace.get_current_span().set_attribute("crater.task_id", parsed.task_id)
+    try:
+        return await submissions.submit(event, body_digest(parsed))
+    except BUS_ERRORS as error:
+        log.warning("could not submit task %s: %r", parsed.task_id, error)
+        return nats_unavailable(error)
+
+
+@router.post(
+    "/api/v1/schedule/dry-run",
+    response_model=PlacementAnswer,
+    responses={422: {"model": FieldErrors}, **ANSWERS},
+)
+async def dry_run(query: PlacementQuery, bus: BusDep) -> PlacementAnswer | JSONResponse:
+    """Where would these resources go, and why not elsewhere? Nothing is reserved."""
+    return await bus.ask(QuerySubjects.PLACEMENT, query, PlacementAnswer)
+
+
+@router.post(
+    "/api/v1/resolve",
+    response_model=ResolvedJob,
+    responses={
+        422: {"model": FieldErrors, "description": "Every invalid field and why."},
+        503: {"model": Problem, "description": PREDICTOR_NOT_ANSWERING},
+        502: {"model": Problem, "description": "The predictor's answer did not validate."},
+    },
+)
+async def resolve(job: JobDescription, bus: BusDep) -> ResolvedJob | JSONResponse:
+    """AllData's job description (framework, model size, data volume) turned into a full
+    task request by the predictor: POST its `task` to /api/v1/schedule as is."""
+    answer = await bus.ask(QuerySubjects.RESOLVE, ResolveQuery(job=job), ResolveAnswer, "predictor")
+    if isinstance(answer, JSONResponse):
+        return answer
+    if answer.task is None or answer.prediction is None:
+        return field_errors_response(422, answer.errors)
+    return ResolvedJob(
+        task=answer.task, prediction=answer.prediction, explanation=answer.explanation
+    )

@@ -1,0 +1,164 @@
+"""The tasks the scheduler knows, cancelling one, and a running task's usage samples."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from opentelemetry import trace
+
+from crater.contracts import FieldError, TaskStatus, TaskStatusReported, TaskUsageReported
+from crater.contracts.queries import QuerySubjects, TasksAnswer, TasksQuery, TaskSummary
+from crater.gateway.bodies import BodyTooLarge, parse_body, read_limited
+from crater.gateway.bus import Bus
+from crater.gateway.deps import BusDep, SettingsDep, SubmissionsDep
+from crater.gateway.models import (
+    ANSWERS,
+    CancelAccepted,
+    FieldErrors,
+    Problem,
+    UsageAccepted,
+    field_errors_response,
+    nats_unavailable,
+    problem,
+)
+from crater.runtime.service import BUS_ERRORS
+
+log = logging.getLogger("crater.gateway")
+
+router = APIRouter()
+
+
+@router.get(
+    "/api/v1/tasks",
+    response_model=TasksAnswer,
+    responses={422: {"model": FieldErrors}, **ANSWERS},
+)
+async def tasks(
+    bus: BusDep,
+    status: TaskStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+) -> TasksAnswer | JSONResponse:
+    return await bus.ask(QuerySubjects.TASKS, TasksQuery(status=status, limit=limit), TasksAnswer)
+
+
+async def known_task(bus: Bus, task_id: str) -> TaskSummary | JSONResponse:
+    """The scheduler's summary of `task_id`, or the 404 (or its not answering) as a response."""
+    answer = await bus.ask(QuerySubjects.TASKS, TasksQuery(task_id=task_id, limit=1), TasksAnswer)
+    if isinstance(answer, JSONResponse):
+        return answer
+    for summary in answer.tasks:
+        if summary.task_id == task_id:
+            return summary
+    return problem(404, f"task {task_id!r} is not known")
+
+
+@router.get(
+    "/api/v1/tasks/{task_id}",
+    response_model=TaskSummary,
+    responses={404: {"model": Problem}, **ANSWERS},
+)
+async def task(task_id: str, bus: BusDep) -> TaskSummary | JSONResponse:
+    return await known_task(bus, task_id)
+
+
+@router.post(
+    "/api/v1/tasks/{task_id}/cancel",
+    status_code=202,
+    response_model=CancelAccepted,
+    responses={
+        404: {"model": Problem, "description": "No such task was ever accepted."},
+        409: {"model": Problem, "description": "The task has ended already."},
+        **ANSWERS,
+    },
+)
+async def cancel(
+    task_id: str, bus: BusDep, submissions: SubmissionsDep
+) -> CancelAccepted | JSONResponse:
+    """Cancel a task: a waiting one leaves the queue, a placed or running one has its
+    resources released (reason `cancelled`); its status ends `cancelled`. A task accepted
+    but not yet known to the scheduler (still being profiled) is cancelled as it arrives
+    there, and is never placed."""
+    known = await known_task(bus, task_id)
+    previous: TaskStatus | Literal["submitted"]
+    if isinstance(known, TaskSummary):
+        if known.status.is_final:
+            return problem(409, f"task {task_id!r} has ended already: {known.status.value}")
+        previous = known.status
+    elif known.status_code != 404:
+        return known
+    else:
+        try:
+            if not await submissions.was_accepted(task_id):
+                return known
+        except BUS_ERRORS as error:
+            log.warning("could not look up task %s: %r", task_id, error)
+            return nats_unavailable(error)
+        previous = "submitted"
+    event = TaskStatusReported(
+        task_id=task_id, status=TaskStatus.CANCELLED, message="cancelled through the API"
+    )
+    trace.get_current_span().set_attribute("crater.task_id", task_id)
+    try:
+        await bus.publish(event)
+    except BUS_ERRORS as error:
+        log.warning("could not publish the cancel of %s: %r", task_id, error)
+        return nats_unavailable(error)
+    return CancelAccepted(task_id=task_id, event_id=event.event_id, previous=previous)
+
+
+router.add_api_route(
+    "/api/v1/tasks/{task_id}",
+    cancel,
+    methods=["DELETE"],
+    status_code=202,
+    response_model=CancelAccepted,
+    responses={404: {"model": Problem}, 409: {"model": Problem}, **ANSWERS},
+    summary="Cancel (same as POST /api/v1/tasks/{task_id}/cancel)",
+)
+
+
+@router.post(
+    "/api/v1/tasks/{task_id}/usage",
+    status_code=202,
+    response_model=UsageAccepted,
+    responses={
+        413: {"model": FieldErrors, "description": "Body larger than max_body_bytes."},
+        422: {"model": FieldErrors, "description": "Every invalid field and why."},
+        503: {"model": Problem, "description": "NATS unavailable."},
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/TaskUsageReported"}}
+            },
+        }
+    },
+)
+async def usage(
+    task_id: str, request: Request, settings: SettingsDep, bus: BusDep
+) -> UsageAccepted | JSONResponse:
+    """One sample of a running task's own use (crater_client.start_monitoring), published
+    as it is for the predictor. A retried POST keeps its event_id and is published once."""
+    try:
+        body = await read_limited(
+            request.stream(), settings.max_body_bytes, request.headers.get("content-length")
+        )
+    except BodyTooLarge as error:
+        return field_errors_response(413, [FieldError(field="body", reason=str(error))])
+    sample = parse_body(body, TaskUsageReported, settings.max_json_depth)
+    if not isinstance(sample, TaskUsageReported):
+        return field_errors_response(422, sample)
+    if sample.task_id != task_id:
+        reason = f"{sample.task_id!r} is not the task in the path, {task_id!r}"
+        return field_errors_response(422, [FieldError(field="task_id", reason=reason)])
+    trace.get_current_span().set_attribute("crater.task_id", task_id)
+    try:
+        await bus.publish(sample)
+    except BUS_ERRORS as error:
+        log.warning("could not publish a usage sample of %s: %r", task_id, error)
+        return nats_unavailable(error)
+    return UsageAccepted(task_id=task_id, event_id=sample.event_id)

@@ -1,0 +1,265 @@
+"""The predictor's consume -> decide -> commit: each consumed event or query, decided by the
+domain (estimate, learning, sla) and recorded through the store; app.py only subscribes them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Event,
+    FieldError,
+    NodeMetricsReported,
+    PredictionAnswer,
+    PredictionQuery,
+    ResolveAnswer,
+    ResolveQuery,
+    TaskProfiled,
+    TaskRejected,
+    TaskRequest,
+    TaskStatusReported,
+    TaskSubmitted,
+    TaskUnderutilized,
+    TaskUsageReported,
+    derived_event_id,
+)
+from crater.predictor.adapters.store import LearningStore
+from crater.predictor.domain.estimate import Assumptions, Correction, Refused, predict
+from crater.predictor.domain.estimate import family as model_family
+from crater.predictor.domain.learning import Rule, Track
+from crater.predictor.domain.resolve import request_for, resolve_job
+from crater.runtime.service import Service
+
+log = logging.getLogger("crater.predictor")
+
+Publish = Callable[[Event], Awaitable[None]]
+
+
+class PredictorMetrics:
+    def __init__(self, service: Service) -> None:
+        registry = service.registry
+        self.predictions = Counter(
+            "crater_predictor_predictions",
+            "Tasks profiled, by confidence.",
+            ["confidence"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "crater_predictor_rejected", "Tasks refused as absurd or unknown.", registry=registry
+        )
+        self.predicted_mb = Histogram(
+            "crater_predictor_gpu_memory_per_gpu_mb",
+            "Predicted peak GPU memory per card.",
+            buckets=(1024, 4096, 8192, 16384, 24576, 40960, 81920, 163840),
+            registry=registry,
+        )
+        self.mape = Gauge(
+            "crater_predictor_mape",
+            "Mean absolute percentage error of published peak predictions (0.1 = 10%).",
+            ["family", "task_type"],
+            registry=registry,
+        )
+        self.factor = Gauge(
+            "crater_predictor_correction_factor",
+            "Learned multiplier applied to the modelled peak.",
+            ["family", "task_type"],
+            registry=registry,
+        )
+        self.observations = Counter(
+            "crater_predictor_observations",
+            "Observed peaks folded into a correction.",
+            ["family", "task_type"],
+            registry=registry,
+        )
+        self.releases = Counter(
+            "crater_predictor_releases",
+            "Released allocations by what their readings taught (learned, shared, never-ran, "
+            "too-few-samples, saturated, uninformative, no-prediction).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.duplicate_grants = Counter(
+            "crater_predictor_duplicate_grants",
+            "Grants repeating a known allocation id under a new event id (ignored).",
+            registry=registry,
+        )
+
+        self.usage_samples = Counter(
+            "crater_predictor_usage_samples",
+            "Tasks' own usage samples taken in (redeliveries not counted), by whether they "
+            "carried GPU readings.",
+            ["gpus"],
+            registry=registry,
+        )
+        self.underutilized = Counter(
+            "crater_predictor_tasks_underutilized",
+            "Attempts whose GPU utilisation stayed below their SLA minimum for a whole window.",
+            registry=registry,
+        )
+        self.utilization = Gauge(
+            "crater_predictor_task_gpu_utilization_percent",
+            "A running task's GPU utilisation, mean of its last whole window.",
+            ["task_id"],
+            registry=registry,
+        )
+
+    def show(self, family: str, task_type: str, track: Track) -> None:
+        if track.mape is not None:
+            self.mape.labels(family=family, task_type=task_type).set(track.mape)
+        self.factor.labels(family=family, task_type=task_type).set(track.factor)
+
+
+class PredictorHandlers:
+    """What the predictor does with each message; `publish` puts an event on the bus."""
+
+    def __init__(
+        self,
+        store: LearningStore,
+        metrics: PredictorMetrics,
+        assumptions: Assumptions,
+        rule: Rule,
+        publish: Publish,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.assumptions = assumptions
+        self.rule = rule
+        self.publish = publish
+
+    async def correction_for(self, request: TaskRequest) -> Correction | None:
+        """The learned correction a prediction of `request` applies now, if one applies."""
+        track = await self.store.track(model_family(request), request.task_type.value)
+        if not self.rule.applies(track):
+            return None
+        return Correction(self.rule.bounded(track.factor), track.samples, track.mape)
+
+    async def task_submitted(self, event: TaskSubmitted) -> None:
+        request = event.request()
+        try:
+            family = model_family(request)
+            prediction = predict(request, self.assumptions, await self.correction_for(request))
+        except Refused as refused:
+            self.metrics.rejected.inc()
+            # A refused body under the id of a task profiled before is not that task's end:
+            # a refused duplicate (the scheduler answers a valid one with the task's status).
+            duplicate = await self.store.predicted(request.task_id)
+            errors = refused.errors
+            if duplicate:
+                errors = [FieldError(field="task_id", reason=_profiled_before(request.task_id))]
+                errors += refused.errors
+            await self.publish(
+                TaskRejected(
+                    event_id=derived_event_id(event.event_id, "rejected"),
+                    task_id=request.task_id,
+                    errors=errors,
+                    duplicate=duplicate,
+                ),
+            )
+            return
+        self.metrics.predictions.labels(confidence=prediction.confidence.value).inc()
+        self.metrics.predicted_mb.observe(prediction.gpu_memory_per_gpu_mb)
+        learned = prediction.breakdown_mb.get("learned_correction", 0)
+        await self.store.record_prediction(
+            request.task_id,
+            family,
+            request.task_type.value,
+            raw_mb=prediction.gpu_memory_per_gpu_mb - learned,
+            predicted_mb=prediction.gpu_memory_per_gpu_mb,
+            min_gpu_utilization_percent=request.sla.min_gpu_utilization_percent,
+        )
+        await self.publish(
+            TaskProfiled(
+                event_id=derived_event_id(event.event_id, "profiled"),
+                task=request,
+                prediction=prediction,
+            ),
+        )
+
+    # Queries: what a submission would be predicted, what a job description resolves to.
+    # Nothing is recorded or counted: a dry run must not teach or skew anything.
+    async def prediction_query(self, event: PredictionQuery) -> PredictionAnswer:
+        try:
+            correction = await self.correction_for(event.task)
+            return PredictionAnswer(prediction=predict(event.task, self.assumptions, correction))
+        except Refused as refused:
+            return PredictionAnswer(errors=refused.errors)
+
+    async def resolve_query(self, event: ResolveQuery) -> ResolveAnswer:
+        job = event.job
+        try:
+            # The family and task kind (hence the correction) do not depend on the sizes.
+            correction = await self.correction_for(request_for(job, "draft", 1, 1))
+            resolved = resolve_job(job, self.assumptions, correction)
+        except Refused as refused:
+            return ResolveAnswer(errors=refused.errors)
+        return ResolveAnswer(
+            task=resolved.task, prediction=resolved.prediction, explanation=resolved.explanation
+        )
+
+    async def allocation_granted(self, event: AllocationGranted) -> None:
+        if not await self.store.granted(event):
+            # recorded with its event id in the inbox, so this is counted and logged once
+            self.metrics.duplicate_grants.inc()
+            log.warning(
+                "allocation.granted %s repeats allocation %s (task %s): ignored",
+                event.event_id,
+                event.allocation_id,
+                event.task_id,
+            )
+
+    async def task_status(self, event: TaskStatusReported) -> None:
+        await self.store.running(event)
+
+    async def node_metrics(self, event: NodeMetricsReported) -> None:
+        await self.store.observe(event)
+
+    async def publish_breach(self, breach: TaskUnderutilized) -> None:
+        await self.publish(breach)
+
+    async def task_usage(self, event: TaskUsageReported) -> None:
+        measured = await self.store.usage(event, self.publish_breach)
+        if measured is None:
+            return
+        self.metrics.usage_samples.labels(gpus="yes" if event.gpus else "no").inc()
+        if measured.measured is not None:
+            self.metrics.utilization.labels(task_id=measured.task_id).set(measured.measured)
+        breach = measured.breach
+        if breach is None:
+            return
+        self.metrics.underutilized.inc()  # after the commit: a redelivery is not counted again
+        log.warning(
+            "task %s attempt %s used its GPUs %.1f%% over %.0f s, below its SLA of %.1f%%",
+            breach.task_id,
+            breach.attempt,
+            breach.measured_gpu_utilization_percent,
+            breach.window_seconds,
+            breach.min_gpu_utilization_percent,
+        )
+
+    async def allocation_released(self, event: AllocationReleased) -> None:
+        with suppress(KeyError):  # no gauge: it never completed a window here
+            self.metrics.utilization.remove(event.task_id)
+        released = await self.store.released(event)
+        if released is None:
+            return
+        self.metrics.releases.labels(outcome=released.outcome.value).inc()
+        if released.key is not None and released.track is not None:
+            family, task_type = released.key
+            self.metrics.observations.labels(family=family, task_type=task_type).inc()
+            self.metrics.show(family, task_type, released.track)
+
+    async def show_learned(self) -> None:
+        for (family, task_type), track in (await self.store.tracks()).items():
+            self.metrics.show(family, task_type, track)
+
+
+def _profiled_before(task_id: str) -> str:
+    return (
+        f"task {task_id!r} was submitted and profiled before: a task id is used once; this "
+        f"submission is refused and {task_id!r} is unchanged: submit under a new task_id"
+    )
