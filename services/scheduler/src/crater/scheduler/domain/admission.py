@@ -1,0 +1,218 @@
+"""A task arrives: refused (quota, or no node could ever hold it), placed, or queued with
+its reasons; and the dry run of a submission, decided the same way."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from crater.contracts import (
+    Event,
+    FieldError,
+    FilterReason,
+    MemberPlacement,
+    ResourcePrediction,
+    TaskEnded,
+    TaskPlacementAnswer,
+    TaskProfiled,
+    TaskRequest,
+    TaskStatus,
+)
+from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.events import (
+    ended,
+    rejected,
+)
+from crater.scheduler.domain.placer import Pick, Placer
+from crater.scheduler.domain.plugins import judged_field
+from crater.scheduler.domain.preemptor import Preemptor
+from crater.scheduler.domain.queue import (
+    members_per_node,
+)
+from crater.scheduler.domain.quotas import QUOTA_FIELDS
+from crater.scheduler.domain.reasons import Reasons
+from crater.scheduler.domain.state import (
+    PendingTask,
+    SchedulerState,
+)
+from crater.scheduler.domain.waitlist import Waitlist
+
+
+# Which request field a filter judges: named in a rejection.
+class Admission:
+    """Admits, refuses or queues an arriving task."""
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        placer: Placer,
+        waitlist: Waitlist,
+        reasons: Reasons,
+        preemptor: Preemptor,
+    ) -> None:
+        self.state = state
+        self.placer = placer
+        self.waitlist = waitlist
+        self.reasons = reasons
+        self.preemptor = preemptor
+
+    def on_profiled(self, event: TaskProfiled) -> list[Event]:
+        request = event.task
+        cancel = self.state.early_cancels.get(request.task_id)
+        if (
+            request.task_id in self.state.pending
+            or request.task_id in self.state.allocations
+            or cancel
+        ):
+            return []  # already known (or ended cancelled on arrival): a redelivery
+        seq = self.state.next_seq
+        self.state.next_seq += 1
+        if cancel is False:
+            return [self.cancelled_on_arrival(event)]
+        demand = Demand.of(request, event.prediction, self.state.config.prediction_margin)
+        task = PendingTask(request, event.prediction, demand, seq, submitted_at=event.occurred_at)
+        members = task.gang_size
+        errors = self.refusals(task)
+        if errors:
+            return [rejected(event, request.task_id, errors)]
+        self.state.cluster.workload.observe(demand)
+        avoid = self.waitlist.reserved_for(task)
+        granted = self.placer.try_place(task, event, avoid)
+        if granted:
+            return list(granted)
+        self.waitlist.enqueue(task)
+        over = self.state.quotas.blocking(request.tenant, demand, members)
+        found = None if over else self.placer.diagnose(task.filter_demand)
+        reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
+        decisions: list[Event] = self.reasons.announce(task, event, reasons, summary)
+        head = self.state.backfill.get(request.pool)
+        if not over and (
+            head is None
+            or head.task_id not in self.state.pending
+            or self.waitlist.order(task) < head.order
+        ):
+            self.waitlist.make_head(task)
+        return decisions + self.preemptor.preempt_for(task, event)
+
+    def refusals(self, task: PendingTask) -> list[FieldError]:
+        """Why `task` can never be placed (its tenant's quota, or no node of its pool could
+        ever hold it); [] when it could."""
+        request, members = task.request, task.gang_size
+        return [
+            FieldError(
+                field=QUOTA_FIELDS[resource],
+                reason=f"tenant {request.tenant!r} quota is {limit}; the task alone: {wanted:g}"
+                + (f" ({members} gang members)" if members > 1 else ""),
+            )
+            for resource, wanted, limit in self.state.quotas.never(
+                request.tenant, task.demand, members
+            )
+        ] or self.never_fits(task)
+
+    def cancelled_on_arrival(self, event: TaskProfiled) -> TaskEnded:
+        """A task cancelled while it was being profiled ends cancelled as it arrives: never
+        queued, never placed."""
+        task_id = event.task.task_id
+        self.state.early_cancels[task_id] = True
+        return ended(
+            task_id,
+            TaskStatus.CANCELLED,
+            "cancelled before the scheduler received it: never placed",
+            event,
+        )
+
+    def never_fits(self, task: PendingTask) -> list[FieldError]:
+        """Why no node of the task's pool could hold it even empty; [] when one could (or
+        when there are no nodes yet: they may still come). A gang: every member at once."""
+        demand = task.demand
+        if not len(self.state.cluster):
+            return []
+        in_pool = self.state.cluster.pool == demand.pool
+        if not in_pool.any():
+            pools = ", ".join(sorted(set(self.state.cluster.pool.tolist())))
+            return [FieldError(field="pool", reason=f"no node in pool {demand.pool!r} ({pools})")]
+        fits, reasons = self.placer.diagnose(demand, free=False, among=in_pool)
+        if not fits.any():
+            return [
+                FieldError(
+                    field=judged_field(r.filter),
+                    reason=f"no node in pool {demand.pool!r} can ever fit: {r.nodes} {r.message}",
+                )
+                for r in reasons
+            ]
+        members = task.gang_size
+        if members == 1:
+            return []
+        if task.same_node:
+            together, reasons = self.placer.diagnose(task.filter_demand, free=False, among=in_pool)
+            if together.any():
+                return []
+            detail = ", ".join(f"{r.nodes} {r.message}" for r in reasons)
+            return [
+                FieldError(
+                    field="gang_size",
+                    reason=f"no node in pool {demand.pool!r} can ever hold all {members} members "
+                    f"together (affinity.gpu same-node): {detail}",
+                )
+            ]
+        room = int(members_per_node(self.state.cluster, demand, np.flatnonzero(fits)).sum())
+        if room >= members:
+            return []
+        return [
+            FieldError(
+                field="gang_size",
+                reason=f"the nodes of pool {demand.pool!r} could hold at most {room} of the "
+                f"{members} members even empty",
+            )
+        ]
+
+    def dry_run_task(
+        self, request: TaskRequest, prediction: ResourcePrediction | None
+    ) -> TaskPlacementAnswer:
+        """What submitting `request` with `prediction` would do now, decided as
+        `on_profiled` decides it (refusals, quota, the pool's reserved head, every gang
+        member), without queueing, reserving or announcing anything."""
+        demand = Demand.of(request, prediction, self.state.config.prediction_margin)
+        task = PendingTask(request, prediction, demand, self.state.next_seq)
+        nodes = self.placer.dry_run(task.filter_demand)
+        errors = self.refusals(task)
+        picks: list[Pick] | None = None
+        reasons: list[FilterReason] = []
+        summary = nodes.summary
+        if not errors:
+            over = self.state.quotas.blocking(request.tenant, demand, task.gang_size)
+            avoid = self.waitlist.reserved_for(task)
+            found = None if over else self.placer.diagnose(task.filter_demand)
+            if found is not None:
+                picks = self.placer.choose(task, found[0], avoid)
+            if picks is None:
+                reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
+        outcome: Literal["placed", "waiting", "rejected"] = (
+            "rejected" if errors else "waiting" if picks is None else "placed"
+        )
+        if errors:
+            summary = "would be rejected: " + "; ".join(f"{e.field}: {e.reason}" for e in errors)
+        return TaskPlacementAnswer(
+            fits=nodes.fits,
+            misfits=nodes.misfits,
+            summary=summary,
+            outcome=outcome,
+            would_wait=outcome == "waiting",
+            members=[
+                MemberPlacement(
+                    member=member,
+                    node_id=node.name,
+                    score=round(score, 4),
+                    gpu_ids=list(selection.gpu_ids),
+                    cpu_cores=list(selection.cpu_cores),
+                    numa_node=selection.numa_node,
+                    mig_profile=selection.mig_profile,
+                )
+                for member, (node, selection, score, _) in enumerate(picks or [])
+            ],
+            reasons=reasons,
+            errors=errors,
+            gpu_memory_per_gpu_mb=demand.gpu_memory_mb,
+            gpu_memory_source=demand.gpu_memory_source,
+        )

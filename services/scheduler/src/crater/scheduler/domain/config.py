@@ -1,0 +1,86 @@
+"""The scheduler's settings: timeouts, quotas, pools and their pipelines, what tasks are
+handed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from crater.contracts import (
+    RESERVATION_TIMEOUT_MS_DEFAULT,
+    RestartPolicy,
+    TaskRequest,
+)
+from crater.scheduler.domain.cluster import (
+    NO_OVERCOMMIT,
+    Overcommit,
+)
+from crater.scheduler.domain.demand import PREDICTION_MARGIN
+from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
+from crater.scheduler.domain.pools import NEVER_RESTART, PoolPolicy
+from crater.scheduler.domain.quotas import Quota
+
+# How long a node may stay silent past its heartbeat timeout before what it holds is given
+# back (`node-lost`).
+NODE_LOST_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    pipeline: Pipeline = DEFAULT_PIPELINE
+    # how long a placement waits for its node's `running`, unless the task or its pool says
+    reservation_timeout_ms: int = RESERVATION_TIMEOUT_MS_DEFAULT
+    heartbeat_timeout_seconds: float = 30.0
+    token_secret: bytes = b"crater-development-only"
+    checkpoint_root: str = "/var/lib/crater/checkpoints"
+    quotas: dict[str, Quota] = field(default_factory=dict)
+    grace_period_seconds: int = 30
+    prediction_margin: float = PREDICTION_MARGIN
+    # per pool: its pipeline and over-commit; a pool not named uses `pipeline`, no over-commit
+    pools: dict[str, PoolPolicy] = field(default_factory=dict)
+    # a waiting task is announced (task.pending) when it starts waiting, then only when the
+    # kind of its reason has changed and held this long, and no oftener than this
+    pending_interval_seconds: float = 60.0
+    # a node silent this long past its heartbeat timeout is lost: its allocations go back
+    node_lost_seconds: float = NODE_LOST_SECONDS
+    # silence is judged on the heartbeats consumed: when they lag the other events by more
+    # than this (their consumer behind, NATS back after an outage), this far behind the clock
+    heartbeat_lag_seconds: float = 60.0
+    # an unconfirmed reservation expires once the node reports (task.status) consumed reach
+    # past its expiry; with none that recent, this much later (a quiet status stream)
+    confirmation_lag_seconds: float = 30.0
+    # the gateway's public URL, handed to tasks (CRATER_GATEWAY_URL); None: not handed
+    gateway_url: str | None = None
+    # A task whose launcher confirmed it with its token is failed when its `running` reports
+    # (heartbeats) stop for this long, unless the launcher set its own grace.
+    task_heartbeat_grace_seconds: float = 60.0
+    # Refuse every running/succeeded/failed report that does not carry its allocation's token
+    # (the simulated fleet and node agents then must send it); off: only the allocations a
+    # launcher confirmed with the token need it.
+    require_report_tokens: bool = False
+
+    def restart_for(self, request: TaskRequest) -> RestartPolicy:
+        """The task's own restart policy, else its pool's, else never."""
+        if request.restart_policy is not None:
+            return request.restart_policy
+        policy = self.pools.get(request.pool)
+        return NEVER_RESTART if policy is None else policy.restart
+
+    def reservation_for(self, request: TaskRequest | None) -> timedelta:
+        """The task's own reservation timeout, else its pool's, else the default."""
+        ms = self.reservation_timeout_ms
+        if request is not None:
+            policy = self.pools.get(request.pool)
+            if request.reservation_timeout_ms is not None:
+                ms = request.reservation_timeout_ms
+            elif policy is not None and policy.reservation_timeout_ms is not None:
+                ms = policy.reservation_timeout_ms
+        return timedelta(milliseconds=ms)
+
+    def pipeline_for(self, pool: str) -> Pipeline:
+        policy = self.pools.get(pool)
+        return self.pipeline if policy is None else policy.pipeline
+
+    def overcommit_for(self, pool: str) -> Overcommit:
+        policy = self.pools.get(pool)
+        return NO_OVERCOMMIT if policy is None else policy.overcommit

@@ -1,0 +1,105 @@
+"""The retry pass: the waiting tasks of the stale pools tried again in queue order, each
+placed, or told why it waits, made its pool's head, and given victims to preempt."""
+
+from __future__ import annotations
+
+from crater.contracts import (
+    Event,
+    FilterReason,
+)
+from crater.scheduler.domain.cluster import (
+    BoolArray,
+)
+from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.placer import Diagnosis, Placer
+from crater.scheduler.domain.preemptor import Preemptor
+from crater.scheduler.domain.queue import (
+    Backfill,
+)
+from crater.scheduler.domain.reasons import Reasons
+from crater.scheduler.domain.retries import RetryIndex
+from crater.scheduler.domain.state import (
+    SchedulerState,
+)
+from crater.scheduler.domain.waitlist import Waitlist
+
+
+class Cycle:
+    """Runs the retry pass."""
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        retries: RetryIndex,
+        placer: Placer,
+        waitlist: Waitlist,
+        reasons: Reasons,
+        preemptor: Preemptor,
+    ) -> None:
+        self.state = state
+        self.retries = retries
+        self.placer = placer
+        self.waitlist = waitlist
+        self.reasons = reasons
+        self.preemptor = preemptor
+
+    def retry_pending(self, cause: Event) -> list[Event]:
+        """Try the waiting tasks again, in queue order. Only those of stale pools: in any
+        other, nothing a task's decision reads has changed since its last try.
+
+        Within the pass, a task whose demand and reserved nodes equal those of one that found
+        no candidate node since the last grant finds none either: it takes that diagnosis
+        instead of running the filters again (nothing was ranked for it before either)."""
+        decisions: list[Event] = []
+        pools = self.retries.pools_to_retry()
+        self.state.stale_pools, self.state.ranked_pools = set(), set()
+        if pools is None:
+            self.state.backfill = {}
+        else:
+            for pool in pools:
+                self.state.backfill.pop(pool, None)
+        no_candidates: dict[tuple[Demand, Backfill | None], Diagnosis] = {}
+        # ... and, for such a task, why it waits: a function of the same, and of its gang
+        said: dict[tuple[Demand, Backfill | None, int, bool], tuple[list[FilterReason], str]] = {}
+        masks: dict[Backfill, BoolArray] = {}
+        for task in self.waitlist.queue(pools):
+            if task.request.task_id not in self.state.pending or task.not_before is not None:
+                continue  # placed or cancelled in this pass, or waiting out a backoff
+            head = self.waitlist.reserving_head(task)
+            avoid = None if head is None else masks.get(head)
+            if head is not None and avoid is None:
+                avoid = masks[head] = head.mask(self.state.cluster)
+            over = self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
+            found: Diagnosis | None = None
+            why: tuple[list[FilterReason], str] | None = None
+            if not over:
+                memo = (task.filter_demand, head)
+                found = no_candidates.get(memo)
+                if found is not None:
+                    why = said.get((*memo, task.gang_size, task.same_node))
+                    if why is None:
+                        why = said[(*memo, task.gang_size, task.same_node)] = (
+                            self.reasons.why_waiting(task, avoid, over, found)
+                        )
+                else:
+                    found = self.placer.diagnose(task.filter_demand)
+                    if (found[0] if avoid is None else found[0] & ~avoid).any():
+                        granted = self.placer.place(task, cause, found[0], avoid)
+                        if granted:
+                            del self.state.pending[task.request.task_id]
+                            decisions += granted
+                            no_candidates.clear()  # less is free now
+                            said.clear()
+                            continue
+                    else:
+                        no_candidates[memo] = found
+            reasons, summary = why or self.reasons.why_waiting(task, avoid, over, found)
+            decisions += self.reasons.announce(task, cause, reasons, summary)
+            pool = task.request.pool
+            if pool not in self.state.backfill and not over:
+                self.waitlist.make_head(task)
+            decisions += self.preemptor.preempt_for(task, cause)
+        # A pool where nodes were ranked would rank (and draw) again: retry it.
+        if self.state.stale_pools is not None:
+            self.state.stale_pools |= self.state.ranked_pools
+        return decisions

@@ -1,0 +1,220 @@
+"""Building the outgoing events: grants (with the task's environment and token), ends,
+rejections, and the ids every derived event takes from its cause."""
+
+from __future__ import annotations
+
+from crater.contracts import (
+    AllocationGranted,
+    Disk,
+    Event,
+    FieldError,
+    NodeTopology,
+    ReleaseReason,
+    ScoreDetail,
+    TaskEnded,
+    TaskRejected,
+    TaskStatus,
+    derived_event_id,
+)
+from crater.contracts.dataloader import dataloader_for_node
+from crater.scheduler.domain.cluster import (
+    Node,
+)
+from crater.scheduler.domain.config import SchedulerConfig
+from crater.scheduler.domain.placement import Selection
+from crater.scheduler.domain.state import Allocation, PendingTask, SchedulerState
+from crater.scheduler.domain.tokens import sign_token
+
+
+def ended(
+    task_id: str,
+    status: TaskStatus,
+    reason: str,
+    cause: Event,
+    attempt: int = 1,
+    allocation_id: str | None = None,
+    release_reason: ReleaseReason | None = None,
+) -> TaskEnded:
+    """The task's end: the one event AllData hears it from."""
+    return TaskEnded(
+        event_id=derived_event_id(cause.event_id, f"ended:{task_id}"),
+        occurred_at=cause.occurred_at,
+        task_id=task_id,
+        status=status,
+        reason=reason[:2048],
+        allocation_id=allocation_id,
+        release_reason=None if release_reason is None else release_reason.value,
+        attempt=attempt,
+    )
+
+
+def rejected(cause: Event, task_id: str, errors: list[FieldError]) -> TaskRejected:
+    return TaskRejected(
+        event_id=derived_event_id(cause.event_id, f"rejected:{task_id}"),
+        occurred_at=cause.occurred_at,
+        task_id=task_id,
+        errors=errors,
+    )
+
+
+def granted(
+    state: SchedulerState,
+    task: PendingTask,
+    node: Node,
+    selection: Selection,
+    allocation: Allocation,
+    score: float,
+    details: list[ScoreDetail],
+    cause: Event,
+) -> AllocationGranted:
+    """The grant of `allocation` (one gang member): where, what, the task's environment and
+    its reservation token, and why this node."""
+    request = task.request
+    size = task.gang_size
+    member = allocation.gang_index
+    allocation_id = allocation.allocation_id
+    expires = allocation.expires_at
+    event_id = derived_event_id(
+        cause.event_id,
+        f"granted:{request.task_id}" + (f":{member}" if member else "") + attempt_key(task.attempt),
+    )
+    checkpoint = checkpoint_path(state.config, node, request.task_id)
+    best = max(details, key=lambda d: d.score).plugin if details else "only fit"
+    gang = f"gang member {member + 1}/{size}; " if size > 1 else ""
+    token = sign_token(
+        state.config.token_secret, allocation_id, request.task_id, node.name, expires
+    )
+    env = environment(state, task, node, selection, allocation, checkpoint, token)
+    return AllocationGranted(
+        event_id=event_id,
+        occurred_at=cause.occurred_at,
+        allocation_id=allocation_id,
+        task_id=request.task_id,
+        node=node.name,
+        pool=request.pool,
+        tenant=request.tenant,
+        gpu_ids=list(selection.gpu_ids),
+        gpu_memory_mb=task.demand.gpu_memory_mb,
+        gpu_milli=allocation.gpu_milli,
+        mig_profile=selection.mig_profile,
+        cpu_cores=list(selection.cpu_cores),
+        numa_node=selection.numa_node,
+        memory_mb=task.demand.memory_mb,
+        checkpoint_path=checkpoint,
+        reservation_token=token,
+        reservation_expires_at=expires,
+        score=round(score, 4),
+        scores=details,
+        explanation=(
+            f"{gang}{node.name}: score {score:.3f} (strongest: {best}); "
+            f"GPU memory {task.demand.gpu_memory_mb} MiB per card "
+            f"({task.demand.gpu_memory_source}); NUMA {selection.numa_node}"
+        ),
+        environment=env,
+        gang_index=member,
+        gang_size=size,
+        attempt=task.attempt,
+    )
+
+
+def checkpoint_path(config: SchedulerConfig, node: Node, task_id: str) -> str:
+    """On the node's local NVMe when it has one, else under the configured root."""
+    ssd = local_ssd(node.topology)
+    if ssd is not None and ssd.nvme and ssd.mount_path:
+        return f"{ssd.mount_path.rstrip('/')}/crater/checkpoints/{task_id}"
+    return f"{config.checkpoint_root}/{task_id}"
+
+
+def environment(
+    state: SchedulerState,
+    task: PendingTask,
+    node: Node,
+    selection: Selection,
+    allocation: Allocation,
+    checkpoint: str,
+    token: str,
+) -> dict[str, str]:
+    """What the task is handed (TASK_ENVIRONMENT names and explains each variable), the
+    DataLoader figures fitted to this node: its local SSD, the cores and memory granted."""
+    request = task.request
+    ssd = local_ssd(node.topology)
+    predicted = task.prediction
+    wanted = (
+        None
+        if predicted is None
+        else (predicted.dataloader_num_workers, predicted.dataloader_prefetch_factor)
+    )
+    workers, prefetch = dataloader_for_node(
+        wanted,
+        len(selection.cpu_cores),
+        len(selection.gpu_ids),
+        allocation.memory_mb,
+        ssd,
+    )
+    env = {
+        "CRATER_TASK_ID": request.task_id,
+        "CRATER_ALLOCATION_ID": allocation.allocation_id,
+        "CRATER_ATTEMPT": str(allocation.attempt),
+        "CRATER_RESERVATION_TOKEN": token,
+        "CRATER_GPU_IDS": ",".join(map(str, selection.gpu_ids)),
+        # a count: AllData's scripts read int(os.getenv("CRATER_CPU_CORES"))
+        "CRATER_CPU_CORES": str(len(selection.cpu_cores)),
+        "CRATER_CPU_CORE_IDS": ",".join(map(str, selection.cpu_cores)),
+        "CRATER_NUMA_NODE": "" if selection.numa_node is None else str(selection.numa_node),
+        "CRATER_MEMORY_MB": str(allocation.memory_mb),
+        "CRATER_CHECKPOINT_PATH": checkpoint,
+        "CRATER_PRECISION": request.model_spec.precision.value,
+        "CRATER_DATALOADER_NUM_WORKERS": str(workers),
+        "CRATER_DATALOADER_PREFETCH_FACTOR": str(prefetch),
+    }
+    if ssd is not None and ssd.mount_path:
+        env["CRATER_SSD_PATH"] = ssd.mount_path
+    if selection.mig_profile is not None:
+        env["CRATER_MIG_PROFILE"] = selection.mig_profile
+    if task.gang_size > 1:
+        # rank 0 is granted first: its allocation is the task's own by now
+        leader = state.allocations[request.task_id].node
+        env["CRATER_GANG_RANK"] = str(allocation.gang_index)
+        env["CRATER_GANG_SIZE"] = str(task.gang_size)
+        env["CRATER_GANG_LEADER_NODE"] = leader
+        leader_node = state.cluster.get(leader)
+        if leader_node is not None:
+            env["CRATER_MASTER_ADDR"] = leader_node.topology.hostname
+    if state.config.gateway_url is not None:
+        env["CRATER_GATEWAY_URL"] = state.config.gateway_url
+    return env
+
+
+def local_ssd(topology: NodeTopology) -> Disk | None:
+    """The node's mounted local SSD a task reads its data from and checkpoints to: the
+    first NVMe drive, else the first other SSD; None: it has none."""
+    mounted = [d for d in topology.disks if d.mount_path and not d.rotational]
+    nvme = [d for d in mounted if d.nvme]
+    first = nvme or mounted
+    return first[0] if first else None
+
+
+def as_reported(reason: ReleaseReason, cause: Event) -> str:
+    """An end as a report told it: by the launcher (with the token) or the node, with the
+    exit code and the message it gave."""
+    launcher = getattr(cause, "reservation_token", None) is not None
+    why = f"{reason.value} as its {'launcher' if launcher else 'node'} reported"
+    code = getattr(cause, "exit_code", None)
+    if code is not None:
+        why += f" (exit code {code})"
+    reported = getattr(cause, "message", None)
+    if reported:
+        why += f": {reported}"
+    return why
+
+
+def attempt_key(attempt: int) -> str:
+    """An attempt's mark in derived event ids; the first attempt's ids are as they were."""
+    return f":a{attempt}" if attempt > 1 else ""
+
+
+def member_key(allocation: Allocation) -> str:
+    """A gang member's name in derived event ids; the first member keeps the task's own."""
+    index = allocation.gang_index
+    key = f"{allocation.task_id}:{index}" if index else allocation.task_id
+    return key + attempt_key(allocation.attempt)

@@ -1,0 +1,183 @@
+"""A task's attempts: reports that end one, scale-ins, and what follows an attempt's end
+(a retry by the restart policy, or the task's one `task.ended`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from crater.contracts import (
+    Event,
+    FilterReason,
+    ReleaseReason,
+    ReplicaReleaseRequested,
+    RestartOn,
+    RestartPolicy,
+    TaskPending,
+    TaskStatus,
+    TaskStatusReported,
+    derived_event_id,
+)
+from crater.scheduler.domain.events import (
+    as_reported,
+    ended,
+)
+from crater.scheduler.domain.ledger import Ledger
+from crater.scheduler.domain.reasons import kind_of
+from crater.scheduler.domain.retries import RetryIndex
+from crater.scheduler.domain.state import (
+    Allocation,
+    PendingTask,
+    SchedulerState,
+)
+from crater.scheduler.domain.waitlist import Waitlist
+
+# Which attempt endings a restart policy can retry, by how the attempt's resources went back.
+RESTART_ON = {
+    ReleaseReason.FAILED: RestartOn.FAILURE,
+    ReleaseReason.EXPIRED: RestartOn.FAILURE,
+    ReleaseReason.PREEMPTED: RestartOn.PREEMPTION,
+    ReleaseReason.NODE_LOST: RestartOn.NODE_LOST,
+}
+# What a task's end says when its last attempt ended so.
+END_STATUS = {
+    ReleaseReason.SUCCEEDED: TaskStatus.SUCCEEDED,
+    ReleaseReason.FAILED: TaskStatus.FAILED,
+    ReleaseReason.CANCELLED: TaskStatus.CANCELLED,
+    ReleaseReason.PREEMPTED: TaskStatus.FAILED,
+    ReleaseReason.EXPIRED: TaskStatus.FAILED,
+    ReleaseReason.NODE_LOST: TaskStatus.FAILED,
+    ReleaseReason.SCALED_IN: TaskStatus.CANCELLED,
+}
+END_REASON = {
+    ReleaseReason.EXPIRED: "its node never confirmed the reservation",
+    ReleaseReason.NODE_LOST: "its node stopped answering",
+    ReleaseReason.SCALED_IN: "the autoscaler removed this replica",
+}
+
+
+class Lifecycle:
+    """Ends attempts and retries or ends their tasks."""
+
+    def __init__(
+        self, state: SchedulerState, retries: RetryIndex, ledger: Ledger, waitlist: Waitlist
+    ) -> None:
+        self.state = state
+        self.retries = retries
+        self.ledger = ledger
+        self.waitlist = waitlist
+
+    def on_status(self, event: TaskStatusReported) -> list[Event]:
+        allocation = self.state.allocations.get(event.task_id)
+        if allocation is None:
+            waiting = self.state.pending.get(event.task_id)
+            if event.status is TaskStatus.CANCELLED and event.allocation_id is None:
+                if waiting is not None:  # cancelled before placed (or between attempts)
+                    del self.state.pending[event.task_id]
+                    self.retries.stale(waiting.request.pool)
+                    reason = event.message or "cancelled while waiting"
+                    return [
+                        ended(event.task_id, TaskStatus.CANCELLED, reason, event, waiting.attempt)
+                    ]
+                # Not here yet (still being profiled): it ends cancelled when it comes. (A
+                # report naming an allocation is about a task that was here and has ended.)
+                self.state.early_cancels.setdefault(event.task_id, False)
+            # Anything else is news of an attempt that is over: the task waits or has ended.
+            return []
+        members = allocation.members()
+        ids = {m.allocation_id for m in members}
+        if event.allocation_id not in (None, *ids):
+            return []  # news of an earlier allocation of the same task: not this one
+        if event.status is TaskStatus.RUNNING:
+            return []  # confirmed already (`Reservations.confirm`)
+        # Any member's end (or a cancel) ends the attempt: every member goes back.
+        if allocation.yield_by is not None and event.status is not TaskStatus.SUCCEEDED:
+            return self.attempt_over(allocation, ReleaseReason.PREEMPTED, event)
+        return self.attempt_over(allocation, ReleaseReason(event.status.value), event)
+
+    def on_release_requested(self, event: ReplicaReleaseRequested) -> list[Event]:
+        """A scaled-in replica, drained: its resources go back."""
+        allocation = self.state.allocations.get(event.task_id) if event.task_id else None
+        if allocation is None:
+            return []
+        return self.attempt_over(allocation, ReleaseReason.SCALED_IN, event)
+
+    def attempt_over(
+        self,
+        allocation: Allocation,
+        reason: ReleaseReason,
+        cause: Event,
+        why: str | None = None,
+    ) -> list[Event]:
+        """An attempt's resources go back (every member of a gang); then the task is retried,
+        as its restart policy says, or ends: exactly one `task.ended` per task."""
+        released: list[Event] = list(self.ledger.release(allocation, reason, cause))
+        task = allocation.task
+        attempt = allocation.attempt
+        if task is not None:
+            policy = self.state.config.restart_for(task.request)
+            on = RESTART_ON.get(reason)
+            if on is not None and on in policy.when and attempt < policy.max_attempts:
+                return [*released, self.retry(task, attempt + 1, reason, policy, cause)]
+        if why is not None:
+            pass
+        elif reason is ReleaseReason.PREEMPTED and allocation.yield_by is not None:
+            why = "it yielded its resources to a higher-priority task"
+        elif reason in (ReleaseReason.SUCCEEDED, ReleaseReason.FAILED, ReleaseReason.CANCELLED):
+            why = as_reported(reason, cause)
+        else:
+            why = END_REASON.get(reason, f"its attempt ended: {reason.value}")
+        if attempt > 1:
+            why += f" (attempt {attempt})"
+        return [
+            *released,
+            ended(
+                allocation.task_id,
+                END_STATUS[reason],
+                why,
+                cause,
+                attempt,
+                allocation_id=allocation.allocation_id,
+                release_reason=reason,
+            ),
+        ]
+
+    def retry(
+        self,
+        task: PendingTask,
+        attempt: int,
+        reason: ReleaseReason,
+        policy: RestartPolicy,
+        cause: Event,
+    ) -> TaskPending:
+        """Queue the task again for its next attempt, after the policy's backoff."""
+        now = self.state.clock or cause.occurred_at
+        backoff = policy.backoff_before(attempt)
+        retried = PendingTask(
+            task.request,
+            task.prediction,
+            task.demand,
+            task.seq,  # keeps its place in the queue
+            submitted_at=now,  # a queue-time SLA counts from the new wait
+            attempt=attempt,
+            not_before=now + timedelta(seconds=backoff) if backoff > 0 else None,
+        )
+        self.waitlist.enqueue(retried)
+        summary = (
+            f"attempt {attempt} of {policy.max_attempts} after the last ended {reason.value}"
+            + (f"; starts after a backoff of {backoff:g} s" if backoff > 0 else "")
+        )
+        reasons = [FilterReason(filter="RestartBackoff", code="Retrying", nodes=0, message=summary)]
+        task_id = task.request.task_id
+        retried.live_reasons = reasons
+        retried.last_summary = summary
+        retried.told_kinds = (kind_of(reasons),)
+        retried.announced_at = now
+        return TaskPending(
+            event_id=derived_event_id(cause.event_id, f"retry:{task_id}:{attempt}"),
+            occurred_at=cause.occurred_at,
+            task_id=task_id,
+            nodes_total=len(self.state.cluster),
+            reasons=reasons,
+            summary=summary,
+            attempt=attempt,
+        )

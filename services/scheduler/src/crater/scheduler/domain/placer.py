@@ -1,0 +1,327 @@
+"""The placer, the framework's filter and score runs: diagnose (one filter walk, shared with
+the dry run), rank, trial (every gang member on the state the previous ones leave), select,
+and grant."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from crater.contracts import (
+    AllocationGranted,
+    Event,
+    FilterReason,
+    NodeFit,
+    NodeMisfit,
+    PlacementAnswer,
+    ScoreDetail,
+    derived_event_id,
+)
+from crater.scheduler.domain.cluster import (
+    WHOLE,
+    BoolArray,
+    Node,
+)
+from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.events import (
+    attempt_key,
+    granted,
+)
+from crater.scheduler.domain.ledger import Ledger
+from crater.scheduler.domain.placement import Selection, select
+from crater.scheduler.domain.plugins import Filter
+from crater.scheduler.domain.quotas import Usage
+from crater.scheduler.domain.state import (
+    Allocation,
+    PendingTask,
+    SchedulerState,
+    hold,
+)
+
+# (node row, total score, per-plugin scores)
+Ranked = tuple[int, float, list[ScoreDetail]]
+# (nodes that pass every filter, why the others do not)
+Diagnosis = tuple[BoolArray, list[FilterReason]]
+# One member's node, devices, score and per-plugin scores.
+Pick = tuple[Node, Selection, float, list[ScoreDetail]]
+
+
+class RunsFilters(Protocol):
+    """Whoever the collaborators run the filters through (`Scheduler.diagnose`)."""
+
+    def diagnose(
+        self, demand: Demand, free: bool = True, among: BoolArray | None = None
+    ) -> Diagnosis: ...
+
+
+class Placer:
+    """Filters, ranks and picks nodes for a task, and grants them."""
+
+    def __init__(
+        self, state: SchedulerState, ledger: Ledger, owner: RunsFilters | None = None
+    ) -> None:
+        self.state = state
+        self.ledger = ledger
+        # Every collaborator runs the filters through `diagnose`: `run_filters` itself, or the
+        # owner's `diagnose` (the scheduler's, which a caller may wrap) when there is one.
+        self.owner = owner
+
+    def diagnose(
+        self, demand: Demand, free: bool = True, among: BoolArray | None = None
+    ) -> Diagnosis:
+        """The filters' verdict, through the owner when there is one."""
+        if self.owner is None:
+            return self.run_filters(demand, free, among)
+        return self.owner.diagnose(demand, free, among)
+
+    def walk_filters(
+        self, demand: Demand, free: bool = True, among: BoolArray | None = None
+    ) -> tuple[BoolArray, list[tuple[Filter, BoolArray, int]]]:
+        """Run the pool's filters in order (the framework's run-filters): the nodes that pass
+        every one, and each filter that excludes some, with the nodes it is the first to
+        exclude and how many. `diagnose` and `dry_run` both read this one walk."""
+        alive = np.ones(len(self.state.cluster), np.bool_) if among is None else among.copy()
+        excluded: list[tuple[Filter, BoolArray, int]] = []
+        for f in self.state.config.pipeline_for(demand.pool).filters:
+            passes = f.passes(self.state.cluster, demand, free)
+            out = alive & ~passes
+            count = int(np.count_nonzero(out))
+            if count:
+                excluded.append((f, out, count))
+            alive &= passes
+        return alive, excluded
+
+    def run_filters(
+        self, demand: Demand, free: bool = True, among: BoolArray | None = None
+    ) -> Diagnosis:
+        """Run the filters; each node is charged to the first filter that excludes it."""
+        alive, excluded = self.walk_filters(demand, free, among)
+        reasons = [
+            FilterReason(filter=f.name, code=f.code, nodes=count, message=f.explain(demand))
+            for f, _, count in excluded
+        ]
+        return alive, reasons
+
+    def rank(self, demand: Demand, candidates: BoolArray) -> Iterator[Ranked]:
+        """Candidates best first: weighted score, ties to the smallest node name. Lazy: the
+        per-plugin details are built only for the nodes a caller looks at (usually one)."""
+        idx = np.flatnonzero(candidates)
+        if not len(idx):
+            return
+        self.state.ranked_pools.add(demand.pool)
+        total = np.zeros(len(idx))
+        parts: list[tuple[str, npt.NDArray[np.float64]]] = []
+        for score in self.state.config.pipeline_for(demand.pool).scores:
+            values = np.clip(score.rate(self.state.cluster, demand, idx), 0.0, 1.0)
+            parts.append((score.name, values))
+            total += score.weight * values
+        total = np.round(total, 9)  # equal scores must compare equal on every machine
+        for k in np.lexsort((self.state.cluster.name_rank[idx], -total)):
+            details = [ScoreDetail(plugin=name, score=round(float(v[k]), 4)) for name, v in parts]
+            yield int(idx[k]), float(total[k]), details
+
+    def dry_run(self, demand: Demand) -> PlacementAnswer:
+        """Every node that fits, best first with its score and devices, and every node that
+        does not, with the first filter it fails. Changes nothing."""
+        alive, excluded = self.walk_filters(demand)
+        misfits: list[NodeMisfit] = []
+        for f, out, _ in excluded:
+            reason = f.explain(demand)
+            for row in np.flatnonzero(out):
+                misfits.append(
+                    NodeMisfit(
+                        node_id=self.state.cluster.nodes[row].name,
+                        filter=f.name,
+                        code=f.code,
+                        reason=reason,
+                    )
+                )
+        fits: list[NodeFit] = []
+        for i, score, details in self.rank(demand, alive):
+            node = self.state.cluster.nodes[i]
+            selection = select(node, demand)
+            if selection is None:
+                misfits.append(
+                    NodeMisfit(
+                        node_id=node.name,
+                        filter="Placement",
+                        code="NoLocalPlacement",
+                        reason="the GPUs and cores cannot be had together (NUMA)",
+                    )
+                )
+                continue
+            fits.append(
+                NodeFit(
+                    node_id=node.name,
+                    score=round(score, 4),
+                    scores=details,
+                    gpu_ids=list(selection.gpu_ids),
+                    cpu_cores=list(selection.cpu_cores),
+                    numa_node=selection.numa_node,
+                    mig_profile=selection.mig_profile,
+                )
+            )
+        counts: dict[str, int] = {}
+        for m in misfits:
+            counts[m.reason] = counts.get(m.reason, 0) + 1
+        detail = ", ".join(f"{n} {reason}" for reason, n in counts.items())
+        summary = f"{len(fits)}/{len(self.state.cluster)} nodes fit" + (
+            f"; {detail}" if detail else ""
+        )
+        misfits.sort(key=lambda m: m.node_id)
+        return PlacementAnswer(fits=fits, misfits=misfits, summary=summary)
+
+    def try_place(
+        self, task: PendingTask, cause: Event, avoid: BoolArray | None = None
+    ) -> list[AllocationGranted]:
+        """Place the task (every member of a gang, or none), off the `avoid` nodes."""
+        if self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size):
+            return []
+        fits, _ = self.diagnose(task.filter_demand)
+        return self.place(task, cause, fits, avoid)
+
+    def place(
+        self, task: PendingTask, cause: Event, fits: BoolArray, avoid: BoolArray | None
+    ) -> list[AllocationGranted]:
+        """`try_place` once the filters have passed `fits` (for `task.filter_demand`)."""
+        picks = self.choose(task, fits, avoid)
+        return [] if picks is None else self.grant_gang(task, picks, cause)
+
+    def choose(
+        self, task: PendingTask, fits: BoolArray, avoid: BoolArray | None
+    ) -> list[Pick] | None:
+        """Where every member would go (one pick per member), off the `avoid` nodes; None
+        when not all of them fit now. Changes nothing: a dry run asks this too."""
+        candidates = fits if avoid is None else fits & ~avoid
+        if task.gang_size == 1:
+            for i, score, details in self.rank(task.demand, candidates):
+                node = self.state.cluster.nodes[i]
+                selection = select(node, task.demand)
+                if selection is not None:
+                    return [(node, selection, score, details)]
+            return None
+        if task.same_node:
+            for i, score, details in self.rank(task.filter_demand, candidates):
+                node = self.state.cluster.nodes[i]
+                picks = self.trial(task, [(node, score, details)] * task.gang_size)
+                if picks is not None:
+                    return picks
+            return None
+        return self.trial(task, None, avoid)
+
+    def trial(
+        self,
+        task: PendingTask,
+        nodes: list[tuple[Node, float, list[ScoreDetail]]] | None,
+        avoid: BoolArray | None = None,
+    ) -> list[Pick] | None:
+        """Choose every member's devices in turn, each on the state the previous ones leave,
+        then put the state back: all of the members, or None. `nodes`: one per member (a
+        same-node gang); None: each member on the best node left for it."""
+        picks: list[Pick] = []
+        held: list[tuple[Node, Selection]] = []
+        milli = task.demand.gpu_milli or WHOLE
+        try:
+            for member in range(task.gang_size):
+                found: tuple[Node, Selection, float, list[ScoreDetail]] | None = None
+                if nodes is not None:
+                    node, score, details = nodes[member]
+                    selection = select(node, task.demand)
+                    found = None if selection is None else (node, selection, score, details)
+                else:
+                    candidates, _ = self.diagnose(task.demand)
+                    if avoid is not None:
+                        candidates &= ~avoid
+                    for i, score, details in self.rank(task.demand, candidates):
+                        selection = select(self.state.cluster.nodes[i], task.demand)
+                        if selection is not None:
+                            found = (self.state.cluster.nodes[i], selection, score, details)
+                            break
+                if found is None:
+                    return None
+                node, selection = found[0], found[1]
+                node.take(
+                    selection.gpu_ids,
+                    milli,
+                    selection.cpu_cores,
+                    task.demand.memory_mb,
+                    None,
+                    selection.mig_profile,
+                )
+                self.state.cluster.refresh(node.name)
+                held.append((node, selection))
+                picks.append(found)
+            return picks
+        finally:
+            for node, selection in reversed(held):
+                node.give_back(
+                    selection.gpu_ids,
+                    milli,
+                    selection.cpu_cores,
+                    task.demand.memory_mb,
+                    None,
+                    selection.mig_profile,
+                )
+                self.state.cluster.refresh(node.name)
+
+    def grant_gang(
+        self,
+        task: PendingTask,
+        picks: list[Pick],
+        cause: Event,
+    ) -> list[AllocationGranted]:
+        return [
+            self.grant(task, node, selection, score, details, cause, member)
+            for member, (node, selection, score, details) in enumerate(picks)
+        ]
+
+    def grant(
+        self,
+        task: PendingTask,
+        node: Node,
+        selection: Selection,
+        score: float,
+        details: list[ScoreDetail],
+        cause: Event,
+        member: int = 0,
+    ) -> AllocationGranted:
+        request = task.request
+        suffix = (f":{member}" if member else "") + attempt_key(task.attempt)
+        event_id = derived_event_id(cause.event_id, f"granted:{request.task_id}{suffix}")
+        allocation_id = f"alloc-{event_id.hex[:16]}"
+        now = self.state.clock or cause.occurred_at
+        expires = now + self.state.config.reservation_for(request)
+        allocation = Allocation(
+            allocation_id,
+            request.task_id,
+            node.name,
+            selection.gpu_ids,
+            selection.cpu_cores,
+            task.demand.memory_mb,
+            expires,
+            tenant=request.tenant,
+            usage=Usage.of(task.demand),
+            priority=task.priority,
+            preemptible=request.preemptible,
+            granted_seq=task.seq,
+            group=request.anti_affinity.group,
+            gpu_milli=task.demand.gpu_milli or WHOLE,
+            pool=request.pool,
+            gang_index=member,
+            mig_profile=selection.mig_profile,
+            armed=False,  # until the grant is read back from the stream
+            attempt=task.attempt,
+            task=task,
+        )
+        self.ledger.take(allocation)
+        hold(node, allocation)
+        self.state.cluster.refresh(node.name)
+        if member:
+            self.state.allocations[request.task_id].peers.append(allocation)
+        else:
+            self.state.allocations[request.task_id] = allocation
+            self.ledger.count_preemptible(allocation, +1)
+        return granted(self.state, task, node, selection, allocation, score, details, cause)

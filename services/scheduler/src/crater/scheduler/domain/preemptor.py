@@ -1,0 +1,115 @@
+"""The preemptor: lower-priority preemptible tasks asked to yield so a waiting task fits
+(the victims chosen by `preemption.plan`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+
+from crater.contracts import (
+    PRIORITY_MAX,
+    Event,
+    TaskPreempted,
+    derived_event_id,
+)
+from crater.scheduler.domain.events import (
+    member_key,
+)
+from crater.scheduler.domain.ledger import Ledger
+from crater.scheduler.domain.placer import Placer
+from crater.scheduler.domain.preemption import Candidate, plan, plan_gang
+from crater.scheduler.domain.retries import RetryIndex
+from crater.scheduler.domain.state import (
+    Allocation,
+    PendingTask,
+    SchedulerState,
+)
+
+
+class Preemptor:
+    """Chooses victims for a waiting task and tells them to yield."""
+
+    def __init__(
+        self, state: SchedulerState, retries: RetryIndex, ledger: Ledger, placer: Placer
+    ) -> None:
+        self.state = state
+        self.retries = retries
+        self.ledger = ledger
+        self.placer = placer
+
+    def preempt_for(self, task: PendingTask, cause: Event) -> list[Event]:
+        """Ask lower-priority preemptible tasks to yield so `task` fits; they get a grace
+        period to checkpoint, then their resources go back (see `Reservations.expire_reservations`).
+        A gang preempts all or nothing: only victims that make room for every member."""
+        mine = task.priority
+        if (
+            task.nominated
+            or not any(p < mine for p in self.state.preemptible)  # nobody ranks below it
+            or self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
+        ):
+            return []
+        owners: dict[str, Allocation] = {}
+        candidates: list[Candidate] = []
+        for head in self.state.allocations.values():
+            if not head.preemptible or head.priority >= mine or head.yield_by is not None:
+                continue
+            for a in head.members():
+                owners[a.allocation_id] = head
+                candidates.append(
+                    Candidate(
+                        a.allocation_id,
+                        a.node,
+                        a.gpu_ids,
+                        a.gpu_milli,
+                        a.cpu_cores,
+                        a.memory_mb,
+                        PRIORITY_MAX - a.priority,
+                        a.granted_seq,
+                        a.mig_profile,
+                        a.task_id,
+                    )
+                )
+        if not candidates:
+            return []
+        # Nodes the task could use if they were emptier: every filter but free amounts.
+        fits_empty, _ = self.placer.diagnose(task.filter_demand, free=False)
+        ready = fits_empty & self.state.cluster.ready
+        nodes = [self.state.cluster.nodes[i] for i in np.flatnonzero(ready)]
+        if task.gang_size > 1 and not task.same_node:
+            fits_now, _ = self.placer.diagnose(task.demand)
+            roomy = {self.state.cluster.nodes[i].name for i in np.flatnonzero(fits_now & ready)}
+            chosen = plan_gang(nodes, task.demand, candidates, task.gang_size, roomy)
+        else:
+            chosen = plan(nodes, task.demand, candidates, task.gang_size)
+        if chosen is None:
+            return []
+        task.nominated = chosen.nodes
+        self.retries.stale(task.request.pool)
+        now = self.state.clock or cause.occurred_at
+        grace = self.state.config.grace_period_seconds
+        must_stop_by = now + timedelta(seconds=grace)
+        decisions: list[Event] = []
+        victims = {owners[v.allocation_id].task_id: owners[v.allocation_id] for v in chosen.victims}
+        for victim in victims.values():
+            self.ledger.count_preemptible(victim, -1)
+            self.retries.stale(victim.pool)
+            for member in victim.members():  # a gang yields whole
+                member.yield_by = must_stop_by
+                if self.state.expiry_floor is not None:
+                    self.state.expiry_floor = min(self.state.expiry_floor, must_stop_by)
+                decisions.append(
+                    TaskPreempted(
+                        event_id=derived_event_id(
+                            cause.event_id, f"preempted:{member_key(member)}"
+                        ),
+                        occurred_at=cause.occurred_at,
+                        task_id=member.task_id,
+                        allocation_id=member.allocation_id,
+                        node=member.node,
+                        preempted_by=task.request.task_id,
+                        grace_period_seconds=grace,
+                        must_stop_by=must_stop_by,
+                    )
+                )
+        return decisions

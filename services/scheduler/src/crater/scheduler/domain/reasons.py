@@ -1,0 +1,137 @@
+"""Why a task waits, per filter, and telling AllData (`task.pending`) when the kind of
+reason changes."""
+
+from __future__ import annotations
+
+import heapq
+from datetime import timedelta
+
+import numpy as np
+
+from crater.contracts import (
+    Event,
+    FilterReason,
+    TaskPending,
+    derived_event_id,
+)
+from crater.scheduler.domain.cluster import (
+    BoolArray,
+)
+from crater.scheduler.domain.events import (
+    attempt_key,
+)
+from crater.scheduler.domain.placer import Diagnosis, Placer
+from crater.scheduler.domain.state import (
+    PendingTask,
+    SchedulerState,
+)
+
+# Filters whose verdict is only where the task may go now, not what it needs: a change among
+# them alone is not a new kind of reason to wait (backfill comes and goes with the queue).
+TRANSIENT_FILTERS = frozenset({"Backfill"})
+
+
+class Reasons:
+    """Builds the pending reasons of a task and announces them."""
+
+    def __init__(self, state: SchedulerState, placer: Placer) -> None:
+        self.state = state
+        self.placer = placer
+
+    def why_waiting(
+        self,
+        task: PendingTask,
+        avoid: BoolArray | None,
+        over: list[tuple[str, float, int]],
+        found: Diagnosis | None,
+    ) -> tuple[list[FilterReason], str]:
+        """Why `task` waits, per filter, and the one-line summary. `over`: the quota limits
+        it passes; `found`: the filters' verdict on `task.filter_demand` (None when `over`:
+        the quota is the reason then)."""
+        total = len(self.state.cluster)
+        fits: BoolArray | None = None
+        if over:
+            reasons = [
+                FilterReason(
+                    filter="TenantQuota",
+                    code="QuotaExceeded",
+                    nodes=total,
+                    message=(
+                        f"tenant {task.request.tenant!r} quota: "
+                        + ", ".join(
+                            f"{resource} {wanted:g} > {limit}" for resource, wanted, limit in over
+                        )
+                    ),
+                )
+            ]
+        else:
+            fits, reasons = found or self.placer.diagnose(task.filter_demand)
+        if fits is not None and avoid is not None and (kept := int(np.count_nonzero(fits & avoid))):
+            head = self.state.backfill[task.request.pool].task_id
+            reasons = [
+                *reasons,
+                FilterReason(
+                    filter="Backfill",
+                    code="ReservedForWaitingTask",
+                    nodes=kept,
+                    message=f"kept for {head}, waiting ahead of it",
+                ),
+            ]
+        members = task.gang_size
+        if reasons:
+            detail = ", ".join(f"{r.nodes} {r.message}" for r in reasons)
+        elif total and members > 1:
+            detail = f"fewer than the {members} gang members fit at once"
+        elif total:
+            detail = "no node has the GPUs and CPU cores together on one NUMA node"
+        else:
+            detail = "no nodes yet"
+        if members > 1 and not task.same_node and fits is not None:
+            room = int(np.count_nonzero(fits if avoid is None else fits & ~avoid))
+            summary = f"{room}/{total} nodes can take a member, {members} needed at once: {detail}"
+        else:
+            summary = f"0/{total} nodes available: {detail}"
+        return reasons, summary
+
+    def announce(
+        self, task: PendingTask, cause: Event, reasons: list[FilterReason], summary: str
+    ) -> list[Event]:
+        """Keep why `task` waits (queryable at any time), and tell AllData (task.pending) when
+        it starts waiting, or when the kind of reason (which filters hold it) has changed and
+        the new kind has held for the pending interval, no oftener than that interval. Node
+        counts moving inside one kind are not news: announcing them sent hundreds a second."""
+        task.live_reasons = reasons
+        task.last_summary = summary
+        now = self.state.clock or cause.occurred_at
+        kind = kind_of(reasons)
+        if task.told_kinds and task.announced_at is not None:
+            if kind in task.told_kinds:  # as announced, or back to a kind told before
+                task.seen_kind = task.kind_since = None
+                return []
+            interval = timedelta(seconds=self.state.config.pending_interval_seconds)
+            if kind != task.seen_kind or task.kind_since is None:
+                task.seen_kind, task.kind_since = kind, now
+                due = max(task.kind_since, task.announced_at) + interval
+                heapq.heappush(self.state.announcements, (due, task.seq, task.request.task_id))
+            if now - task.kind_since < interval or now - task.announced_at < interval:
+                return []
+        task.told_kinds, task.announced_at = (*task.told_kinds, kind), now
+        task.seen_kind = task.kind_since = None
+        return [
+            TaskPending(
+                event_id=derived_event_id(
+                    cause.event_id, f"pending:{task.request.task_id}{attempt_key(task.attempt)}"
+                ),
+                occurred_at=cause.occurred_at,
+                task_id=task.request.task_id,
+                nodes_total=len(self.state.cluster),
+                reasons=reasons,
+                summary=summary,
+                attempt=task.attempt,
+            )
+        ]
+
+
+def kind_of(reasons: list[FilterReason]) -> frozenset[str]:
+    """The kind of a wait: which filters hold the task, whatever their node counts."""
+    return frozenset(r.filter for r in reasons if r.filter not in TRANSIENT_FILTERS)

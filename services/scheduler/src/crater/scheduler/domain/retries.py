@@ -1,0 +1,83 @@
+"""The retry index: which pools' waiting tasks may now decide otherwise (stale pools, and
+the ones where nodes were ranked), and the backoffs and announcements that come due: what a
+retry pass may skip, like kube-scheduler's per-cycle state."""
+
+from __future__ import annotations
+
+import heapq
+from datetime import datetime
+
+from crater.scheduler.domain.plugins import Pipeline
+from crater.scheduler.domain.state import (
+    SchedulerState,
+)
+
+
+class RetryIndex:
+    """Marks pools stale and says which to retry."""
+
+    def __init__(self, state: SchedulerState) -> None:
+        self.state = state
+
+    def announcements_due(self, now: datetime) -> bool:
+        """Pools with a waiting task whose new kind of reason may now be announced are
+        retried: True if any."""
+        due = False
+        while self.state.announcements and self.state.announcements[0][0] <= now:
+            _, _, task_id = heapq.heappop(self.state.announcements)
+            task = self.state.pending.get(task_id)
+            if task is not None and task.kind_since is not None:
+                self.stale(task.request.pool)
+                due = True
+        return due
+
+    def end_backoffs(self, now: datetime) -> bool:
+        """Retried attempts whose backoff is over may be placed again: True if any."""
+        woke = False
+        while self.state.backoffs and self.state.backoffs[0][0] <= now:
+            _, _, task_id = heapq.heappop(self.state.backoffs)
+            task = self.state.pending.get(task_id)
+            if task is not None and task.not_before is not None and task.not_before <= now:
+                task.not_before = None
+                self.stale(task.request.pool)
+                woke = True
+        return woke
+
+    def pools_to_retry(self) -> set[str] | None:
+        """The stale pools, with every pool where a tenant with a quota waits that also waits
+        in one of them (a grant to it in one pool changes what it may take in the others);
+        None: every pool."""
+        if self.state.stale_pools is None or not self.state.pools_independent:
+            return None
+        pools = set(self.state.stale_pools)
+        limited = [
+            t for t in self.state.pending.values() if t.request.tenant in self.state.quotas.limits
+        ]
+        grown = True
+        while grown:
+            tenants = {t.request.tenant for t in limited if t.request.pool in pools}
+            linked = {t.request.pool for t in limited if t.request.tenant in tenants}
+            grown = not linked <= pools
+            pools |= linked
+        return pools
+
+    def stale(self, pool: str) -> None:
+        """Something a waiting task of `pool` reads has changed: retry the pool."""
+        if self.state.stale_pools is not None:
+            self.state.stale_pools.add(pool)
+
+    def tenant_changed(self, tenant: str) -> None:
+        """A tenant's holdings changed: with a quota, its tasks in every pool may now wait
+        (or fit) otherwise."""
+        if tenant in self.state.quotas.limits and self.state.stale_pools is not None:
+            self.state.stale_pools.update(
+                t.request.pool for t in self.state.pending.values() if t.request.tenant == tenant
+            )
+
+
+def pool_filtered_first(pipeline: Pipeline) -> bool:
+    """Whether `pipeline` excludes other pools' nodes before any filter that reads free
+    amounts (only readiness may come first): its reasons for a task then change only with
+    its own pool's nodes, readiness and the node count."""
+    names = [f.name for f in pipeline.filters]
+    return "Pool" in names and set(names[: names.index("Pool")]) <= {"NodeReady"}

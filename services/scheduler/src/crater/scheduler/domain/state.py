@@ -1,0 +1,213 @@
+"""The cluster state the core's collaborators share: the waiting tasks, the allocations held,
+the clocks, the queue's and the retries' bookkeeping; what one waiting task and one held
+allocation are."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from crater.contracts import (
+    FilterReason,
+    ResourcePrediction,
+    TaskRequest,
+    priority_value,
+)
+from crater.scheduler.domain.cluster import (
+    WHOLE,
+    ClusterArrays,
+    Node,
+)
+from crater.scheduler.domain.config import SchedulerConfig
+from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.queue import (
+    Backfill,
+    QueueKey,
+    escalated_priority,
+    gang_demand,
+)
+from crater.scheduler.domain.quotas import Quotas, Usage
+
+
+@dataclass
+class PendingTask:
+    request: TaskRequest
+    prediction: ResourcePrediction | None
+    demand: Demand  # what each gang member needs (the task itself when not a gang)
+    seq: int
+    last_summary: str | None = None
+    # where victims are yielding for it (a gang's: every node where some yield), by name
+    nominated: tuple[str, ...] = ()
+    submitted_at: datetime | None = None  # the queue-time SLA counts from here
+    escalated: bool = False  # waited past sla.max_queue_time_seconds
+    attempt: int = 1  # restart policy: which attempt waits
+    not_before: datetime | None = None  # a retried attempt waits out its backoff until then
+    # The kinds of reason (filters) AllData was told of this wait, the latest last, and when
+    # the latest was; and a new kind seen since `kind_since`, announced once it has held for
+    # the interval. A kind told before is no news when the wait goes back to it.
+    told_kinds: tuple[frozenset[str], ...] = ()
+    announced_at: datetime | None = None
+    seen_kind: frozenset[str] | None = None
+    kind_since: datetime | None = None
+    live_reasons: list[FilterReason] = field(default_factory=list)
+
+    @property
+    def announced_kind(self) -> frozenset[str] | None:
+        """The kind of reason AllData heard last; None before the first `task.pending`."""
+        return self.told_kinds[-1] if self.told_kinds else None
+
+    @property
+    def priority(self) -> int:
+        """On the 0..1000 scale, larger first; an escalated task ranks one class higher."""
+        base = priority_value(self.request.priority)
+        return escalated_priority(base) if self.escalated else base
+
+    @property
+    def gang_size(self) -> int:
+        return self.request.gang_size
+
+    @property
+    def nominated_node(self) -> str | None:
+        """The first node victims are yielding on for it, if any."""
+        return self.nominated[0] if self.nominated else None
+
+    @property
+    def same_node(self) -> bool:
+        """A gang asked to sit on one node (`affinity.gpu: same-node`)."""
+        return self.request.gang_size > 1 and self.request.affinity.gpu == "same-node"
+
+    @property
+    def filter_demand(self) -> Demand:
+        """What one node must offer: a same-node gang's members together, else one member."""
+        return gang_demand(self.demand, self.gang_size) if self.same_node else self.demand
+
+
+@dataclass
+class Allocation:
+    allocation_id: str
+    task_id: str
+    node: str
+    gpu_ids: tuple[int, ...]
+    cpu_cores: tuple[int, ...]
+    memory_mb: int
+    expires_at: datetime
+    gpu_milli: int = WHOLE
+    running: bool = False
+    tenant: str = "default"
+    usage: Usage = field(default_factory=Usage)  # this member's own
+    priority: int = 500  # 0..1000, larger first
+    preemptible: bool = False
+    granted_seq: int = 0
+    yield_by: datetime | None = None  # preempted: released at this time at the latest
+    group: str | None = None  # anti-affinity group
+    pool: str = "default"
+    mig_profile: str | None = None  # a MIG slice of gpu_ids[0]
+    gang_index: int = 0
+    # A gang's members after the first; the first (held in `Scheduler.allocations`) owns them.
+    peers: list[Allocation] = field(default_factory=list)
+    # The scheduler has read its own grant back from the stream: the reservation counts.
+    armed: bool = True
+    attempt: int = 1
+    # Confirmed by its launcher with the token: failed when its heartbeats (the launcher's
+    # `running` reports) stop for this many seconds. None: not held to heartbeats.
+    heartbeat_grace: float | None = None
+    # The latest heartbeat's time (not stored: a restart counts every one as heard then).
+    heard_at: datetime | None = field(default=None, compare=False)
+    # The task as it waited (request, prediction): a retried attempt queues it again.
+    task: PendingTask | None = field(default=None, compare=False, repr=False)
+
+    def members(self) -> list[Allocation]:
+        return [self, *self.peers]
+
+
+@dataclass
+class SchedulerState:
+    """Everything the core knows, shared by its collaborators (`core.Scheduler` is one)."""
+
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cluster: ClusterArrays = field(default_factory=ClusterArrays)
+    pending: dict[str, PendingTask] = field(default_factory=dict)
+    allocations: dict[str, Allocation] = field(default_factory=dict)
+    next_seq: int = 0
+    # The core's clock: the latest `occurred_at` it has seen. Events arrive from many
+    # producers, a little out of order; time never runs backwards inside the core.
+    clock: datetime | None = None
+    # The latest `occurred_at` of the task reports (task.status) consumed: a reservation
+    # expires only once the reports of its time are in, so a report that lags in its own
+    # consumer still confirms it.
+    reports_clock: datetime | None = None
+    # The latest `occurred_at` of the heartbeats (node.health) consumed: a node is silent
+    # against the heartbeats of its time, not against events of other streams that ran ahead.
+    health_clock: datetime | None = None
+    # (time, seq, task id) of retried attempts waiting out their backoff, earliest first.
+    backoffs: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # (time, seq, task id): a waiting task's new kind of reason may be announced from then;
+    # its pool is retried at that time, so the announcement does not wait for other news.
+    announcements: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # The event time of the last scan for lost nodes (they are looked for once a second).
+    lost_scan_at: datetime | None = field(default=None, compare=False, repr=False)
+    # Restored from storage and no event seen since: the first one starts the grace below.
+    restored: bool = field(default=False, compare=False, repr=False)
+    # Until then no reservation expires: reports delivered to the process before the restart
+    # and never acknowledged are on their way again.
+    expiries_held_until: datetime | None = field(default=None, compare=False, repr=False)
+    quotas: Quotas = field(default_factory=Quotas)
+    # What each tenant holds in each pool: its dominant share orders a priority class (DRF).
+    pool_usage: dict[QueueKey, Usage] = field(default_factory=dict)
+    # Per pool, the blocked head of the queue and the nodes it waits on: backfill avoids them.
+    backfill: dict[str, Backfill] = field(default_factory=dict)
+    # (deadline, seq, task id) of waiting tasks with a queue-time SLA, earliest first.
+    deadlines: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # Lower bounds on the next reservation expiry and the oldest heartbeat of a Ready node, so
+    # that most events skip the scans over every allocation and node. None: unknown, scan.
+    expiry_floor: datetime | None = field(default=None, compare=False, repr=False)
+    heartbeat_floor: float | None = field(default=None, compare=False, repr=False)
+    # Pools whose waiting tasks may decide otherwise than at their last retry (None: every
+    # pool): a retry skips the others, whose tasks would fail again, unseen and unchanged.
+    stale_pools: set[str] | None = field(default=None, compare=False, repr=False)
+    # Allocations (a gang's head) that may be preempted and are not yielding, by priority:
+    # a waiting task looks for victims only when one ranks below it.
+    preemptible: Counter[int] = field(default_factory=Counter, compare=False, repr=False)
+    # Pools where a retry ranked nodes: a score may keep state across calls (a seeded
+    # policy draws), so such a pool is retried again as a naive retry would.
+    ranked_pools: set[str] = field(default_factory=set, compare=False, repr=False)
+    # Each pool's totals (the DRF denominator), for the cluster's topology version.
+    capacity: dict[str, Usage] = field(default_factory=dict, compare=False, repr=False)
+    capacity_version: int = field(default=-1, compare=False, repr=False)
+    # Each (pool, tenant)'s dominant share, with the holdings it was computed from.
+    shares: dict[QueueKey, tuple[Usage, float]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    # Whether every pipeline filters on readiness and pool before any free amount, so that a
+    # pool's waiting tasks are judged on that pool's nodes alone (see `RetryIndex.pools_to_retry`).
+    pools_independent: bool = field(default=False, compare=False, repr=False)
+    # Cancels of tasks not yet profiled (the gateway accepted them; the predictor still has
+    # them), by task id: True once the task arrived and ended cancelled (its own cancel
+    # report, echoed back, must not start another wait).
+    early_cancels: dict[str, bool] = field(default_factory=dict)
+    # Tasks with a member held to heartbeats (`Allocation.heartbeat_grace`): the only ones
+    # the silence scan reads.
+    heartbeating: set[str] = field(default_factory=set, compare=False, repr=False)
+    # Each allocation held (a gang's every member) by id: the task it belongs to.
+    held_by: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+
+def consumed_until(stream_clock: datetime | None, now: datetime, allowance: float) -> datetime:
+    """How far one stream's events have been consumed, to judge an absence on (no heartbeat,
+    no `running`): the latest `occurred_at` consumed from it, or, when it lags the core's clock
+    by more than `allowance` seconds (its consumer behind, NATS back after an outage, or
+    nothing to say), the clock less the allowance."""
+    floor = now - timedelta(seconds=allowance)
+    return floor if stream_clock is None else max(stream_clock, floor)
+
+
+def hold(node: Node, allocation: Allocation) -> None:
+    node.take(
+        allocation.gpu_ids,
+        allocation.gpu_milli,
+        allocation.cpu_cores,
+        allocation.memory_mb,
+        allocation.group,
+        allocation.mig_profile,
+    )

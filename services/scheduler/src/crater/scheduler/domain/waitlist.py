@@ -1,0 +1,188 @@
+"""The wait list: the waiting tasks' queue order (priority, DRF share, submission), each
+pool's blocked head and the nodes kept for it (backfill), and queue-time SLA escalation."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import numpy as np
+
+from crater.contracts import (
+    Event,
+    TaskEscalated,
+    derived_event_id,
+)
+from crater.scheduler.domain.cluster import (
+    WHOLE,
+    BoolArray,
+    Node,
+)
+from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.placement import select
+from crater.scheduler.domain.placer import Placer
+from crater.scheduler.domain.queue import (
+    Backfill,
+    QueueKey,
+    closest_to_fitting,
+    dominant_share,
+    pool_capacity,
+)
+from crater.scheduler.domain.retries import RetryIndex
+from crater.scheduler.domain.state import (
+    PendingTask,
+    SchedulerState,
+)
+
+# The most nodes a blocked head examines for the ones to keep (backfill), closest first.
+HEAD_CANDIDATES = 64
+
+
+class Waitlist:
+    """Orders the waiting tasks and keeps each pool's blocked head."""
+
+    def __init__(self, state: SchedulerState, retries: RetryIndex, placer: Placer) -> None:
+        self.state = state
+        self.retries = retries
+        self.placer = placer
+
+    def enqueue(self, task: PendingTask) -> None:
+        self.state.pending[task.request.task_id] = task
+        self.retries.stale(task.request.pool)
+        limit = task.request.sla.max_queue_time_seconds
+        if limit is not None and task.submitted_at is not None and not task.escalated:
+            deadline = task.submitted_at + timedelta(seconds=limit)
+            heapq.heappush(self.state.deadlines, (deadline, task.seq, task.request.task_id))
+        if task.not_before is not None:
+            heapq.heappush(self.state.backoffs, (task.not_before, task.seq, task.request.task_id))
+
+    def escalate(self, now: datetime, cause: Event) -> list[Event]:
+        """Tasks waiting past their queue-time SLA rank one class higher, once."""
+        escalated: list[Event] = []
+        while self.state.deadlines and self.state.deadlines[0][0] < now:
+            _, _, task_id = heapq.heappop(self.state.deadlines)
+            task = self.state.pending.get(task_id)
+            if task is None or task.escalated or task.submitted_at is None:
+                continue  # placed, cancelled, or escalated already
+            before = task.priority
+            task.escalated = True
+            self.retries.stale(task.request.pool)
+            limit = task.request.sla.max_queue_time_seconds or 0
+            escalated.append(
+                TaskEscalated(
+                    event_id=derived_event_id(cause.event_id, f"escalated:{task_id}"),
+                    occurred_at=cause.occurred_at,
+                    task_id=task_id,
+                    waited_seconds=(now - task.submitted_at).total_seconds(),
+                    max_queue_time_seconds=limit,
+                    priority=before,
+                    escalated_priority=task.priority,
+                )
+            )
+        return escalated
+
+    def order(self, task: PendingTask) -> tuple[int, float, int]:
+        """Queue order: priority (larger first), the tenant's dominant share of the pool
+        (smaller first), submission order."""
+        key = (task.request.pool, task.request.tenant)
+        return -task.priority, self.share(key), task.seq
+
+    def share(self, key: QueueKey) -> float:
+        """The tenant's dominant share of the pool."""
+        used = self.state.pool_usage.get(key)
+        if not used:
+            return 0.0
+        if self.state.capacity_version != self.state.cluster.topology_version:
+            self.state.capacity, self.state.shares = {}, {}  # nodes came, went or changed: afresh
+            self.state.capacity_version = self.state.cluster.topology_version
+        known = self.state.shares.get(key)
+        if known is not None and known[0] is used:  # holdings replaced on every change
+            return known[1]
+        pool = key[0]
+        capacity = self.state.capacity.get(pool)
+        if capacity is None:
+            capacity = self.state.capacity[pool] = pool_capacity(self.state.cluster, pool)
+        share = dominant_share(used, capacity)
+        self.state.shares[key] = (used, share)
+        return share
+
+    def queue(self, pools: set[str] | None = None) -> Iterator[PendingTask]:
+        """The waiting tasks (of `pools`; None: all) in queue order; shares are read afresh
+        at every step, so a tenant granted a task falls behind the others of its priority at
+        once (DRF). A pool's tasks come in the same order with or without the other pools:
+        a share is one pool's."""
+        bands: dict[int, dict[QueueKey, deque[PendingTask]]] = {}
+        for task in sorted(self.state.pending.values(), key=lambda t: t.seq):
+            key = (task.request.pool, task.request.tenant)
+            if pools is None or key[0] in pools:
+                bands.setdefault(task.priority, {}).setdefault(key, deque()).append(task)
+        for priority in sorted(bands, reverse=True):
+            queues = bands[priority]
+            while queues:
+                key = min(queues, key=lambda k: (self.share(k), queues[k][0].seq))
+                task = queues[key].popleft()
+                if not queues[key]:
+                    del queues[key]
+                yield task
+
+    def reserving_head(self, task: PendingTask) -> Backfill | None:
+        """The blocked head of `task`'s pool whose nodes `task` must leave alone: when the
+        head comes first in the queue."""
+        head = self.state.backfill.get(task.request.pool)
+        if (
+            head is None
+            or head.task_id == task.request.task_id
+            or head.task_id not in self.state.pending
+        ):
+            return None
+        if self.order(task) < head.order:
+            return None
+        return head
+
+    def reserved_for(self, task: PendingTask) -> BoolArray | None:
+        """The nodes `task` must leave alone: those kept for its pool's blocked head, when
+        the head comes first in the queue."""
+        head = self.reserving_head(task)
+        return None if head is None else head.mask(self.state.cluster)
+
+    def make_head(self, task: PendingTask) -> None:
+        """`task` heads its pool's queue and cannot start: keep the node(s) it waits on."""
+        if task.nominated:
+            nodes: tuple[str, ...] = task.nominated
+        else:
+            could, _ = self.placer.diagnose(task.filter_demand, free=False)
+            rows = np.flatnonzero(could & self.state.cluster.ready)
+            wanted = 1 if task.same_node or task.gang_size == 1 else task.gang_size
+            names: list[str] = []
+            # Only nodes whose devices could hold it once emptied (NUMA, NVLink), looking at
+            # a bounded number: a head that fits nowhere keeps nothing.
+            for i in closest_to_fitting(self.state.cluster, rows, HEAD_CANDIDATES):
+                node = self.state.cluster.nodes[i]
+                if could_hold(node, task.demand, task.gang_size if task.same_node else 1):
+                    names.append(node.name)
+                    if len(names) == wanted:
+                        break
+            nodes = tuple(names)
+        self.state.backfill[task.request.pool] = Backfill(
+            task.request.task_id, self.order(task), nodes
+        )
+
+
+def could_hold(node: Node, demand: Demand, members: int) -> bool:
+    """Whether `node`, emptied, has the devices for `members` copies of `demand`."""
+    empty = Node.empty(node.topology, node.overcommit)
+    for _ in range(members):
+        selection = select(empty, demand)
+        if selection is None:
+            return False
+        empty.take(
+            selection.gpu_ids,
+            demand.gpu_milli or WHOLE,
+            selection.cpu_cores,
+            demand.memory_mb,
+            None,
+            selection.mig_profile,
+        )
+    return True
