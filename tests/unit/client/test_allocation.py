@@ -85,6 +85,8 @@ def test_the_placement_names_the_task_and_where_to_report() -> None:
         2,
     )
     assert placement.gateway_url == "http://gateway:8080"
+    assert placement.node is None
+    assert get_placement({**ENV, "CRATER_NODE_ID": "a100-01"}).node == "a100-01"
     with pytest.raises(AllocationError, match="CRATER_TASK_ID"):
         get_placement({})
 

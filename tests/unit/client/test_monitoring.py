@@ -114,6 +114,7 @@ def test_samples_are_posted_per_interval_in_the_contract_s_shape(
             gpu_ids=[],
             cores_granted=1,
             root_pid=child.pid,
+            node="a100-01",
         ).start()
         time.sleep(1.0)
         monitor.stop()
@@ -126,6 +127,7 @@ def test_samples_are_posted_per_interval_in_the_contract_s_shape(
         assert len({s.event_id for s in samples}) == len(samples)
         first = samples[0]
         assert (first.task_id, first.allocation_id, first.attempt) == ("train-1", "alloc-1", 3)
+        assert first.node == "a100-01"  # CRATER_NODE_ID, through get_placement
         assert first.gpus == []
         assert first.interval_seconds == pytest.approx(0.4, abs=0.2)
         assert first.host_memory_used_mb is not None

@@ -99,6 +99,7 @@ def test_the_environment_names_every_variable_with_alldata_meanings() -> None:
     assert env["CRATER_PRECISION"] == "fp16"  # the model_config default
     assert (env["CRATER_TASK_ID"], env["CRATER_ATTEMPT"]) == ("t1", "1")
     assert env["CRATER_ALLOCATION_ID"] == granted.allocation_id
+    assert (env["CRATER_NODE_ID"], env["CRATER_POOL"]) == ("a100-01", granted.pool)
     # the prediction wanted 3 workers, prefetch 2; the node's NVMe sets prefetch 3
     assert (env["CRATER_DATALOADER_NUM_WORKERS"], env["CRATER_DATALOADER_PREFETCH_FACTOR"]) == (
         "3",

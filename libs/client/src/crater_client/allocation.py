@@ -52,6 +52,7 @@ class Placement:
     attempt: int
     gateway_url: str | None
     checkpoint_path: str | None
+    node: str | None = None
 
 
 def get_allocation_config(environ: Mapping[str, str] | None = None) -> AllocationConfig:
@@ -116,6 +117,7 @@ def get_placement(environ: Mapping[str, str] | None = None) -> Placement:
         attempt=1 if attempt is None else _int(env, "CRATER_ATTEMPT", 1),
         gateway_url=env.get("CRATER_GATEWAY_URL") or None,
         checkpoint_path=env.get("CRATER_CHECKPOINT_PATH") or None,
+        node=env.get("CRATER_NODE_ID") or None,
     )
 
 

@@ -142,6 +142,7 @@ class Monitor:
         cores_granted: int,
         ticks_per_interval: int = 5,
         root_pid: int | None = None,
+        node: str | None = None,
     ) -> None:
         if interval <= 0 or interval > 3600:
             raise ValueError(f"interval: {interval} s is outside (0, 3600]")
@@ -149,7 +150,12 @@ class Monitor:
         self.url = (
             f"{gateway_url.rstrip('/')}/api/v1/tasks/{task_id}/usage" if gateway_url else None
         )
-        self.identity = {"task_id": task_id, "allocation_id": allocation_id, "attempt": attempt}
+        self.identity = {
+            "task_id": task_id,
+            "allocation_id": allocation_id,
+            "attempt": attempt,
+            "node": node,
+        }
         self.cores_granted = max(cores_granted, 1)
         self.tick = interval / max(ticks_per_interval, 1)
         self.root_pid = os.getpid() if root_pid is None else root_pid
@@ -279,9 +285,9 @@ def start_monitoring(
         task_id=placement.task_id,
         allocation_id=placement.allocation_id,
         attempt=placement.attempt,
-        gpu_ids=node_gpu_ids(
-            env
-        ),  # NVML counts every card of the node, CUDA_VISIBLE_DEVICES or not
+        # NVML counts every card of the node, whatever CUDA sees
+        gpu_ids=node_gpu_ids(env),
         cores_granted=len(config["cpu_cores"]),
+        node=placement.node,
         ticks_per_interval=ticks_per_interval,
     ).start()

@@ -17,6 +17,9 @@ TASK_ENVIRONMENT: dict[str, str] = {
     "CRATER_TASK_ID": "The task's id.",
     "CRATER_ALLOCATION_ID": "This allocation's id (a gang member's own); name it in reports.",
     "CRATER_ATTEMPT": "Which attempt of the task this is, from 1 (restart policy).",
+    "CRATER_NODE_ID": "The node the task was placed on (its probe's node id); the task's usage "
+    "samples name it.",
+    "CRATER_POOL": "The pool the task was placed in.",
     "CRATER_RESERVATION_TOKEN": "The allocation's reservation token: a launcher (crater_client"
     ".run_task) confirms the allocation with it and names it in every report (POST /api/v1/"
     "allocations/{id}/confirm and /status). A credential: keep it out of logs.",

@@ -155,6 +155,8 @@ def environment(
         "CRATER_TASK_ID": request.task_id,
         "CRATER_ALLOCATION_ID": allocation.allocation_id,
         "CRATER_ATTEMPT": str(allocation.attempt),
+        "CRATER_NODE_ID": node.name,
+        "CRATER_POOL": request.pool,
         "CRATER_RESERVATION_TOKEN": token,
         "CRATER_GPU_IDS": ",".join(map(str, selection.gpu_ids)),
         # a count: AllData's scripts read int(os.getenv("CRATER_CPU_CORES"))
