@@ -1,0 +1,173 @@
+"""What the probe reports on: this machine (local mode) or a simulated fleet (fleet mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Protocol
+
+from crater.contracts import NodeHealthReported, NodeMetricsReported, NodeTopology, Taint
+from crater.probe.adapters.host import HostSampler
+from crater.probe.adapters.measure import Measurements, measure_node
+from crater.probe.adapters.nvme import disks_wear
+from crater.probe.adapters.nvml import GpuSampler
+from crater.probe.adapters.sysfs import discover_local
+from crater.probe.domain.health import DiskWear, evaluate
+from crater.probe.settings import ProbeSettings
+from crater.probe.sim.simulation import FleetSimulator
+
+log = logging.getLogger("crater.probe")
+
+
+def chunked(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class Nodes(Protocol):
+    """What the probe reports on: this machine, or a simulated fleet."""
+
+    async def open(self) -> None: ...
+
+    async def topologies(self) -> list[NodeTopology]: ...
+
+    async def measure(self) -> bool: ...
+
+    def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]: ...
+
+    def health(self, chunk: int) -> Iterator[list[NodeHealthReported]]: ...
+
+    async def close(self) -> None: ...
+
+
+class LocalNode:
+    """This machine: /sys and /proc, NVML and psutil. Blocking reads run in a thread."""
+
+    def __init__(self, settings: ProbeSettings) -> None:
+        self.settings = settings
+        self.topology: NodeTopology | None = None
+        self.last: NodeMetricsReported | None = None
+        self.measured: Measurements | None = None
+        self.wear: list[DiskWear] = []
+        self._host: HostSampler | None = None
+        self._gpus = GpuSampler()
+
+    def _discover(self) -> NodeTopology:
+        root = self.settings.host_root
+        node = discover_local(
+            root,
+            node_id=self.settings.node_id,
+            pool=self.settings.pool,
+            labels=self.settings.labels,
+            taints=[Taint.parse(t) for t in self.settings.taints],
+            disk_iops_at_depth=self.settings.disk_iops_at_depth,
+        )
+        # Wear moves slowly: read with each discovery, not each heartbeat.
+        self.wear = disks_wear(node.disks, root / "dev")
+        return node if self.measured is None else self.measured.apply(node)
+
+    async def measure(self) -> bool:
+        """Measure memory and disks once (blocking work in a thread); True when done."""
+        assert self.topology is not None
+        node = self.topology
+        measured = await asyncio.to_thread(
+            measure_node,
+            node,
+            root=self.settings.host_root,
+            bounds=self.settings.bounds,
+            progress=lambda line: log.info("measuring %s", line),
+        )
+        self.measured = measured
+        self.topology = measured.apply(node)
+        for what, why in measured.skipped.items():
+            log.info("not measured: %s (%s)", what, why)
+        return True
+
+    async def open(self) -> None:
+        self.topology = await asyncio.to_thread(self._discover)
+        self._host = HostSampler(self.settings.host_root)
+        if self.topology.gpus:
+            await asyncio.to_thread(self._gpus.open)
+        log.info(
+            "local node %s: %d GPUs, %d NUMA nodes, %d threads, %d MiB, %d disks",
+            self.topology.node_id,
+            len(self.topology.gpus),
+            len(self.topology.numa_nodes),
+            self.topology.cpu.threads,
+            self.topology.memory_mb,
+            len(self.topology.disks),
+        )
+
+    async def topologies(self) -> list[NodeTopology]:
+        # Re-discovered each time: a card that fell off the bus changes the fingerprint.
+        self.topology = await asyncio.to_thread(self._discover)
+        return [self.topology]
+
+    def _sample(self) -> NodeMetricsReported:
+        assert self.topology is not None
+        assert self._host is not None
+        cpu, used, total = self._host.sample()
+        return NodeMetricsReported(
+            node_id=self.topology.node_id,
+            cpu_utilization_percent=cpu,
+            memory_used_mb=used,
+            memory_total_mb=total,
+            gpus=self._gpus.sample(),
+            numa_cpu_utilization_percent=self._host.numa_cpu(self.topology.numa_nodes),
+            disks=self._host.disks([d.name for d in self.topology.disks]),
+        )
+
+    async def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]:
+        self.last = await asyncio.to_thread(self._sample)
+        yield [self.last]
+
+    def health(self, chunk: int) -> Iterator[list[NodeHealthReported]]:
+        assert self.topology is not None
+        yield [evaluate(self.topology, self.last, disk_wear=self.wear).report()]
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._gpus.close)
+
+
+class FleetNodes:
+    """Every node of a simulated fleet. The simulation clock (what faults are timed by) is
+    the seconds since `open()`; a silent node is left out of every round."""
+
+    def __init__(self, simulator: FleetSimulator, clock: Callable[[], float] = time.monotonic):
+        self.simulator = simulator
+        self._clock = clock
+        self._started: float | None = None
+
+    def _tick(self) -> None:
+        if self._started is not None:
+            self.simulator.advance_to(self._clock() - self._started)
+
+    async def open(self) -> None:
+        self._started = self._clock()
+        _, total = self.simulator.gpu_counts()
+        log.info("simulating %d nodes with %d GPUs", len(self.simulator), total)
+
+    async def topologies(self) -> list[NodeTopology]:
+        self._tick()
+        sim = self.simulator
+        return [sim.topology(n) for n in sim.reporting_ids]
+
+    async def measure(self) -> bool:
+        log.info("full measurement skipped: the fleet is simulated")
+        return False
+
+    async def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]:
+        self._tick()
+        for ids in chunked(self.simulator.reporting_ids, chunk):
+            yield [self.simulator.step_node(node_id) for node_id in ids]
+
+    def health(self, chunk: int) -> Iterator[list[NodeHealthReported]]:
+        self._tick()
+        sim = self.simulator
+        for ids in chunked(sim.reporting_ids, chunk):
+            yield [evaluate(sim.topology(n), sim.last_metrics(n)).report() for n in ids]
+
+    async def close(self) -> None:
+        pass

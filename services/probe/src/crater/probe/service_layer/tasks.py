@@ -1,0 +1,69 @@
+"""The task runner's subscriptions: the simulated fleet's runner, or the executing agent, each
+fed the grants, releases, profiles and preemptions of the tasks placed on its nodes."""
+
+from __future__ import annotations
+
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Subjects,
+    TaskPreempted,
+    TaskProfiled,
+)
+from crater.probe.executor import TaskExecutor
+from crater.probe.service_layer.metrics import ProbeMetrics
+from crater.probe.sim.runner import TaskRunner
+from crater.runtime.bus import durable
+from crater.runtime.service import Service
+
+
+def subscribe_runner(
+    service: Service, runner: TaskRunner | TaskExecutor, metrics: ProbeMetrics, consumer: str
+) -> None:
+    """Durable consumers for the simulated runner, named per fleet (two fleets each see every
+    grant, two replicas of one fleet share the work), or for the executing agent, named per
+    node."""
+    batch = service.settings.consumer_batch
+
+    @durable(
+        service.broker,
+        Subjects.ALLOCATION_GRANTED,
+        service.name,
+        batch=batch,
+        name=f"{consumer}-allocation-granted",
+    )
+    async def on_allocation_granted(event: AllocationGranted) -> None:
+        metrics.grants.labels(outcome=runner.granted(event).value).inc()
+        metrics.tasks.set(runner.running)
+
+    @durable(
+        service.broker,
+        Subjects.ALLOCATION_RELEASED,
+        service.name,
+        batch=batch,
+        name=f"{consumer}-allocation-released",
+    )
+    async def on_allocation_released(event: AllocationReleased) -> None:
+        runner.released(event)
+        metrics.tasks.set(runner.running)
+
+    @durable(
+        service.broker,
+        Subjects.TASK_PROFILED,
+        service.name,
+        batch=batch,
+        name=f"{consumer}-task-profiled",
+    )
+    async def on_task_profiled(event: TaskProfiled) -> None:
+        runner.profiled(event)  # what the task will really use, once placed
+
+    @durable(
+        service.broker,
+        Subjects.TASK_PREEMPTED,
+        service.name,
+        batch=batch,
+        name=f"{consumer}-task-preempted",
+    )
+    async def on_task_preempted(event: TaskPreempted) -> None:
+        runner.preempted(event)
+        metrics.tasks.set(runner.running)
