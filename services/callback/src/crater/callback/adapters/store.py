@@ -16,19 +16,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID
 
-from sqlalchemy import and_, bindparam, func, insert, or_, select, true, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crater.callback.adapters import tables
+from crater.callback.adapters.records import (
+    CONSUMER,
+    NO_ENDPOINT,
+    SETTLED,
+    TERMINAL_STATUSES,
+    Attempt,
+    Claimed,
+    DeliveryRow,
+    Due,
+    Enqueued,
+    Settlement,
+    SupersededHook,
+    _superseded_reason,
+    _superseded_values,
+    d,
+    t,
+    utc,
+)
+from crater.callback.adapters.task_records import _lock_tasks, _move, _record_ends, _released
 from crater.callback.domain.lifecycle import (
-    TERMINAL,
     WHILE_RUNNING,
     Candidate,
     End,
@@ -41,114 +57,23 @@ from crater.callback.domain.lifecycle import (
 )
 from crater.callback.domain.ordering import Placement, Recorded, place
 from crater.callback.domain.payload import WebhookFormat, with_attempt
-from crater.callback.domain.retry import DeliveryState, Outcome
+from crater.callback.domain.retry import DeliveryState
 from crater.contracts import Event
 from crater.runtime.outbox import stage
 
-CONSUMER = "callback"
-NO_ENDPOINT = ""  # the endpoint recorded for deliveries skipped because none is configured
-
-d = tables.deliveries.c
-t = tables.task_events.c
-k = tables.tasks.c
-SETTLED = (DeliveryState.DELIVERED.value, DeliveryState.DEAD.value)
-TERMINAL_STATUSES = frozenset(status.value for status in TERMINAL)
-
-# Told of each delivery superseded, after its commit: (endpoint, reason).
-SupersededHook = Callable[[str, Superseded], None]
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One POST and what came of it; `status_code` None: no response (timeout, connection)."""
-
-    number: int
-    outcome: Outcome
-    status_code: int | None
-    latency_ms: float
-    error: str | None
-
-
-@dataclass(frozen=True)
-class Enqueued:
-    """An event to record: its deliveries, one per endpoint that wants it."""
-
-    source_event_id: UUID
-    endpoints: Sequence[str]
-    task_id: str
-    task_status: str
-    event_type: str
-    payload: str
-    configured: bool = True  # False: no endpoint at all; one delivery recorded as skipped
-    order: Recorded | None = None  # its place among its task's events (default: arrival)
-    hold_seconds: float = 0.0  # the longest it waits for an earlier event of its task
-    ends: bool = False  # a terminal webhook: the task's end if it is the first recorded
-    lifecycle: bool = True  # False: a refused duplicate submission, outside the lifecycle
-    attempt: int | None = None  # the attempt the event says it belongs to, if it says
-    # Each endpoint's body format, fixed on its delivery when recorded (default: alldata).
-    formats: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Settlement:
-    """One attempt to record: what came of it and where the delivery stands after it."""
-
-    delivery_id: int
-    attempt: Attempt
-    state: DeliveryState
-    next_attempt_at: datetime | None = None
-    events: tuple[Event, ...] = field(default=())
-
-
-@dataclass(frozen=True)
-class Due:
-    """A delivery the loop may send now: the head of its (task, endpoint) queue."""
-
-    id: int
-    webhook_id: str
-    endpoint: str
-    task_id: str
-    task_status: str
-    payload: str
-    attempts: int
-    round: int
-    attempt_limit: int | None
-    format: str = WebhookFormat.CRATER.value  # what `payload` is rendered as when POSTed
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """What one claim took: the deliveries to send, and how many it superseded instead."""
-
-    due: list[Due]
-    superseded: int
-
-
-@dataclass(frozen=True)
-class DeliveryRow:
-    """A delivery as operators see it (`crater webhooks list`)."""
-
-    id: int
-    webhook_id: str
-    endpoint: str
-    task_id: str
-    task_status: str
-    event_type: str
-    state: str
-    attempts: int
-    round: int
-    last_status_code: int | None
-    last_error: str | None
-    created_at: datetime
-    updated_at: datetime
-    next_attempt_at: datetime | None
-
-
-def utc(value: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; every time stored here is UTC."""
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.replace(tzinfo=UTC)
+__all__ = [
+    "CONSUMER",
+    "NO_ENDPOINT",
+    "Attempt",
+    "Claimed",
+    "DeliveryLog",
+    "DeliveryRow",
+    "Due",
+    "Enqueued",
+    "Settlement",
+    "SupersededHook",
+    "utc",
+]
 
 
 class DeliveryLog:
@@ -676,133 +601,6 @@ def _delivery_rows(
         for name in event.endpoints
         if (webhook_id, name) not in existing
     ]
-
-
-def _superseded_reason(why: Superseded, end: End | None) -> str:
-    """Why a delivery was never sent, as operators read it (`crater webhooks list`)."""
-    reason = f"superseded ({why.value}): {why.explanation}"
-    if end is not None and why in (Superseded.SECOND_END, Superseded.AFTER_END):
-        reason += f"; the end is webhook {end.event_id}"
-    return reason
-
-
-def _superseded_values(why: Superseded, end: End | None, now: datetime) -> dict[str, Any]:
-    """A delivery recorded, never sent: its state and its reason."""
-    return {
-        "state": DeliveryState.SUPERSEDED.value,
-        "last_error": _superseded_reason(why, end),
-        "completed_at": now,
-        "updated_at": now,
-        "next_attempt_at": None,
-        "held_until": None,
-    }
-
-
-async def _insert_ignoring_existing(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
-    """Create the tasks' rows that are not there yet (another replica may create one now)."""
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        await session.execute(
-            postgresql.insert(tables.tasks).on_conflict_do_nothing(index_elements=["task_id"]),
-            rows,
-        )
-    elif dialect == "sqlite":
-        await session.execute(
-            sqlite.insert(tables.tasks).on_conflict_do_nothing(index_elements=["task_id"]),
-            rows,
-        )
-    else:  # pragma: no cover - the two databases Crater runs on are above
-        raise NotImplementedError(f"no insert-or-ignore for {dialect}")
-
-
-async def _lock_tasks(
-    session: AsyncSession, task_ids: Sequence[str], create: bool = False
-) -> dict[str, End | None]:
-    """Lock the tasks' rows (PostgreSQL: FOR UPDATE, in task id order, so two transactions
-    never wait on each other in a circle; SQLite: the single writer) and read their ends.
-    What this transaction reads of the tasks afterwards includes whatever a transaction that
-    held them committed."""
-    if not task_ids:
-        return {}
-    if create:
-        await _insert_ignoring_existing(session, [{"task_id": x} for x in sorted(task_ids)])
-    rows = (
-        await session.execute(
-            select(k.task_id, k.end_event_id, k.end_position)
-            .where(k.task_id.in_(list(task_ids)))
-            .order_by(k.task_id)
-            .with_for_update()
-        )
-    ).all()
-    return {
-        row.task_id: End(row.end_event_id, row.end_position)
-        if row.end_event_id is not None
-        else None
-        for row in rows
-    }
-
-
-async def _released(session: AsyncSession, task_ids: Sequence[str]) -> dict[tuple[str, str], int]:
-    """Per (task, endpoint), the highest position of a lifecycle delivery already released."""
-    if not task_ids:
-        return {}
-    rows = (
-        await session.execute(
-            select(d.task_id, d.endpoint, func.max(d.position))
-            .where(
-                d.task_id.in_(list(task_ids)),
-                d.released_at.is_not(None),
-                d.lifecycle == true(),
-            )
-            .group_by(d.task_id, d.endpoint)
-        )
-    ).all()
-    return {(task_id, endpoint): int(top) for task_id, endpoint, top in rows}
-
-
-async def _record_ends(
-    session: AsyncSession, ended: Mapping[str, tuple[End, str]], now: datetime
-) -> None:
-    if not ended:
-        return
-    await session.execute(
-        update(tables.tasks)
-        .where(k.task_id == bindparam("ended_task"))
-        .values(
-            end_event_id=bindparam("end_id"),
-            end_position=bindparam("end_at"),
-            end_status=bindparam("status"),
-            ended_at=now,
-        ),
-        [
-            {
-                "ended_task": task_id,
-                "end_id": end.event_id,
-                "end_at": end.position,
-                "status": status,
-            }
-            for task_id, (end, status) in ended.items()
-        ],
-    )
-
-
-async def _move(session: AsyncSession, moved: dict[str, Placement]) -> None:
-    """Earlier events that moved or went free, and their pending deliveries (rare: only when
-    an event completes a waiting one's predecessors)."""
-    for event_id, placement in moved.items():
-        await session.execute(
-            update(tables.task_events)
-            .where(t.event_id == event_id)
-            .values(position=placement.position, waiting=placement.waiting)
-        )
-        values: dict[str, Any] = {"position": placement.position}
-        if not placement.waiting:
-            values["held_until"] = None
-        await session.execute(
-            update(tables.deliveries)
-            .where(d.webhook_id == event_id, d.state == DeliveryState.PENDING.value)
-            .values(**values)
-        )
 
 
 def _due(now: datetime) -> list[Any]:
