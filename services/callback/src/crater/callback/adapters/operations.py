@@ -1,0 +1,122 @@
+"""The operators' queries on the delivery log (`crater webhooks` list, retry, replay)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import and_, select, update
+
+from crater.callback.adapters import tables
+from crater.callback.adapters.log_base import LogBase
+from crater.callback.adapters.records import NO_ENDPOINT, SETTLED, DeliveryRow, d, utc
+from crater.callback.domain.retry import DeliveryState
+
+
+class Operations(LogBase):
+    """The operators' side (`crater webhooks`)."""
+
+    async def list(
+        self,
+        *,
+        state: str | None = None,
+        task_id: str | None = None,
+        endpoint: str | None = None,
+        since: datetime | None = None,
+        limit: int = 50,
+    ) -> list[DeliveryRow]:
+        """Deliveries, newest first."""
+        query = select(
+            d.id,
+            d.webhook_id,
+            d.endpoint,
+            d.task_id,
+            d.task_status,
+            d.event_type,
+            d.state,
+            d.attempts,
+            d.round,
+            d.last_status_code,
+            d.last_error,
+            d.created_at,
+            d.updated_at,
+            d.next_attempt_at,
+        )
+        query = query.where(*_filters(state, task_id, endpoint, since))
+        async with self.sessions() as session:
+            rows = (await session.execute(query.order_by(d.id.desc()).limit(limit))).all()
+        found = []
+        for row in rows:
+            values = dict(row._mapping)
+            for key in ("created_at", "updated_at", "next_attempt_at"):
+                values[key] = utc(values[key])
+            found.append(DeliveryRow(**values))
+        return found
+
+    async def retry(self, delivery_id: int, max_attempts: int) -> bool:
+        """Send one delivery again now: a settled one starts a new round of `max_attempts`
+        attempts (same webhook-id); a pending one is due at once. False if there is none (a
+        superseded one is never sent)."""
+        async with self.sessions() as session:
+            found = await session.scalar(
+                select(d.id).where(
+                    d.id == delivery_id,
+                    d.endpoint != NO_ENDPOINT,
+                    d.state != DeliveryState.SUPERSEDED.value,
+                )
+            )
+        if found is None:
+            return False
+        await self._reopen(d.id == delivery_id, max_attempts)
+        return True
+
+    async def replay(
+        self,
+        since: datetime,
+        max_attempts: int,
+        *,
+        state: str | None = None,
+        endpoint: str | None = None,
+        task_id: str | None = None,
+    ) -> int:
+        """Send again every delivery recorded since `since` (one with an endpoint): how many."""
+        condition = and_(*_filters(state, task_id, endpoint, since), d.endpoint != NO_ENDPOINT)
+        return await self._reopen(condition, max_attempts)
+
+    async def _reopen(self, condition: Any, max_attempts: int) -> int:
+        now = datetime.now(UTC)
+        async with self.sessions() as session:
+            settled = await session.execute(
+                update(tables.deliveries)
+                .where(condition, d.state.in_(SETTLED))
+                .values(
+                    state=DeliveryState.PENDING.value,
+                    round=d.round + 1,
+                    attempt_limit=d.attempts + max_attempts,
+                    next_attempt_at=now,
+                    completed_at=None,
+                    updated_at=now,
+                )
+            )
+            waiting = await session.execute(
+                update(tables.deliveries)
+                .where(condition, d.state == DeliveryState.PENDING.value, d.next_attempt_at > now)
+                .values(next_attempt_at=now, updated_at=now)
+            )
+            await session.commit()
+        return int(settled.rowcount) + int(waiting.rowcount)  # type: ignore[attr-defined]
+
+
+def _filters(
+    state: str | None, task_id: str | None, endpoint: str | None, since: datetime | None
+) -> list[Any]:
+    filters: list[Any] = []
+    if state is not None:
+        filters.append(d.state == state)
+    if task_id is not None:
+        filters.append(d.task_id == task_id)
+    if endpoint is not None:
+        filters.append(d.endpoint == endpoint)
+    if since is not None:
+        filters.append(d.created_at >= since)
+    return filters
