@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import time
 from dataclasses import fields
 
 from faststream.asgi import AsgiFastStream
-from prometheus_client import Counter, Gauge
 from pydantic import Field
 
 from crater.autoscaler.domain import Autoscaler, ScalingPolicy
 from crater.autoscaler.domain.scaling_policy import policy_annotations
+from crater.autoscaler.service_layer.handlers import AutoscalerHandlers, AutoscalerMetrics
 from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
@@ -63,103 +61,39 @@ def build(settings: AutoscalerSettings | None = None) -> tuple[Service, AsgiFast
     service = create_service("autoscaler", settings)
     autoscaler = Autoscaler(settings.policy())
     service.state = autoscaler
-    p95_seconds = Gauge(
-        "crater_inference_latency_p95",
-        "p95 inference latency over the autoscaler's window, in seconds.",
-        ["service"],
-        registry=service.registry,
-    )
-    pressure = Gauge(
-        "crater_gpu_memory_pressure",
-        "GPU memory pressure (used/total, 0..1): the highest of the service's replicas "
-        "reporting within the window.",
-        ["service"],
-        registry=service.registry,
-    )
-    replicas = Gauge(
-        "crater_autoscaler_replicas",
-        "Replicas the autoscaler believes a service has (its last decision or report).",
-        ["service"],
-        registry=service.registry,
-    )
-    decisions = Counter(
-        "crater_scale_decisions",
-        "Scale decisions published, by service and direction.",
-        ["service", "direction"],
-        registry=service.registry,
-    )
+    broker, name, batch = service.broker, service.name, settings.consumer_batch
 
-    panicking = Gauge(
-        "crater_autoscaler_panic",
-        "1 while a service is in panic mode (no scale-in), else 0.",
-        ["service"],
-        registry=service.registry,
-    )
-    requested = Counter(
-        "crater_autoscaler_requests",
-        "Replica placements and releases asked of the scheduler, by kind.",
-        ["service", "kind"],
-        registry=service.registry,
-    )
-    batch = settings.consumer_batch
+    async def publish_one(event: Event) -> None:
+        await publish(broker, event)
 
-    async def emit(events: tuple[Event, ...] | list[Event], counted: bool = True) -> None:
-        for event in events:
-            await publish(service.broker, event)
-            if counted:
-                kind = type(event).__name__
-                if kind != "ScaleDecided":
-                    requested.labels(service=getattr(event, "service", ""), kind=kind).inc()
+    handlers = AutoscalerHandlers(autoscaler, AutoscalerMetrics(service.registry), publish_one)
 
-    @durable(service.broker, Subjects.INFERENCE_LATENCY, service.name, batch=batch)
+    @durable(broker, Subjects.INFERENCE_LATENCY, name, batch=batch)
     async def on_latency_samples(event: LatencySamplesReported) -> None:
-        assessment = autoscaler.observe(event)
-        if assessment.p95_ms is not None:
-            p95_seconds.labels(service=assessment.service).set(assessment.p95_ms / 1000)
-        if assessment.pressure is not None:
-            pressure.labels(service=assessment.service).set(assessment.pressure)
-        replicas.labels(service=assessment.service).set(assessment.replicas)
-        panicking.labels(service=assessment.service).set(1 if assessment.panic else 0)
-        await emit(assessment.events, counted=not assessment.duplicate)
-        if assessment.decision is not None and not assessment.duplicate:
-            decisions.labels(
-                service=assessment.service, direction=assessment.decision.direction.value
-            ).inc()
+        await handlers.latency_samples(event)
 
-    @durable(service.broker, Subjects.NODE_METRICS, service.name, batch=batch)
+    @durable(broker, Subjects.NODE_METRICS, name, batch=batch)
     async def on_node_metrics(event: NodeMetricsReported) -> None:
-        autoscaler.node_metrics(
-            event.node_id,
-            event.occurred_at.timestamp(),
-            {gpu.index: gpu.memory_pressure for gpu in event.gpus},
-        )
+        await handlers.node_metrics(event)
 
-    @durable(service.broker, Subjects.ALLOCATION_GRANTED, service.name, batch=batch)
+    @durable(broker, Subjects.ALLOCATION_GRANTED, name, batch=batch)
     async def on_allocation_granted(event: AllocationGranted) -> None:
-        autoscaler.allocation_granted(
-            event.task_id, event.node, event.gpu_ids, event.occurred_at.timestamp()
-        )
+        await handlers.allocation_granted(event)
 
-    @durable(service.broker, Subjects.ALLOCATION_RELEASED, service.name, batch=batch)
+    @durable(broker, Subjects.ALLOCATION_RELEASED, name, batch=batch)
     async def on_allocation_released(event: AllocationReleased) -> None:
-        autoscaler.allocation_released(event.task_id)
+        await handlers.allocation_released(event)
 
-    @durable(service.broker, Subjects.SCALE_REPLICA_DRAINED, service.name, batch=batch)
+    @durable(broker, Subjects.SCALE_REPLICA_DRAINED, name, batch=batch)
     async def on_replica_drained(event: ReplicaDrained) -> None:
-        await emit(autoscaler.replica_drained(event))
+        await handlers.replica_drained(event)
 
     ticker: list[asyncio.Task[None]] = []
 
-    async def release_overdue_drains() -> None:
-        while True:
-            await asyncio.sleep(settings.drain_check_seconds)
-            try:
-                await emit(autoscaler.tick(time.time()))
-            except Exception:  # the next tick retries; the service goes on
-                logging.getLogger("crater.autoscaler").exception("drain timeout check failed")
-
     async def start_ticker() -> None:
-        ticker.append(asyncio.create_task(release_overdue_drains()))
+        ticker.append(
+            asyncio.create_task(handlers.release_overdue_drains(settings.drain_check_seconds))
+        )
 
     async def stop_ticker() -> None:
         for task in ticker:

@@ -1,0 +1,1 @@
+"""Consume -> decide -> publish: what the autoscaler does with each message it takes."""
