@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,6 +15,10 @@ from tests.support.databases import (
     postgres_server_url,
 )
 from tests.support.events import EventTap
+
+# The test session is development: its services run on the development token secret and
+# unsigned webhooks. Tests of the production refusals set CRATER_ENVIRONMENT=production.
+os.environ["CRATER_ENVIRONMENT"] = "development"
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import httpx
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -41,7 +42,19 @@ def run(service: Annotated[str, typer.Argument(help=f"One of: {', '.join(RUNNABL
     """Run one service in the foreground, configured by CRATER_* environment variables."""
     if service not in RUNNABLE:
         raise typer.BadParameter(f"unknown service {service!r}; one of {', '.join(RUNNABLE)}")
-    importlib.import_module(f"crater.{service}.app").main()
+    try:
+        importlib.import_module(f"crater.{service}.app").main()
+    except ValidationError as error:  # its settings: say which to set, exit 2
+        if not error.title.endswith("Settings"):
+            raise
+        for problem in error.errors():
+            where = ".".join(str(part) for part in problem["loc"])
+            message = problem["msg"].removeprefix("Value error, ")
+            typer.echo(
+                f"crater {service}: refused to start: {where + ': ' if where else ''}{message}",
+                err=True,
+            )
+        raise typer.Exit(2) from None
 
 
 @app.command()

@@ -132,6 +132,9 @@ def create_service(name: str, settings: ServiceSettings) -> Service:
         level=settings.log_level.upper(),
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
     )
+    if settings.development:  # in production the settings were refused (ServiceSettings)
+        for unsafe in settings.unsafe_defaults():
+            logging.getLogger(f"crater.{name}").warning("development mode: %s", unsafe)
     registry = make_registry()
     tracer_provider = make_tracer_provider(name, settings.trace_file)
     broker, rejections = make_broker(

@@ -3,13 +3,26 @@
 Settings every service shares read `CRATER_<FIELD>` (CRATER_NATS_URL, CRATER_DATABASE_URL,
 ...); a service's own settings read `CRATER_<SERVICE>_<FIELD>` only (CRATER_SCHEDULER_TOKEN_SECRET),
 so one environment can configure every process without one's setting reaching another.
+
+Safe defaults: CRATER_ENVIRONMENT is `production` unless set to `development`. A service's
+`unsafe_defaults()` lists what only development may run with (the development token secret,
+unsigned webhooks, ...): in production each refuses the settings (a ValidationError naming the
+variable to set), in development each is logged once as a warning when the service starts.
+
+Secrets from files: every secret setting (a SecretStr field) may instead be given as the same
+variable with `_FILE` appended (CRATER_SCHEDULER_TOKEN_SECRET_FILE=/run/secrets/token), whose
+content, stripped, is the value; setting both is refused naming both.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -20,6 +33,55 @@ from pydantic_settings import (
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///var/crater.db"
 SHARED_PREFIX = "CRATER_"
+FILE_SUFFIX = "_FILE"
+Environment = Literal["production", "development"]
+
+
+def is_secret(field: FieldInfo) -> bool:
+    """A SecretStr setting (or an optional one): its value may come from a *_FILE."""
+    annotation = field.annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return SecretStr in typing.get_args(annotation)
+    return annotation is SecretStr
+
+
+class _Refused:
+    """A secret file that could not be used: the validator turns it into a ValidationError."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class _SecretFiles(PydanticBaseSettingsSource):
+    """Secret settings from the files CRATER_..._FILE names: the content, stripped.
+
+    Set (non-empty) along with the variable itself, or unreadable: a `_Refused` value."""
+
+    def __init__(self, settings_cls: type[ServiceSettings]) -> None:
+        super().__init__(settings_cls)
+        self.service_settings = settings_cls
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # __call__ does the work
+
+    def __call__(self) -> dict[str, Any]:
+        environ = {k.upper(): v for k, v in os.environ.items()}
+        values: dict[str, Any] = {}
+        for name, field in self.service_settings.model_fields.items():
+            if not is_secret(field):
+                continue
+            variable = self.service_settings.variable(name)
+            path = environ.get(variable + FILE_SUFFIX, "").strip()
+            if not path:
+                continue
+            if environ.get(variable, "").strip():
+                values[name] = _Refused(f"set {variable} or {variable}{FILE_SUFFIX}, not both")
+                continue
+            try:
+                values[name] = Path(path).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as error:
+                values[name] = _Refused(f"{variable}{FILE_SUFFIX}: cannot read {path}: {error}")
+        return values
 
 
 class _SomeFields(PydanticBaseSettingsSource):
@@ -46,10 +108,19 @@ class ServiceSettings(BaseSettings):
     """What every service reads. A subclass names its service; its own fields then come from
     CRATER_<SERVICE>_<FIELD>."""
 
-    model_config = SettingsConfigDict(env_prefix=SHARED_PREFIX, extra="ignore")
+    # Errors name the setting, never echo the input: it holds secrets.
+    model_config = SettingsConfigDict(
+        env_prefix=SHARED_PREFIX, extra="ignore", hide_input_in_errors=True
+    )
     service: ClassVar[str | None] = None
     default_port: ClassVar[int | None] = None  # the service's own: its HTTP port if http_port is 0
 
+    environment: Environment = Field(
+        default="production",
+        description="production: refuse to start with a development-only default (the "
+        "development token secret, unsigned webhooks, an empty Basic-auth password), naming "
+        "the setting to set; development: start, with one warning for each.",
+    )
     nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server URL.")
     database_url: str = Field(
         default=DEFAULT_DATABASE_URL,
@@ -102,6 +173,43 @@ class ServiceSettings(BaseSettings):
         return f"{SHARED_PREFIX}{cls.service.upper()}_" if cls.service else None
 
     @classmethod
+    def variable(cls, name: str) -> str:
+        """The environment variable a field is read from."""
+        own = cls.own_prefix()
+        shared = name in ServiceSettings.model_fields
+        return f"{SHARED_PREFIX if shared or own is None else own}{name.upper()}"
+
+    @property
+    def development(self) -> bool:
+        return self.environment == "development"
+
+    def unsafe_defaults(self) -> list[str]:
+        """What only development may run with, each naming the setting to set; a service's
+        settings add theirs."""
+        return []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secret_files_usable(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            refused = [v.reason for v in data.values() if isinstance(v, _Refused)]
+            if refused:
+                raise ValueError("; ".join(refused))
+        return data
+
+    @model_validator(mode="after")
+    def _safe_outside_development(self) -> ServiceSettings:
+        if self.development:
+            return self
+        unsafe = self.unsafe_defaults()
+        if unsafe:
+            raise ValueError(
+                "; ".join(unsafe)
+                + f" (or set {SHARED_PREFIX}ENVIRONMENT=development, never in production)"
+            )
+        return self
+
+    @classmethod
     def settings_customise_sources(
         cls,
         settings_cls: type[BaseSettings],
@@ -111,12 +219,14 @@ class ServiceSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         prefix = cls.own_prefix()
+        secret_files = _SecretFiles(cls)
         if prefix is None:
-            return init_settings, env_settings, dotenv_settings, file_secret_settings
+            return init_settings, secret_files, env_settings, dotenv_settings, file_secret_settings
         own = frozenset(cls.model_fields) - frozenset(ServiceSettings.model_fields)
         own_env = EnvSettingsSource(settings_cls, env_prefix=prefix)
         return (
             init_settings,
+            secret_files,
             _SomeFields(settings_cls, own_env, own, keep=True),
             _SomeFields(settings_cls, env_settings, own, keep=False),
             dotenv_settings,

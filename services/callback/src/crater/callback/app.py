@@ -137,6 +137,31 @@ class CallbackSettings(ServiceSettings):
             raise ValueError("claim_seconds must exceed webhook_timeout_seconds")
         return self
 
+    def unsafe_defaults(self) -> list[str]:
+        """Unsigned webhooks, and Basic auth with an empty password, per endpoint."""
+        if self.endpoints_file:
+            try:
+                endpoints = load_endpoints(self.endpoints_file)
+            except (OSError, ValueError):
+                return []  # build() reports the file's own error
+            secret, password = "secret", "password"
+            where = f"{self.variable('endpoints_file')} {self.endpoints_file}, endpoint "
+        else:
+            endpoints = self.endpoints()
+            secret = f"{self.variable('webhook_secret')} (or _FILE)"
+            password = f"{self.variable('webhook_password')} (or _FILE)"
+            where = "endpoint "
+        unsafe = []
+        for endpoint in endpoints:
+            if endpoint.secret is None:
+                unsafe.append(f"{where}{endpoint.name}: unsigned webhooks: set {secret}")
+            if endpoint.username and not endpoint.password.get_secret_value():
+                unsafe.append(
+                    f"{where}{endpoint.name}: Basic auth user {endpoint.username!r} with an "
+                    f"empty password: set {password}"
+                )
+        return unsafe
+
     def endpoints(self) -> list[Endpoint]:
         """The endpoints file's endpoints, or the one of the webhook_* settings, or none."""
         if self.endpoints_file:

@@ -8,7 +8,7 @@ from pathlib import Path
 from faststream.asgi import AsgiFastStream
 from faststream.nats import DeliverPolicy
 from faststream.nats.annotations import NatsMessage
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from crater.contracts import (
     RESERVATION_TIMEOUT_MS_DEFAULT,
@@ -46,6 +46,8 @@ from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
 
 MIGRATIONS_DIR = Path(__file__).parent / "adapters" / "migrations"
+DEVELOPMENT_TOKEN_SECRET = "crater-development-only"
+MIN_TOKEN_SECRET_BYTES = 32
 
 
 class SchedulerSettings(ServiceSettings):
@@ -77,10 +79,11 @@ class SchedulerSettings(ServiceSettings):
     heartbeat_timeout_seconds: float = Field(
         default=30.0, gt=0, description="A node silent this long is NotReady."
     )
-    token_secret: str = Field(
-        default="crater-development-only",
+    token_secret: SecretStr = Field(
+        default=SecretStr(DEVELOPMENT_TOKEN_SECRET),
         description="Signs and checks reservation tokens (only the scheduler does: the gateway "
-        "asks it). Set it!",
+        f"asks it): at least {MIN_TOKEN_SECRET_BYTES} random bytes (`openssl rand -base64 48`); "
+        "the default is refused outside development.",
     )
     task_heartbeat_grace_seconds: float = Field(
         default=60.0,
@@ -162,6 +165,20 @@ class SchedulerSettings(ServiceSettings):
         self.reservation_timeout_ms = self.reservation_seconds * 1000
         return self
 
+    def unsafe_defaults(self) -> list[str]:
+        secret = self.token_secret.get_secret_value()
+        variable = self.variable("token_secret")
+        if secret == DEVELOPMENT_TOKEN_SECRET:
+            why = "is the development default"
+        elif len(secret.encode()) < MIN_TOKEN_SECRET_BYTES:
+            why = f"is shorter than {MIN_TOKEN_SECRET_BYTES} bytes"
+        else:
+            return []
+        return [
+            f"token_secret {why}: set {variable} (or {variable}_FILE) to at least "
+            f"{MIN_TOKEN_SECRET_BYTES} random bytes"
+        ]
+
 
 def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastStream]:
     settings = settings or SchedulerSettings()
@@ -175,7 +192,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
             reservation_timeout_ms=settings.reservation_timeout_ms,
             gateway_url=settings.gateway_url,
             heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
-            token_secret=settings.token_secret.encode(),
+            token_secret=settings.token_secret.get_secret_value().encode(),
             checkpoint_root=settings.checkpoint_root,
             quotas=load_quotas(settings.quotas_file) if settings.quotas_file else {},
             pools=load_pools(settings.pools_file) if settings.pools_file else {},
