@@ -4,6 +4,7 @@ the setting to set; development starts with a warning each. Secrets from *_FILE.
 from __future__ import annotations
 
 import logging
+import stat
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 from crater.callback.app import CallbackSettings
 from crater.callback.domain.signing import generate_secret
 from crater.cli.main import app as cli
+from crater.cli.stack import read_secret, stack_secrets
 from crater.runtime.service import create_service
 from crater.runtime.settings import ServiceSettings
 from crater.scheduler.app import SchedulerSettings
@@ -187,3 +189,24 @@ def test_crater_run_refuses_with_exit_2_naming_the_setting() -> None:
     assert result.exit_code == 2
     assert "crater scheduler: refused to start" in result.output
     assert "CRATER_SCHEDULER_TOKEN_SECRET" in result.output
+
+
+def test_the_stacks_own_secrets_pass_production(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    paths = stack_secrets(tmp_path)
+    again = stack_secrets(tmp_path)
+    assert {n: read_secret(p) for n, p in paths.items()} == {
+        n: read_secret(p) for n, p in again.items()
+    }
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in paths.values())
+    assert read_secret(stack_secrets(tmp_path / "other")["token_secret"]) != read_secret(
+        paths["token_secret"]
+    )
+    monkeypatch.setenv("CRATER_SCHEDULER_TOKEN_SECRET_FILE", str(paths["token_secret"]))
+    monkeypatch.setenv("CRATER_CALLBACK_WEBHOOK_URL", "http://127.0.0.1:1/webhooks")
+    monkeypatch.setenv("CRATER_CALLBACK_WEBHOOK_USERNAME", "alldata")
+    monkeypatch.setenv("CRATER_CALLBACK_WEBHOOK_PASSWORD_FILE", str(paths["webhook_password"]))
+    monkeypatch.setenv("CRATER_CALLBACK_WEBHOOK_SECRET_FILE", str(paths["webhook_secret"]))
+    SchedulerSettings()
+    CallbackSettings()

@@ -1,15 +1,21 @@
 """Crater as a set of processes on one machine: a nats-server from the wheel, every service as
 its own process, and a reference webhook receiver standing in for AllData. Used by `crater up`
-and by the end-to-end tests, so both run Crater the same way."""
+and by the end-to-end tests, so both run Crater the same way.
+
+It runs in production mode (CRATER_ENVIRONMENT=production): its data directory has secrets of
+its own, random, made on its first start (`stack_secrets`), handed to the services as
+CRATER_..._FILE, so nothing development-only is needed."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,9 +52,6 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     nats: NatsServer | None = None
     processes: dict[str, Process] = field(default_factory=dict)
-    webhook_password: str = "demo-password"
-    # Standard Webhooks signing secret shared by the callback and the receiver (demo only).
-    webhook_secret: str = "whsec_Y3JhdGVyLWRlbW8tc2lnbmluZy1rZXktMzItYnl0ZXM="
     ports: dict[str, int] = field(default_factory=dict)  # fixed ports; others are free ones
 
     @property
@@ -79,7 +82,9 @@ class Stack:
         self.nats = start_nats_server(
             self.data_dir / "jetstream", log_file=self.data_dir / "logs" / "nats-server.log"
         )
+        secret_files = stack_secrets(self.data_dir)
         self.env = {
+            "CRATER_ENVIRONMENT": "production",  # its own secrets pass production's checks
             "CRATER_NATS_URL": self.nats.url,
             "CRATER_DATABASE_URL": self.database_url,
             "CRATER_TRACE_FILE": str(self.data_dir / "traces.jsonl"),
@@ -99,22 +104,25 @@ class Stack:
                 str(receiver_port),
                 "--username",
                 WEBHOOK_USER,
-                "--password",
-                self.webhook_password,
                 "--record-file",
                 str(self.data_dir / "webhooks.jsonl"),
-                "--secret",
-                self.webhook_secret,
             ],
+            {  # off its command line
+                "CRATER_RECEIVER_PASSWORD": read_secret(secret_files["webhook_password"]),
+                "CRATER_RECEIVER_SECRET": read_secret(secret_files["webhook_secret"]),
+            },
         )
         self.env.update(
             {
                 "CRATER_CALLBACK_WEBHOOK_URL": f"http://127.0.0.1:{receiver_port}/webhooks",
                 "CRATER_CALLBACK_WEBHOOK_USERNAME": WEBHOOK_USER,
-                "CRATER_CALLBACK_WEBHOOK_PASSWORD": self.webhook_password,
-                "CRATER_CALLBACK_WEBHOOK_SECRET": self.webhook_secret,
             }
         )
+        for variable, name in SECRET_VARIABLES.items():
+            # Unless the caller gave that secret (its variable or its file) itself.
+            given = {**os.environ, **self.env}
+            if not given.get(variable) and not given.get(f"{variable}_FILE"):
+                self.env[f"{variable}_FILE"] = str(secret_files[name])
         ports = {name: self.ports.get(name) or free_port() for name in services}
         if "gateway" in ports:  # where a task's crater_client posts its usage samples
             self.env.setdefault(
@@ -180,6 +188,41 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# Each secret the stack makes, and the variable whose _FILE hands it to its service.
+SECRET_VARIABLES = {
+    "CRATER_SCHEDULER_TOKEN_SECRET": "token_secret",
+    "CRATER_CALLBACK_WEBHOOK_PASSWORD": "webhook_password",
+    "CRATER_CALLBACK_WEBHOOK_SECRET": "webhook_secret",
+}
+
+
+def stack_secrets(data_dir: Path) -> dict[str, Path]:
+    """The data directory's secrets (secrets/<name>, mode 0600), made random on its first
+    start and kept after: the scheduler's token secret, the webhook password and signing
+    secret the callback and the receiver share."""
+    from crater.callback.domain.signing import generate_secret
+
+    makers: dict[str, Callable[[], str]] = {
+        "token_secret": lambda: secrets.token_urlsafe(48),
+        "webhook_password": lambda: secrets.token_urlsafe(24),
+        "webhook_secret": generate_secret,
+    }
+    folder = data_dir / "secrets"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    paths = {}
+    for name, make in makers.items():
+        paths[name] = path = folder / name
+        if not path.exists():
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+                file.write(make() + "\n")
+    return paths
+
+
+def read_secret(path: Path) -> str:
+    return path.read_text(encoding="utf-8").strip()
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
