@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -50,7 +50,25 @@ class ServiceSettings(BaseSettings):
     service: ClassVar[str | None] = None
     default_port: ClassVar[int | None] = None  # the service's own: its HTTP port if http_port is 0
 
-    nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server URL.")
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222", description="NATS server URL (tls://... for TLS)."
+    )
+    nats_user: str | None = Field(
+        default=None,
+        description="NATS user this process connects as: its own identity, whose permissions "
+        "are its catalog subjects (docs/security.md, NATS).",
+    )
+    nats_password: SecretStr | None = Field(default=None, description="That user's password.")
+    nats_password_file: str | None = Field(
+        default=None, description="A file holding that password (instead of nats_password)."
+    )
+    nats_tls_ca: str | None = Field(
+        default=None, description="CA certificate (PEM) that signed the NATS server's; TLS on."
+    )
+    nats_tls_cert: str | None = Field(
+        default=None, description="Client certificate (PEM), if the server verifies clients."
+    )
+    nats_tls_key: str | None = Field(default=None, description="That certificate's key (PEM).")
     database_url: str = Field(
         default=DEFAULT_DATABASE_URL,
         description="SQLAlchemy URL: sqlite+aiosqlite:///path or postgresql+asyncpg://...",
