@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-import nats
 import typer
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -28,6 +27,8 @@ from rich.table import Table
 from crater.contracts import MessageDeadLettered, MessageReplayed, Streams, Subjects
 from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS, encode
 from crater.runtime.jsondepth import json_depth
+from crater.runtime.nats_connection import NatsConnection
+from crater.runtime.settings import ServiceSettings
 
 app = typer.Typer(help="Messages the consumers gave up on: list, show, replay.")
 console = Console()
@@ -62,9 +63,9 @@ class Letter:
 def _run(nats_url: str, work: Callable[[JetStreamContext], Awaitable[T]]) -> T:
     async def go() -> T:
         try:
-            connection: Client = await nats.connect(
-                nats_url, connect_timeout=5, max_reconnect_attempts=0
-            )
+            # as CRATER_NATS_USER, CRATER_NATS_PASSWORD[_FILE], CRATER_NATS_TLS_* say (admin)
+            nats_as = NatsConnection.of(ServiceSettings(nats_url=nats_url))
+            connection: Client = await nats_as.connect(connect_timeout=5, max_reconnect_attempts=0)
         except Exception as error:
             console.print(f"[red]cannot reach NATS at {nats_url}[/red]: {error!r}")
             raise typer.Exit(2) from None

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from rich.console import Console
@@ -167,11 +166,22 @@ DEMO_ENV = {
 }
 
 
-def run_demo(data_dir: Path, duration: float, rate: float, seed: int, local: bool = True) -> None:
+def run_demo(
+    data_dir: Path,
+    duration: float,
+    rate: float,
+    seed: int,
+    local: bool = True,
+    secure: bool = True,
+) -> None:
     if data_dir.exists():
         shutil.rmtree(data_dir)  # each demo starts from an empty cluster and database
     gateway_port = 8080 if port_is_free(8080) else 0
-    stack = Stack(data_dir=data_dir, ports={"gateway": gateway_port} if gateway_port else {})
+    stack = Stack(
+        data_dir=data_dir,
+        ports={"gateway": gateway_port} if gateway_port else {},
+        secure=secure,
+    )
     console.rule("[bold]Crater demo")
     console.print(f"starting nats-server, SQLite and six services under {data_dir}/ ...")
     started = time.monotonic()
@@ -210,9 +220,11 @@ def _banner(stack: Stack, seconds: float) -> None:
 
 async def _watch_and_drive(stack: Stack, duration: float, rate: float, seed: int) -> None:
     watcher = Watcher()
-    connection = await nats.connect(stack.nats_url)
+    # The demo plays AllData and the inference replicas: the operator's identity.
+    nats_as = stack.nats_connection("admin")
+    connection = await nats_as.connect()
     await connection.subscribe("crater.v1.>", cb=watcher.on_message)
-    broker = NatsBroker(stack.nats_url, log_level=10)
+    broker = NatsBroker(nats_as.url, security=nats_as.security(), log_level=10)
     await broker.start()
     pools = await _fleet_pools(stack, watcher)
     await _start_inference_service(stack, pools)

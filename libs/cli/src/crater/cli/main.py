@@ -74,12 +74,19 @@ def up(
             "(examples/train_with_crater_client.py) runs for real every minute."
         ),
     ] = True,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            help="NATS over TLS, each service as its own user limited to its catalog subjects "
+            "(a development CA and passwords made under the data dir; docs/security.md)."
+        ),
+    ] = True,
 ) -> None:
     """Crater on embedded defaults: nats-server, SQLite, every service, a simulated fleet,
     a stand-in for AllData, and a stream of tasks. Ctrl-C stops it cleanly."""
     from crater.cli.demo import run_demo
 
-    run_demo(data_dir=data_dir, duration=duration, rate=rate, seed=seed, local=local)
+    run_demo(data_dir=data_dir, duration=duration, rate=rate, seed=seed, local=local, secure=secure)
 
 
 @app.command()

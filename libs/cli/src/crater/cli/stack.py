@@ -21,7 +21,9 @@ from pathlib import Path
 
 import httpx
 
+from crater.runtime import dev_pki
 from crater.runtime.db import upgrade_to_head
+from crater.runtime.nats_connection import NatsConnection
 from crater.runtime.nats_server import NatsServer, free_port, start_nats_server
 
 SERVICES = ("scheduler", "predictor", "callback", "autoscaler", "probe", "gateway")
@@ -53,6 +55,10 @@ class Stack:
     nats: NatsServer | None = None
     processes: dict[str, Process] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)  # fixed ports; others are free ones
+    # TLS, and each service connecting as its own NATS user with only its catalog subjects
+    # (a development CA, certificates and passwords made under data_dir/nats-security).
+    secure: bool = False
+    security: dev_pki.DevSecurity | None = None
 
     @property
     def database_url(self) -> str:
@@ -64,6 +70,20 @@ class Stack:
     def nats_url(self) -> str:
         assert self.nats is not None
         return self.nats.url
+
+    def nats_connection(self, identity: str = "admin") -> NatsConnection:
+        """How a process of the stack's connects: as `identity` when the stack is secure."""
+        if self.security is None:
+            return NatsConnection(self.nats_url)
+        return NatsConnection(
+            self.nats_url,
+            identity,
+            self.security.password(identity),
+            str(self.security.ca_cert),
+        )
+
+    def _identity_env(self, identity: str) -> dict[str, str]:
+        return self.security.env(identity) if self.security is not None else {}
 
     def url(self, name: str) -> str:
         return self.processes[name].url
@@ -79,8 +99,13 @@ class Stack:
         this machine as node LOCAL_NODE of pool LOCAL_POOL, running what is placed on it);
         waits for every /healthz."""
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if self.secure:
+            self.security = dev_pki.prepare(self.data_dir / "nats-security")
         self.nats = start_nats_server(
-            self.data_dir / "jetstream", log_file=self.data_dir / "logs" / "nats-server.log"
+            self.data_dir / "jetstream",
+            log_file=self.data_dir / "logs" / "nats-server.log",
+            config_file=self.security.config if self.security else None,
+            tls=self.security is not None,
         )
         secret_files = stack_secrets(self.data_dir)
         self.env = {
@@ -129,7 +154,7 @@ class Stack:
                 "CRATER_SCHEDULER_GATEWAY_URL", f"http://127.0.0.1:{ports['gateway']}"
             )
         for name in services:
-            self._spawn(name, ports[name], ["run", name])
+            self._spawn(name, ports[name], ["run", name], self._identity_env(name))
         if local_node:
             self._spawn(
                 "agent",
@@ -141,6 +166,7 @@ class Stack:
                     "CRATER_PROBE_NODE_ID": LOCAL_NODE,
                     "CRATER_PROBE_POOL": LOCAL_POOL,
                     "CRATER_PROBE_STATE_DIR": str(self.data_dir / "agent"),
+                    **self._identity_env("probe"),
                 },
             )
         for process in self.processes.values():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID, uuid5
@@ -62,6 +62,7 @@ from crater.contracts import (
 )
 from crater.contracts.catalog import channel_for
 from crater.runtime.jsondepth import TooDeep, check_json_depth
+from crater.runtime.nats_connection import NatsConnection
 from crater.runtime.settings import ServiceSettings
 from crater.runtime.telemetry import current_trace_context
 
@@ -551,14 +552,17 @@ class ChannelMetricsMiddleware(NatsPrometheusMiddleware):
 
 
 def make_broker(
-    nats_url: str,
+    nats_url: str | NatsConnection,
     service: str,
     registry: CollectorRegistry,
     tracer_provider: TracerProvider | None,
     policy: DeliveryPolicy | None = None,
 ) -> tuple[NatsBroker, Rejections]:
+    """The service's broker; given a `NatsConnection`, as its user and over its TLS."""
+    connection = NatsConnection.coerce(nats_url)
     broker = NatsBroker(
-        nats_url,
+        connection.url,
+        security=connection.security(),
         middlewares=(
             NatsTelemetryMiddleware(tracer_provider=tracer_provider),
             ChannelMetricsMiddleware(registry=registry, app_name=service, metrics_prefix="crater"),
@@ -710,12 +714,12 @@ def _pull_consumer(
     return register
 
 
-async def align_consumers(nats_url: str, broker: NatsBroker) -> None:
+async def align_consumers(nats_url: str | NatsConnection, broker: NatsBroker) -> None:
     """Give the broker's durable consumers that already exist JetStream's backstop for its
     delivery limit (`max_deliver`): nats-py binds to an existing consumer as it is, so one
     created before the limit (or under another limit) would otherwise keep its own."""
     wanted = (_POLICIES.get(broker) or DeliveryPolicy()).server_max_deliver
-    connection = await nats.connect(nats_url, connect_timeout=5)
+    connection = await NatsConnection.coerce(nats_url).connect(connect_timeout=5)
     try:
         js = connection.jetstream()
         for stream, durable_name in _DURABLES.get(broker, []):
@@ -730,16 +734,19 @@ async def align_consumers(nats_url: str, broker: NatsBroker) -> None:
         await connection.close()
 
 
-async def ensure_streams(nats_url: str) -> None:
-    """Create or update every catalog stream before any service consumes or publishes.
+async def ensure_streams(
+    nats_url: str | NatsConnection, streams: Sequence[StreamSpec] = Streams.ALL
+) -> None:
+    """Create or update the catalog's streams (every one, or `streams`: those a service with an
+    identity of its own may declare) before any service consumes or publishes.
 
     Done over its own short connection because FastStream's broker only connects when it
     starts its subscribers, and those need their streams to exist already.
     """
-    connection = await nats.connect(nats_url, connect_timeout=5)
+    connection = await NatsConnection.coerce(nats_url).connect(connect_timeout=5)
     try:
         js = connection.jetstream()
-        for spec in Streams.ALL:
+        for spec in streams:
             config = stream_config(spec)
             try:
                 await js.add_stream(config=config)

@@ -38,10 +38,11 @@ class NatsServer:
     store_dir: Path
     process: subprocess.Popen[bytes]
     host: str = "127.0.0.1"
+    tls: bool = False  # started with a configuration that requires TLS
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.process.poll() is None:
@@ -60,16 +61,28 @@ class NatsServer:
 
 
 def start_nats_server(
-    store_dir: Path, port: int | None = None, host: str = "127.0.0.1", log_file: Path | None = None
+    store_dir: Path,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    log_file: Path | None = None,
+    *,
+    config_file: Path | None = None,
+    tls: bool = False,
 ) -> NatsServer:
+    """nats-server with JetStream on `host:port`; with `config_file` (users, permissions, TLS:
+    `nats_permissions.render_server_config`, `dev_pki.prepare`) as well. `tls`: the config
+    requires TLS, so the URL is tls://."""
     store_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
-    args = [nats_server_binary(), "-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]
+    args = [nats_server_binary()]
+    if config_file is not None:
+        args += ["-c", str(config_file)]
+    args += ["-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
     process = subprocess.Popen(
         args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ}, start_new_session=True
     )
-    server = NatsServer(port=port, store_dir=store_dir, process=process, host=host)
+    server = NatsServer(port=port, store_dir=store_dir, process=process, host=host, tls=tls)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if process.poll() is not None:

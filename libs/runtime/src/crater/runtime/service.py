@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, make_asgi_app
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
+from crater.contracts import Streams, StreamSpec
 from crater.runtime.bus import (
     DeliveryPolicy,
     Rejections,
@@ -27,6 +28,8 @@ from crater.runtime.bus import (
     make_broker,
 )
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
+from crater.runtime.nats_connection import NatsConnection
+from crater.runtime.nats_permissions import SERVICES, streams_of
 from crater.runtime.settings import ServiceSettings
 from crater.runtime.telemetry import make_registry, make_tracer_provider
 
@@ -48,6 +51,19 @@ class Service:
     on_shutdown: list[Hook] = field(default_factory=list)
     after_shutdown: list[Hook] = field(default_factory=list)
     state: Any = None  # the service's own object, reachable by tests and tools
+
+    @property
+    def nats(self) -> NatsConnection:
+        """URL, user and TLS this service connects with (its settings)."""
+        return NatsConnection.of(self.settings)
+
+    @property
+    def streams(self) -> tuple[StreamSpec, ...]:
+        """The streams it declares on start: with an identity of its own, the ones it touches
+        (its permissions allow no others); without, every catalog stream."""
+        if self.settings.nats_user and self.name in SERVICES:
+            return streams_of(self.name)
+        return Streams.ALL
 
     @property
     def port(self) -> int:
@@ -75,8 +91,8 @@ class Service:
         """The FastStream app: streams ensured first, consumers started, health and metrics."""
 
         async def declare_streams() -> None:
-            await ensure_streams(self.settings.nats_url)
-            await align_consumers(self.settings.nats_url, self.broker)
+            await ensure_streams(self.nats, self.streams)
+            await align_consumers(self.nats, self.broker)
 
         async def flush_traces() -> None:
             self.tracer_provider.force_flush()
@@ -101,7 +117,7 @@ class Service:
         `asgi`: streams ensured, `on_startup`, the broker started, `after_startup`; on leaving,
         `on_shutdown`, the broker drained (closed when NATS is away), traces flushed,
         `after_shutdown`."""
-        await ensure_streams(self.settings.nats_url)
+        await ensure_streams(self.nats, self.streams)
         for hook in self.on_startup:
             await hook()
         await self.broker.start()
@@ -138,7 +154,7 @@ def create_service(name: str, settings: ServiceSettings) -> Service:
     registry = make_registry()
     tracer_provider = make_tracer_provider(name, settings.trace_file)
     broker, rejections = make_broker(
-        settings.nats_url, name, registry, tracer_provider, DeliveryPolicy.of(settings)
+        NatsConnection.of(settings), name, registry, tracer_provider, DeliveryPolicy.of(settings)
     )
     return Service(name, settings, broker, rejections, registry, tracer_provider)
 

@@ -121,7 +121,24 @@ class ServiceSettings(BaseSettings):
         "development token secret, unsigned webhooks, an empty Basic-auth password), naming "
         "the setting to set; development: start, with one warning for each.",
     )
-    nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server URL.")
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222", description="NATS server URL (tls://... for TLS)."
+    )
+    nats_user: str | None = Field(
+        default=None,
+        description="NATS user this process connects as: its own identity, whose permissions "
+        "are its catalog subjects (docs/security.md, NATS).",
+    )
+    nats_password: SecretStr | None = Field(
+        default=None, description="That user's password (or CRATER_NATS_PASSWORD_FILE)."
+    )
+    nats_tls_ca: str | None = Field(
+        default=None, description="CA certificate (PEM) that signed the NATS server's; TLS on."
+    )
+    nats_tls_cert: str | None = Field(
+        default=None, description="Client certificate (PEM), if the server verifies clients."
+    )
+    nats_tls_key: str | None = Field(default=None, description="That certificate's key (PEM).")
     database_url: str = Field(
         default=DEFAULT_DATABASE_URL,
         description="SQLAlchemy URL: sqlite+aiosqlite:///path or postgresql+asyncpg://...",

@@ -1,0 +1,73 @@
+"""How a process connects to NATS: URL, its own user and password, TLS. One place builds the
+options for nats-py (`connect`) and for FastStream's broker (`security`)."""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+from faststream.nats.security import NatsSecurity, NatsUserPassword
+from nats.aio.client import Client
+
+from crater.runtime.settings import ServiceSettings
+
+
+@dataclass(frozen=True)
+class NatsConnection:
+    url: str
+    user: str | None = None
+    password: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    @classmethod
+    def of(cls, settings: ServiceSettings) -> NatsConnection:
+        password = settings.nats_password.get_secret_value() if settings.nats_password else None
+        return cls(
+            url=settings.nats_url,
+            user=settings.nats_user,
+            password=password,
+            tls_ca=settings.nats_tls_ca,
+            tls_cert=settings.nats_tls_cert,
+            tls_key=settings.nats_tls_key,
+        )
+
+    @classmethod
+    def coerce(cls, nats_or_url: NatsConnection | str) -> NatsConnection:
+        return nats_or_url if isinstance(nats_or_url, NatsConnection) else cls(nats_or_url)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """Verifying the server against `tls_ca`; presenting `tls_cert` if given."""
+        if not (self.tls_ca or self.tls_cert or self.url.startswith("tls://")):
+            return None
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.tls_cert:
+            context.load_cert_chain(self.tls_cert, self.tls_key)
+        return context
+
+    def security(self) -> NatsSecurity | None:
+        """For FastStream's NatsBroker(security=...)."""
+        context = self.ssl_context()
+        if self.user is not None:
+            return NatsUserPassword(self.user, self.password or "", ssl_context=context)
+        if context is not None:
+            return NatsSecurity(ssl_context=context)
+        return None
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments for nats.connect."""
+        options: dict[str, Any] = {}
+        context = self.ssl_context()
+        if context is not None:
+            options["tls"] = context
+        if self.user is not None:
+            options["user"] = self.user
+            options["password"] = self.password or ""
+        return options
+
+    async def connect(self, **kwargs: Any) -> Client:
+        return await nats.connect(self.url, **self.options(), **kwargs)

@@ -1,0 +1,187 @@
+"""Each identity's NATS permissions, generated from the catalog so they cannot drift from it.
+
+A service may publish the subjects the catalog names it a producer of, and subscribe to those
+it consumes and the queries it answers; the JetStream API it is given is scoped to the streams
+it touches (it declares them: each service ensures its own streams on start), the consumers on
+them, and their acks. `render_server_config` writes the nats-server `authorization` block.
+
+Identities are the six services, `admin` (the operator: `crater dead-letters`, the demo's
+stand-in for AllData; everything) and `inference` (inference replicas reporting latencies).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from crater.contracts.catalog import Channel, Streams, StreamSpec, Subjects
+from crater.contracts.queries import QuerySubjects
+
+SERVICES = ("scheduler", "predictor", "callback", "autoscaler", "probe", "gateway")
+ADMIN = "admin"
+INFERENCE = "inference"
+IDENTITIES = (*SERVICES, ADMIN, INFERENCE)
+
+# Who answers each request/reply query, and who asks (core NATS, not JetStream).
+QUERY_ANSWERERS: Mapping[str, str] = {
+    QuerySubjects.NODES: "scheduler",
+    QuerySubjects.TASKS: "scheduler",
+    QuerySubjects.PLACEMENT: "scheduler",
+    QuerySubjects.TASK_PLACEMENT: "scheduler",
+    QuerySubjects.ALLOCATION: "scheduler",
+    QuerySubjects.PREDICTION: "predictor",
+    QuerySubjects.RESOLVE: "predictor",
+}
+QUERY_ASKERS = ("gateway",)
+# JetStream key-value buckets a service keeps (the gateway's accepted submission ids:
+# crater.gateway.submissions.ACCEPTED_BUCKET).
+KV_BUCKETS: Mapping[str, tuple[str, ...]] = {"gateway": ("crater_gateway_accepted",)}
+INBOX = "_INBOX.>"
+
+
+def actors(text: str) -> tuple[str, ...]:
+    """The identities a catalog producer or consumer entry stands for: "scheduler (its own
+    grants read back)" is the scheduler, "every consumer" each service that consumes. An entry
+    that names no identity raises, so a new producer cannot go without a permission."""
+    if text == "every consumer":
+        return consuming_services()
+    if text == "inference replicas":
+        return (INFERENCE,)
+    if text.startswith("crater dead-letters"):
+        return (ADMIN,)
+    name = text.split(" ", 1)[0]
+    if name not in SERVICES:
+        raise ValueError(f"catalog actor {text!r} is no known NATS identity")
+    return (name,)
+
+
+def consuming_services() -> tuple[str, ...]:
+    named = {
+        name
+        for channel in Subjects.ALL
+        for entry in channel.consumers
+        if (name := entry.split(" ", 1)[0]) in SERVICES
+    }
+    return tuple(s for s in SERVICES if s in named)
+
+
+def produced_by(identity: str) -> list[Channel]:
+    return [c for c in Subjects.ALL if any(identity in actors(p) for p in c.producers)]
+
+
+def consumed_by(identity: str) -> list[Channel]:
+    return [c for c in Subjects.ALL if any(identity in actors(e) for e in c.consumers)]
+
+
+def streams_of(identity: str) -> tuple[StreamSpec, ...]:
+    """The catalog streams `identity` publishes to or consumes from: the ones it ensures."""
+    used = {c.stream.name for c in (*produced_by(identity), *consumed_by(identity))}
+    return tuple(s for s in Streams.ALL if s.name in used)
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    allow_responses: bool = False  # may reply to requests it received (query answerers)
+
+    def as_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "publish": {"allow": list(self.publish)},
+            "subscribe": {"allow": list(self.subscribe)},
+        }
+        if self.allow_responses:
+            config["allow_responses"] = True
+        return config
+
+
+def _unique(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def _stream_api(stream: str) -> list[str]:
+    return [f"$JS.API.STREAM.{verb}.{stream}" for verb in ("CREATE", "UPDATE", "INFO")]
+
+
+def _consumer_api(stream: str) -> list[str]:
+    return [
+        f"$JS.API.CONSUMER.INFO.{stream}.*",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.*",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+        f"$JS.ACK.{stream}.>",
+    ]
+
+
+def _kv(bucket: str) -> list[str]:
+    stream = f"KV_{bucket}"
+    return [
+        f"$KV.{bucket}.>",
+        *_stream_api(stream),
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+    ]
+
+
+def permissions_for(identity: str) -> Permissions:
+    """What `identity` may publish and subscribe to."""
+    if identity == ADMIN:
+        return Permissions(publish=(">",), subscribe=(">",))
+    if identity not in IDENTITIES:
+        raise ValueError(f"unknown NATS identity {identity!r}")
+    produced, consumed = produced_by(identity), consumed_by(identity)
+    streams = [s.name for s in streams_of(identity)]
+    consumed_streams = _unique(c.stream.name for c in consumed)
+    answers = [q for q, who in QUERY_ANSWERERS.items() if who == identity]
+    asks = list(QUERY_ANSWERERS) if identity in QUERY_ASKERS else []
+    buckets = KV_BUCKETS.get(identity, ())
+    publish = [
+        *(c.wildcard for c in produced),
+        *asks,
+        *(api for s in streams for api in _stream_api(s)),
+        *(api for s in consumed_streams for api in _consumer_api(s)),
+        *(api for b in buckets for api in _kv(b)),
+    ]
+    subscribe = [
+        *(c.wildcard for c in consumed),
+        *answers,
+        *(f"$KV.{b}.>" for b in buckets),
+        INBOX,
+    ]
+    return Permissions(_unique(publish), _unique(subscribe), allow_responses=bool(answers))
+
+
+def all_permissions() -> dict[str, Permissions]:
+    return {identity: permissions_for(identity) for identity in IDENTITIES}
+
+
+def authorization_block(passwords: Mapping[str, str]) -> dict[str, Any]:
+    """The nats-server `authorization` block: one user per identity, its own permissions."""
+    return {
+        "users": [
+            {"user": who, "password": passwords[who], **{"permissions": p.as_config()}}
+            for who, p in all_permissions().items()
+            if who in passwords
+        ]
+    }
+
+
+def render_server_config(
+    passwords: Mapping[str, str],
+    *,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
+) -> str:
+    """A nats-server configuration (its syntax accepts JSON) with the users and, given a
+    certificate and key, TLS required of every client. Host, port and JetStream come from the
+    command line."""
+    config: dict[str, Any] = {"authorization": authorization_block(passwords)}
+    if tls_cert and tls_key:
+        tls: dict[str, Any] = {"cert_file": tls_cert, "key_file": tls_key, "timeout": 5}
+        if tls_ca:
+            tls["ca_file"] = tls_ca
+        config["tls"] = tls
+    return json.dumps(config, indent=2) + "\n"
