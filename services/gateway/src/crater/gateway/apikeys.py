@@ -17,6 +17,7 @@ from typing import Any
 
 import nats.js.errors
 import yaml
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from pydantic import AwareDatetime, BaseModel, Field, TypeAdapter
 
@@ -136,3 +137,15 @@ def find_key(keys: list[ApiKey], key_id: str) -> ApiKey:
             f"{len(matches)} keys match {key_id!r}: give at least 8 characters of the key id"
         )
     return matches[0]
+
+
+async def kv_bucket(js: JetStreamContext) -> KeyValue:
+    """The API keys' bucket, created if no gateway has yet."""
+    try:
+        return await js.key_value(API_KEYS_BUCKET)
+    except nats.js.errors.BucketNotFoundError:
+        return await js.create_key_value(bucket=API_KEYS_BUCKET, history=1)
+
+
+async def kv_put(bucket: KeyValue, key: ApiKey) -> None:
+    await bucket.put(key.hash, key.model_dump_json().encode())
