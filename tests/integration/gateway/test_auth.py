@@ -4,6 +4,7 @@ limit; a stand-in scheduler answers the task queries (as in test_queries)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -17,7 +18,9 @@ import jwt
 import nats
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
+from typer.testing import CliRunner
 
+from crater.cli.main import app as cli
 from crater.contracts import TaskSubmitted
 from crater.contracts.queries import QuerySubjects, TasksAnswer, TasksQuery
 from crater.gateway.apikeys import Scope, kv_bucket, kv_put, new_key, write_keys_file
@@ -289,3 +292,32 @@ async def test_auth_off_is_open(fresh_nats: NatsServer) -> None:
     ):
         listed = await http.get("/api/v1/tasks")
     assert sorted(t["task_id"] for t in listed.json()["tasks"]) == ["a-1", "b-1"]
+
+
+async def test_crater_tokens_on_the_bucket(fresh_nats: NatsServer) -> None:
+    """`crater tokens create` writes to the bucket the gateway reads; `revoke` takes effect
+    on the next request."""
+    runner = CliRunner()
+    nats_option = ["--nats-url", fresh_nats.url]
+    async with gateway(fresh_nats.url) as http:
+        made = await asyncio.to_thread(
+            runner.invoke,
+            cli,
+            ["tokens", "create", "--tenant", "a", "--scope", "read", *nats_option],
+        )
+        assert made.exit_code == 0, made.output
+        token = made.stdout.splitlines()[0]
+        async with responder(fresh_nats.url, QuerySubjects.TASKS, tasks_answer, []):
+            before = await http.get("/api/v1/tasks", headers=bearer(token))
+            listed = await asyncio.to_thread(
+                runner.invoke, cli, ["tokens", "list", "--json", *nats_option]
+            )
+            key_id = json.loads(listed.stdout.splitlines()[0])["id"]
+            revoked = await asyncio.to_thread(
+                runner.invoke, cli, ["tokens", "revoke", key_id, *nats_option]
+            )
+            assert revoked.exit_code == 0, revoked.output
+            after = await http.get("/api/v1/tasks", headers=bearer(token))
+    assert before.status_code == 200, before.text
+    assert after.status_code == 401
+    assert "revoked" in after.json()["detail"]
