@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import urllib.error
 import urllib.parse
@@ -126,11 +127,15 @@ TaskBody = Mapping[str, Any] | str | bytes
 
 
 class CraterClient:
-    """Blocking client; `base_url` is the gateway's (e.g. http://crater-gateway:8080)."""
+    """Blocking client; `base_url` is the gateway's (e.g. http://crater-gateway:8080).
+    `token` (else CRATER_API_TOKEN): an API key or JWT, sent as `Authorization: Bearer`."""
 
-    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self, base_url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS, token: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.token = token or os.environ.get("CRATER_API_TOKEN") or None
 
     def submit(self, task: TaskBody, *, idempotency_key: str | None = None) -> Accepted:
         """Submit AllData's task body; retries under the same `idempotency_key` submit once."""
@@ -192,6 +197,8 @@ class CraterClient:
             method=method,
             headers={"accept": "application/json", **(headers or {})},
         )
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
         if body is not None:
             request.add_header("content-type", "application/json")
         try:
@@ -208,8 +215,10 @@ class CraterClient:
 class AsyncCraterClient:
     """The same calls for asyncio code: each runs the blocking client in a worker thread."""
 
-    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
-        self.sync = CraterClient(base_url, timeout)
+    def __init__(
+        self, base_url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS, token: str | None = None
+    ) -> None:
+        self.sync = CraterClient(base_url, timeout, token)
 
     async def submit(self, task: TaskBody, *, idempotency_key: str | None = None) -> Accepted:
         return await asyncio.to_thread(self.sync.submit, task, idempotency_key=idempotency_key)
@@ -295,7 +304,7 @@ def _refusal(error: urllib.error.HTTPError) -> CraterError:
         return Conflict(message, status, body)
     if status == 404:
         return NotFound(message, status, body)
-    if status == 503:
+    if status in (503, 429):  # 429: this credential's rate limit
         retry = error.headers.get("Retry-After")
         return Unavailable(message, status, body, float(retry) if retry else None)
     return CraterError(f"HTTP {status}: {message}", status, body)

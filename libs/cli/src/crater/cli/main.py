@@ -21,6 +21,7 @@ from crater.cli import (
     logs,
     predict,
     simulate,
+    tokens,
     webhooks,
 )
 from crater.cli.dry_run import print_dry_run, schedule_test
@@ -224,6 +225,7 @@ db_app = typer.Typer(help="The database every stateful service shares.")
 app.add_typer(db_app, name="db")
 app.add_typer(webhooks.app, name="webhooks")
 app.add_typer(dead_letters.app, name="dead-letters")
+app.add_typer(tokens.app, name="tokens")
 
 
 @db_app.command("upgrade")

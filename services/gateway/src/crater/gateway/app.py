@@ -5,14 +5,17 @@ routes in routes/, by resource."""
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 
 from crater.contracts import TaskRequest, TaskUsageReported
+from crater.gateway.auth import Authenticator, Denied
 from crater.gateway.bodies import request_errors
 from crater.gateway.bus import Bus
 from crater.gateway.models import TaskDryRun, field_errors_response
@@ -56,7 +59,39 @@ class GatewayApi(FastAPI):
         )
         components.update(usage_schema.pop("$defs", {}))
         components["TaskUsageReported"] = usage_schema
+        add_auth_answers(schema)
         return schema
+
+
+# What a route that needs a credential may answer with auth `required` (docs/security.md).
+AUTH_ANSWERS = {
+    "401": "No credential, or an unknown, revoked, expired or invalid one (WWW-Authenticate).",
+    "403": "The credential lacks the route's scope, or names another tenant (`tenant`).",
+    "429": "This credential's rate limit is exceeded (Retry-After).",
+}
+
+
+def add_auth_answers(schema: dict[str, Any]) -> None:
+    """The auth refusals on every /api/v1 operation but the launcher's (its reservation token
+    is its proof), and the bearer scheme."""
+    problem_ref = {
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    }
+    for path, operations in schema.get("paths", {}).items():
+        if not path.startswith("/api/v1/") or path.startswith("/api/v1/allocations/"):
+            continue
+        for operation in operations.values():
+            operation["security"] = [{"bearer": []}]
+            answers = operation.setdefault("responses", {})
+            for code, description in AUTH_ANSWERS.items():
+                answers.setdefault(code, {"description": description, **problem_ref})
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes["bearer"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An API key (`crater tokens create`) or an OIDC JWT; with auth `off` "
+        "none is needed.",
+    }
 
 
 async def invalid_request(_: Request, error: Exception) -> JSONResponse:
@@ -64,16 +99,23 @@ async def invalid_request(_: Request, error: Exception) -> JSONResponse:
     return field_errors_response(422, request_errors(error.errors()))
 
 
+async def denied(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, Denied)
+    authenticator: Authenticator = request.app.state.auth
+    return authenticator.answer(request, error)
+
+
 def build(settings: GatewaySettings | None = None) -> FastAPI:
     settings = settings or GatewaySettings()
     service = create_service("gateway", settings)
     bus = Bus(service.broker, settings)
     submissions = Submissions(bus, settings)
+    auth = Authenticator(settings, service.broker, service.registry)
 
     async def connected() -> None:
         log.info("gateway connected to %s", settings.nats_url)
 
-    service.after_startup += [submissions.open, connected]
+    service.after_startup += [submissions.open, auth.open, connected]
 
     app = GatewayApi(
         title="Crater gateway",
@@ -86,6 +128,7 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.bus = bus
     app.state.submissions = submissions
+    app.state.auth = auth
     app.add_middleware(
         ObserveRequests,
         requests=Counter(
@@ -103,6 +146,7 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         tracer=service.tracer_provider.get_tracer("crater.gateway"),
     )
     app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(Denied, denied)
     for router in ROUTERS:
         app.include_router(router)
     return app
@@ -119,9 +163,40 @@ def create_app() -> FastAPI:
     return build()
 
 
+def tls_options(settings: GatewaySettings) -> dict[str, Any]:
+    """uvicorn's TLS options: HTTPS when a certificate is set; mTLS (a client certificate
+    from `tls_ca_certs` required in the handshake) when `tls_client_cert_required`."""
+    if settings.tls_certfile is None:
+        return {}
+    return {
+        "ssl_certfile": str(settings.tls_certfile),
+        "ssl_keyfile": str(settings.tls_keyfile),
+        "ssl_ca_certs": str(settings.tls_ca_certs) if settings.tls_ca_certs else None,
+        "ssl_cert_reqs": ssl.CERT_REQUIRED
+        if settings.tls_client_cert_required
+        else ssl.CERT_OPTIONAL
+        if settings.tls_ca_certs
+        else ssl.CERT_NONE,
+    }
+
+
 def main() -> None:
     app = build()
-    serve(app, service_of(app))
+    service = service_of(app)
+    settings: GatewaySettings = app.state.settings
+    tls = tls_options(settings)
+    if not tls:
+        serve(app, service)
+        return
+    uvicorn.run(
+        app,
+        host=settings.http_host,
+        port=service.port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        lifespan="on",
+        **tls,
+    )
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ class Claim(BaseModel):
     claimed_at: datetime
     submitted: bool = False  # JetStream acknowledged the publish
     body: str | None = None  # the request's digest (`body_digest`)
+    tenant: str | None = None  # whose task (None: written before claims named it)
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

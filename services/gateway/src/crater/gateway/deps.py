@@ -7,6 +7,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from crater.gateway.apikeys import Scope
+from crater.gateway.auth import Authenticator, Principal, require
 from crater.gateway.bus import Bus
 from crater.gateway.settings import GatewaySettings
 from crater.gateway.submissions import Submissions
@@ -33,7 +35,17 @@ async def submissions(request: Request) -> Submissions:
     return found
 
 
+async def auth(request: Request) -> Authenticator:
+    found: Authenticator = request.app.state.auth
+    return found
+
+
 ServiceDep = Annotated[Service, Depends(service)]
 SettingsDep = Annotated[GatewaySettings, Depends(settings)]
 BusDep = Annotated[Bus, Depends(bus)]
 SubmissionsDep = Annotated[Submissions, Depends(submissions)]
+AuthDep = Annotated[Authenticator, Depends(auth)]
+# The caller, holding the scope the route needs (OPEN, every scope, with auth off).
+Submitter = Annotated[Principal, Depends(require(Scope.SUBMIT))]
+Reader = Annotated[Principal, Depends(require(Scope.READ))]
+Canceller = Annotated[Principal, Depends(require(Scope.CANCEL))]

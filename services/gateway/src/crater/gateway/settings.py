@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from crater.runtime.settings import ServiceSettings
 
@@ -35,3 +38,47 @@ class GatewaySettings(ServiceSettings):
         description="A task id claimed but never confirmed published (a gateway that died "
         "between the two) may be submitted again after this long; longer than any publish.",
     )
+
+    # Authentication (docs/security.md). `off` keeps the API open, as before.
+    auth: Literal["off", "required"] = Field(
+        default="off",
+        description="`required`: every /api/v1 call needs a bearer token (an API key or an "
+        "OIDC JWT); /healthz and /metrics stay open.",
+    )
+    api_keys_file: Path | None = Field(
+        default=None,
+        description="A YAML/JSON file of API keys (hashes; `crater tokens --file`); unset: the "
+        "keys are in the JetStream key-value bucket crater_gateway_api_keys.",
+    )
+    jwt_issuer: str | None = Field(default=None, description="OIDC issuer (`iss`) accepted.")
+    jwt_audience: str | None = Field(default=None, description="`aud` required in JWTs.")
+    jwks_file: Path | None = Field(default=None, description="The issuer's JWKS, as a file.")
+    jwks_url: str | None = Field(default=None, description="The issuer's JWKS URL (cached).")
+    jwks_cache_seconds: int = Field(default=300, ge=1, le=86_400)
+    jwt_algorithms: list[str] = Field(default=["RS256", "ES256", "PS256", "EdDSA"])
+    jwt_tenant_claim: str = Field(default="tenant", description="The claim naming the tenant.")
+    jwt_leeway_seconds: float = Field(default=30.0, ge=0, le=600)
+    rate_limit_per_second: float = Field(
+        default=0.0, ge=0, description="Requests per second per credential; 0: no limit."
+    )
+    rate_limit_burst: int = Field(default=60, ge=1, description="Requests allowed at once.")
+    tls_certfile: Path | None = Field(default=None, description="Serve HTTPS with this cert.")
+    tls_keyfile: Path | None = None
+    tls_ca_certs: Path | None = Field(
+        default=None, description="CA bundle that client certificates must chain to (mTLS)."
+    )
+    tls_client_cert_required: bool = Field(
+        default=False, description="mTLS: refuse TLS handshakes without a valid client cert."
+    )
+
+    @model_validator(mode="after")
+    def _auth_consistent(self) -> GatewaySettings:
+        if self.jwt_issuer and not (self.jwks_file or self.jwks_url):
+            raise ValueError("jwt_issuer needs jwks_file or jwks_url")
+        if (self.jwks_file or self.jwks_url) and not (self.jwt_issuer and self.jwt_audience):
+            raise ValueError("a JWKS needs jwt_issuer and jwt_audience")
+        if self.tls_client_cert_required and not (self.tls_certfile and self.tls_ca_certs):
+            raise ValueError("tls_client_cert_required needs tls_certfile and tls_ca_certs")
+        if bool(self.tls_certfile) != bool(self.tls_keyfile):
+            raise ValueError("tls_certfile and tls_keyfile go together")
+        return self

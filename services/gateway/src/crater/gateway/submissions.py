@@ -68,10 +68,11 @@ class Submissions:
             return None
         return Claim.decode(entry.value or b""), entry.revision or 0
 
-    async def was_accepted(self, task_id: str) -> bool:
-        """Whether this gateway (any replica) accepted `task_id` lately."""
+    async def accepted_claim(self, task_id: str) -> Claim | None:
+        """The claim of `task_id` if this gateway (any replica) accepted it lately."""
         found = await self.claim_of(task_id)
-        return held(found[0] if found else None, datetime.now(UTC), self.grace)
+        claim = found[0] if found else None
+        return claim if held(claim, datetime.now(UTC), self.grace) else None
 
     async def publish_claimed(self, event: TaskSubmitted, claim: Claim, revision: int) -> None:
         """Publish under the claim, then mark it submitted (a failed mark is only logged: the
@@ -130,7 +131,7 @@ class Submissions:
             if verdict is Verdict.ABANDONED and claim is not None:
                 event_id = takeover_id(claim, event.event_id, body)
                 event = event.model_copy(update={"event_id": event_id})
-            mine = Claim(event_id=event.event_id, claimed_at=now, body=body)
+            mine = Claim(event_id=event.event_id, claimed_at=now, body=body, tenant=event.tenant)
             try:
                 if verdict is Verdict.NEW:
                     revision = await self.accepted.create(key, mine.encode())

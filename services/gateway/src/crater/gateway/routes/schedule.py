@@ -21,10 +21,11 @@ from crater.contracts.queries import (
     TaskPlacementAnswer,
     TaskPlacementQuery,
 )
+from crater.gateway.auth import submitted_as
 from crater.gateway.bodies import BodyTooLarge, parse_task_request, read_limited, submission_id
 from crater.gateway.bus import Bus
 from crater.gateway.claims import body_digest
-from crater.gateway.deps import BusDep, SettingsDep, SubmissionsDep
+from crater.gateway.deps import BusDep, Reader, SettingsDep, SubmissionsDep, Submitter
 from crater.gateway.models import (
     ANSWERS,
     PREDICTOR_NOT_ANSWERING,
@@ -95,6 +96,7 @@ async def dry_run_task(bus: Bus, request: TaskRequest) -> TaskDryRun | JSONRespo
 )
 async def schedule(
     request: Request,
+    principal: Submitter,
     settings: SettingsDep,
     bus: BusDep,
     submissions: SubmissionsDep,
@@ -120,6 +122,7 @@ async def schedule(
     parsed = parse_task_request(body, settings.max_json_depth)
     if not isinstance(parsed, TaskRequest):
         return field_errors_response(422, parsed)
+    parsed = submitted_as(principal, parsed)
 
     if dry_run:
         answered = await dry_run_task(bus, parsed)
@@ -143,7 +146,7 @@ async def schedule(
     response_model=PlacementAnswer,
     responses={422: {"model": FieldErrors}, **ANSWERS},
 )
-async def dry_run(query: PlacementQuery, bus: BusDep) -> PlacementAnswer | JSONResponse:
+async def dry_run(query: PlacementQuery, bus: BusDep, _: Reader) -> PlacementAnswer | JSONResponse:
     """Where would these resources go, and why not elsewhere? Nothing is reserved."""
     return await bus.ask(QuerySubjects.PLACEMENT, query, PlacementAnswer)
 
@@ -157,7 +160,7 @@ async def dry_run(query: PlacementQuery, bus: BusDep) -> PlacementAnswer | JSONR
         502: {"model": Problem, "description": "The predictor's answer did not validate."},
     },
 )
-async def resolve(job: JobDescription, bus: BusDep) -> ResolvedJob | JSONResponse:
+async def resolve(job: JobDescription, bus: BusDep, _: Reader) -> ResolvedJob | JSONResponse:
     """AllData's job description (framework, model size, data volume) turned into a full
     task request by the predictor: POST its `task` to /api/v1/schedule as is."""
     answer = await bus.ask(QuerySubjects.RESOLVE, ResolveQuery(job=job), ResolveAnswer, "predictor")

@@ -11,9 +11,18 @@ from opentelemetry import trace
 
 from crater.contracts import FieldError, TaskStatus, TaskStatusReported, TaskUsageReported
 from crater.contracts.queries import QuerySubjects, TasksAnswer, TasksQuery, TaskSummary
+from crater.gateway.auth import Authenticator, Principal
 from crater.gateway.bodies import BodyTooLarge, parse_body, read_limited
 from crater.gateway.bus import Bus
-from crater.gateway.deps import BusDep, SettingsDep, SubmissionsDep
+from crater.gateway.deps import (
+    AuthDep,
+    BusDep,
+    Canceller,
+    Reader,
+    SettingsDep,
+    SubmissionsDep,
+    Submitter,
+)
 from crater.gateway.models import (
     ANSWERS,
     CancelAccepted,
@@ -30,6 +39,8 @@ log = logging.getLogger("crater.gateway")
 
 router = APIRouter()
 
+MAX_TASKS = 10_000  # the most a TasksQuery may ask for
+
 
 @router.get(
     "/api/v1/tasks",
@@ -38,10 +49,32 @@ router = APIRouter()
 )
 async def tasks(
     bus: BusDep,
+    principal: Reader,
     status: TaskStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> TasksAnswer | JSONResponse:
-    return await bus.ask(QuerySubjects.TASKS, TasksQuery(status=status, limit=limit), TasksAnswer)
+    """The tasks the scheduler knows, newest first; a tenant's credential sees its own only
+    (among the scheduler's latest 10,000), an admin's every tenant's."""
+    if principal.sees_all:
+        query = TasksQuery(status=status, limit=limit)
+        return await bus.ask(QuerySubjects.TASKS, query, TasksAnswer)
+    query = TasksQuery(status=status, limit=MAX_TASKS)
+    answer = await bus.ask(QuerySubjects.TASKS, query, TasksAnswer)
+    if isinstance(answer, JSONResponse):
+        return answer
+    return TasksAnswer(tasks=[t for t in answer.tasks if t.tenant == principal.tenant][:limit])
+
+
+def unknown_task(task_id: str) -> JSONResponse:
+    return problem(404, f"task {task_id!r} is not known")
+
+
+def hidden(
+    auth: Authenticator, request: Request, principal: Principal, task_id: str
+) -> JSONResponse:
+    """Another tenant's task: answered as unknown (not to reveal it), logged and counted."""
+    auth.refused(request, "other_tenant", f"task {task_id!r} is not tenant {principal.tenant!r}'s")
+    return unknown_task(task_id)
 
 
 async def known_task(bus: Bus, task_id: str) -> TaskSummary | JSONResponse:
@@ -52,7 +85,7 @@ async def known_task(bus: Bus, task_id: str) -> TaskSummary | JSONResponse:
     for summary in answer.tasks:
         if summary.task_id == task_id:
             return summary
-    return problem(404, f"task {task_id!r} is not known")
+    return unknown_task(task_id)
 
 
 @router.get(
@@ -60,8 +93,13 @@ async def known_task(bus: Bus, task_id: str) -> TaskSummary | JSONResponse:
     response_model=TaskSummary,
     responses={404: {"model": Problem}, **ANSWERS},
 )
-async def task(task_id: str, bus: BusDep) -> TaskSummary | JSONResponse:
-    return await known_task(bus, task_id)
+async def task(
+    task_id: str, request: Request, bus: BusDep, auth: AuthDep, principal: Reader
+) -> TaskSummary | JSONResponse:
+    known = await known_task(bus, task_id)
+    if isinstance(known, TaskSummary) and not principal.owns(known.tenant):
+        return hidden(auth, request, principal, task_id)
+    return known
 
 
 @router.post(
@@ -75,7 +113,12 @@ async def task(task_id: str, bus: BusDep) -> TaskSummary | JSONResponse:
     },
 )
 async def cancel(
-    task_id: str, bus: BusDep, submissions: SubmissionsDep
+    task_id: str,
+    request: Request,
+    bus: BusDep,
+    submissions: SubmissionsDep,
+    auth: AuthDep,
+    principal: Canceller,
 ) -> CancelAccepted | JSONResponse:
     """Cancel a task: a waiting one leaves the queue, a placed or running one has its
     resources released (reason `cancelled`); its status ends `cancelled`. A task accepted
@@ -84,6 +127,8 @@ async def cancel(
     known = await known_task(bus, task_id)
     previous: TaskStatus | Literal["submitted"]
     if isinstance(known, TaskSummary):
+        if not principal.owns(known.tenant):
+            return hidden(auth, request, principal, task_id)
         if known.status.is_final:
             return problem(409, f"task {task_id!r} has ended already: {known.status.value}")
         previous = known.status
@@ -91,11 +136,15 @@ async def cancel(
         return known
     else:
         try:
-            if not await submissions.was_accepted(task_id):
+            claim = await submissions.accepted_claim(task_id)
+            if claim is None:
                 return known
         except BUS_ERRORS as error:
             log.warning("could not look up task %s: %r", task_id, error)
             return nats_unavailable(error)
+        # A claim written before claims named their tenant is an admin's to cancel.
+        if not principal.sees_all and claim.tenant != principal.tenant:
+            return hidden(auth, request, principal, task_id)
         previous = "submitted"
     event = TaskStatusReported(
         task_id=task_id, status=TaskStatus.CANCELLED, message="cancelled through the API"
@@ -139,10 +188,17 @@ router.add_api_route(
     },
 )
 async def usage(
-    task_id: str, request: Request, settings: SettingsDep, bus: BusDep
+    task_id: str,
+    request: Request,
+    settings: SettingsDep,
+    bus: BusDep,
+    auth: AuthDep,
+    principal: Submitter,
 ) -> UsageAccepted | JSONResponse:
     """One sample of a running task's own use (crater_client.start_monitoring), published
-    as it is for the predictor. A retried POST keeps its event_id and is published once."""
+    as it is for the predictor. A retried POST keeps its event_id and is published once.
+    With auth on: the `submit` scope, and a tenant's credential reports on its own tasks
+    only (the scheduler must know the task)."""
     try:
         body = await read_limited(
             request.stream(), settings.max_body_bytes, request.headers.get("content-length")
@@ -155,6 +211,12 @@ async def usage(
     if sample.task_id != task_id:
         reason = f"{sample.task_id!r} is not the task in the path, {task_id!r}"
         return field_errors_response(422, [FieldError(field="task_id", reason=reason)])
+    if not principal.sees_all:
+        known = await known_task(bus, task_id)
+        if not isinstance(known, TaskSummary):
+            return known
+        if not principal.owns(known.tenant):
+            return hidden(auth, request, principal, task_id)
     trace.get_current_span().set_attribute("crater.task_id", task_id)
     try:
         await bus.publish(sample)
