@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 import warnings
@@ -224,11 +225,14 @@ def valid(channel: Channel, body: bytes) -> bool:
     return True
 
 
+_NODE_NUMBERS = itertools.count()
+
+
 def subject_for(channel: Channel, body: bytes) -> str:
     if not channel.node_scoped:
         return channel.subject
     # one subject per message: the topology stream keeps one message per subject
-    return channel.for_node(f"fuzz-{zlib.crc32(body):08x}")
+    return channel.for_node(f"fuzz-{zlib.crc32(body):08x}-{next(_NODE_NUMBERS)}")
 
 
 # ---------------------------------------------------------------- figures
