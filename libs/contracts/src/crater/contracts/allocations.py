@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from pydantic import AwareDatetime, Field
 
-from crater.contracts.base import Contract, TaskEvent
+from crater.contracts.base import MAX_ATTEMPT, Contract, TaskEvent
 from crater.contracts.tasks import TaskId
 
 # Every variable a placed task is handed (AllocationGranted.environment), with its meaning:
@@ -90,7 +90,9 @@ class AllocationGranted(TaskEvent):
         default=0, ge=0, description="This member of a gang (one grant per member), from 0."
     )
     gang_size: int = Field(default=1, ge=1, description="Members granted together, all or none.")
-    attempt: int = Field(default=1, ge=1, description="Which attempt of the task (restart policy).")
+    attempt: int = Field(
+        default=1, ge=1, le=MAX_ATTEMPT, description="Which attempt of the task (restart policy)."
+    )
 
 
 class ReleaseReason(StrEnum):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from enum import StrEnum
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from crater.contracts.base import Event
+from crater.contracts.tasks import TaskId
 
 
 class LatencySamplesReported(Event):
@@ -90,7 +92,7 @@ class ReplicasRequested(Event):
     """
 
     service: str = Field(min_length=1, max_length=128)
-    task_ids: list[str] = Field(min_length=1, max_length=1024)
+    task_ids: list[TaskId] = Field(min_length=1, max_length=1024)
     template_task_id: str | None = Field(
         default=None,
         description="A placed replica of the service whose request the new ones copy; None "
@@ -106,6 +108,14 @@ class ReplicasRequested(Event):
         default=None, description="The scale.decided that asked for them; None: pool refill."
     )
     reason: str
+
+    @field_validator("task_ids")
+    @classmethod
+    def _one_replica_per_id(cls, task_ids: list[str]) -> list[str]:
+        repeated = sorted(i for i, n in Counter(task_ids).items() if n > 1)
+        if repeated:
+            raise ValueError(f"repeats {', '.join(repeated[:10])}: one replica per task id")
+        return task_ids
 
 
 class ReplicaDrained(Event):

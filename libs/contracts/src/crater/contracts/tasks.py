@@ -20,7 +20,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from crater.contracts.base import Contract, Event, TaskEvent
+from crater.contracts.base import INT64_MAX, MAX_ATTEMPT, Contract, Event, TaskEvent
 from crater.contracts.gpus import parse_gpu_product
 from crater.contracts.nodes import Toleration
 from crater.contracts.quantities import GBQuantity, MiBQuantity
@@ -736,10 +736,12 @@ class TaskPending(TaskEvent):
     """The task fits the cluster in principle but not now; the reasons say why."""
 
     task_id: TaskId
-    nodes_total: int = Field(ge=0)
+    nodes_total: int = Field(ge=0, le=INT64_MAX)
     reasons: list[FilterReason]
     summary: str = Field(examples=["0/40 nodes: 32 InsufficientGpus, 8 GpuMemoryPerCard"])
-    attempt: int = Field(default=1, ge=1, description="Which attempt waits (restart policy).")
+    attempt: int = Field(
+        default=1, ge=1, le=MAX_ATTEMPT, description="Which attempt waits (restart policy)."
+    )
 
 
 class FieldError(Contract):
@@ -776,7 +778,9 @@ class TaskEnded(TaskEvent):
         description="How its last allocation went back (succeeded, failed, cancelled, expired, "
         "preempted, node-lost, scaled-in); None if never placed.",
     )
-    attempt: int = Field(default=1, ge=1, description="Attempts run, this one included.")
+    attempt: int = Field(
+        default=1, ge=1, le=MAX_ATTEMPT, description="Attempts run, this one included."
+    )
 
 
 class TaskPreempted(TaskEvent):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from crater.contracts.base import Contract, Event
+from crater.contracts.base import MAX_ATTEMPT, Contract, Event
 from crater.contracts.tasks import TaskId
 
 
@@ -61,7 +61,7 @@ class TaskUnderutilized(Event):
 
     task_id: TaskId
     allocation_id: str | None = None
-    attempt: int = Field(default=1, ge=1)
+    attempt: int = Field(default=1, ge=1, le=MAX_ATTEMPT)
     measured_gpu_utilization_percent: float = Field(ge=0, le=100)
     min_gpu_utilization_percent: float = Field(ge=0, le=100)
     window_seconds: float = Field(gt=0, description="How long the mean was measured over.")

@@ -1,0 +1,39 @@
+"""Bounds the fuzzer showed were missing: a message a consumer would fail on at every
+delivery (a database integer overflowing, an outbox id repeated) is refused when it is read,
+naming the field, so it is rejected once instead of crashing the consumer."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from crater.contracts import ReplicasRequested, TaskPending, TaskSequence
+
+
+def test_a_replica_request_repeating_a_task_id_is_refused() -> None:
+    with pytest.raises(ValidationError) as refused:
+        ReplicasRequested(service="chat", task_ids=["r-1", "r-2", "r-1"], reason="scale out")
+    [error] = refused.value.errors()
+    assert error["loc"] == ("task_ids",)
+    assert "repeats r-1" in error["msg"]
+
+
+def test_a_replica_request_with_an_empty_task_id_is_refused() -> None:
+    with pytest.raises(ValidationError) as refused:
+        ReplicasRequested(service="0", task_ids=[""], reason="")
+    assert refused.value.errors()[0]["loc"] == ("task_ids", 0)
+
+
+@pytest.mark.parametrize(("field", "value"), [("attempt", 2**63), ("nodes_total", 2**64)])
+def test_numbers_a_database_cannot_hold_are_refused(field: str, value: int) -> None:
+    with pytest.raises(ValidationError) as refused:
+        TaskPending.model_validate(
+            {"task_id": "t1", "nodes_total": 3, "reasons": [], "summary": "", field: value}
+        )
+    assert refused.value.errors()[0]["loc"] == (field,)
+
+
+def test_a_sequence_number_beyond_64_bits_is_refused() -> None:
+    with pytest.raises(ValidationError):
+        TaskSequence(number=2**63)
+    assert TaskSequence(number=2**63 - 1).number == 2**63 - 1
