@@ -48,7 +48,8 @@ class Secured:
         return {
             "nats_url": self.server.url,
             "nats_user": identity,
-            "nats_password_file": str(self.security.password_file(identity)),
+            # as a file it comes through CRATER_NATS_PASSWORD_FILE (the one *_FILE mechanism)
+            "nats_password": self.security.password(identity),
             "nats_tls_ca": str(self.security.ca_cert),
         }
 

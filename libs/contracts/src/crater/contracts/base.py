@@ -12,8 +12,10 @@ SCHEMA_VERSION = 1
 # The most attempts a task can have (a restart policy allows 100): a bound that also keeps a
 # forged attempt number inside the databases' 64-bit integers.
 MAX_ATTEMPT = 10_000
-# What a database integer holds: sequence numbers and counts beyond it are refused up front.
-INT64_MAX = 2**63 - 1
+# The largest integer every JSON parser reads exactly (an IEEE double's 53 bits; AllData's
+# too), well inside a database's 64-bit integers even with arithmetic on it: sequence numbers
+# and counts beyond it are refused up front.
+MAX_EXACT_INT = 2**53
 _DERIVED_NAMESPACE = UUID("6f1c1f0e-8a53-4c5e-9d8e-63a0a0c6e0b1")
 
 
@@ -61,14 +63,14 @@ class TaskSequence(Contract):
 
     number: int = Field(
         ge=1,
-        le=INT64_MAX,
+        le=MAX_EXACT_INT,
         description="Grows with every event the producer emits about the task (not by one: "
         "a task's numbers have gaps).",
     )
     previous: int | None = Field(
         default=None,
         ge=1,
-        le=INT64_MAX,
+        le=MAX_EXACT_INT,
         description="The number of the producer's previous event about the task; None: this is "
         "the first, or the producer no longer knows (it restarted).",
     )

@@ -20,7 +20,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from crater.contracts.base import INT64_MAX, MAX_ATTEMPT, Contract, Event, TaskEvent
+from crater.contracts.base import MAX_ATTEMPT, MAX_EXACT_INT, Contract, Event, TaskEvent
 from crater.contracts.gpus import parse_gpu_product
 from crater.contracts.nodes import Toleration
 from crater.contracts.quantities import GBQuantity, MiBQuantity
@@ -736,7 +736,7 @@ class TaskPending(TaskEvent):
     """The task fits the cluster in principle but not now; the reasons say why."""
 
     task_id: TaskId
-    nodes_total: int = Field(ge=0, le=INT64_MAX)
+    nodes_total: int = Field(ge=0, le=MAX_EXACT_INT)
     reasons: list[FilterReason]
     summary: str = Field(examples=["0/40 nodes: 32 InsufficientGpus, 8 GpuMemoryPerCard"])
     attempt: int = Field(
