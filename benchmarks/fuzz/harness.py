@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import secrets
 import time
 import warnings
 import zlib
@@ -339,7 +340,12 @@ async def stack(nats_url: str, workdir: Path) -> AsyncIterator[Stack]:
         return f"sqlite+aiosqlite:///{workdir / f'{name}.db'}"
 
     built = {
-        "scheduler": scheduler(SchedulerSettings(**quick, database_url=db("scheduler"))),
+        # production mode, as shipped: a random token secret, as a deployment has its own
+        "scheduler": scheduler(
+            SchedulerSettings(
+                **quick, database_url=db("scheduler"), token_secret=secrets.token_urlsafe(48)
+            )
+        ),
         "predictor": predictor(PredictorSettings(**quick, database_url=db("predictor"))),
         "callback": callback(CallbackSettings(**quick, database_url=db("callback"))),
         "autoscaler": autoscaler(AutoscalerSettings(**quick)),
