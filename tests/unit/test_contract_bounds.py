@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from crater.contracts import ReplicasRequested, TaskPending, TaskSequence
+from crater.contracts import NodeTopology, ReplicasRequested, TaskPending, TaskSequence
+from tests.support.topologies import node
 
 
 def test_a_replica_request_repeating_a_task_id_is_refused() -> None:
@@ -37,3 +38,15 @@ def test_a_sequence_number_beyond_what_json_parsers_read_exactly_is_refused() ->
     with pytest.raises(ValidationError):
         TaskSequence(number=2**53 + 1)
     assert TaskSequence(number=2**53).number == 2**53
+
+
+def test_a_node_report_with_an_integer_beyond_what_json_parsers_read_exactly_is_refused() -> None:
+    """The fuzzer's node.topology and node.health failures: sizes past 64 bits overflowed
+    the scheduler's arrays and SQLite on every delivery."""
+    topology = node("a100-01", gpus=2).model_dump(mode="json")
+    topology["numa_nodes"][0]["memory_mb"] = 2**64
+    with pytest.raises(ValidationError) as refused:
+        NodeTopology.model_validate(topology)
+    assert refused.value.errors()[0]["loc"] == ("numa_nodes", 0, "memory_mb")
+    topology["numa_nodes"][0]["memory_mb"] = 2**53
+    NodeTopology.model_validate(topology)  # the largest exact integer is still a size

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import ClassVar
+from typing import Annotated, ClassVar
 from uuid import UUID, uuid4, uuid5
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
@@ -16,6 +16,8 @@ MAX_ATTEMPT = 10_000
 # too), well inside a database's 64-bit integers even with arithmetic on it: sequence numbers
 # and counts beyond it are refused up front.
 MAX_EXACT_INT = 2**53
+# An integer any JSON parser reads exactly: for fields whose own bounds say nothing of size.
+ExactInt = Annotated[int, Field(ge=-MAX_EXACT_INT, le=MAX_EXACT_INT)]
 _DERIVED_NAMESPACE = UUID("6f1c1f0e-8a53-4c5e-9d8e-63a0a0c6e0b1")
 
 

@@ -7,27 +7,29 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from crater.contracts.base import Contract, Event
+from crater.contracts.base import Contract, Event, ExactInt
 
 # No dots: the node id is one token of a node-scoped subject (crater.v1.node.health.<id>).
 NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
 
 
 class Gpu(Contract):
-    index: int = Field(ge=0)
+    index: ExactInt = Field(ge=0)
     uuid: str
     model: str = Field(examples=["NVIDIA A100-SXM4-80GB"])
     vendor: str = "nvidia"
-    memory_mb: int = Field(ge=0)
+    memory_mb: ExactInt = Field(ge=0)
     pci_bus_id: str | None = None
-    numa_node: int | None = None
-    nvlink_peers: list[int] = Field(default_factory=list, description="GPU indexes over NVLink.")
+    numa_node: ExactInt | None = None
+    nvlink_peers: list[ExactInt] = Field(
+        default_factory=list, description="GPU indexes over NVLink."
+    )
     mig_capable: bool = False
     mig_enabled: bool | None = Field(default=None, description="MIG mode (current); None: no MIG.")
-    pcie_generation_max: int | None = Field(
+    pcie_generation_max: ExactInt | None = Field(
         default=None, ge=1, description="PCIe gen the link can run."
     )
-    pcie_width_max: int | None = Field(
+    pcie_width_max: ExactInt | None = Field(
         default=None, ge=1, description="PCIe lanes the link can run."
     )
     pci_root: str | None = Field(
@@ -48,9 +50,9 @@ FigureSource = Literal["measured", "datasheet", "operator"]
 
 
 class NumaNode(Contract):
-    id: int = Field(ge=0)
-    cpus: list[int]
-    memory_mb: int = Field(ge=0)
+    id: ExactInt = Field(ge=0)
+    cpus: list[ExactInt]
+    memory_mb: ExactInt = Field(ge=0)
     memory_bandwidth_gbps: float | None = Field(
         default=None,
         ge=0,
@@ -68,19 +70,19 @@ class NumaNode(Contract):
 
 class Cpu(Contract):
     model: str
-    sockets: int = Field(ge=1)
-    cores: int = Field(ge=1, description="Physical cores.")
-    threads: int = Field(ge=1, description="Logical CPUs.")
+    sockets: ExactInt = Field(ge=1)
+    cores: ExactInt = Field(ge=1, description="Physical cores.")
+    threads: ExactInt = Field(ge=1, description="Logical CPUs.")
     flags: list[str] = Field(default_factory=list, description="Relevant flags: avx, avx2, ...")
 
 
 class Disk(Contract):
     name: str
     model: str | None = None
-    capacity_gb: int = Field(ge=0)
+    capacity_gb: ExactInt = Field(ge=0)
     rotational: bool
     nvme: bool
-    numa_node: int | None = None
+    numa_node: ExactInt | None = None
     mount_path: str | None = None
     pci_root: str | None = Field(default=None, description="PCI root complex of its controller.")
     random_read_iops: float | None = Field(
@@ -174,7 +176,7 @@ class NodeTopology(Contract):
     )
     cpu: Cpu
     numa_nodes: list[NumaNode]
-    memory_mb: int = Field(ge=0)
+    memory_mb: ExactInt = Field(ge=0)
     gpus: list[Gpu] = Field(default_factory=list)
     disks: list[Disk] = Field(default_factory=list)
     simulated: bool = False
@@ -188,18 +190,18 @@ class NodeTopologyReported(Event):
 
 
 class GpuMetrics(Contract):
-    index: int = Field(ge=0)
+    index: ExactInt = Field(ge=0)
     utilization_percent: float = Field(ge=0, le=100)
-    memory_used_mb: int = Field(ge=0)
-    memory_total_mb: int = Field(ge=0)
+    memory_used_mb: ExactInt = Field(ge=0)
+    memory_total_mb: ExactInt = Field(ge=0)
     temperature_c: float | None = None
     power_w: float | None = None
     sm_clock_mhz: float | None = None
     memory_clock_mhz: float | None = None
-    pcie_generation: int | None = Field(default=None, description="Current PCIe link gen.")
-    pcie_width: int | None = Field(default=None, description="Current PCIe link width.")
-    ecc_errors_corrected: int | None = Field(default=None, ge=0, description="Since boot.")
-    ecc_errors_uncorrected: int | None = Field(default=None, ge=0, description="Since boot.")
+    pcie_generation: ExactInt | None = Field(default=None, description="Current PCIe link gen.")
+    pcie_width: ExactInt | None = Field(default=None, description="Current PCIe link width.")
+    ecc_errors_corrected: ExactInt | None = Field(default=None, ge=0, description="Since boot.")
+    ecc_errors_uncorrected: ExactInt | None = Field(default=None, ge=0, description="Since boot.")
 
     @property
     def memory_pressure(self) -> float:
@@ -214,7 +216,7 @@ class DiskMetrics(Contract):
     write_mb_s: float = Field(ge=0, description="MiB written per second.")
     read_iops: float = Field(ge=0, description="Reads completed per second.")
     write_iops: float = Field(ge=0, description="Writes completed per second.")
-    in_flight: int | None = Field(
+    in_flight: ExactInt | None = Field(
         default=None, ge=0, description="I/Os in flight (queue depth) when sampled; None: unknown."
     )
 
@@ -222,10 +224,10 @@ class DiskMetrics(Contract):
 class NodeMetricsReported(Event):
     node_id: str = Field(pattern=NODE_ID_PATTERN)
     cpu_utilization_percent: float = Field(ge=0, le=100)
-    memory_used_mb: int = Field(ge=0)
-    memory_total_mb: int = Field(ge=0)
+    memory_used_mb: ExactInt = Field(ge=0)
+    memory_total_mb: ExactInt = Field(ge=0)
     gpus: list[GpuMetrics] = Field(default_factory=list)
-    numa_cpu_utilization_percent: dict[int, float] = Field(
+    numa_cpu_utilization_percent: dict[ExactInt, float] = Field(
         default_factory=dict,
         description="CPU use (0-100) per NUMA node id, over its CPU list; empty: not reported.",
     )
@@ -251,5 +253,5 @@ class NodeHealthReported(Event):
 
     node_id: str = Field(pattern=NODE_ID_PATTERN)
     condition: NodeCondition
-    score: int = Field(ge=0, le=100)
+    score: ExactInt = Field(ge=0, le=100)
     checks: list[HealthCheck] = Field(default_factory=list)
