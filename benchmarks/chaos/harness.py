@@ -189,7 +189,8 @@ async def _with_stack(
     stack._spawn("probe", free_port(), ["run", "probe"])  # the stack has no public add
     await asyncio.to_thread(wait_healthy, stack.processes["probe"])
     gateway = stack.url("gateway")
-    pools = await _wait_for_fleet(gateway, expected=len(_fleet().nodes))
+    headers = stack.auth_headers  # production's default: the gateway requires a key
+    pools = await _wait_for_fleet(gateway, headers, expected=len(_fleet().nodes))
     wait = probe_started + PROBE_LEAD_SECONDS - time.monotonic()
     if wait > 0:
         await asyncio.sleep(wait)
@@ -206,7 +207,7 @@ async def _with_stack(
     submissions: dict[str, Submission] = {}
     actions: list[Action] = []
     receiver_file = stack.data_dir / "webhooks.jsonl"
-    async with httpx.AsyncClient(base_url=gateway, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=gateway, timeout=10, headers=headers) as client:
         submitting = asyncio.create_task(_submit_all(client, bodies, config.rate, t0, submissions))
         chaos = asyncio.create_task(_chaos(stack, plan, t0, config.down_seconds, actions, echo))
         progress = asyncio.create_task(
@@ -498,10 +499,12 @@ def _server(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-async def _wait_for_fleet(gateway: str, expected: int, timeout: float = 60.0) -> set[str]:
+async def _wait_for_fleet(
+    gateway: str, headers: dict[str, str], expected: int, timeout: float = 60.0
+) -> set[str]:
     deadline = time.monotonic() + timeout
     nodes: list[dict[str, Any]] = []
-    async with httpx.AsyncClient(base_url=gateway, timeout=5) as client:
+    async with httpx.AsyncClient(base_url=gateway, timeout=5, headers=headers) as client:
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
                 response = await client.get("/api/v1/nodes")

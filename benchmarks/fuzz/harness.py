@@ -292,6 +292,11 @@ class Stack:
     nats_url: str
     gateway_url: str
     services: dict[str, Any]
+    api_token: str  # an admin key: authentication is on, as shipped
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_token}"}
 
 
 async def _serve(app: Any) -> AsyncIterator[str]:
@@ -320,6 +325,7 @@ async def stack(nats_url: str, workdir: Path) -> AsyncIterator[Stack]:
     from crater.autoscaler.app import build as autoscaler
     from crater.callback.app import CallbackSettings
     from crater.callback.app import build as callback
+    from crater.gateway.apikeys import Scope, new_key, write_keys_file
     from crater.gateway.app import GatewaySettings
     from crater.gateway.app import build as gateway
     from crater.predictor.app import PredictorSettings
@@ -351,12 +357,21 @@ async def stack(nats_url: str, workdir: Path) -> AsyncIterator[Stack]:
         "autoscaler": autoscaler(AutoscalerSettings(**quick)),
         "probe": probe(ProbeSettings(**quick, mode="fleet", seed=7)),
     }
-    app = gateway(GatewaySettings(nats_url=nats_url, query_timeout_seconds=2.0))
+    # Authentication required, as shipped; the fuzzer holds an admin key so that its bodies
+    # reach validation rather than stopping at 401.
+    keys = workdir / "api-keys.yaml"
+    token, key = new_key("fuzz", [Scope.ADMIN], name="fuzzer")
+    write_keys_file(keys, [key])
+    app = gateway(
+        GatewaySettings(
+            nats_url=nats_url, query_timeout_seconds=2.0, auth="required", api_keys_file=keys
+        )
+    )
     async with contextlib.AsyncExitStack() as running:
         for _, asgi in built.values():
             await running.enter_async_context(TestApp(asgi))
         url = await running.enter_async_context(contextlib.asynccontextmanager(_serve)(app))
-        yield Stack(nats_url, url, {name: service for name, (service, _) in built.items()})
+        yield Stack(nats_url, url, {name: service for name, (service, _) in built.items()}, token)
 
 
 # ---------------------------------------------------------------- the bus
@@ -564,6 +579,7 @@ def fuzz_rest(
     figures: Figures,
     per_operation: int,
     *,
+    headers: dict[str, str] | None = None,
     seed: int | None = None,
     progress: Callable[[Figures], None] | None = None,
 ) -> None:
@@ -574,13 +590,18 @@ def fuzz_rest(
     schema = schemathesis.openapi.from_dict(document)
     for result in schema.get_all_operations():
         operation = result.ok()
-        _fuzz_operation(operation, gateway_url, figures, per_operation, seed)
+        _fuzz_operation(operation, gateway_url, figures, per_operation, seed, headers or {})
         if progress:
             progress(figures)
 
 
 def _fuzz_operation(
-    operation: Any, gateway_url: str, figures: Figures, per_operation: int, seed: int | None
+    operation: Any,
+    gateway_url: str,
+    figures: Figures,
+    per_operation: int,
+    seed: int | None,
+    headers: dict[str, str],
 ) -> None:
     from schemathesis.generation.modes import GenerationMode
 
@@ -599,7 +620,9 @@ def _fuzz_operation(
             def call(case: Any) -> None:
                 figures.tried[target] += 1
                 try:
-                    response = case.call(base_url=gateway_url, timeout=REQUEST_TIMEOUT_S)
+                    response = case.call(
+                        base_url=gateway_url, headers=headers, timeout=REQUEST_TIMEOUT_S
+                    )
                 except Exception as error:  # a timeout or a dropped connection
                     figures.hangs[target] += 1
                     figures.finding(type="rest-hang", route=target, error=repr(error)[:300])

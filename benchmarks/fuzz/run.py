@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                     running.gateway_url,
                     figures,
                     max(2, rest // REST_OPERATIONS),
+                    headers=running.auth_headers,
                     seed=args.seed,
                     progress=progress,
                 )

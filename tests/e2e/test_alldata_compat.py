@@ -116,7 +116,7 @@ async def test_alldata_over_http_resolve_dry_run_submit_webhook_allocation_and_s
     stack: Stack,
 ) -> None:
     tap = await EventTap.start(stack.nats_url)
-    gateway = httpx.AsyncClient(base_url=stack.url("gateway"), timeout=30)
+    gateway = stack.gateway_client(timeout=30)
     try:
         await fleet_known(gateway)
 
@@ -195,7 +195,7 @@ async def test_alldata_over_nats_the_task_as_the_submitted_event_and_the_job_res
     stack: Stack,
 ) -> None:
     tap = await EventTap.start(stack.nats_url)
-    gateway = httpx.AsyncClient(base_url=stack.url("gateway"), timeout=30)
+    gateway = stack.gateway_client(timeout=30)
     connection = await nats.connect(stack.nats_url)
     try:
         await fleet_known(gateway)

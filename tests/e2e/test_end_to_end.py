@@ -77,7 +77,12 @@ def crater(stack: Stack, *args: str) -> str:
     """Run the `crater` command line against the stack, as a person would."""
     done = subprocess.run(
         [sys.executable, "-m", "crater.cli", *args],
-        env={**os.environ, "CRATER_GATEWAY_URL": stack.url("gateway"), "COLUMNS": "200"},
+        env={
+            **os.environ,
+            "CRATER_GATEWAY_URL": stack.url("gateway"),
+            "CRATER_API_TOKEN": stack.api_token,
+            "COLUMNS": "200",
+        },
         capture_output=True,
         text=True,
         timeout=60,
@@ -114,7 +119,7 @@ TERMINAL = {"succeeded", "failed", "cancelled", "rejected"}
 
 async def test_tasks_flow_from_gateway_to_webhooks_in_one_trace(stack: Stack) -> None:
     tap = await EventTap.start(stack.nats_url)
-    gateway = httpx.AsyncClient(base_url=stack.url("gateway"), timeout=10)
+    gateway = stack.gateway_client(timeout=10)
     try:
         # the fleet must be known before anything can be placed
         deadline = time.monotonic() + 30

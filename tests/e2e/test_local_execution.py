@@ -49,7 +49,9 @@ def submit(stack: Stack, task_id: str, command: list[str], **extra: Any) -> None
         "command": command,
         **extra,
     }
-    answer = httpx.post(f"{stack.url('gateway')}/api/v1/schedule", json=body, timeout=10)
+    answer = httpx.post(
+        f"{stack.url('gateway')}/api/v1/schedule", json=body, headers=stack.auth_headers, timeout=10
+    )
     assert answer.status_code == 202, answer.text
 
 
@@ -59,7 +61,9 @@ def wait_status(
     deadline = time.monotonic() + seconds
     task: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        answer = httpx.get(f"{stack.url('gateway')}/api/v1/tasks/{task_id}", timeout=5)
+        answer = httpx.get(
+            f"{stack.url('gateway')}/api/v1/tasks/{task_id}", headers=stack.auth_headers, timeout=5
+        )
         if answer.status_code == 200:
             task = answer.json()
             if task["status"] in wanted:
@@ -96,7 +100,11 @@ def test_cancel_kills_a_task_that_ignores_sigterm(stack: Stack, tmp_path: Path) 
     )
     submit(stack, "stubborn", [sys.executable, "-c", code])
     wait_status(stack, "stubborn", {"running"})
-    answer = httpx.post(f"{stack.url('gateway')}/api/v1/tasks/stubborn/cancel", timeout=5)
+    answer = httpx.post(
+        f"{stack.url('gateway')}/api/v1/tasks/stubborn/cancel",
+        headers=stack.auth_headers,
+        timeout=5,
+    )
     assert answer.status_code == 202
     wait_status(stack, "stubborn", {"cancelled"})
     log = tmp_path / "agent" / "logs" / "tasks" / "stubborn-1.log"

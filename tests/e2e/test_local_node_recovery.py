@@ -71,7 +71,7 @@ async def tap(stack: Stack) -> AsyncIterator[EventTap]:
 
 @pytest.fixture
 async def gateway(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=stack.url("gateway"), timeout=10) as client:
+    async with stack.gateway_client(timeout=10) as client:
         yield client
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -25,6 +26,7 @@ from crater_client import (
     ValidationFailed,
     run_task,
 )
+from crater_client.monitoring import RESERVATION_TOKEN_HEADER, usage_credentials
 from tests.support.events import EventTap
 
 pytestmark = pytest.mark.integration
@@ -65,7 +67,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def test_alldata_drives_a_task_s_lifecycle_and_gets_refusals_as_exceptions(
     stack: Stack,
 ) -> None:
-    client = CraterClient(stack.url("gateway"))
+    client = CraterClient(stack.url("gateway"), token=stack.api_token)
     dry = client.dry_run(task("life-1"))  # where it would go; holds nothing, not even the id
     assert dry["placement"]["outcome"] == "placed", dry["placement"]["summary"]
     [member] = dry["placement"]["members"]
@@ -102,7 +104,15 @@ def test_alldata_drives_a_task_s_lifecycle_and_gets_refusals_as_exceptions(
         client.get("never-submitted")
 
 
-def post_usage(gateway: str, task_id: str, attempt: int, second: float, util: float) -> None:
+def post_usage(
+    gateway: str,
+    task_id: str,
+    attempt: int,
+    second: float,
+    util: float,
+    credentials: dict[str, str],
+    allocation_id: str | None = None,
+) -> int:
     body = {
         "event_id": str(uuid4()),
         "occurred_at": (datetime.now(UTC) + timedelta(seconds=second)).isoformat(),
@@ -110,27 +120,34 @@ def post_usage(gateway: str, task_id: str, attempt: int, second: float, util: fl
         "attempt": attempt,
         "interval_seconds": 10,
         "gpus": [{"gpu_id": 0, "utilization_percent": util, "memory_used_mb": 20000}],
+        "allocation_id": allocation_id,
     }
     request = urllib.request.Request(
         f"{gateway}/api/v1/tasks/{task_id}/usage",
         data=json.dumps(body).encode(),
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **credentials},
         method="POST",
     )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        assert response.status == 202
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
 
 
 async def test_a_task_below_its_sla_is_said_once(stack: Stack) -> None:
     tap = await EventTap.start(stack.nats_url)
     try:
-        client = AsyncCraterClient(stack.url("gateway"))
+        client = AsyncCraterClient(stack.url("gateway"), token=stack.api_token)
         await client.submit(task("slow-1", sla={"min_gpu_utilization_percent": 70}))
         running = await client.wait("slow-1", until={"running"}, timeout=60, poll=0.2)
         gateway = stack.url("gateway")
         # 40 s of 25% utilisation, as the task's monitor would report it: two whole windows
         for n in range(1, 5):
-            await asyncio.to_thread(post_usage, gateway, "slow-1", running.attempt, 10 * n, 25.0)
+            answer = await asyncio.to_thread(
+                post_usage, gateway, "slow-1", running.attempt, 10 * n, 25.0, stack.auth_headers
+            )
+            assert answer == 202
         [breach] = await tap.wait_for(TaskUnderutilized, lambda e: e.task_id == "slow-1")
         assert breach.measured_gpu_utilization_percent == 25.0
         assert breach.min_gpu_utilization_percent == 70.0
@@ -151,7 +168,7 @@ def launched_environment(client: CraterClient, stack: Stack, task_id: str) -> di
 
 
 def test_run_task_confirms_heartbeats_and_reports_success(stack: Stack) -> None:
-    client = CraterClient(stack.url("gateway"))
+    client = CraterClient(stack.url("gateway"), token=stack.api_token)
     env = launched_environment(client, stack, "launch-ok")
     with run_task(environ=env, heartbeat_seconds=0.5) as running:
         assert running.task_id == "launch-ok"
@@ -164,7 +181,7 @@ def test_run_task_confirms_heartbeats_and_reports_success(stack: Stack) -> None:
 
 
 def test_run_task_reports_the_exception_and_reraises_it(stack: Stack) -> None:
-    client = CraterClient(stack.url("gateway"))
+    client = CraterClient(stack.url("gateway"), token=stack.api_token)
     env = launched_environment(client, stack, "launch-boom")
     with pytest.raises(RuntimeError, match="CUDA out of memory"), run_task(environ=env):
         raise RuntimeError("CUDA out of memory")
@@ -176,7 +193,7 @@ def test_run_task_reports_the_exception_and_reraises_it(stack: Stack) -> None:
 
 
 def test_run_task_with_a_wrong_token_is_refused_on_entry(stack: Stack) -> None:
-    client = CraterClient(stack.url("gateway"))
+    client = CraterClient(stack.url("gateway"), token=stack.api_token)
     env = launched_environment(client, stack, "launch-forged")
     token = env["CRATER_RESERVATION_TOKEN"]
     forged = {**env, "CRATER_RESERVATION_TOKEN": token[:-8] + "00000000"}
@@ -187,3 +204,28 @@ def test_run_task_with_a_wrong_token_is_refused_on_entry(stack: Stack) -> None:
     assert field == "token"
     assert reason.startswith("forged")
     client.cancel("launch-forged")
+
+
+def test_a_task_reports_its_usage_with_its_reservation_token_and_no_api_key(
+    stack: Stack,
+) -> None:
+    client = CraterClient(stack.url("gateway"), token=stack.api_token)
+    env = launched_environment(client, stack, "usage-own")
+    other = launched_environment(client, stack, "usage-other")
+    gateway, allocation = stack.url("gateway"), env["CRATER_ALLOCATION_ID"]
+
+    def post(task_id: str, credentials: dict[str, str], allocation_id: str | None) -> int:
+        return post_usage(gateway, task_id, 1, 0, 50.0, credentials, allocation_id)
+
+    # crater_client's monitor sends what the task's environment holds: its token
+    own = usage_credentials(env)
+    assert post("usage-own", own, allocation) == 202
+    assert post("usage-own", {}, allocation) == 401  # no credential at all
+    assert post("usage-own", own, None) == 422  # which allocation the token is for
+    forged = {RESERVATION_TOKEN_HEADER: env["CRATER_RESERVATION_TOKEN"][:-8] + "00000000"}
+    assert post("usage-own", forged, allocation) == 403
+    # another task's token cannot speak for this task, nor this one's for another allocation
+    assert post("usage-own", usage_credentials(other), other["CRATER_ALLOCATION_ID"]) == 403
+    assert post("usage-other", own, other["CRATER_ALLOCATION_ID"]) == 403
+    client.cancel("usage-own")
+    client.cancel("usage-other")

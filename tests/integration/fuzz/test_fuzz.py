@@ -34,7 +34,9 @@ async def test_the_gateway_answers_every_fuzzed_request_without_a_5xx_or_a_hang(
     running: Stack,
 ) -> None:
     figures = Figures()
-    await asyncio.to_thread(fuzz_rest, running.gateway_url, figures, 10)
+    await asyncio.to_thread(
+        fuzz_rest, running.gateway_url, figures, 10, headers=running.auth_headers
+    )
     assert figures.total("tried") >= 50
     assert figures.total("server_errors") == 0, findings(figures, "5xx")
     assert figures.total("hangs") == 0, findings(figures, "rest-hang")

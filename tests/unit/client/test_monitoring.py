@@ -67,6 +67,7 @@ class Receiver(ThreadingHTTPServer):
 
     def __init__(self, status: int = 202) -> None:
         self.bodies: list[tuple[str, dict[str, Any]]] = []
+        self.headers: list[dict[str, str]] = []
         self.status = status
         receiver = self
 
@@ -74,6 +75,7 @@ class Receiver(ThreadingHTTPServer):
             def do_POST(self) -> None:
                 length = int(self.headers["content-length"])
                 receiver.bodies.append((self.path, json.loads(self.rfile.read(length))))
+                receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
                 self.send_response(receiver.status)
                 self.send_header("content-length", "2")
                 self.end_headers()
@@ -137,6 +139,35 @@ def test_samples_are_posted_per_interval_in_the_contract_s_shape(
         assert first.cpu_utilization_percent > 30
     finally:
         gateway.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"CRATER_RESERVATION_TOKEN": "rt"}, {"crater-reservation-token": "rt"}),
+        (
+            {"CRATER_RESERVATION_TOKEN": "rt", "CRATER_API_TOKEN": "crt_key"},
+            {"authorization": "Bearer crt_key"},
+        ),
+        ({}, {}),
+    ],
+)
+def test_samples_carry_the_api_key_else_the_reservation_token(
+    extra: dict[str, str], expected: dict[str, str]
+) -> None:
+    gateway = Receiver()
+    try:
+        monitor = start_monitoring(0.2, gateway.url, environ={**ENV, **extra})
+        time.sleep(0.5)
+        monitor.stop()
+        assert gateway.headers
+        sent = {k: v for k, v in gateway.headers[0].items() if k in CREDENTIAL_HEADERS}
+        assert sent == expected
+    finally:
+        gateway.shutdown()
+
+
+CREDENTIAL_HEADERS = ("authorization", "crater-reservation-token")
 
 
 def test_a_failing_gateway_is_counted_and_logged_never_raised(

@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 from crater.callback.app import CallbackSettings
 from crater.callback.domain.signing import generate_secret
 from crater.cli.main import app as cli
-from crater.cli.stack import read_secret, stack_secrets
+from crater.cli.stack import read_secret, stack_api_keys, stack_secrets
+from crater.gateway.apikeys import Scope, new_key, read_keys_file, token_hash, write_keys_file
+from crater.gateway.settings import GatewaySettings
 from crater.runtime.service import create_service
 from crater.runtime.settings import ServiceSettings
 from crater.scheduler.app import SchedulerSettings
@@ -44,6 +46,40 @@ def test_production_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ServiceSettings().development
     monkeypatch.setenv("CRATER_ENVIRONMENT", "staging")
     assert "environment" in refusal(ServiceSettings)
+
+
+# -- the gateway's authentication ------------------------------------------------------------
+
+
+def test_gateway_requires_authentication_in_production_and_refuses_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert GatewaySettings().auth == "required"
+    message = refusal(GatewaySettings, auth="off")
+    assert "CRATER_GATEWAY_AUTH=required" in message
+    assert "crater tokens create" in message
+    monkeypatch.setenv("CRATER_GATEWAY_AUTH", "off")
+    assert "CRATER_GATEWAY_AUTH" in refusal(GatewaySettings)
+
+
+def test_gateway_is_open_by_default_in_development_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRATER_ENVIRONMENT", "development")
+    assert GatewaySettings().auth == "off"
+    assert GatewaySettings(auth="required").auth == "required"
+
+
+def test_the_stacks_admin_key_is_made_once_and_kept_with_added_keys(tmp_path: Path) -> None:
+    keys = stack_api_keys(tmp_path)
+    token = read_secret(tmp_path / "secrets" / "admin-token")
+    assert stat.S_IMODE((tmp_path / "secrets" / "admin-token").stat().st_mode) == 0o600
+    [admin] = read_keys_file(keys)
+    assert admin.hash == token_hash(token)
+    assert admin.scopes == [Scope.ADMIN]
+    _, other = new_key("search", [Scope.READ])
+    write_keys_file(keys, [admin, other])
+    assert stack_api_keys(tmp_path) == keys
+    assert read_secret(tmp_path / "secrets" / "admin-token") == token
+    assert [k.hash for k in read_keys_file(keys)] == [admin.hash, other.hash]
 
 
 # -- the scheduler's token secret ------------------------------------------------------------

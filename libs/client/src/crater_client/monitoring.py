@@ -30,6 +30,9 @@ log = logging.getLogger("crater_client.monitoring")
 PROC = Path("/proc")
 MIB = 1024 * 1024
 POST_TIMEOUT_SECONDS = 5.0
+# How a running task without an API key proves a usage sample is its own (the gateway asks
+# the scheduler whether the token is its allocation's).
+RESERVATION_TOKEN_HEADER = "Crater-Reservation-Token"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
@@ -143,6 +146,7 @@ class Monitor:
         ticks_per_interval: int = 5,
         root_pid: int | None = None,
         node: str | None = None,
+        credentials: Mapping[str, str] | None = None,
     ) -> None:
         if interval <= 0 or interval > 3600:
             raise ValueError(f"interval: {interval} s is outside (0, 3600]")
@@ -150,6 +154,9 @@ class Monitor:
         self.url = (
             f"{gateway_url.rstrip('/')}/api/v1/tasks/{task_id}/usage" if gateway_url else None
         )
+        # An API key (CRATER_API_TOKEN), else the task's own reservation token: a gateway
+        # with authentication takes either on a usage sample (docs/security.md).
+        self.credentials = dict(credentials or {})
         self.identity = {
             "task_id": task_id,
             "allocation_id": allocation_id,
@@ -249,7 +256,7 @@ class Monitor:
         request = urllib.request.Request(
             self.url,
             data=json.dumps(sample).encode(),
-            headers={"content-type": "application/json"},
+            headers={"content-type": "application/json", **self.credentials},
             method="POST",
         )
         try:
@@ -290,4 +297,15 @@ def start_monitoring(
         cores_granted=len(config["cpu_cores"]),
         node=placement.node,
         ticks_per_interval=ticks_per_interval,
+        credentials=usage_credentials(env),
     ).start()
+
+
+def usage_credentials(env: Mapping[str, str]) -> dict[str, str]:
+    """The headers a usage sample proves itself with: the API key in CRATER_API_TOKEN, else
+    the allocation's reservation token (CRATER_RESERVATION_TOKEN), else none."""
+    if token := env.get("CRATER_API_TOKEN"):
+        return {"authorization": f"Bearer {token}"}
+    if reservation := env.get("CRATER_RESERVATION_TOKEN"):
+        return {RESERVATION_TOKEN_HEADER: reservation}
+    return {}

@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from rich.console import Console
@@ -211,8 +210,10 @@ def _banner(stack: Stack, seconds: float) -> None:
     console.print(f"up in {seconds:.1f} s. nats: {stack.nats_url}  gateway: {gateway}")
     for name, process in stack.processes.items():
         console.print(f"  {name:<10} {process.url}/healthz  /metrics   log: {process.log_path}")
+    token_file = stack.data_dir / "secrets" / "admin-token"
     console.print(
-        f"try, in another shell:  CRATER_GATEWAY_URL={gateway} crater list-nodes | crater tasks"
+        f"try, in another shell:  export CRATER_GATEWAY_URL={gateway} "
+        f'CRATER_API_TOKEN="$(cat {token_file})"; crater list-nodes; crater tasks'
     )
     console.print("Ctrl-C stops everything.")
     console.rule()
@@ -251,7 +252,7 @@ async def _watch_and_drive(stack: Stack, duration: float, rate: float, seed: int
 async def _fleet_pools(stack: Stack, watcher: Watcher, timeout: float = 30.0) -> set[str]:
     """Wait until the scheduler knows the simulated fleet; show it; return its pools."""
     deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(base_url=stack.url("gateway"), timeout=5) as client:
+    async with stack.gateway_client(timeout=5) as client:
         while time.monotonic() < deadline:
             response = await client.get("/api/v1/nodes")
             if response.status_code == 200 and (nodes := response.json()["nodes"]):
@@ -273,7 +274,7 @@ async def _submit_tasks(
 ) -> None:
     rng = random.Random(seed)
     weights = [w for w, _, _ in WORKLOAD]
-    async with httpx.AsyncClient(base_url=stack.url("gateway"), timeout=10) as client:
+    async with stack.gateway_client(timeout=10) as client:
         for n in range(1, 1_000_000):
             _, role, template = rng.choices(WORKLOAD, weights)[0]
             body = json.loads(json.dumps(template))
@@ -311,7 +312,7 @@ def local_task(n: int) -> dict[str, Any]:
 
 
 async def _submit_local_tasks(stack: Stack, watcher: Watcher) -> None:
-    async with httpx.AsyncClient(base_url=stack.url("gateway"), timeout=10) as client:
+    async with stack.gateway_client(timeout=10) as client:
         for n in range(1, 1_000_000):
             await asyncio.sleep(5.0 if n == 1 else LOCAL_EVERY_SECONDS)
             body = local_task(n)
@@ -339,7 +340,7 @@ async def _start_inference_service(stack: Stack, pools: set[str]) -> None:
         "pool": "inference" if "inference" in pools else "default",
         "anti_affinity": {"group": SERVICE},
     }
-    async with httpx.AsyncClient(base_url=stack.url("gateway"), timeout=10) as client:
+    async with stack.gateway_client(timeout=10) as client:
         await client.post("/api/v1/schedule", json=body)
 
 

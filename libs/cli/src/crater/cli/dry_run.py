@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from crater.cli.credentials import api_headers
 from crater.contracts import PlacementAnswer, PlacementQuery
 
 console = Console(highlight=False)
@@ -66,7 +67,7 @@ def schedule_test(
         response = httpx.post(
             f"{gateway}/api/v1/schedule/dry-run",
             content=query.model_dump_json(),
-            headers={"content-type": "application/json"},
+            headers={"content-type": "application/json", **api_headers()},
             timeout=10,
         )
     except httpx.ConnectError:

@@ -24,6 +24,7 @@ from crater.cli import (
     tokens,
     webhooks,
 )
+from crater.cli.credentials import api_headers
 from crater.cli.dry_run import print_dry_run, schedule_test
 from crater.contracts import NodesAnswer, TasksAnswer
 
@@ -106,7 +107,7 @@ def submit(
     response = httpx.post(
         f"{gateway}/api/v1/schedule" + ("?dry_run=true" if dry_run else ""),
         content=file.read_bytes(),
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **api_headers()},
         timeout=10,
     )
     body = response.json()
@@ -262,7 +263,7 @@ def docs(
 
 def _get(url: str, params: dict[str, str | int]) -> bytes:
     try:
-        response = httpx.get(url, params=params, timeout=10)
+        response = httpx.get(url, params=params, headers=api_headers(), timeout=10)
     except httpx.ConnectError:
         console.print(f"[red]no gateway at {url}[/red]; is Crater up (make up)?")
         raise typer.Exit(2) from None

@@ -88,6 +88,21 @@ class Stack:
     def url(self, name: str) -> str:
         return self.processes[name].url
 
+    @property
+    def api_token(self) -> str:
+        """The stack's admin API key (every scope, every tenant), made on its first start."""
+        return read_secret(self.data_dir / "secrets" / ADMIN_TOKEN)
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_token}"}
+
+    def gateway_client(self, timeout: float = 10.0) -> httpx.AsyncClient:
+        """An HTTP client of the gateway, authenticated as the stack's admin."""
+        return httpx.AsyncClient(
+            base_url=self.url("gateway"), timeout=timeout, headers=self.auth_headers
+        )
+
     def start(
         self,
         services: tuple[str, ...] = SERVICES,
@@ -143,6 +158,10 @@ class Stack:
                 "CRATER_CALLBACK_WEBHOOK_USERNAME": WEBHOOK_USER,
             }
         )
+        # The gateway requires a bearer token (production's default): the stack's keys file
+        # holds one admin key, whose token is secrets/admin-token (`api_token`).
+        if not {**os.environ, **self.env}.get("CRATER_GATEWAY_API_KEYS_FILE"):
+            self.env["CRATER_GATEWAY_API_KEYS_FILE"] = str(stack_api_keys(self.data_dir))
         for variable, name in SECRET_VARIABLES.items():
             # Unless the caller gave that secret (its variable or its file) itself.
             given = {**os.environ, **self.env}
@@ -245,6 +264,27 @@ def stack_secrets(data_dir: Path) -> dict[str, Path]:
             with os.fdopen(descriptor, "w", encoding="utf-8") as file:
                 file.write(make() + "\n")
     return paths
+
+
+ADMIN_TOKEN = "admin-token"
+
+
+def stack_api_keys(data_dir: Path) -> Path:
+    """The gateway's keys file (secrets/api-keys.yaml), made on the first start with one admin
+    key whose token is kept in secrets/admin-token (mode 0600); `crater tokens create --file`
+    adds more."""
+    from crater.gateway.apikeys import Scope, new_key, read_keys_file, write_keys_file
+
+    folder = data_dir / "secrets"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    keys, token_path = folder / "api-keys.yaml", folder / ADMIN_TOKEN
+    if not token_path.exists():  # keys added to the file since are kept
+        token, key = new_key("admin", [Scope.ADMIN], name="crater up admin")
+        write_keys_file(keys, [*read_keys_file(keys), key])
+        descriptor = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(token + "\n")
+    return keys
 
 
 def read_secret(path: Path) -> str:

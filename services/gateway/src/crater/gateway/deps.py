@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 
 from crater.gateway.apikeys import Scope
 from crater.gateway.auth import Authenticator, Principal, require
@@ -49,3 +49,27 @@ AuthDep = Annotated[Authenticator, Depends(auth)]
 Submitter = Annotated[Principal, Depends(require(Scope.SUBMIT))]
 Reader = Annotated[Principal, Depends(require(Scope.READ))]
 Canceller = Annotated[Principal, Depends(require(Scope.CANCEL))]
+
+
+async def usage_reporter(
+    request: Request,
+    crater_reservation_token: Annotated[
+        str | None,
+        Header(
+            max_length=4096,
+            description="Without an Authorization header: the reservation token the task "
+            "was started with (CRATER_RESERVATION_TOKEN).",
+        ),
+    ] = None,
+) -> Principal | str:
+    """Who may report a task's usage: a credential with `submit`, or, with authentication
+    on and no Authorization header, the reservation token the task was started with (the
+    route checks it with the scheduler)."""
+    authenticator: Authenticator = request.app.state.auth
+    token = crater_reservation_token
+    if authenticator.required and token and not request.headers.get("authorization"):
+        return token
+    return await require(Scope.SUBMIT)(request)
+
+
+UsageReporter = Annotated[Principal | str, Depends(usage_reporter)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -39,11 +39,12 @@ class GatewaySettings(ServiceSettings):
         "between the two) may be submitted again after this long; longer than any publish.",
     )
 
-    # Authentication (docs/security.md). `off` keeps the API open, as before.
+    # Authentication (docs/security.md): required unless in development.
     auth: Literal["off", "required"] = Field(
-        default="off",
+        default="required",
         description="`required`: every /api/v1 call needs a bearer token (an API key or an "
-        "OIDC JWT); /healthz and /metrics stay open.",
+        "OIDC JWT); /healthz and /metrics stay open. `off` (every caller may do everything) "
+        "is refused outside CRATER_ENVIRONMENT=development, where it is the default.",
     )
     api_keys_file: Path | None = Field(
         default=None,
@@ -70,6 +71,23 @@ class GatewaySettings(ServiceSettings):
     tls_client_cert_required: bool = Field(
         default=False, description="mTLS: refuse TLS handshakes without a valid client cert."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _open_in_development(cls, data: Any) -> Any:
+        # Development (a laptop, the tests) stays open unless told otherwise.
+        if isinstance(data, dict) and data.get("environment") == "development":
+            data.setdefault("auth", "off")
+        return data
+
+    def unsafe_defaults(self) -> list[str]:
+        if self.auth == "required":
+            return []
+        variable = self.variable("auth")
+        return [
+            f"auth is off: any caller could act as any tenant: set {variable}=required and "
+            "create a key (crater tokens create --tenant T --scope admin)"
+        ]
 
     @model_validator(mode="after")
     def _auth_consistent(self) -> GatewaySettings:

@@ -10,7 +10,14 @@ from fastapi.responses import JSONResponse
 from opentelemetry import trace
 
 from crater.contracts import FieldError, TaskStatus, TaskStatusReported, TaskUsageReported
-from crater.contracts.queries import QuerySubjects, TasksAnswer, TasksQuery, TaskSummary
+from crater.contracts.queries import (
+    AllocationCheck,
+    AllocationQuery,
+    QuerySubjects,
+    TasksAnswer,
+    TasksQuery,
+    TaskSummary,
+)
 from crater.gateway.auth import Authenticator, Principal
 from crater.gateway.bodies import BodyTooLarge, parse_body, read_limited
 from crater.gateway.bus import Bus
@@ -21,10 +28,11 @@ from crater.gateway.deps import (
     Reader,
     SettingsDep,
     SubmissionsDep,
-    Submitter,
+    UsageReporter,
 )
 from crater.gateway.models import (
     ANSWERS,
+    VERDICT_STATUS,
     CancelAccepted,
     FieldErrors,
     Problem,
@@ -174,6 +182,13 @@ router.add_api_route(
     status_code=202,
     response_model=UsageAccepted,
     responses={
+        403: {"model": FieldErrors, "description": "`token`: forged or another allocation's."},
+        404: {
+            "model": FieldErrors | Problem,
+            "description": "`allocation_id`: never granted; or a task not the credential's.",
+        },
+        409: {"model": FieldErrors, "description": "`token`: the allocation was released."},
+        410: {"model": FieldErrors, "description": "`token`: the reservation expired."},
         413: {"model": FieldErrors, "description": "Body larger than max_body_bytes."},
         422: {"model": FieldErrors, "description": "Every invalid field and why."},
         503: {"model": Problem, "description": "NATS unavailable."},
@@ -193,12 +208,13 @@ async def usage(
     settings: SettingsDep,
     bus: BusDep,
     auth: AuthDep,
-    principal: Submitter,
+    reporter: UsageReporter,
 ) -> UsageAccepted | JSONResponse:
     """One sample of a running task's own use (crater_client.start_monitoring), published
     as it is for the predictor. A retried POST keeps its event_id and is published once.
     With auth on: the `submit` scope, and a tenant's credential reports on its own tasks
-    only (the scheduler must know the task)."""
+    only (the scheduler must know the task); or, without a credential, the task's own
+    reservation token in `Crater-Reservation-Token`, with the sample's `allocation_id`."""
     try:
         body = await read_limited(
             request.stream(), settings.max_body_bytes, request.headers.get("content-length")
@@ -211,12 +227,16 @@ async def usage(
     if sample.task_id != task_id:
         reason = f"{sample.task_id!r} is not the task in the path, {task_id!r}"
         return field_errors_response(422, [FieldError(field="task_id", reason=reason)])
-    if not principal.sees_all:
+    if isinstance(reporter, str):
+        refused = await own_allocation(bus, sample, reporter)
+        if refused is not None:
+            return refused
+    elif not reporter.sees_all:
         known = await known_task(bus, task_id)
         if not isinstance(known, TaskSummary):
             return known
-        if not principal.owns(known.tenant):
-            return hidden(auth, request, principal, task_id)
+        if not reporter.owns(known.tenant):
+            return hidden(auth, request, reporter, task_id)
     trace.get_current_span().set_attribute("crater.task_id", task_id)
     try:
         await bus.publish(sample)
@@ -224,3 +244,22 @@ async def usage(
         log.warning("could not publish a usage sample of %s: %r", task_id, error)
         return nats_unavailable(error)
     return UsageAccepted(task_id=task_id, event_id=sample.event_id)
+
+
+async def own_allocation(bus: Bus, sample: TaskUsageReported, token: str) -> JSONResponse | None:
+    """None when `token` is the reservation token of the sample's allocation, held now by
+    its task; else the refusal, by the scheduler's verdict."""
+    if sample.allocation_id is None:
+        reason = "required with a reservation token: the allocation it was signed for"
+        return field_errors_response(422, [FieldError(field="allocation_id", reason=reason)])
+    query = AllocationQuery(allocation_id=sample.allocation_id, reservation_token=token)
+    check = await bus.ask(QuerySubjects.ALLOCATION, query, AllocationCheck)
+    if isinstance(check, JSONResponse):
+        return check
+    if check.verdict != "accepted":
+        code, field = VERDICT_STATUS.get(check.verdict, (409, "token"))
+        return field_errors_response(code, [FieldError(field=field, reason=check.reason or "")])
+    if check.task_id != sample.task_id:
+        reason = f"allocation {sample.allocation_id!r} is not task {sample.task_id!r}'s"
+        return field_errors_response(403, [FieldError(field="allocation_id", reason=reason)])
+    return None
