@@ -14,14 +14,24 @@ import pytest
 from faststream import TestApp
 from prometheus_client import CollectorRegistry
 
-from crater.contracts import AllocationGranted, NodeTopologyReported, Subjects, TaskSubmitted
+from crater.contracts import (
+    AllocationGranted,
+    MessageRejected,
+    NodeCondition,
+    NodeHealthReported,
+    NodeTopologyReported,
+    Subjects,
+    TaskSubmitted,
+)
+from crater.contracts.queries import NodesAnswer, NodesQuery, QuerySubjects
 from crater.gateway.app import GatewaySettings
 from crater.gateway.app import build as build_gateway
 from crater.predictor.app import PredictorSettings
 from crater.predictor.app import build as build_predictor
 from crater.runtime import dev_pki
-from crater.runtime.bus import make_broker, publish
+from crater.runtime.bus import encode, make_broker, publish
 from crater.runtime.nats_connection import NatsConnection
+from crater.runtime.nats_permissions import node_identity
 from crater.runtime.nats_server import NatsServer, start_nats_server
 from crater.scheduler.app import SchedulerSettings
 from crater.scheduler.app import build as build_scheduler
@@ -59,7 +69,7 @@ class Secured:
 
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[Secured]:
-    security = dev_pki.prepare(tmp_path / "security")
+    security = dev_pki.prepare(tmp_path / "security", nodes=("node-a", "node-b"))
     log = tmp_path / "nats.log"
     with start_nats_server(
         tmp_path / "js", log_file=log, config_file=security.config, tls=True
@@ -159,4 +169,61 @@ async def test_services_work_under_their_own_identities(
         assert [n["node_id"] for n in nodes.json()["nodes"]] == ["a100-01"]
         known = await http.get("/api/v1/tasks/train-42")
         assert known.status_code == 200, known.text
+    assert secured.violations() == []
+
+
+async def test_a_node_reports_only_as_itself(secured: Secured) -> None:
+    node_a = secured.as_(node_identity("node-a"))
+    [error] = await refused(node_a, Subjects.NODE_HEALTH.for_node("node-b"))
+    assert "permissions violation" in str(error).lower()
+    assert await refused(node_a, Subjects.NODE_HEALTH.for_node("node-a")) == []
+    assert await refused(node_a, Subjects.TASK_STATUS.subject) == []
+    [error] = await refused(node_a, Subjects.ALLOCATION_GRANTED.subject)
+    assert "permissions violation" in str(error).lower()
+    assert len(secured.violations()) == 2
+
+
+async def report(secured: Secured, identity: str, subject: str, body: bytes) -> None:
+    """Publish `body` on `subject` to JetStream as `identity`, waiting for the stream's ack."""
+    client = await secured.as_(identity).connect()
+    try:
+        await client.jetstream().publish(subject, body, timeout=5)
+    finally:
+        await client.close()
+
+
+async def test_a_body_naming_another_node_than_its_subject_is_refused(
+    secured: Secured, tap: EventTap, tmp_path: Path
+) -> None:
+    """node-a's credential may publish on node-a's subject, but not say node-b is down there:
+    the scheduler's consumer refuses it (field node_id) and node-b stays as it reported."""
+    _, scheduler_app = build_scheduler(
+        SchedulerSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 's.db'}", **secured.settings("scheduler")
+        )
+    )
+    as_b, as_a = node_identity("node-b"), node_identity("node-a")
+    async with TestApp(scheduler_app):
+        topology = NodeTopologyReported(node=node("node-b", gpus=1))
+        await report(secured, as_b, Subjects.NODE_TOPOLOGY.for_node("node-b"), encode(topology))
+        ready = NodeHealthReported(node_id="node-b", condition=NodeCondition.READY, score=100)
+        await report(secured, as_b, Subjects.NODE_HEALTH.for_node("node-b"), encode(ready))
+        forged = NodeHealthReported(node_id="node-b", condition=NodeCondition.NOT_READY, score=0)
+        await report(secured, as_a, Subjects.NODE_HEALTH.for_node("node-a"), encode(forged))
+        [rejected] = await tap.wait_for(MessageRejected)
+        assert rejected.subject == Subjects.NODE_HEALTH.for_node("node-a")
+        assert rejected.consumer == "scheduler"
+        [wrong] = rejected.errors
+        assert wrong.field == "node_id"
+        assert "'node-b'" in wrong.reason
+        assert "'node-a'" in wrong.reason
+        client = await secured.as_("admin").connect()
+        try:
+            reply = await client.request(
+                QuerySubjects.NODES, NodesQuery().model_dump_json().encode(), timeout=5
+            )
+        finally:
+            await client.close()
+        [node_b] = NodesAnswer.model_validate_json(reply.data).nodes
+        assert (node_b.node_id, node_b.condition) == ("node-b", NodeCondition.READY)
     assert secured.violations() == []

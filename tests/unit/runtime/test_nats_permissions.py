@@ -15,6 +15,8 @@ from crater.runtime.nats_permissions import (
     QUERY_ANSWERERS,
     SERVICES,
     actors,
+    agent_consumer,
+    node_identity,
     permissions_for,
     render_server_config,
     streams_of,
@@ -114,3 +116,46 @@ def test_the_server_config_has_one_user_per_identity_and_tls() -> None:
     assert users["probe"]["password"] == "pw-probe"
     assert "crater.v1.node.health.*" in users["probe"]["permissions"]["publish"]["allow"]
     assert config["tls"] == {"cert_file": "s.pem", "key_file": "s.key", "timeout": 5}
+
+
+def test_a_node_publishes_its_own_reports_and_task_status_only() -> None:
+    me = node_identity("node-a")
+    assert me == "node-node-a"
+    for channel in (Subjects.NODE_TOPOLOGY, Subjects.NODE_METRICS, Subjects.NODE_HEALTH):
+        assert may_publish(me, channel.for_node("node-a"))
+        assert not may_publish(me, channel.for_node("node-b"))
+    assert may_publish(me, Subjects.TASK_STATUS.subject)
+    assert may_publish(me, Subjects.MESSAGE_REJECTED.subject)  # its consumers refuse too
+    for channel in Subjects.ALL:
+        if channel.producers and not any("probe" in actors(p) for p in channel.producers):
+            assert not may_publish(me, example(channel.subject, channel.node_scoped)), channel
+    assert permissions_for(me).subscribe == ("_INBOX.>",)
+    assert not permissions_for(me).allow_responses
+
+
+def test_a_node_uses_only_its_own_durables_and_declares_no_stream() -> None:
+    me = node_identity("node-a")
+    mine = f"probe-{agent_consumer('node-a')}-{Subjects.ALLOCATION_GRANTED.short_name}"
+    assert may_publish(me, f"$JS.API.CONSUMER.MSG.NEXT.CRATER_ALLOCATIONS.{mine}")
+    assert may_publish(me, f"$JS.ACK.CRATER_ALLOCATIONS.{mine}.1.2.3.4.5")
+    theirs = mine.replace("node-a", "node-b")
+    assert not may_publish(me, f"$JS.API.CONSUMER.MSG.NEXT.CRATER_ALLOCATIONS.{theirs}")
+    assert not may_publish(me, "$JS.API.CONSUMER.MSG.NEXT.CRATER_ALLOCATIONS.scheduler-x")
+    assert not any(p.startswith("$JS.API.STREAM.") for p in permissions_for(me).publish)
+    assert streams_of(me) == ()
+
+
+@pytest.mark.parametrize("bad", ["a.b", "*", ">", "", "node a", "-x"])
+def test_a_node_id_that_would_widen_its_subjects_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="node id"):
+        node_identity(bad)
+
+
+def test_the_server_config_has_a_user_per_node_given() -> None:
+    passwords = {who: f"pw-{who}" for who in (*IDENTITIES, "node-a1", "node-b2")}
+    config = json.loads(render_server_config(passwords, nodes=("a1",)))
+    users = {u["user"]: u for u in config["authorization"]["users"]}
+    assert set(users) == {*IDENTITIES, "node-a1"}  # b2 has a password but was not given
+    allowed = users["node-a1"]["permissions"]["publish"]["allow"]
+    assert "crater.v1.node.health.a1" in allowed
+    assert "crater.v1.node.health.*" not in allowed

@@ -24,6 +24,7 @@ import httpx
 from crater.runtime import dev_pki
 from crater.runtime.db import upgrade_to_head
 from crater.runtime.nats_connection import NatsConnection
+from crater.runtime.nats_permissions import node_identity
 from crater.runtime.nats_server import NatsServer, free_port, start_nats_server
 
 SERVICES = ("scheduler", "predictor", "callback", "autoscaler", "probe", "gateway")
@@ -115,7 +116,9 @@ class Stack:
         waits for every /healthz."""
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         if self.secure:
-            self.security = dev_pki.prepare(self.data_dir / "nats-security")
+            self.security = dev_pki.prepare(
+                self.data_dir / "nats-security", nodes=(LOCAL_NODE,) if local_node else ()
+            )
         self.nats = start_nats_server(
             self.data_dir / "jetstream",
             log_file=self.data_dir / "logs" / "nats-server.log",
@@ -185,7 +188,8 @@ class Stack:
                     "CRATER_PROBE_NODE_ID": LOCAL_NODE,
                     "CRATER_PROBE_POOL": LOCAL_POOL,
                     "CRATER_PROBE_STATE_DIR": str(self.data_dir / "agent"),
-                    **self._identity_env("probe"),
+                    # as this node only: it may report on local-01 and nothing else
+                    **self._identity_env(node_identity(LOCAL_NODE)),
                 },
             )
         for process in self.processes.values():

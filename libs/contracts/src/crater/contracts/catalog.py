@@ -67,6 +67,11 @@ class Channel:
         """The subject to subscribe to: node-scoped subjects end in the node id."""
         return f"{self.subject}.*" if self.node_scoped else self.subject
 
+    @property
+    def short_name(self) -> str:
+        """The subject without its prefix, dashed: how durable consumers on it are named."""
+        return self.subject.removeprefix(f"{PREFIX}.").replace(".", "-")
+
     def for_node(self, node_id: str) -> str:
         if not self.node_scoped:
             raise ValueError(f"{self.subject} is not node-scoped")

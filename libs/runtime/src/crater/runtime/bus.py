@@ -259,10 +259,20 @@ class Rejections:
         self, msg: StreamMessage[Any], delivery: Delivery | None, error: Exception
     ) -> None:
         """Refuse a message that cannot be decoded: never retried."""
+        await self.refuse(msg, delivery, error, _explain(msg.body, error))
+
+    async def refuse(
+        self,
+        msg: StreamMessage[Any],
+        delivery: Delivery | None,
+        error: Exception,
+        errors: list[FieldError],
+    ) -> None:
+        """Refuse a message before handling, for what it is (never retried): dead-lettered,
+        and a MessageRejected naming `errors`."""
         subject = delivery.subject if delivery else _subject(msg)
         reason = type(error).__name__
         self.decode_refused.labels(subject=metric_subject(subject), reason=reason).inc()
-        errors = _explain(msg.body, error)
         if delivery is None:  # a core NATS request: nothing to keep or to terminate
             await self.reject(subject, msg.body, errors, error_class=reason)
             return
@@ -357,9 +367,13 @@ class Rejections:
                 delivery = _delivery(msg)
                 try:
                     check_json_depth(msg.body, rejections.policy.max_json_depth)
-                    await msg.decode()
+                    body = await msg.decode()
                 except Exception as error:
                     await rejections.undecodable(msg, delivery, error)
+                    return None
+                subject = delivery.subject if delivery else _subject(msg)
+                if (wrong := node_mismatch(subject, body)) is not None:
+                    await rejections.refuse(msg, delivery, NodeMismatch(wrong.reason), [wrong])
                     return None
                 try:
                     return await call_next(msg)
@@ -498,6 +512,38 @@ def _explain(body: bytes, error: Exception) -> list[FieldError]:
 _NODE_SCOPED_PREFIXES = tuple(
     (f"{channel.subject}.", channel.wildcard) for channel in Subjects.ALL if channel.node_scoped
 )
+# Where each node-scoped channel's body names its node: `node_id`, or its topology's.
+_NODE_ID_PATHS = {
+    f"{channel.subject}.": ("node_id",)
+    if "node_id" in channel.event.model_fields
+    else ("node", "node_id")
+    for channel in Subjects.ALL
+    if channel.node_scoped
+}
+
+
+class NodeMismatch(ValueError):
+    """A node-scoped message whose body names another node than its subject does."""
+
+
+def node_mismatch(subject: str, body: Any) -> FieldError | None:
+    """Why a node-scoped message's body does not name its subject's node; None when it does
+    (or the subject is not node-scoped). NATS permissions bind a node's credential to its
+    subjects (`node-<id>`), so this check binds the body too: node-a cannot speak for node-b."""
+    for prefix, path in _NODE_ID_PATHS.items():
+        if not subject.startswith(prefix):
+            continue
+        named: Any = body
+        for key in path:
+            named = named.get(key) if isinstance(named, dict) else None
+        node = subject.removeprefix(prefix)
+        if named is None or named == node:
+            return None  # a missing node id is the schema's to refuse
+        return FieldError(
+            field=".".join(path),
+            reason=_clip(f"the body names node {named!r}, its subject {subject} node {node!r}"),
+        )
+    return None
 
 
 def metric_subject(subject: str) -> str:
@@ -646,9 +692,7 @@ def durable(
 ) -> Callable[[Handler], Handler]:
     """A durable pull consumer for `channel`; the message is acked after the handler returns
     (so after its own commit) and redelivered if the handler raises."""
-    durable_name = (
-        f"{service}-{name or channel.subject.removeprefix('crater.v1.').replace('.', '-')}"
-    )
+    durable_name = f"{service}-{name or channel.short_name}"
     return _pull_consumer(
         broker,
         channel.wildcard,
@@ -760,6 +804,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "Delivery",
     "DeliveryPolicy",
+    "NodeMismatch",
     "Rejections",
     "Subjects",
     "align_consumers",
@@ -771,6 +816,7 @@ __all__ = [
     "field_errors",
     "make_broker",
     "metric_subject",
+    "node_mismatch",
     "publish",
     "publish_raw",
     "stream_config",

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from crater.runtime.nats_permissions import IDENTITIES, render_server_config
+from crater.runtime.nats_permissions import IDENTITIES, node_identity, render_server_config
 
 VALID_DAYS = 825
 
@@ -145,9 +145,15 @@ def _make_server_cert(
     (directory / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def prepare(directory: Path, hosts: Iterable[str] = ("127.0.0.1", "localhost")) -> DevSecurity:
-    """The CA, server certificate and passwords in `directory`, made if missing (kept
-    otherwise); the server configuration rewritten from the catalog on every call."""
+def prepare(
+    directory: Path,
+    hosts: Iterable[str] = ("127.0.0.1", "localhost"),
+    nodes: Iterable[str] = (),
+) -> DevSecurity:
+    """The CA, server certificate and passwords in `directory` (one per identity, and one per
+    node of `nodes`: users/node-<id>.password), made if missing (kept otherwise); the server
+    configuration rewritten from the catalog and `nodes` on every call."""
+    nodes = tuple(nodes)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     security = DevSecurity(
         directory=directory,
@@ -165,13 +171,13 @@ def prepare(directory: Path, hosts: Iterable[str] = ("127.0.0.1", "localhost")) 
         assert isinstance(loaded, ec.EllipticCurvePrivateKey)
         _make_server_cert(directory, ca_cert, loaded, hosts)
     passwords: dict[str, str] = {}
-    for identity in IDENTITIES:
+    for identity in (*IDENTITIES, *(node_identity(n) for n in nodes)):
         path = security.password_file(identity)
         if not path.exists():
             _write_private(path, secrets.token_urlsafe(24).encode())
         passwords[identity] = security.password(identity)
     config = render_server_config(
-        passwords, tls_cert=str(security.server_cert), tls_key=str(security.server_key)
+        passwords, nodes=nodes, tls_cert=str(security.server_cert), tls_key=str(security.server_key)
     )
     _write_private(security.config, config.encode())
     return security

@@ -6,23 +6,31 @@ it touches (it declares them: each service ensures its own streams on start), th
 them, and their acks. `render_server_config` writes the nats-server `authorization` block.
 
 Identities are the six services, `admin` (the operator: `crater dead-letters`, the demo's
-stand-in for AllData; everything) and `inference` (inference replicas reporting latencies).
+stand-in for AllData; everything), `inference` (inference replicas reporting latencies), and
+one `node-<node_id>` per node whose agent (the probe in local mode) connects as that node: it
+may report only on its own node's subjects, so a node's credential cannot speak for another.
+The fleet-wide `probe` identity is the fleet simulator's (it reports for every node).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from crater.contracts.catalog import Channel, Streams, StreamSpec, Subjects
+from crater.contracts.nodes import NODE_ID_PATTERN
 from crater.contracts.queries import QuerySubjects
 
 SERVICES = ("scheduler", "predictor", "callback", "autoscaler", "probe", "gateway")
 ADMIN = "admin"
 INFERENCE = "inference"
 IDENTITIES = (*SERVICES, ADMIN, INFERENCE)
+# A node's own identity: `node-<node_id>`, run by the probe (the node agent) of that node.
+NODE_PREFIX = "node-"
+AGENT = "probe"
 
 # Who answers each request/reply query, and who asks (core NATS, not JetStream).
 QUERY_ANSWERERS: Mapping[str, str] = {
@@ -76,7 +84,10 @@ def consumed_by(identity: str) -> list[Channel]:
 
 
 def streams_of(identity: str) -> tuple[StreamSpec, ...]:
-    """The catalog streams `identity` publishes to or consumes from: the ones it ensures."""
+    """The catalog streams `identity` publishes to or consumes from: the ones it ensures. A
+    node declares none (its permissions allow none): the services declare them."""
+    if is_node_identity(identity):
+        return ()
     used = {c.stream.name for c in (*produced_by(identity), *consumed_by(identity))}
     return tuple(s for s in Streams.ALL if s.name in used)
 
@@ -125,8 +136,52 @@ def _kv(bucket: str) -> list[str]:
     ]
 
 
+def node_identity(node_id: str) -> str:
+    """`node-<node_id>`; a node id with a dot or a wildcard would widen its subjects: refused."""
+    if not re.fullmatch(NODE_ID_PATTERN, node_id):
+        raise ValueError(f"node id {node_id!r} does not match {NODE_ID_PATTERN}")
+    return f"{NODE_PREFIX}{node_id}"
+
+
+def is_node_identity(identity: str) -> bool:
+    return identity.startswith(NODE_PREFIX)
+
+
+def agent_consumer(node_id: str) -> str:
+    """The prefix of a node agent's durable consumers: its own, named for its node."""
+    return f"agent-{node_id}"
+
+
+def _node_consumer_api(stream: str, durable: str) -> list[str]:
+    # nats-py creates a durable as CONSUMER.CREATE.<stream>.<name>[.<filter>]; older servers
+    # and clients use DURABLE.CREATE.
+    return [
+        f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
+    ]
+
+
+def node_permissions(node_id: str) -> Permissions:
+    """What node `node_id`'s agent may do: publish what the probe produces, node-scoped
+    subjects only for its own node (task.status, rejections and dead letters as they are);
+    use its own durable consumers (the executing agent's, `probe-agent-<node_id>-...`) and
+    their acks; no stream API: it declares nothing."""
+    node_identity(node_id)
+    publish = [c.for_node(node_id) if c.node_scoped else c.subject for c in produced_by(AGENT)]
+    for channel in consumed_by(AGENT):
+        durable = f"{AGENT}-{agent_consumer(node_id)}-{channel.short_name}"
+        publish += _node_consumer_api(channel.stream.name, durable)
+    return Permissions(_unique(publish), (INBOX,))
+
+
 def permissions_for(identity: str) -> Permissions:
     """What `identity` may publish and subscribe to."""
+    if is_node_identity(identity):
+        return node_permissions(identity.removeprefix(NODE_PREFIX))
     if identity == ADMIN:
         return Permissions(publish=(">",), subscribe=(">",))
     if identity not in IDENTITIES:
@@ -153,16 +208,19 @@ def permissions_for(identity: str) -> Permissions:
     return Permissions(_unique(publish), _unique(subscribe), allow_responses=bool(answers))
 
 
-def all_permissions() -> dict[str, Permissions]:
-    return {identity: permissions_for(identity) for identity in IDENTITIES}
+def all_permissions(nodes: Iterable[str] = ()) -> dict[str, Permissions]:
+    """Every service identity's permissions, and those of each node in `nodes`."""
+    identities = (*IDENTITIES, *(node_identity(n) for n in nodes))
+    return {identity: permissions_for(identity) for identity in identities}
 
 
-def authorization_block(passwords: Mapping[str, str]) -> dict[str, Any]:
-    """The nats-server `authorization` block: one user per identity, its own permissions."""
+def authorization_block(passwords: Mapping[str, str], nodes: Iterable[str] = ()) -> dict[str, Any]:
+    """The nats-server `authorization` block: one user per identity (and per node in `nodes`)
+    that has a password, each with its own permissions."""
     return {
         "users": [
             {"user": who, "password": passwords[who], **{"permissions": p.as_config()}}
-            for who, p in all_permissions().items()
+            for who, p in all_permissions(nodes).items()
             if who in passwords
         ]
     }
@@ -171,14 +229,16 @@ def authorization_block(passwords: Mapping[str, str]) -> dict[str, Any]:
 def render_server_config(
     passwords: Mapping[str, str],
     *,
+    nodes: Iterable[str] = (),
     tls_cert: str | None = None,
     tls_key: str | None = None,
     tls_ca: str | None = None,
 ) -> str:
-    """A nats-server configuration (its syntax accepts JSON) with the users and, given a
-    certificate and key, TLS required of every client. Host, port and JetStream come from the
-    command line."""
-    config: dict[str, Any] = {"authorization": authorization_block(passwords)}
+    """A nats-server configuration (its syntax accepts JSON) with the users (a `node-<id>` user
+    for each of `nodes`) and, given a certificate and key, TLS required of every client. Host,
+    port and JetStream come from the command line. Adding a node: render again with it, and
+    reload the server (`nats-server --signal reload`)."""
+    config: dict[str, Any] = {"authorization": authorization_block(passwords, nodes)}
     if tls_cert and tls_key:
         tls: dict[str, Any] = {"cert_file": tls_cert, "key_file": tls_key, "timeout": 5}
         if tls_ca:

@@ -29,7 +29,7 @@ from crater.runtime.bus import (
 )
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.nats_connection import NatsConnection
-from crater.runtime.nats_permissions import SERVICES, streams_of
+from crater.runtime.nats_permissions import SERVICES, is_node_identity, streams_of
 from crater.runtime.settings import ServiceSettings
 from crater.runtime.telemetry import make_registry, make_tracer_provider
 
@@ -60,8 +60,12 @@ class Service:
     @property
     def streams(self) -> tuple[StreamSpec, ...]:
         """The streams it declares on start: with an identity of its own, the ones it touches
-        (its permissions allow no others); without, every catalog stream."""
-        if self.settings.nats_user and self.name in SERVICES:
+        (its permissions allow no others); as a node (`node-<id>`), none; without, every
+        catalog stream."""
+        user = self.settings.nats_user
+        if user and is_node_identity(user):
+            return streams_of(user)
+        if user and self.name in SERVICES:
             return streams_of(self.name)
         return Streams.ALL
 

@@ -25,6 +25,7 @@ from crater.probe.sim.fleet import open_fleet
 from crater.probe.sim.runner import TaskRunner
 from crater.probe.sim.simulation import FleetSimulator
 from crater.runtime.bus import publish
+from crater.runtime.nats_permissions import agent_consumer
 from crater.runtime.service import Service, create_service, serve
 
 __all__ = ["ProbeSettings", "build", "create_app", "main"]
@@ -76,7 +77,7 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
             poll_seconds=settings.execute_poll_seconds,
             cgroup_root=settings.cgroup_root,
         )
-        subscribe_runner(service, executor, metrics, f"agent-{node_id}")
+        subscribe_runner(service, executor, metrics, agent_consumer(node_id))
         service.state = executor
 
     reporting = Reporting(settings, nodes, metrics, publisher, runner)

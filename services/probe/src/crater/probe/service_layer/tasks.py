@@ -30,7 +30,7 @@ def subscribe_runner(
         Subjects.ALLOCATION_GRANTED,
         service.name,
         batch=batch,
-        name=f"{consumer}-allocation-granted",
+        name=f"{consumer}-{Subjects.ALLOCATION_GRANTED.short_name}",
     )
     async def on_allocation_granted(event: AllocationGranted) -> None:
         metrics.grants.labels(outcome=runner.granted(event).value).inc()
@@ -41,7 +41,7 @@ def subscribe_runner(
         Subjects.ALLOCATION_RELEASED,
         service.name,
         batch=batch,
-        name=f"{consumer}-allocation-released",
+        name=f"{consumer}-{Subjects.ALLOCATION_RELEASED.short_name}",
     )
     async def on_allocation_released(event: AllocationReleased) -> None:
         runner.released(event)
@@ -52,7 +52,7 @@ def subscribe_runner(
         Subjects.TASK_PROFILED,
         service.name,
         batch=batch,
-        name=f"{consumer}-task-profiled",
+        name=f"{consumer}-{Subjects.TASK_PROFILED.short_name}",
     )
     async def on_task_profiled(event: TaskProfiled) -> None:
         runner.profiled(event)  # what the task will really use, once placed
@@ -62,7 +62,7 @@ def subscribe_runner(
         Subjects.TASK_PREEMPTED,
         service.name,
         batch=batch,
-        name=f"{consumer}-task-preempted",
+        name=f"{consumer}-{Subjects.TASK_PREEMPTED.short_name}",
     )
     async def on_task_preempted(event: TaskPreempted) -> None:
         runner.preempted(event)
