@@ -23,6 +23,7 @@ from crater.contracts import (
     TaskRequest,
 )
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
+from crater.runtime.leadership import Deposed
 from crater.runtime.outbox import OutboxRelay
 from crater.scheduler.adapters.orm import outbox, tasks
 from crater.scheduler.adapters.repository import SchedulerRepository
@@ -94,7 +95,7 @@ async def counts(sessions: Any) -> tuple[int, int]:
 
 async def test_events_arriving_together_commit_together(sessions: Any) -> None:
     scheduler = service(SchedulerService, sessions)
-    await scheduler.load()
+    await scheduler.take_over(1, "test")
     await asyncio.gather(
         *(
             scheduler.handle(NodeTopologyReported(node=node(f"n{i}", gpus=8)), "node-topology")
@@ -122,7 +123,7 @@ async def test_events_arriving_together_commit_together(sessions: Any) -> None:
 
 async def test_a_failing_event_takes_back_only_itself(sessions: Any) -> None:
     scheduler = service(FailsOn, sessions)
-    await scheduler.load()
+    await scheduler.take_over(1, "test")
     await scheduler.handle(NodeTopologyReported(node=node("n0", gpus=8)), "node-topology")
     events = [profiled("a"), profiled("b"), profiled(FailsOn.poison), profiled("c")]
     outcomes = await asyncio.gather(
@@ -143,7 +144,7 @@ async def test_a_failing_event_takes_back_only_itself(sessions: Any) -> None:
 
 async def test_repeats_within_one_batch_take_effect_once(sessions: Any) -> None:
     scheduler = service(SchedulerService, sessions)
-    await scheduler.load()
+    await scheduler.take_over(1, "test")
     await scheduler.handle(NodeTopologyReported(node=node("n0", gpus=8)), "node-topology")
     first = profiled("once")
     resubmitted = profiled("once")  # the same task under a new event id
@@ -170,3 +171,43 @@ async def test_repeats_within_one_batch_take_effect_once(sessions: Any) -> None:
     assert "new task_id" in error.reason
     assert await counts(sessions) == (2, 3)  # two tasks; the refusal staged beside the grants
     assert sorted(scheduler.scheduler.allocations) == ["once", "other"]
+
+
+# -- fencing: two schedulers on one database (adapters/fence.py) ------------------------------
+
+
+async def test_a_deposed_leader_commits_nothing_and_says_so(sessions: Any) -> None:
+    old, new = service(SchedulerService, sessions), service(SchedulerService, sessions)
+    told: list[str] = []
+    old.on_deposed = lambda: told.append("deposed")
+    await old.take_over(5, "old")
+    await old.handle(NodeTopologyReported(node=node("n0", gpus=8)), "node-topology")
+    assert [type(d) for d in await old.handle(profiled("before"), "task-profiled")] == [
+        AllocationGranted
+    ]
+
+    await new.take_over(6, "new")  # the old one has not noticed yet
+    with pytest.raises(Deposed, match="no longer holds epoch 5"):
+        await old.handle(profiled("late"), "task-profiled")
+    assert told == ["deposed"]
+    assert old.epoch is None
+    assert await counts(sessions) == (1, 1)  # "late": neither stored nor staged
+
+    # the new leader loaded what the old one committed, and decides on
+    assert sorted(new.scheduler.allocations) == ["before"]
+    assert [type(d) for d in await new.handle(profiled("late"), "task-profiled")] == [
+        AllocationGranted
+    ]
+    assert await counts(sessions) == (2, 2)
+
+
+async def test_the_fence_only_moves_up_and_a_standby_never_commits(sessions: Any) -> None:
+    first, second = service(SchedulerService, sessions), service(SchedulerService, sessions)
+    await first.take_over(9, "first")
+    with pytest.raises(Deposed, match="holds epoch 9"):
+        await second.take_over(8, "second")  # an older epoch, late: refused
+    assert second.epoch is None
+    with pytest.raises(Deposed, match="does not lead"):
+        await second.handle(NodeTopologyReported(node=node("n0", gpus=8)), "node-topology")
+    assert await counts(sessions) == (0, 0)
+    await first.handle(NodeTopologyReported(node=node("n0", gpus=8)), "node-topology")

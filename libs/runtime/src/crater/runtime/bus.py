@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID, uuid5
@@ -23,6 +23,7 @@ from faststream.nats import (
     DeliverPolicy,
     JStream,
     NatsBroker,
+    NatsRouter,
     PullSub,
     RetentionPolicy,
     StorageType,
@@ -62,6 +63,7 @@ from crater.contracts import (
 )
 from crater.contracts.catalog import channel_for
 from crater.runtime.jsondepth import TooDeep, check_json_depth
+from crater.runtime.leadership import EPOCH_HEADER, DeposedLeader, EpochGuard
 from crater.runtime.nats_connection import NatsConnection
 from crater.runtime.settings import ServiceSettings
 from crater.runtime.telemetry import current_trace_context
@@ -207,6 +209,7 @@ class Rejections:
         self.broker = broker
         self.service = service
         self.policy = policy or DeliveryPolicy()
+        self.epochs = EpochGuard()  # the leaders heard from: a deposed one's late messages
         self.counter = Counter(
             "crater_messages_rejected",
             "Messages refused: undecodable, invalid, or failing on every delivery.",
@@ -374,6 +377,10 @@ class Rejections:
                 subject = delivery.subject if delivery else _subject(msg)
                 if (wrong := node_mismatch(subject, body)) is not None:
                     await rejections.refuse(msg, delivery, NodeMismatch(wrong.reason), [wrong])
+                    return None
+                if (stale := rejections.epochs.stale(msg.headers)) is not None:
+                    field = FieldError(field=f"headers.{EPOCH_HEADER}", reason=stale)
+                    await rejections.refuse(msg, delivery, DeposedLeader(stale), [field])
                     return None
                 try:
                     return await call_next(msg)
@@ -665,10 +672,12 @@ async def publish_raw(
     payload: bytes,
     event_id: str,
     traceparent: str | None,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> None:
     """The one place that publishes: de-dup id header, and, when no span is active (the
-    outbox relay), the emitting span's context as parent so the trace stays one."""
-    headers = {"Nats-Msg-Id": event_id, "content-type": "application/json"}
+    outbox relay), the emitting span's context as parent so the trace stays one.
+    `extra_headers`: a leader's epoch (crater.runtime.leadership)."""
+    headers = {"Nats-Msg-Id": event_id, "content-type": "application/json", **(extra_headers or {})}
     token = None
     if traceparent and not otel_trace.get_current_span().get_span_context().is_valid:
         token = otel_context.attach(extract({"traceparent": traceparent}))
@@ -689,9 +698,11 @@ def durable(
     batch: int = 64,
     name: str | None = None,
     deliver_policy: DeliverPolicy | None = None,
+    router: NatsRouter | None = None,
 ) -> Callable[[Handler], Handler]:
     """A durable pull consumer for `channel`; the message is acked after the handler returns
-    (so after its own commit) and redelivered if the handler raises."""
+    (so after its own commit) and redelivered if the handler raises. On `router` (a leader's
+    subscribers, crater.runtime.leadership.LeaderGate) it runs only while the router does."""
     durable_name = f"{service}-{name or channel.short_name}"
     return _pull_consumer(
         broker,
@@ -701,6 +712,7 @@ def durable(
         batch,
         channel.description,
         deliver_policy,
+        router,
     )
 
 
@@ -732,13 +744,14 @@ def _pull_consumer(
     batch: int,
     description: str,
     deliver_policy: DeliverPolicy | None = None,
+    router: NatsRouter | None = None,
 ) -> Callable[[Handler], Handler]:
     """The durable pull subscriber both `durable` and `durable_stream` register: acked after
     the handler returns; if it raises, redelivered after a delay up to the broker's delivery
     limit, then dead-lettered (`Rejections`)."""
     policy = _POLICIES.get(broker) or DeliveryPolicy()
     _DURABLES.setdefault(broker, []).append((stream_name, durable_name))
-    subscriber = broker.subscriber(
+    subscriber = (router or broker).subscriber(
         subject,
         stream=JStream(stream_name, declare=False),
         durable=durable_name,

@@ -45,7 +45,12 @@ QUERY_ANSWERERS: Mapping[str, str] = {
 QUERY_ASKERS = ("gateway",)
 # JetStream key-value buckets a service keeps (the gateway's accepted submission ids:
 # crater.gateway.submissions.ACCEPTED_BUCKET).
-KV_BUCKETS: Mapping[str, tuple[str, ...]] = {"gateway": ("crater_gateway_accepted",)}
+KV_BUCKETS: Mapping[str, tuple[str, ...]] = {
+    "gateway": ("crater_gateway_accepted",),
+    # leader election (crater.runtime.leadership.LEASES_BUCKET)
+    "scheduler": ("crater_leases",),
+    "autoscaler": ("crater_leases",),
+}
 INBOX = "_INBOX.>"
 
 

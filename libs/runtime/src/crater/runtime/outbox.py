@@ -216,6 +216,8 @@ class OutboxRelay:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        # A leader's epoch (crater.runtime.leadership), stamped on all it publishes.
+        self.headers: dict[str, str] = {}
 
     def wake(self) -> None:
         self._wake.set()
@@ -224,8 +226,9 @@ class OutboxRelay:
         self._stopping = False
         self._task = asyncio.create_task(self._run(), name="outbox-relay")
 
-    async def stop(self) -> None:
-        """Stop after the batch in flight, then publish what is left.
+    async def stop(self, flush: bool = True) -> None:
+        """Stop after the batch in flight, then publish what is left (unless `flush` is
+        False: a deposed leader leaves it to the new one).
 
         Stopped by a flag, not by cancelling: on Python 3.11 `asyncio.wait_for` (which nats-py
         uses for every publish ack) can swallow a cancel that lands as its awaitable completes
@@ -235,7 +238,9 @@ class OutboxRelay:
         self.wake()
         if self._task is not None:
             await self._task
-        await self.publish_pending()
+            self._task = None
+        if flush:
+            await self.publish_pending()
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -271,6 +276,7 @@ class OutboxRelay:
                         payload=row.payload.encode(),
                         event_id=row.event_id,
                         traceparent=row.traceparent,
+                        extra_headers=self.headers,
                     )
                     for row in rows
                 ),

@@ -28,6 +28,7 @@ from crater.runtime.bus import (
     make_broker,
 )
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
+from crater.runtime.leadership import Leadership
 from crater.runtime.nats_connection import NatsConnection
 from crater.runtime.nats_permissions import SERVICES, is_node_identity, streams_of
 from crater.runtime.settings import ServiceSettings
@@ -51,6 +52,7 @@ class Service:
     on_shutdown: list[Hook] = field(default_factory=list)
     after_shutdown: list[Hook] = field(default_factory=list)
     state: Any = None  # the service's own object, reachable by tests and tools
+    leadership: Leadership | None = None  # of a service that elects a leader
 
     @property
     def nats(self) -> NatsConnection:

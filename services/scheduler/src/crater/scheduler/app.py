@@ -35,6 +35,15 @@ from crater.contracts import (
     TaskStatusReported,
 )
 from crater.runtime.bus import durable
+from crater.runtime.leadership import (
+    LeaderGate,
+    Leadership,
+    LeaseSettings,
+    default_holder,
+    epoch_header,
+    leadership_gauges,
+    open_lease,
+)
 from crater.runtime.outbox import OutboxRelay
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -50,7 +59,7 @@ DEVELOPMENT_TOKEN_SECRET = "crater-development-only"
 MIN_TOKEN_SECRET_BYTES = 32
 
 
-class SchedulerSettings(ServiceSettings):
+class SchedulerSettings(ServiceSettings, LeaseSettings):
     service = "scheduler"
     default_port = 9103  # health and metrics when http_port is 0
 
@@ -210,20 +219,23 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
         settings.max_clock_skew_seconds,
     )
     broker, name, batch = service.broker, service.name, settings.consumer_batch
+    # Only the leader consumes and answers: a standby binds nothing (leadership, below).
+    gate = LeaderGate(broker)
+    leader = gate.router
 
-    @durable(broker, Subjects.TASK_PROFILED, name, batch=batch)
+    @durable(broker, Subjects.TASK_PROFILED, name, batch=batch, router=leader)
     async def on_task_profiled(event: TaskProfiled) -> None:
         await core.handle(event, "task-profiled")
 
-    @durable(broker, Subjects.TASK_STATUS, name, batch=batch)
+    @durable(broker, Subjects.TASK_STATUS, name, batch=batch, router=leader)
     async def on_task_status(event: TaskStatusReported) -> None:
         await core.handle(event, "task-status")
 
-    @durable(broker, Subjects.NODE_TOPOLOGY, name, batch=batch)
+    @durable(broker, Subjects.NODE_TOPOLOGY, name, batch=batch, router=leader)
     async def on_node_topology(event: NodeTopologyReported) -> None:
         await core.handle(event, "node-topology")
 
-    @durable(broker, Subjects.NODE_HEALTH, name, batch=batch)
+    @durable(broker, Subjects.NODE_HEALTH, name, batch=batch, router=leader)
     async def on_node_health(event: NodeHealthReported) -> None:
         await core.handle(event, "node-health")
 
@@ -235,46 +247,73 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
         batch=batch,
         name="own-grants",
         deliver_policy=DeliverPolicy.NEW,
+        router=leader,
     )
     async def on_own_grant(event: AllocationGranted, message: NatsMessage) -> None:
         # Its own grant, read back: the stream's time of it is when its node could know.
         stored_at = message.raw_message.metadata.timestamp
         await core.handle(ReservationArmed.of(event, stored_at), "own-grants")
 
-    @durable(broker, Subjects.SCALE_REPLICAS_REQUESTED, name, batch=batch)
+    @durable(broker, Subjects.SCALE_REPLICAS_REQUESTED, name, batch=batch, router=leader)
     async def on_replicas_requested(event: ReplicasRequested) -> None:
         await core.request_replicas(event, "replicas-requested")
 
-    @durable(broker, Subjects.SCALE_RELEASE_REQUESTED, name, batch=batch)
+    @durable(broker, Subjects.SCALE_RELEASE_REQUESTED, name, batch=batch, router=leader)
     async def on_release_requested(event: ReplicaReleaseRequested) -> None:
         await core.handle(event, "release-requested")
 
-    @broker.subscriber(QuerySubjects.NODES, title="scheduler-query-nodes")
+    @leader.subscriber(QuerySubjects.NODES, title="scheduler-query-nodes")
     async def on_nodes_query(event: NodesQuery) -> NodesAnswer:
         return NodesAnswer(nodes=core.nodes(event.pool))
 
-    @broker.subscriber(QuerySubjects.PLACEMENT, title="scheduler-query-placement")
+    @leader.subscriber(QuerySubjects.PLACEMENT, title="scheduler-query-placement")
     async def on_placement_query(event: PlacementQuery) -> PlacementAnswer:
         return core.dry_run(event)
 
-    @broker.subscriber(QuerySubjects.TASK_PLACEMENT, title="scheduler-query-task-placement")
+    @leader.subscriber(QuerySubjects.TASK_PLACEMENT, title="scheduler-query-task-placement")
     async def on_task_placement_query(event: TaskPlacementQuery) -> TaskPlacementAnswer:
         return core.dry_run_task(event)
 
-    @broker.subscriber(QuerySubjects.ALLOCATION, title="scheduler-query-allocation")
+    @leader.subscriber(QuerySubjects.ALLOCATION, title="scheduler-query-allocation")
     async def on_allocation_query(event: AllocationQuery) -> AllocationCheck:
         return await core.check_allocation(event)
 
-    @broker.subscriber(QuerySubjects.TASKS, title="scheduler-query-tasks")
+    @leader.subscriber(QuerySubjects.TASKS, title="scheduler-query-tasks")
     async def on_tasks_query(event: TasksQuery) -> TasksAnswer:
         return TasksAnswer(tasks=await core.tasks(event))
 
-    async def start_relay() -> None:
+    async def lead(epoch: int) -> None:
+        """Taking over: the fence first (a deposed leader's commits are refused from now),
+        then the state as committed, then consume, answer and publish."""
+        await core.take_over(epoch, holder)
+        relay.headers = epoch_header(name, epoch)
+        await gate.open()
         relay.start()
 
-    service.on_startup.append(core.load)
-    service.after_startup.append(start_relay)
-    service.on_shutdown.append(relay.stop)
+    async def step_down() -> None:
+        core.epoch = None
+        await gate.close()
+        await relay.stop(flush=False)
+
+    holder = default_holder(name)
+
+    async def elect() -> None:  # once the broker is connected
+        lease = await open_lease(broker, name, settings.lease_timing, holder)
+        leadership = Leadership(lease, lead, step_down, leadership_gauges(service.registry))
+        core.on_deposed = leadership.lost
+        service.leadership = leadership
+        await leadership.start()
+
+    async def resign() -> None:
+        # Consume no more, publish what was committed, and only then hand the lease back.
+        await gate.close()
+        await relay.stop(flush=core.epoch is not None)
+        core.epoch = None
+        if service.leadership is not None:
+            await service.leadership.stop()
+
+    service.after_startup.append(elect)
+    service.on_shutdown.append(resign)
     service.state = core
     return service, service.asgi()
 

@@ -101,5 +101,15 @@ early_cancels = Table(
     Column("cancelled_at", DateTime(timezone=True), nullable=False),
 )
 
+# The fence (crater.scheduler.adapters.fence): the epoch of the leader allowed to commit.
+leadership = Table(
+    "scheduler_leadership",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("epoch", Integer, nullable=False),
+    Column("holder", String(255), nullable=False),
+    Column("since", DateTime(timezone=True), nullable=False),
+)
+
 outbox = outbox_table(metadata, "scheduler")
 inbox = inbox_table(metadata, "scheduler")

@@ -7,6 +7,7 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -44,6 +45,7 @@ from crater.contracts import (
 )
 from crater.contracts.tasks import DEFAULT_HOST_MEMORY_MB
 from crater.runtime.bus import Rejections, subject_of
+from crater.runtime.leadership import Deposed
 from crater.runtime.outbox import (
     IN_LIST_LIMIT,
     OutboxRelay,
@@ -52,6 +54,7 @@ from crater.runtime.outbox import (
     stage,
 )
 from crater.runtime.unit_of_work import unit_of_work
+from crater.scheduler.adapters import fence
 from crater.scheduler.adapters.orm import inbox, outbox
 from crater.scheduler.adapters.repository import SchedulerRepository
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
@@ -151,6 +154,10 @@ class SchedulerService:
         self.arrived: list[Waiting] = []  # events waiting for the next batch commit
         # Task reports the core refused (a wrong or missing token), said once committed.
         self.refused: list[tuple[TaskStatusReported, FieldError]] = []
+        # The epoch this process leads with (crater.runtime.leadership); None: it does not
+        # lead, and no decision commits (adapters/fence.py).
+        self.epoch: int | None = None
+        self.on_deposed: Callable[[], None] = lambda: None
 
     async def load(self) -> None:
         async with self.sessions() as session:
@@ -163,6 +170,14 @@ class SchedulerService:
             len(self.scheduler.allocations),
             len(self.scheduler.pending),
         )
+
+    async def take_over(self, epoch: int, holder: str) -> None:
+        """Lead with `epoch`: the database's fence first (from now on a deposed leader's
+        commits are refused, and one in flight has landed), then the state as committed."""
+        async with self.sessions() as session, session.begin():
+            await fence.claim(await session.connection(), epoch, holder)
+        await self.load()
+        self.epoch = epoch
 
     async def handle(self, event: Event, consumer: str) -> list[Event]:
         """Decide on `event` and commit; returns once its commit is done (then the message is
@@ -188,6 +203,14 @@ class SchedulerService:
         self.metrics.batch_size.observe(len(batch))
         try:
             outcomes = await self._decide_and_commit(batch)
+        except Deposed as error:
+            # Another leads now: nothing was committed; the messages go back (nacked) to the
+            # durable consumers, where the new leader takes them.
+            log.error("refused by the fence: %s", error)
+            self.epoch = None
+            self.on_deposed()
+            for waiting in batch:
+                waiting.outcome.set_exception(error)
         except Exception as error:
             # The commit failed after the core changed its mind: go back to what is stored.
             self.refused = []  # decided again, on the redelivery
@@ -219,6 +242,7 @@ class SchedulerService:
         async with self.sessions() as session, session.begin():
             # Core statements only: the connection skips the ORM session's per-statement work.
             connection = await session.connection()
+            await fence.check(connection, self.epoch)  # first: a deposed leader writes nothing
             repository = SchedulerRepository(connection)
             checked = [
                 i for i, w in enumerate(batch) if not isinstance(w.event, IDEMPOTENT_BY_NATURE)
@@ -403,6 +427,14 @@ class SchedulerService:
         where each replica came from. A fleet keeps a template while any of its tasks is
         stored: the named template, else the service's latest task (`anti_affinity.group`),
         ended or not; with neither, each replica is refused naming the service and why."""
+        try:
+            return await self._request_replicas(event, consumer)
+        except Deposed:
+            self.epoch = None
+            self.on_deposed()
+            raise
+
+    async def _request_replicas(self, event: ReplicasRequested, consumer: str) -> list[Event]:
         async with (
             self.lock,
             unit_of_work(self.sessions, inbox, consumer, event.event_id, outbox) as work,
@@ -410,6 +442,7 @@ class SchedulerService:
             if not work.first:
                 return []
             session = work.session
+            await fence.check(await session.connection(), self.epoch)
             repository = SchedulerRepository(session)
             named = event.template_task_id
             template = await repository.task_request(named) if named else None
