@@ -3,6 +3,7 @@ utilisation SLA is checked, said once per attempt, and survives a restart."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 from faststream import TestApp
@@ -150,3 +151,34 @@ async def test_the_task_s_own_peak_is_learned_rather_than_the_node_s(
 
 async def nop(_: TaskUnderutilized) -> None:
     return None
+
+
+async def test_two_replicas_folding_one_task_s_samples_at_once_lose_none(
+    fresh_nats: NatsServer, database_url: str
+) -> None:
+    """Two predictor replicas share the task.usage durable: two samples of one task can be
+    folded at the same moment, each by its own replica; the window keeps both."""
+    service, app = build(
+        settings(fresh_nats, database_url).model_copy(update={"sla_window_seconds": 10_000})
+    )
+    one: LearningStore = service.state
+    two = LearningStore(one.sessions, one.rule, one.consumer, one.sla)
+    async with TestApp(app):
+        await one.record_prediction(
+            "busy", "qwen2", "inference", 1000, 1000, min_gpu_utilization_percent=50.0
+        )
+        await one.usage(usage("busy", 0, 90.0), nop)  # the window exists
+
+        async def fold(store: LearningStore, second: float) -> None:
+            for _ in range(20):  # as a redelivery would: a failed fold goes again
+                try:
+                    await store.usage(usage("busy", second, 90.0), nop)
+                    return
+                except Exception:
+                    await asyncio.sleep(0.05)
+            raise AssertionError(f"sample at {second} s never folded")
+
+        seconds = [20 + 10 * n for n in range(12)]
+        await asyncio.gather(*(fold(one if n % 2 else two, s) for n, s in enumerate(seconds)))
+        query = select(usage_windows.c.samples).where(usage_windows.c.task_id == "busy")
+        assert await scalar(one, query) == len(seconds)  # the warm-up's sample is not counted

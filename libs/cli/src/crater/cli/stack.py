@@ -110,10 +110,13 @@ class Stack:
         extra_env: dict[str, str] | None = None,
         *,
         local_node: bool = False,
+        replicas: dict[str, int] | None = None,
     ) -> None:
         """nats-server, migrations, the receiver, then each service (and, with `local_node`,
         this machine as node LOCAL_NODE of pool LOCAL_POOL, running what is placed on it);
-        waits for every /healthz."""
+        waits for every /healthz. `replicas` runs more than one process of a service, named
+        by `replica_names` ({"callback": 2}: "callback" and "callback-2"), each its own port,
+        all on the same durables, database and NATS identity (docs/operations.md, Replicas)."""
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         if self.secure:
             self.security = dev_pki.prepare(
@@ -177,6 +180,9 @@ class Stack:
             )
         for name in services:
             self._spawn(name, ports[name], ["run", name], self._identity_env(name))
+            for replica in replica_names(name, (replicas or {}).get(name, 1))[1:]:
+                port = self.ports.get(replica) or free_port()
+                self._spawn(replica, port, ["run", name], self._identity_env(name))
         if local_node:
             self._spawn(
                 "agent",
@@ -237,6 +243,13 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def replica_names(service: str, count: int) -> list[str]:
+    """The process names of `count` replicas of `service`: the service's own, then -2, -3..."""
+    if count < 1:
+        raise ValueError(f"{service}: at least one replica, not {count}")
+    return [service, *(f"{service}-{n}" for n in range(2, count + 1))]
 
 
 # Each secret the stack makes, and the variable whose _FILE hands it to its service.

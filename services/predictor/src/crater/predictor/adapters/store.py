@@ -300,7 +300,10 @@ class LearningStore:
                 usage_windows.c.task_id == event.task_id,
                 usage_windows.c.attempt == event.attempt,
             )
-            row = (await session.execute(select(usage_windows).where(*where))).first()
+            # Locked: replicas sharing the durable may fold two samples of one attempt at
+            # once, and each must see the other's (SQLite has one writer at a time anyway).
+            window_row = select(usage_windows).where(*where).with_for_update()
+            row = (await session.execute(window_row)).first()
             window = (
                 Window(
                     _aware(row.started_at),
