@@ -79,8 +79,9 @@ HANDLER_PARAMETER = "event"
 # short on a loaded 2-core machine, and a retry is safe (the Nats-Msg-Id de-duplicates it).
 PUBLISH_ACK_TIMEOUT_SECONDS = 2.0
 # A publish is retried on what a stream-leader election or a server's loss answers (a timeout,
-# no responders, 503) for this long in all, 0.1 s apart doubling to 1 s, with jitter.
-PUBLISH_RETRY_SECONDS = 10.0
+# no responders, 503) for this long in all, 0.1 s apart doubling to 1 s, with jitter: a
+# stream whose leader died elects another within about 4 to 9 s (nats-server's raft timeouts).
+PUBLISH_RETRY_SECONDS = 20.0
 PUBLISH_RETRY_FIRST_DELAY = 0.1
 PUBLISH_RETRY_MAX_DELAY = 1.0
 # The longest a publish may take before its error is raised: the last attempt's ack included.
