@@ -7,6 +7,7 @@ loopback, once with each server on a host of its own (a network namespace)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,7 +54,8 @@ async def test_losing_the_stream_leader_loses_nothing(cluster: NatsCluster) -> N
     js = admin.jetstream()
     info = await js.stream_info(STREAM.name)
     assert info.config.num_replicas == 3
-    assert info.cluster is not None and info.cluster.leader is not None
+    assert info.cluster is not None
+    assert info.cluster.leader is not None
     leader = cluster.index_of(info.cluster.leader)
 
     broker, _ = make_broker(seeds, "cluster-test", CollectorRegistry(), None)
@@ -99,10 +101,10 @@ async def test_losing_the_stream_leader_loses_nothing(cluster: NatsCluster) -> N
             await message.ack()
     await admin.close()
 
-    gaps = [b - a for a, b in zip(acked, acked[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(acked)]
     longest = max(gaps)
-    print(  # noqa: T201 - the measured figure
-        f"\n{len(cluster.hosts) and 'netns' or 'loopback'}: {published} published, "
+    print(
+        f"\n{'netns' if cluster.hosts else 'loopback'}: {published} published, "
         f"{len(seen)} seen, {len(set(seen))} distinct; leader {cluster.names[leader]} killed; "
         f"longest gap between publish acks {longest:.2f} s"
     )
