@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from crater.contracts import MessageDeadLettered, MessageReplayed, Streams, Subjects
-from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS, encode
+from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS, encode, retry_transient
 from crater.runtime.jsondepth import json_depth
 from crater.runtime.nats_connection import NatsConnection
 from crater.runtime.settings import ServiceSettings
@@ -117,12 +117,15 @@ async def replay_letter(js: JetStreamContext, letter: Letter) -> MessageReplayed
                 f"{event.stream} no longer holds #{event.stream_sequence}"
             ) from None
         payload = original.data or b""
-    ack = await js.publish(
-        event.subject,
-        payload,
-        timeout=PUBLISH_ACK_TIMEOUT_SECONDS,
-        stream=event.stream,
-        headers=dict(event.headers) or None,
+    ack = await retry_transient(
+        lambda: js.publish(
+            event.subject,
+            payload,
+            timeout=PUBLISH_ACK_TIMEOUT_SECONDS,
+            stream=event.stream,
+            headers=dict(event.headers) or None,
+        ),
+        what=f"replay to {event.subject}",
     )
     record = MessageReplayed(
         dead_letter_id=str(event.event_id),
@@ -132,12 +135,15 @@ async def replay_letter(js: JetStreamContext, letter: Letter) -> MessageReplayed
         stream_sequence=None if ack.duplicate else ack.seq,
         duplicate=bool(ack.duplicate),
     )
-    await js.publish(
-        Subjects.MESSAGE_REPLAYED.subject,
-        encode(record),
-        timeout=PUBLISH_ACK_TIMEOUT_SECONDS,
-        stream=STREAM,
-        headers={"Nats-Msg-Id": str(record.event_id), "content-type": "application/json"},
+    await retry_transient(
+        lambda: js.publish(
+            Subjects.MESSAGE_REPLAYED.subject,
+            encode(record),
+            timeout=PUBLISH_ACK_TIMEOUT_SECONDS,
+            stream=STREAM,
+            headers={"Nats-Msg-Id": str(record.event_id), "content-type": "application/json"},
+        ),
+        what="replay record",
     )
     letter.replays.append(record)
     return record

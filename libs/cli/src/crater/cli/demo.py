@@ -225,7 +225,7 @@ async def _watch_and_drive(stack: Stack, duration: float, rate: float, seed: int
     nats_as = stack.nats_connection("admin")
     connection = await nats_as.connect()
     await connection.subscribe("crater.v1.>", cb=watcher.on_message)
-    broker = NatsBroker(nats_as.url, security=nats_as.security(), log_level=10)
+    broker = NatsBroker(nats_as.servers, security=nats_as.security(), log_level=10)
     await broker.start()
     pools = await _fleet_pools(stack, watcher)
     await _start_inference_service(stack, pools)

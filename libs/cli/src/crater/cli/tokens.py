@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
-import nats
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -26,6 +25,8 @@ from crater.gateway.apikeys import (
     read_keys_file,
     write_keys_file,
 )
+from crater.runtime.bus import replicas_for
+from crater.runtime.nats_connection import NatsConnection
 
 app = typer.Typer(help="The gateway's API keys: create (the token shown once), list, revoke.")
 console = Console()
@@ -46,7 +47,7 @@ DEFAULT_NATS = "nats://127.0.0.1:4222"
 
 
 async def _stored(nats_url: str) -> list[ApiKey]:
-    connection = await nats.connect(nats_url)
+    connection = await NatsConnection(nats_url).connect()
     try:
         return await kv_keys(await kv_bucket(connection.jetstream()))
     finally:
@@ -54,9 +55,10 @@ async def _stored(nats_url: str) -> list[ApiKey]:
 
 
 async def _store(nats_url: str, key: ApiKey) -> None:
-    connection = await nats.connect(nats_url)
+    connection = await NatsConnection(nats_url).connect()
     try:
-        await kv_put(await kv_bucket(connection.jetstream()), key)
+        bucket = await kv_bucket(connection.jetstream(), replicas_for(connection, 0))
+        await kv_put(bucket, key)
     finally:
         await connection.close()
 

@@ -3,9 +3,11 @@ publishing with de-duplication ids, and refusal of bad input."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
+import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -38,9 +40,11 @@ from faststream.nats.prometheus.provider import (
 )
 from faststream.prometheus import ConsumeAttrs, MetricsSettingsProvider
 from faststream.prometheus.middleware import PrometheusMiddleware
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig
 from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.kv import KeyValue
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.propagate import extract
@@ -64,7 +68,7 @@ from crater.contracts import (
 from crater.contracts.catalog import channel_for
 from crater.runtime.jsondepth import TooDeep, check_json_depth
 from crater.runtime.leadership import EPOCH_HEADER, DeposedLeader, EpochGuard
-from crater.runtime.nats_connection import NatsConnection
+from crater.runtime.nats_connection import NatsConnection, reconnect_options
 from crater.runtime.settings import ServiceSettings
 from crater.runtime.telemetry import current_trace_context
 
@@ -73,14 +77,33 @@ log = logging.getLogger("crater.bus")
 MAX_MESSAGE_BYTES = 1024 * 1024
 # Every handler names its message parameter `event`; rejections report paths below it.
 HANDLER_PARAMETER = "event"
-# How long to wait for JetStream's ack of a publish: nats-py's 0.5 s default is too short on a
-# loaded 2-core machine, and a retry is safe (the Nats-Msg-Id de-duplicates it).
-PUBLISH_ACK_TIMEOUT_SECONDS = 5.0
+# How long to wait for JetStream's ack of one publish attempt: nats-py's 0.5 s default is too
+# short on a loaded 2-core machine, and a retry is safe (the Nats-Msg-Id de-duplicates it).
+PUBLISH_ACK_TIMEOUT_SECONDS = 2.0
+# A publish is retried on what a stream-leader election or a server's loss answers (a timeout,
+# no responders, 503) for this long in all, 0.1 s apart doubling to 1 s, with jitter: a
+# stream whose leader died elects another within about 4 to 9 s (nats-server's raft timeouts).
+PUBLISH_RETRY_SECONDS = 20.0
+PUBLISH_RETRY_FIRST_DELAY = 0.1
+PUBLISH_RETRY_MAX_DELAY = 1.0
+# The longest a publish may take before its error is raised: the last attempt's ack included.
+PUBLISH_GIVE_UP_SECONDS = PUBLISH_RETRY_SECONDS + PUBLISH_ACK_TIMEOUT_SECONDS
+# What JetStream answers while a stream has no leader, or a server was just lost.
+TRANSIENT_PUBLISH_ERRORS: tuple[type[BaseException], ...] = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+    asyncio.TimeoutError,
+)
+# At most this many servers hold a copy of a stream when CRATER_STREAM_REPLICAS is 0 (auto).
+MAX_AUTO_REPLICAS = 3
 # The longest wait before a failed message is delivered again.
 MAX_REDELIVERY_DELAY_SECONDS = 300.0
 # JetStream's max_deliver is set this far above the service's own limit (a backstop).
 MAX_DELIVER_MARGIN = 3
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+T = TypeVar("T")
 
 _RETENTION = {
     "limits": RetentionPolicy.LIMITS,
@@ -89,9 +112,10 @@ _RETENTION = {
 }
 
 
-def stream_config(spec: StreamSpec) -> StreamConfig:
-    """The JetStream configuration of a catalog stream."""
+def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
+    """The JetStream configuration of a catalog stream, kept on `replicas` servers."""
     return StreamConfig(
+        num_replicas=replicas,
         name=spec.name,
         description=spec.description,
         subjects=list(spec.subjects),
@@ -614,8 +638,9 @@ def make_broker(
     """The service's broker; given a `NatsConnection`, as its user and over its TLS."""
     connection = NatsConnection.coerce(nats_url)
     broker = NatsBroker(
-        connection.url,
+        connection.servers,
         security=connection.security(),
+        **reconnect_options(),
         middlewares=(
             NatsTelemetryMiddleware(tracer_provider=tracer_provider),
             ChannelMetricsMiddleware(registry=registry, app_name=service, metrics_prefix="crater"),
@@ -682,12 +707,75 @@ async def publish_raw(
     if traceparent and not otel_trace.get_current_span().get_span_context().is_valid:
         token = otel_context.attach(extract({"traceparent": traceparent}))
     try:
-        await broker.publish(
-            payload, subject, headers=headers, stream=stream, timeout=PUBLISH_ACK_TIMEOUT_SECONDS
+        await retry_transient(
+            lambda: broker.publish(
+                payload,
+                subject,
+                headers=headers,
+                stream=stream,
+                timeout=PUBLISH_ACK_TIMEOUT_SECONDS,
+            ),
+            what=f"publish to {subject}",
         )
     finally:
         if token is not None:
             otel_context.detach(token)
+
+
+async def retry_transient(
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    seconds: float = PUBLISH_RETRY_SECONDS,
+    errors: tuple[type[BaseException], ...] = TRANSIENT_PUBLISH_ERRORS,
+) -> T:
+    """`attempt()`, again on `errors` (what a stream-leader election or a lost server
+    answers) for `seconds` in all, the delay doubling from 0.1 s to 1 s with jitter; then the
+    last error is raised. Safe for a publish: its Nats-Msg-Id de-duplicates a retry."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    delay = PUBLISH_RETRY_FIRST_DELAY
+    tries = 0
+    while True:
+        try:
+            result = await attempt()
+        except errors as error:
+            tries += 1
+            if loop.time() + delay > deadline:
+                raise
+            log.info("%s: %s; retry %d in %.2f s", what, _describe(error), tries, delay)
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, PUBLISH_RETRY_MAX_DELAY)
+            continue
+        if tries:
+            log.info("%s: done after %d retries", what, tries)
+        return result
+
+
+def replicas_for(connection: Client, wanted: int) -> int:
+    """The replicas of what Crater declares: `wanted` (CRATER_STREAM_REPLICAS), or when 0
+    (auto) 1 on a server alone and MAX_AUTO_REPLICAS on one that is part of a cluster (its INFO
+    names a cluster)."""
+    if wanted:
+        return wanted
+    info: dict[str, Any] = getattr(connection, "_server_info", None) or {}
+    return MAX_AUTO_REPLICAS if info.get("cluster") else 1
+
+
+async def key_value(broker: NatsBroker, bucket: str, replicas: int, **config: Any) -> KeyValue:
+    """The KV bucket `bucket` (FastStream's `broker.key_value`, `config` its settings) on
+    `replicas_for(replicas)` servers; one that exists on another number is updated to it."""
+    connection = broker.connection
+    wanted = replicas_for(connection, replicas)
+    js = connection.jetstream()
+    try:
+        info = await js.stream_info(f"KV_{bucket}")
+    except NotFoundError:
+        info = None
+    if info is not None and info.config.num_replicas != wanted:
+        await js.update_stream(config=info.config.evolve(num_replicas=wanted))
+        log.info("KV %s: replicas %s -> %d", bucket, info.config.num_replicas, wanted)
+    return await broker.key_value(bucket, replicas=wanted, **config)
 
 
 def durable(
@@ -791,11 +879,20 @@ async def align_consumers(nats_url: str | NatsConnection, broker: NatsBroker) ->
         await connection.close()
 
 
+# How long `ensure_streams` waits for JetStream: a cluster just started elects its meta leader
+# first (a few seconds), and until then answers 503 or not at all.
+ENSURE_STREAMS_SECONDS = 30.0
+
+
 async def ensure_streams(
-    nats_url: str | NatsConnection, streams: Sequence[StreamSpec] = Streams.ALL
-) -> None:
+    nats_url: str | NatsConnection,
+    streams: Sequence[StreamSpec] = Streams.ALL,
+    replicas: int = 0,
+) -> int:
     """Create or update the catalog's streams (every one, or `streams`: those a service with an
-    identity of its own may declare) before any service consumes or publishes.
+    identity of its own may declare) before any service consumes or publishes, each on
+    `replicas_for(replicas)` servers (CRATER_STREAM_REPLICAS; a stream kept on another number is
+    updated to it); returns that number.
 
     Done over its own short connection because FastStream's broker only connects when it
     starts its subscribers, and those need their streams to exist already.
@@ -803,12 +900,20 @@ async def ensure_streams(
     connection = await NatsConnection.coerce(nats_url).connect(connect_timeout=5)
     try:
         js = connection.jetstream()
+        wanted = replicas_for(connection, replicas)
         for spec in streams:
-            config = stream_config(spec)
-            try:
-                await js.add_stream(config=config)
-            except BadRequestError:
-                await js.update_stream(config=config)
+            config = stream_config(spec, wanted)
+
+            async def declare(config: StreamConfig = config) -> None:
+                try:
+                    await js.add_stream(config=config)
+                except BadRequestError:
+                    await js.update_stream(config=config)
+
+            await retry_transient(
+                declare, what=f"declare {spec.name}", seconds=ENSURE_STREAMS_SECONDS
+            )
+        return wanted
     finally:
         await connection.close()
 
@@ -827,11 +932,14 @@ __all__ = [
     "encode",
     "ensure_streams",
     "field_errors",
+    "key_value",
     "make_broker",
     "metric_subject",
     "node_mismatch",
     "publish",
     "publish_raw",
+    "replicas_for",
+    "retry_transient",
     "stream_config",
     "subject_of",
 ]

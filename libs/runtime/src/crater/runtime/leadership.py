@@ -368,11 +368,17 @@ class LeaseSettings(BaseModel):
 
 
 async def open_lease(
-    broker: NatsBroker, service: str, timing: LeaseTiming, holder: str | None = None
+    broker: NatsBroker,
+    service: str,
+    timing: LeaseTiming,
+    replicas: int,
+    holder: str | None = None,
 ) -> Lease:
-    """`service`'s lease in the crater_leases bucket (made if missing), held as `holder`
-    (default: this process)."""
-    bucket = await broker.key_value(LEASES_BUCKET, history=1)
+    """`service`'s lease in the crater_leases bucket (made if missing, on `replicas` servers as
+    CRATER_STREAM_REPLICAS says), held as `holder` (default: this process)."""
+    from crater.runtime.bus import key_value  # the bus imports this module's EpochGuard
+
+    bucket = await key_value(broker, LEASES_BUCKET, replicas, history=1)
     return Lease(bucket, service, holder or default_holder(service), timing)
 
 

@@ -3,6 +3,7 @@ options for nats-py (`connect`) and for FastStream's broker (`security`)."""
 
 from __future__ import annotations
 
+import random
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -13,9 +14,31 @@ from nats.aio.client import Client
 
 from crater.runtime.settings import ServiceSettings
 
+# Reconnecting, for a process that runs until stopped: forever, a short wait (with jitter, so
+# a cluster's clients do not all come back at once) and pings that notice a dead server in
+# seconds (PING_INTERVAL * MAX_OUTSTANDING_PINGS) when no TCP reset says so at once.
+RECONNECT_TIME_WAIT_SECONDS = 0.5
+RECONNECT_JITTER_SECONDS = 0.5
+PING_INTERVAL_SECONDS = 2
+MAX_OUTSTANDING_PINGS = 2
+
+
+def reconnect_options() -> dict[str, Any]:
+    """nats-py's (and FastStream's broker's) reconnect keyword arguments for a service."""
+    return {
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": RECONNECT_TIME_WAIT_SECONDS
+        + random.uniform(0, RECONNECT_JITTER_SECONDS),
+        "ping_interval": PING_INTERVAL_SECONDS,
+        "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
+    }
+
 
 @dataclass(frozen=True)
 class NatsConnection:
+    """`url`: one server, or a cluster's seeds comma-separated (`servers`)."""
+
     url: str
     user: str | None = None
     password: str | None = None
@@ -39,9 +62,14 @@ class NatsConnection:
     def coerce(cls, nats_or_url: NatsConnection | str) -> NatsConnection:
         return nats_or_url if isinstance(nats_or_url, NatsConnection) else cls(nats_or_url)
 
+    @property
+    def servers(self) -> list[str]:
+        """Every seed URL in `url`."""
+        return [u.strip() for u in self.url.split(",") if u.strip()]
+
     def ssl_context(self) -> ssl.SSLContext | None:
         """Verifying the server against `tls_ca`; presenting `tls_cert` if given."""
-        if not (self.tls_ca or self.tls_cert or self.url.startswith("tls://")):
+        if not (self.tls_ca or self.tls_cert or any(u.startswith("tls://") for u in self.servers)):
             return None
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -70,4 +98,6 @@ class NatsConnection:
         return options
 
     async def connect(self, **kwargs: Any) -> Client:
-        return await nats.connect(self.url, **self.options(), **kwargs)
+        """A connection to any of the seeds; `kwargs` over nats-py's defaults (a short-lived
+        connection keeps those: a CLI gives up rather than retry forever)."""
+        return await nats.connect(self.servers, **self.options(), **kwargs)

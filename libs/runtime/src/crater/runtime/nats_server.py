@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,13 +69,15 @@ def start_nats_server(
     *,
     config_file: Path | None = None,
     tls: bool = False,
+    prefix: Sequence[str] = (),
 ) -> NatsServer:
     """nats-server with JetStream on `host:port`; with `config_file` (users, permissions, TLS:
     `nats_permissions.render_server_config`, `dev_pki.prepare`) as well. `tls`: the config
-    requires TLS, so the URL is tls://."""
+    requires TLS, so the URL is tls://. `prefix`: a command it runs under (`ip netns exec
+    <namespace>`: the server on a host of its own, `nats_cluster`)."""
     store_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
-    args = [nats_server_binary()]
+    args = [*prefix, nats_server_binary()]
     if config_file is not None:
         args += ["-c", str(config_file)]
     args += ["-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]

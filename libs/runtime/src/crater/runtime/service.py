@@ -97,7 +97,7 @@ class Service:
         """The FastStream app: streams ensured first, consumers started, health and metrics."""
 
         async def declare_streams() -> None:
-            await ensure_streams(self.nats, self.streams)
+            await ensure_streams(self.nats, self.streams, self.settings.stream_replicas)
             await align_consumers(self.nats, self.broker)
 
         async def flush_traces() -> None:
@@ -123,7 +123,7 @@ class Service:
         `asgi`: streams ensured, `on_startup`, the broker started, `after_startup`; on leaving,
         `on_shutdown`, the broker drained (closed when NATS is away), traces flushed,
         `after_shutdown`."""
-        await ensure_streams(self.nats, self.streams)
+        await ensure_streams(self.nats, self.streams, self.settings.stream_replicas)
         for hook in self.on_startup:
             await hook()
         await self.broker.start()

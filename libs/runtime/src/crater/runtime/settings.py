@@ -122,7 +122,18 @@ class ServiceSettings(BaseSettings):
         "the setting to set; development: start, with one warning for each.",
     )
     nats_url: str = Field(
-        default="nats://127.0.0.1:4222", description="NATS server URL (tls://... for TLS)."
+        default="nats://127.0.0.1:4222",
+        description="NATS server URL (tls://... for TLS); for a cluster every server's, "
+        "comma-separated (the seeds: a process connects to any and fails over to the others).",
+    )
+    stream_replicas: int = Field(
+        default=0,
+        ge=0,
+        le=5,
+        description="Servers that keep a copy of every stream and KV bucket Crater declares; a "
+        "stream kept on another number is updated to it. 0: auto, 1 on a server alone (the "
+        "embedded `crater up`), 3 on a cluster (R3: one server lost loses nothing); set it for "
+        "a cluster of two.",
     )
     nats_user: str | None = Field(
         default=None,

@@ -139,12 +139,12 @@ def find_key(keys: list[ApiKey], key_id: str) -> ApiKey:
     return matches[0]
 
 
-async def kv_bucket(js: JetStreamContext) -> KeyValue:
-    """The API keys' bucket, created if no gateway has yet."""
+async def kv_bucket(js: JetStreamContext, replicas: int = 1) -> KeyValue:
+    """The API keys' bucket, created (on `replicas` servers) if no gateway has yet."""
     try:
         return await js.key_value(API_KEYS_BUCKET)
     except nats.js.errors.BucketNotFoundError:
-        return await js.create_key_value(bucket=API_KEYS_BUCKET, history=1)
+        return await js.create_key_value(bucket=API_KEYS_BUCKET, history=1, replicas=replicas)
 
 
 async def kv_put(bucket: KeyValue, key: ApiKey) -> None:

@@ -35,6 +35,7 @@ from crater.gateway.apikeys import (
     token_hash,
 )
 from crater.gateway.settings import GatewaySettings
+from crater.runtime.bus import key_value
 from crater.runtime.service import BUS_ERRORS
 
 log = logging.getLogger("crater.gateway.auth")
@@ -190,7 +191,9 @@ class Authenticator:
     async def open(self) -> None:
         """Open the API keys' bucket (after the broker started), when it is where keys are."""
         if self.required and self.keys_file is None:
-            self._bucket = await self.broker.key_value(API_KEYS_BUCKET, history=1)
+            self._bucket = await key_value(
+                self.broker, API_KEYS_BUCKET, self.settings.stream_replicas, history=1
+            )
 
     async def principal(self, request: Request) -> Principal:
         """The caller, once per request (a route's dependencies may ask again)."""

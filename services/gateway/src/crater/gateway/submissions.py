@@ -26,7 +26,7 @@ from crater.gateway.claims import (
 )
 from crater.gateway.models import ScheduleAccepted, task_known
 from crater.gateway.settings import GatewaySettings
-from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS
+from crater.runtime.bus import PUBLISH_GIVE_UP_SECONDS, key_value
 from crater.runtime.service import BUS_ERRORS
 
 log = logging.getLogger("crater.gateway")
@@ -44,14 +44,18 @@ class Submissions:
         self.bus = bus
         self.settings = settings
         self.grace = timedelta(seconds=settings.abandoned_claim_seconds)
-        # Longer than a publish may take (its ack timeout): a live claimer has confirmed by then.
-        self.settle_seconds = PUBLISH_ACK_TIMEOUT_SECONDS + 1
+        # Longer than a publish may take (retries and ack): a live claimer has confirmed by then.
+        self.settle_seconds = PUBLISH_GIVE_UP_SECONDS + 1
         self._bucket: KeyValue | None = None
 
     async def open(self) -> None:
         """Open (or create) the bucket; after the broker started."""
-        self._bucket = await self.bus.broker.key_value(
-            ACCEPTED_BUCKET, ttl=self.settings.remember_accepted_seconds, history=1
+        self._bucket = await key_value(
+            self.bus.broker,
+            ACCEPTED_BUCKET,
+            self.settings.stream_replicas,
+            ttl=self.settings.remember_accepted_seconds,
+            history=1,
         )
 
     @property

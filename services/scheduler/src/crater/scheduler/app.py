@@ -298,7 +298,9 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     holder = default_holder(name)
 
     async def elect() -> None:  # once the broker is connected
-        lease = await open_lease(broker, name, settings.lease_timing, holder)
+        lease = await open_lease(
+            broker, name, settings.lease_timing, settings.stream_replicas, holder
+        )
         leadership = Leadership(lease, lead, step_down, leadership_gauges(service.registry))
         core.on_deposed = leadership.lost
         service.leadership = leadership
