@@ -39,6 +39,7 @@ from schemathesis.specs.openapi.checks import (
 
 from crater.contracts import Channel, MessageDeadLettered, Subjects
 from crater.contracts.base import SCHEMA_VERSION
+from crater.runtime.bus import retry_transient
 from crater.runtime.jsondepth import TooDeep, check_json_depth
 from crater.runtime.nats_server import free_port
 
@@ -410,9 +411,16 @@ class BusFuzzer:
             letter = MessageDeadLettered.model_validate_json(msg.data)
             self.letters[(letter.stream, letter.stream_sequence)].append(letter)
 
+    async def consumers_info(self, stream: str) -> list[Any]:
+        """The stream's consumers; a JetStream API timeout (a loaded machine) is retried, as
+        the services retry theirs, rather than ending the run."""
+        return await retry_transient(
+            lambda: self.js.consumers_info(stream), what=f"consumers of {stream}"
+        )
+
     async def consumers(self, stream: str) -> dict[str, list[str]]:
         found = {}
-        for info in await self.js.consumers_info(stream):
+        for info in await self.consumers_info(stream):
             config = info.config
             filters = list(config.filter_subjects or []) or [config.filter_subject or ">"]
             found[info.name] = filters
@@ -433,7 +441,7 @@ class BusFuzzer:
                 "CRATER_TASK_USAGE",
                 "CRATER_AUTOSCALING",
             ):
-                for info in await self.js.consumers_info(stream):
+                for info in await self.consumers_info(stream):
                     if info.num_pending or info.num_ack_pending:
                         stuck.append(
                             f"{stream}/{info.name}: {info.num_pending} pending, "
