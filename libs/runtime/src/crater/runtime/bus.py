@@ -673,7 +673,9 @@ def encode(event: Event) -> bytes:
     return event.model_dump_json().encode()
 
 
-async def publish(broker: NatsBroker, event: Event) -> None:
+async def publish(
+    broker: NatsBroker, event: Event, extra_headers: Mapping[str, str] | None = None
+) -> None:
     """Publish to JetStream and wait for the stream's ack; `event_id` is the de-dup id."""
     if event.trace is None:
         context = current_trace_context()
@@ -686,6 +688,7 @@ async def publish(broker: NatsBroker, event: Event) -> None:
         payload=encode(event),
         event_id=str(event.event_id),
         traceparent=event.trace.traceparent if event.trace else None,
+        extra_headers=extra_headers,
     )
 
 

@@ -34,11 +34,21 @@ from crater.contracts import (
     Subjects,
 )
 from crater.runtime.bus import durable, publish
+from crater.runtime.leadership import (
+    Deposed,
+    LeaderGate,
+    Leadership,
+    LeaseSettings,
+    default_holder,
+    epoch_header,
+    leadership_gauges,
+    open_lease,
+)
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
 
 
-class AutoscalerSettings(ServiceSettings, ScalingPolicy):
+class AutoscalerSettings(ServiceSettings, LeaseSettings, ScalingPolicy):
     """The policy's numbers (domain/scaling_policy.py: each one's default, bounds and
     description), each from CRATER_AUTOSCALER_<NAME>; and how the service runs it."""
 
@@ -63,47 +73,76 @@ def build(settings: AutoscalerSettings | None = None) -> tuple[Service, AsgiFast
     service.state = autoscaler
     broker, name, batch = service.broker, service.name, settings.consumer_batch
 
+    # One autoscaler decides (docs/operations.md, high availability): a standby binds no
+    # consumer; what the leader publishes carries its epoch, and a deposed one publishes
+    # nothing more.
+    gate = LeaderGate(broker)
+    leader = gate.router
+    holder = default_holder(name)
+    leading: dict[str, int] = {}
+
     async def publish_one(event: Event) -> None:
-        await publish(broker, event)
+        epoch = leading.get("epoch")
+        if epoch is None:
+            raise Deposed("this autoscaler does not lead: it publishes no decision")
+        await publish(broker, event, epoch_header(name, epoch))
 
     handlers = AutoscalerHandlers(autoscaler, AutoscalerMetrics(service.registry), publish_one)
 
-    @durable(broker, Subjects.INFERENCE_LATENCY, name, batch=batch)
+    @durable(broker, Subjects.INFERENCE_LATENCY, name, batch=batch, router=leader)
     async def on_latency_samples(event: LatencySamplesReported) -> None:
         await handlers.latency_samples(event)
 
-    @durable(broker, Subjects.NODE_METRICS, name, batch=batch)
+    @durable(broker, Subjects.NODE_METRICS, name, batch=batch, router=leader)
     async def on_node_metrics(event: NodeMetricsReported) -> None:
         await handlers.node_metrics(event)
 
-    @durable(broker, Subjects.ALLOCATION_GRANTED, name, batch=batch)
+    @durable(broker, Subjects.ALLOCATION_GRANTED, name, batch=batch, router=leader)
     async def on_allocation_granted(event: AllocationGranted) -> None:
         await handlers.allocation_granted(event)
 
-    @durable(broker, Subjects.ALLOCATION_RELEASED, name, batch=batch)
+    @durable(broker, Subjects.ALLOCATION_RELEASED, name, batch=batch, router=leader)
     async def on_allocation_released(event: AllocationReleased) -> None:
         await handlers.allocation_released(event)
 
-    @durable(broker, Subjects.SCALE_REPLICA_DRAINED, name, batch=batch)
+    @durable(broker, Subjects.SCALE_REPLICA_DRAINED, name, batch=batch, router=leader)
     async def on_replica_drained(event: ReplicaDrained) -> None:
         await handlers.replica_drained(event)
 
     ticker: list[asyncio.Task[None]] = []
 
-    async def start_ticker() -> None:
+    async def lead(epoch: int) -> None:
+        # A standby consumed nothing: its windows fill within window_seconds from now.
+        leading["epoch"] = epoch
+        await gate.open()
         ticker.append(
             asyncio.create_task(handlers.release_overdue_drains(settings.drain_check_seconds))
         )
 
-    async def stop_ticker() -> None:
+    async def step_down() -> None:
+        leading.pop("epoch", None)
+        await gate.close()
         for task in ticker:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         ticker.clear()
 
-    service.after_startup.append(start_ticker)
-    service.on_shutdown.append(stop_ticker)
+    async def elect() -> None:
+        lease = await open_lease(
+            broker, name, settings.lease_timing, settings.stream_replicas, holder
+        )
+        leadership = Leadership(lease, lead, step_down, leadership_gauges(service.registry))
+        service.leadership = leadership
+        await leadership.start()
+
+    async def resign() -> None:
+        await step_down()
+        if service.leadership is not None:
+            await service.leadership.stop()
+
+    service.after_startup.append(elect)
+    service.on_shutdown.append(resign)
     return service, service.asgi()
 
 
