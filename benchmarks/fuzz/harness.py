@@ -39,7 +39,7 @@ from schemathesis.specs.openapi.checks import (
 
 from crater.contracts import Channel, MessageDeadLettered, Subjects
 from crater.contracts.base import SCHEMA_VERSION
-from crater.runtime.bus import retry_transient
+from crater.runtime.bus import node_mismatch, retry_transient
 from crater.runtime.jsondepth import TooDeep, check_json_depth
 from crater.runtime.nats_server import free_port
 
@@ -217,14 +217,15 @@ def draw_messages(channel: Channel, count: int, seed: int | None = None) -> list
     return found[:count]
 
 
-def valid(channel: Channel, body: bytes) -> bool:
-    """Whether the services should take `body` (the same checks their consumers make)."""
+def valid(channel: Channel, body: bytes, subject: str) -> bool:
+    """Whether the services should take `body` on `subject` (the same checks their consumers
+    make: the model, and a node-scoped body naming its subject's node)."""
     try:
         check_json_depth(body, MAX_DEPTH)
         channel.event.model_validate_json(body)
+        return node_mismatch(subject, json.loads(body)) is None
     except (TooDeep, ValueError, RecursionError):
         return False
-    return True
 
 
 _NODE_NUMBERS = itertools.count()
@@ -453,7 +454,7 @@ class BusFuzzer:
 
     async def run_batch(self, batch: list[tuple[Channel, str, bytes]]) -> None:
         """Publish a batch, wait for the consumers to catch up, judge every message."""
-        sent: list[tuple[Channel, str, bytes, str, int, list[str]]] = []
+        sent: list[tuple[Channel, str, bytes, str, str, int, list[str]]] = []
         consumers_of: dict[str, dict[str, list[str]]] = {}
         for channel, kind, body in batch:
             target = channel.subject
@@ -480,7 +481,7 @@ class BusFuzzer:
                 self.figures.by_kind[f"{kind}:refused-by-stream"] += 1
                 del error
                 continue
-            sent.append((channel, kind, body, ack.stream, ack.seq, readers))
+            sent.append((channel, kind, body, subject, ack.stream, ack.seq, readers))
         stuck = await self.settled()
         if stuck:
             for channel, *_ in sent:
@@ -488,14 +489,15 @@ class BusFuzzer:
             self.figures.finding(type="hang", consumers=stuck[:10])
             return
         await asyncio.sleep(0.2)  # the last dead letters on their way
-        for channel, kind, body, stream, seq, readers in sent:
-            self.judge(channel, kind, body, stream, seq, readers)
+        for channel, kind, body, subject, stream, seq, readers in sent:
+            self.judge(channel, kind, body, subject, stream, seq, readers)
 
     def judge(
         self,
         channel: Channel,
         kind: str,
         body: bytes,
+        subject: str,
         stream: str,
         seq: int,
         readers: list[str],
@@ -515,7 +517,7 @@ class BusFuzzer:
                 errors=[e.reason for x in applied for e in x.errors][:3],
             )
             return
-        if valid(channel, body):
+        if valid(channel, body, subject):
             if letters:
                 self.figures.other_failures[target] += 1
                 self.figures.finding(
