@@ -16,11 +16,14 @@ from prometheus_client import CollectorRegistry
 
 from crater.contracts import (
     AllocationGranted,
+    AllocationReleased,
     MessageRejected,
     NodeCondition,
     NodeHealthReported,
     NodeTopologyReported,
     Subjects,
+    TaskStatus,
+    TaskStatusReported,
     TaskSubmitted,
 )
 from crater.contracts.queries import NodesAnswer, NodesQuery, QuerySubjects
@@ -36,6 +39,7 @@ from crater.runtime.nats_server import NatsServer, start_nats_server
 from crater.scheduler.app import SchedulerSettings
 from crater.scheduler.app import build as build_scheduler
 from tests.integration.gateway.test_schedule import task
+from tests.integration.scheduler.test_scheduler_over_nats import profiled
 from tests.support.events import EventTap
 from tests.support.topologies import node
 
@@ -226,4 +230,38 @@ async def test_a_body_naming_another_node_than_its_subject_is_refused(
             await client.close()
         [node_b] = NodesAnswer.model_validate_json(reply.data).nodes
         assert (node_b.node_id, node_b.condition) == ("node-b", NodeCondition.READY)
+    assert secured.violations() == []
+
+
+async def test_a_task_report_on_an_allocation_the_task_does_not_hold_is_refused(
+    secured: Secured, tap: EventTap, tmp_path: Path
+) -> None:
+    """The attack: a forged `succeeded` naming a made-up allocation, from a node's credential
+    (which may publish task.status), released a running task. Now refused by name."""
+    _, scheduler_app = build_scheduler(
+        SchedulerSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 's.db'}", **secured.settings("scheduler")
+        )
+    )
+    as_b, as_a = node_identity("node-b"), node_identity("node-a")
+    async with TestApp(scheduler_app):
+        topology = NodeTopologyReported(node=node("node-b", gpus=1))
+        await report(secured, as_b, Subjects.NODE_TOPOLOGY.for_node("node-b"), encode(topology))
+        await tap.wait_for(NodeTopologyReported)
+        arrival = profiled("victim", gpus=1)
+        await report(secured, "admin", Subjects.TASK_PROFILED.subject, encode(arrival))
+        [grant] = await tap.wait_for(AllocationGranted, lambda g: g.task_id == "victim")
+        forged = TaskStatusReported(
+            task_id="victim", status=TaskStatus.SUCCEEDED, allocation_id="alloc-made-up"
+        )
+        await report(secured, as_a, Subjects.TASK_STATUS.subject, encode(forged))
+        [rejected] = await tap.wait_for(
+            MessageRejected, lambda r: r.subject == Subjects.TASK_STATUS.subject
+        )
+        [error] = rejected.errors
+        assert error.field == "allocation_id"
+        assert "does not hold allocation 'alloc-made-up'" in error.reason
+        assert grant.allocation_id in error.reason
+        await asyncio.sleep(0.3)
+        assert tap.of(AllocationReleased, lambda r: r.task_id == "victim") == []
     assert secured.violations() == []

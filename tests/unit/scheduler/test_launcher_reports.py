@@ -156,6 +156,30 @@ def test_a_forged_signature_is_refused() -> None:
     assert not scheduler.allocations["t1"].running
 
 
+@pytest.mark.parametrize("status", [TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.RUNNING])
+def test_a_report_on_an_allocation_the_task_does_not_hold_is_refused(status: TaskStatus) -> None:
+    """The attack: a forged `succeeded` naming a made-up allocation released a running task."""
+    scheduler, granted = placed()
+    scheduler.handle(
+        TaskStatusReported(
+            occurred_at=at(5),
+            task_id="t1",
+            status=TaskStatus.RUNNING,
+            allocation_id=granted.allocation_id,
+        )
+    )
+    forged = TaskStatusReported(
+        occurred_at=at(6), task_id="t1", status=status, allocation_id="alloc-made-up"
+    )
+    refusal = scheduler.report_refusal(forged)
+    assert refusal is not None
+    assert refusal.field == "allocation_id"
+    assert "does not hold allocation 'alloc-made-up'" in refusal.reason
+    assert granted.allocation_id in refusal.reason
+    assert scheduler.handle(forged) == []
+    assert scheduler.allocations["t1"].running
+
+
 def test_once_a_launcher_confirmed_reports_without_the_token_are_refused() -> None:
     scheduler, granted = placed()
     scheduler.handle(launcher(granted, 5))

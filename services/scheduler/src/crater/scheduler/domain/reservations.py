@@ -58,10 +58,23 @@ class Reservations:
         would confirm it must come before its reservation's real deadline; once a launcher
         confirmed an allocation with the token, reports about it without the token are
         refused (with `require_report_tokens`, every running/succeeded/failed one). Cancels
-        without a token (the gateway's, an operator's) are taken. Reports about what is not
-        held (an ended task, an earlier attempt) are taken and change nothing, as before."""
+        without a token (the gateway's, an operator's) are taken. A report naming an
+        allocation the task does not hold now (forged, another's, an earlier attempt's) is
+        refused with that reason; reports about an ended task are taken and change nothing."""
         head = self.state.allocations.get(event.task_id)
         members = head.members() if head is not None else []
+        if (
+            event.allocation_id is not None
+            and members
+            and all(m.allocation_id != event.allocation_id for m in members)
+        ):
+            held = ", ".join(repr(m.allocation_id) for m in members)
+            return FieldError(
+                field="allocation_id",
+                reason=f"task {event.task_id!r} does not hold allocation "
+                f"{event.allocation_id!r} (it holds {held}): a report on another allocation, "
+                "or an earlier attempt's, changes nothing",
+            )
         token = event.reservation_token
         if token is None:
             if event.status is TaskStatus.CANCELLED:
