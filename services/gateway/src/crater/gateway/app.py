@@ -8,11 +8,14 @@ import logging
 import ssl
 from typing import Any
 
+import swagger_ui_bundle
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -138,7 +141,10 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         description="Submit tasks to Crater and read what the scheduler knows.",
         lifespan=lambda _: service.lifespan(),
         separate_input_output_schemas=False,
+        docs_url=None,  # served below from local assets, not a CDN
+        redoc_url=None,
     )
+    serve_docs_locally(app)
     app.state.service = service
     app.state.settings = settings
     app.state.bus = bus
@@ -166,6 +172,30 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
     for router in ROUTERS:
         app.include_router(router)
     return app
+
+
+SWAGGER_ASSETS = "/docs/assets"
+
+
+def serve_docs_locally(app: FastAPI) -> None:
+    """Swagger UI at /docs with its JavaScript and CSS from the installed swagger-ui bundle:
+    no browser is sent to a CDN, and the docs work where nothing outside is reachable."""
+    app.mount(
+        SWAGGER_ASSETS,
+        StaticFiles(directory=swagger_ui_bundle.swagger_ui_path),
+        name="swagger-assets",
+    )
+
+    async def swagger(_: Request) -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} - API",
+            swagger_js_url=f"{SWAGGER_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{SWAGGER_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{SWAGGER_ASSETS}/favicon-32x32.png",
+        )
+
+    app.add_api_route("/docs", swagger, methods=["GET"], include_in_schema=False)
 
 
 def service_of(app: FastAPI) -> Service:
