@@ -111,8 +111,10 @@ class Scheduler(SchedulerState):
         self.lifecycle = Lifecycle(self, self.retries, self.ledger, self.waitlist)
         self.reservations = Reservations(self, self.lifecycle)
         self.nodes = NodeWatch(self, self.lifecycle)
-        self.admission = Admission(self, self.placer, self.waitlist, self.reasons, self.preemptor)
         self.lending = Lending(self, self.retries, self.placer)
+        self.admission = Admission(
+            self, self.placer, self.waitlist, self.reasons, self.preemptor, self.lending
+        )
         self.cycle = Cycle(
             self,
             self.retries,
