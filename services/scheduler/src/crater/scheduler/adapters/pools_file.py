@@ -83,6 +83,9 @@ class _Loans(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     limit: _Limit = Field(default_factory=_Limit)
+    keep_idle: _Limit = Field(
+        default_factory=_Limit, description="lend only: GPUs kept idle, never lent (gpus only)"
+    )
 
 
 class _Pool(BaseModel):
@@ -151,6 +154,7 @@ class _Pool(BaseModel):
             cohort=self.cohort,
             lend_limit=(self.lend or _Loans()).limit.quota(),
             borrow_limit=(self.borrow or _Loans()).limit.quota(),
+            keep_idle_gpus=(self.lend or _Loans()).keep_idle.gpus or 0,
         )
 
 

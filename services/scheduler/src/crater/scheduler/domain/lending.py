@@ -63,6 +63,12 @@ class Lending:
                 total = total + usage
         return total
 
+    def idle_gpus(self, pool: str) -> int:
+        """Whole GPUs free on `pool`'s ready nodes now."""
+        cluster = self.state.cluster
+        rows = (cluster.pool == pool) & cluster.ready
+        return int(cluster.gpus_free[rows].sum())
+
     def has_waiting(self, pool: str) -> bool:
         if self.waiting is None:
             self.waiting = {
@@ -97,6 +103,10 @@ class Lending:
             over = policies[lender].lend_limit.excess(self.lent(lender) + usage)
             if over:
                 why.append(f"pool {lender} lends no more ({limits_text(over)})")
+                continue
+            keep = policies[lender].keep_idle_gpus
+            if keep and self.idle_gpus(lender) - usage.gpus < keep:
+                why.append(f"pool {lender} keeps {keep} GPUs idle")
                 continue
             fits, _ = self.placer.diagnose(replace(task.filter_demand, pool=lender))
             head = self.state.backfill.get(lender)

@@ -28,6 +28,8 @@ class PoolPolicy:
     # unlimited); and the most this pool holds of other pools' capacity at once
     lend_limit: Quota = field(default_factory=Quota)
     borrow_limit: Quota = field(default_factory=Quota)
+    # whole GPUs this pool keeps idle, never lent (warm headroom for its own bursts)
+    keep_idle_gpus: int = 0
 
 
 DEFAULT_POLICY = PoolPolicy()

@@ -50,6 +50,10 @@ class Preemptor:
         # Its pool's capacity lent out: the borrowers there yield to it whatever their
         # priority (reclaim), and before any task of its own pool.
         reclaims = any(lender == pool for lender, _ in self.state.lent)
+        if task.nominated and reclaims and not self.yielding_on(task.nominated):
+            # Its victims are gone and others took the room: an owner chooses again, so it
+            # never waits past a grace period for its pool's capacity.
+            task.nominated = ()
         if (
             task.nominated
             or not (reclaims or any(p < mine for p in self.state.preemptible))
@@ -125,3 +129,11 @@ class Preemptor:
                     )
                 )
         return decisions
+
+    def yielding_on(self, nodes: tuple[str, ...]) -> bool:
+        """Whether some allocation on `nodes` is yielding now."""
+        return any(
+            a.yield_by is not None and a.node in nodes
+            for head in self.state.allocations.values()
+            for a in head.members()
+        )
