@@ -20,6 +20,7 @@ from crater.cli import (
     hardware,
     logs,
     predict,
+    shared_day,
     simulate,
     tokens,
     webhooks,
@@ -219,6 +220,7 @@ app.command("autoscale-sim")(autoscale.autoscale_sim)
 app.command()(predict.predict)
 app.command()(logs.logs)
 app.command()(simulate.simulate)
+app.command("simulate-shared")(shared_day.simulate_shared)
 app.command()(bench.bench)
 app.command()(chaos.chaos)
 

@@ -90,6 +90,12 @@ class AllocationGranted(TaskEvent):
         default=0, ge=0, description="This member of a gang (one grant per member), from 0."
     )
     gang_size: int = Field(default=1, ge=1, description="Members granted together, all or none.")
+    borrowed_from: str | None = Field(
+        default=None,
+        description="The pool whose idle nodes this allocation borrows (pools of one cohort "
+        "lend each other idle capacity); it is reclaimable: preempted, with its grace period, "
+        "when that pool's own tasks need the capacity back. None: on its own pool's nodes.",
+    )
     attempt: int = Field(
         default=1, ge=1, le=MAX_ATTEMPT, description="Which attempt of the task (restart policy)."
     )

@@ -792,6 +792,11 @@ class TaskPreempted(TaskEvent):
     must_stop_by: AwareDatetime | None = Field(
         default=None, description="When the scheduler takes the resources back at the latest."
     )
+    reclaimed_by_pool: str | None = Field(
+        default=None,
+        description="Set when the task ran on capacity borrowed from this pool, whose own "
+        "task needs it back (reclaim, whatever the priorities); None: a priority preemption.",
+    )
 
 
 class TaskEscalated(TaskEvent):

@@ -8,11 +8,15 @@ pools:
     overcommit: {cpu: 2.0, memory: 1.5}      # GPU stays 1 unless set
     restart_policy: {when: [failure, node-lost], max_attempts: 3, backoff_seconds: 10}
     reservation_timeout_ms: 15000            # a placement waits this long for `running`
+    cohort: shared                           # lends its idle nodes to the cohort's pools
+    lend: {limit: {gpus: 16}}                # at most this much of its capacity lent at once
+    borrow: {limit: {gpus: 0}}               # and it borrows none (see docs/pools.md)
 
 A pool left out, or a field left out, keeps the default: every filter, the default scores,
 no over-commit, no restart, the scheduler's reservation timeout (a task's own
 `restart_policy` and `reservation_timeout_ms` win). `filters` must keep
-NodeReady and Pool, the two that no pool can do without.
+NodeReady and Pool, the two that no pool can do without. Without `cohort` a pool neither
+lends nor borrows; `lend` and `borrow` need one, and their limits left out are unlimited.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from crater.contracts import (
     RESERVATION_TIMEOUT_MS_MAX,
@@ -37,6 +48,7 @@ from crater.scheduler.domain.plugins import (
     Pipeline,
 )
 from crater.scheduler.domain.pools import PoolPolicy
+from crater.scheduler.domain.quotas import Quota
 
 REQUIRED_FILTERS = ("NodeReady", "Pool")
 
@@ -53,6 +65,29 @@ class _Overcommit(BaseModel):
     gpu: float = Field(default=1.0, gt=0, le=64, description="Cards promised per card.")
 
 
+class _Limit(BaseModel):
+    """An amount of every resource; a resource left out is unlimited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: int | None = Field(default=None, ge=0, description="Cards.")
+    gpu_memory_mb: int | None = Field(default=None, ge=0, description="GPU memory, MiB.")
+    cpu_cores: int | None = Field(default=None, ge=0, description="CPU cores.")
+    memory_mb: int | None = Field(default=None, ge=0, description="Host memory, MiB.")
+
+    def quota(self) -> Quota:
+        return Quota(self.gpus, self.gpu_memory_mb, self.cpu_cores, self.memory_mb)
+
+
+class _Loans(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: _Limit = Field(default_factory=_Limit)
+    keep_idle: _Limit = Field(
+        default_factory=_Limit, description="lend only: GPUs kept idle, never lent (gpus only)"
+    )
+
+
 class _Pool(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -64,6 +99,15 @@ class _Pool(BaseModel):
     reservation_timeout_ms: int | None = Field(
         default=None, ge=RESERVATION_TIMEOUT_MS_MIN, le=RESERVATION_TIMEOUT_MS_MAX
     )
+    cohort: str | None = Field(default=None, min_length=1, max_length=64)
+    lend: _Loans | None = None
+    borrow: _Loans | None = None
+
+    @model_validator(mode="after")
+    def _loans_need_a_cohort(self) -> _Pool:
+        if self.cohort is None and (self.lend is not None or self.borrow is not None):
+            raise ValueError("lend and borrow need a cohort (the pools that lend each other)")
+        return self
 
     @field_validator("filters")
     @classmethod
@@ -107,6 +151,10 @@ class _Pool(BaseModel):
             Overcommit(ratios.cpu, ratios.memory, ratios.gpu),
             self.restart_policy,
             self.reservation_timeout_ms,
+            cohort=self.cohort,
+            lend_limit=(self.lend or _Loans()).limit.quota(),
+            borrow_limit=(self.borrow or _Loans()).limit.quota(),
+            keep_idle_gpus=(self.lend or _Loans()).keep_idle.gpus or 0,
         )
 
 

@@ -24,6 +24,7 @@ from crater.scheduler.domain.events import (
     ended,
     rejected,
 )
+from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.placer import Pick, Placer
 from crater.scheduler.domain.plugins import judged_field
 from crater.scheduler.domain.preemptor import Preemptor
@@ -50,7 +51,9 @@ class Admission:
         waitlist: Waitlist,
         reasons: Reasons,
         preemptor: Preemptor,
+        lending: Lending | None = None,
     ) -> None:
+        self.lending = lending if lending is not None and lending.active else None
         self.state = state
         self.placer = placer
         self.waitlist = waitlist
@@ -81,8 +84,13 @@ class Admission:
         granted = self.placer.try_place(task, event, avoid)
         if granted:
             return list(granted)
-        self.waitlist.enqueue(task)
         over = self.state.quotas.blocking(request.tenant, demand, members)
+        if self.lending is not None and not over:
+            self.lending.begin_pass()
+            loaned, task.borrow_reason = self.lending.borrow(task, event)
+            if loaned:
+                return list(loaned)
+        self.waitlist.enqueue(task)
         found = None if over else self.placer.diagnose(task.filter_demand)
         reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
         decisions: list[Event] = self.reasons.announce(task, event, reasons, summary)

@@ -81,6 +81,19 @@ class SchedulerConfig:
         policy = self.pools.get(pool)
         return self.pipeline if policy is None else policy.pipeline
 
+    def cohort_of(self, pool: str) -> tuple[str, ...]:
+        """The other pools of `pool`'s cohort, by name (none: it neither lends nor borrows)."""
+        policy = self.pools.get(pool)
+        if policy is None or policy.cohort is None:
+            return ()
+        return tuple(
+            sorted(
+                name
+                for name, other in self.pools.items()
+                if other.cohort == policy.cohort and name != pool
+            )
+        )
+
     def overcommit_for(self, pool: str) -> Overcommit:
         policy = self.pools.get(pool)
         return NO_OVERCOMMIT if policy is None else policy.overcommit

@@ -45,6 +45,7 @@ from crater.scheduler.domain.cycle import Cycle
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.ledger import Ledger
+from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.lifecycle import END_REASON, END_STATUS, RESTART_ON, Lifecycle
 from crater.scheduler.domain.nodes import NODE_LOST_SCAN_SECONDS, NodeWatch
 from crater.scheduler.domain.placer import Diagnosis, Pick, Placer, Ranked
@@ -94,6 +95,7 @@ class Scheduler(SchedulerState):
     nodes: NodeWatch = field(init=False, repr=False, compare=False)
     admission: Admission = field(init=False, repr=False, compare=False)
     cycle: Cycle = field(init=False, repr=False, compare=False)
+    lending: Lending = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.quotas.limits = dict(self.config.quotas)
@@ -109,9 +111,18 @@ class Scheduler(SchedulerState):
         self.lifecycle = Lifecycle(self, self.retries, self.ledger, self.waitlist)
         self.reservations = Reservations(self, self.lifecycle)
         self.nodes = NodeWatch(self, self.lifecycle)
-        self.admission = Admission(self, self.placer, self.waitlist, self.reasons, self.preemptor)
+        self.lending = Lending(self, self.retries, self.placer)
+        self.admission = Admission(
+            self, self.placer, self.waitlist, self.reasons, self.preemptor, self.lending
+        )
         self.cycle = Cycle(
-            self, self.retries, self.placer, self.waitlist, self.reasons, self.preemptor
+            self,
+            self.retries,
+            self.placer,
+            self.waitlist,
+            self.reasons,
+            self.preemptor,
+            self.lending,
         )
 
     # -- entry point -------------------------------------------------------------------------

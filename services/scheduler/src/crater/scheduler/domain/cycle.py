@@ -11,6 +11,7 @@ from crater.scheduler.domain.cluster import (
     BoolArray,
 )
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.placer import Diagnosis, Placer
 from crater.scheduler.domain.preemptor import Preemptor
 from crater.scheduler.domain.queue import (
@@ -35,6 +36,7 @@ class Cycle:
         waitlist: Waitlist,
         reasons: Reasons,
         preemptor: Preemptor,
+        lending: Lending | None = None,
     ) -> None:
         self.state = state
         self.retries = retries
@@ -42,6 +44,7 @@ class Cycle:
         self.waitlist = waitlist
         self.reasons = reasons
         self.preemptor = preemptor
+        self.lending = lending if lending is not None and lending.active else None
 
     def retry_pending(self, cause: Event) -> list[Event]:
         """Try the waiting tasks again, in queue order. Only those of stale pools: in any
@@ -62,6 +65,8 @@ class Cycle:
         # ... and, for such a task, why it waits: a function of the same, and of its gang
         said: dict[tuple[Demand, Backfill | None, int, bool], tuple[list[FilterReason], str]] = {}
         masks: dict[Backfill, BoolArray] = {}
+        if self.lending is not None:
+            self.lending.begin_pass()
         for task in self.waitlist.queue(pools):
             if task.request.task_id not in self.state.pending or task.not_before is not None:
                 continue  # placed or cancelled in this pass, or waiting out a backoff
@@ -93,6 +98,17 @@ class Cycle:
                             continue
                     else:
                         no_candidates[memo] = found
+                if self.lending is not None:
+                    # not on its own pool's nodes: on a cohort mate's idle ones?
+                    loaned, task.borrow_reason = self.lending.borrow(task, cause)
+                    if loaned:
+                        del self.state.pending[task.request.task_id]
+                        decisions += loaned
+                        no_candidates.clear()
+                        said.clear()
+                        self.lending.begin_pass()
+                        continue
+                    why = None  # the reason to borrow is the task's own
             reasons, summary = why or self.reasons.why_waiting(task, avoid, over, found)
             decisions += self.reasons.announce(task, cause, reasons, summary)
             pool = task.request.pool

@@ -81,6 +81,12 @@ def granted(
     checkpoint = checkpoint_path(state.config, node, request.task_id)
     best = max(details, key=lambda d: d.score).plugin if details else "only fit"
     gang = f"gang member {member + 1}/{size}; " if size > 1 else ""
+    loan = ""
+    if allocation.borrowed_from is not None:
+        loan = (
+            f"; borrowed {allocation.usage.brief()} from pool {allocation.borrowed_from}"
+            " (reclaimable)"
+        )
     token = sign_token(
         state.config.token_secret, allocation_id, request.task_id, node.name, expires
     )
@@ -108,12 +114,13 @@ def granted(
         explanation=(
             f"{gang}{node.name}: score {score:.3f} (strongest: {best}); "
             f"GPU memory {task.demand.gpu_memory_mb} MiB per card "
-            f"({task.demand.gpu_memory_source}); NUMA {selection.numa_node}"
+            f"({task.demand.gpu_memory_source}); NUMA {selection.numa_node}{loan}"
         ),
         environment=env,
         gang_index=member,
         gang_size=size,
         attempt=task.attempt,
+        borrowed_from=allocation.borrowed_from,
     )
 
 

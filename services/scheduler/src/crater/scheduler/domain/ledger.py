@@ -32,6 +32,12 @@ class Ledger:
         self.state.quotas.take(allocation.tenant, allocation.usage)
         key = (allocation.pool, allocation.tenant)
         self.state.pool_usage[key] = self.state.pool_usage.get(key, Usage()) + allocation.usage
+        node = self.state.cluster.get(allocation.node)
+        if node is not None and node.topology.pool in self.retries.cohorts.get(allocation.pool, ()):
+            allocation.borrowed_from = node.topology.pool
+            loan = (allocation.borrowed_from, allocation.pool)
+            self.state.lent[loan] = self.state.lent.get(loan, Usage()) + allocation.usage
+            self.retries.stale(allocation.borrowed_from)
         self.retries.stale(allocation.pool)
         self.retries.tenant_changed(allocation.tenant)
 
@@ -69,6 +75,14 @@ class Ledger:
         self.state.held_by.pop(allocation.allocation_id, None)
         key = (allocation.pool, allocation.tenant)
         self.state.pool_usage[key] = self.state.pool_usage.get(key, Usage()) - allocation.usage
+        if allocation.borrowed_from is not None:
+            loan = (allocation.borrowed_from, allocation.pool)
+            left = self.state.lent.get(loan, Usage()) - allocation.usage
+            if left.gpus < 1e-9 and not (left.gpu_memory_mb or left.cpu_cores or left.memory_mb):
+                self.state.lent.pop(loan, None)  # no float residue: the loan is over
+            else:
+                self.state.lent[loan] = left
+            self.retries.stale(allocation.borrowed_from)
         self.retries.stale(allocation.pool)
         self.retries.tenant_changed(allocation.tenant)
         return AllocationReleased(

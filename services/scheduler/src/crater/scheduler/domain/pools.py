@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from crater.contracts import RestartPolicy
 from crater.scheduler.domain.cluster import NO_OVERCOMMIT, Overcommit
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
+from crater.scheduler.domain.quotas import Quota
 
 NEVER_RESTART = RestartPolicy()
 
@@ -20,6 +21,15 @@ class PoolPolicy:
     restart: RestartPolicy = field(default=NEVER_RESTART)
     # for the pool's tasks that name no reservation timeout; None: the scheduler's default
     reservation_timeout_ms: int | None = None
+    # Lending (see docs/pools.md): pools of one cohort lend each other their idle nodes.
+    # None: the pool neither lends nor borrows (the default; pools are hard partitions).
+    cohort: str | None = None
+    # the most of this pool's own capacity lent out at once (a `Quota`: None fields are
+    # unlimited); and the most this pool holds of other pools' capacity at once
+    lend_limit: Quota = field(default_factory=Quota)
+    borrow_limit: Quota = field(default_factory=Quota)
+    # whole GPUs this pool keeps idle, never lent (warm headroom for its own bursts)
+    keep_idle_gpus: int = 0
 
 
 DEFAULT_POLICY = PoolPolicy()

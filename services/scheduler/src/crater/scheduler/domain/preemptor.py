@@ -26,6 +26,9 @@ from crater.scheduler.domain.state import (
     SchedulerState,
 )
 
+# A borrower on the pool's nodes ranks below every priority: reclaimed first.
+RECLAIM_RANK = PRIORITY_MAX + 1
+
 
 class Preemptor:
     """Chooses victims for a waiting task and tells them to yield."""
@@ -43,16 +46,27 @@ class Preemptor:
         period to checkpoint, then their resources go back (see `Reservations.expire_reservations`).
         A gang preempts all or nothing: only victims that make room for every member."""
         mine = task.priority
+        pool = task.request.pool
+        # Its pool's capacity lent out: the borrowers there yield to it whatever their
+        # priority (reclaim), and before any task of its own pool.
+        reclaims = any(lender == pool for lender, _ in self.state.lent)
+        if task.nominated and reclaims and not self.yielding_on(task.nominated):
+            # Its victims are gone and others took the room: an owner chooses again, so it
+            # never waits past a grace period for its pool's capacity.
+            task.nominated = ()
         if (
             task.nominated
-            or not any(p < mine for p in self.state.preemptible)  # nobody ranks below it
+            or not (reclaims or any(p < mine for p in self.state.preemptible))
             or self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
         ):
             return []
         owners: dict[str, Allocation] = {}
         candidates: list[Candidate] = []
         for head in self.state.allocations.values():
-            if not head.preemptible or head.priority >= mine or head.yield_by is not None:
+            if head.yield_by is not None:
+                continue
+            borrower = reclaims and head.borrowed_from == pool
+            if not borrower and (not head.preemptible or head.priority >= mine):
                 continue
             for a in head.members():
                 owners[a.allocation_id] = head
@@ -64,7 +78,7 @@ class Preemptor:
                         a.gpu_milli,
                         a.cpu_cores,
                         a.memory_mb,
-                        PRIORITY_MAX - a.priority,
+                        RECLAIM_RANK if borrower else PRIORITY_MAX - a.priority,
                         a.granted_seq,
                         a.mig_profile,
                         a.task_id,
@@ -92,6 +106,7 @@ class Preemptor:
         decisions: list[Event] = []
         victims = {owners[v.allocation_id].task_id: owners[v.allocation_id] for v in chosen.victims}
         for victim in victims.values():
+            reclaim = victim.borrowed_from if victim.borrowed_from == pool else None
             self.ledger.count_preemptible(victim, -1)
             self.retries.stale(victim.pool)
             for member in victim.members():  # a gang yields whole
@@ -110,6 +125,15 @@ class Preemptor:
                         preempted_by=task.request.task_id,
                         grace_period_seconds=grace,
                         must_stop_by=must_stop_by,
+                        reclaimed_by_pool=reclaim,
                     )
                 )
         return decisions
+
+    def yielding_on(self, nodes: tuple[str, ...]) -> bool:
+        """Whether some allocation on `nodes` is yielding now."""
+        return any(
+            a.yield_by is not None and a.node in nodes
+            for head in self.state.allocations.values()
+            for a in head.members()
+        )

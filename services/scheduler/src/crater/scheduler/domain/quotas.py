@@ -42,6 +42,12 @@ class Usage:
     def __bool__(self) -> bool:
         return any((self.gpus, self.gpu_memory_mb, self.cpu_cores, self.memory_mb))
 
+    def brief(self) -> str:
+        """In a reason: its GPUs, else its CPU cores ("4 GPUs")."""
+        if self.gpus:
+            return f"{self.gpus:g} GPU" + ("" if self.gpus == 1 else "s")
+        return f"{self.cpu_cores} CPU cores"
+
     def __sub__(self, other: Usage) -> Usage:
         return Usage(
             self.gpus - other.gpus,

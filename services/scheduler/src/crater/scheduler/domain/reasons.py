@@ -77,6 +77,16 @@ class Reasons:
                     message=f"kept for {head}, waiting ahead of it",
                 ),
             ]
+        if task.borrow_reason is not None and not over:
+            reasons = [
+                *reasons,
+                FilterReason(
+                    filter="Borrow",
+                    code="NoLendableCapacity",
+                    nodes=0,
+                    message=task.borrow_reason,
+                ),
+            ]
         members = task.gang_size
         if reasons:
             detail = ", ".join(f"{r.nodes} {r.message}" for r in reasons)

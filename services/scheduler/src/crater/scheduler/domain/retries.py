@@ -18,6 +18,10 @@ class RetryIndex:
 
     def __init__(self, state: SchedulerState) -> None:
         self.state = state
+        # each lending pool's cohort mates (`SchedulerConfig.cohort_of`)
+        self.cohorts = {
+            pool: mates for pool in state.config.pools if (mates := state.config.cohort_of(pool))
+        }
 
     def announcements_due(self, now: datetime) -> bool:
         """Pools with a waiting task whose new kind of reason may now be announced are
@@ -65,6 +69,8 @@ class RetryIndex:
         """Something a waiting task of `pool` reads has changed: retry the pool."""
         if self.state.stale_pools is not None:
             self.state.stale_pools.add(pool)
+            # its cohort's pools borrow its nodes, or lend theirs to it
+            self.state.stale_pools.update(self.cohorts.get(pool, ()))
 
     def tenant_changed(self, tenant: str) -> None:
         """A tenant's holdings changed: with a quota, its tasks in every pool may now wait

@@ -51,6 +51,8 @@ class PendingTask:
     seen_kind: frozenset[str] | None = None
     kind_since: datetime | None = None
     live_reasons: list[FilterReason] = field(default_factory=list)
+    # why it could not borrow a cohort mate's idle nodes either (None: its pool does not lend)
+    borrow_reason: str | None = None
 
     @property
     def announced_kind(self) -> frozenset[str] | None:
@@ -102,6 +104,9 @@ class Allocation:
     yield_by: datetime | None = None  # preempted: released at this time at the latest
     group: str | None = None  # anti-affinity group
     pool: str = "default"
+    # The pool whose node this is, when not its own pool's (borrowed, so reclaimable):
+    # derived from the node's pool when the ledger takes it.
+    borrowed_from: str | None = None
     mig_profile: str | None = None  # a MIG slice of gpu_ids[0]
     gang_index: int = 0
     # A gang's members after the first; the first (held in `Scheduler.allocations`) owns them.
@@ -189,6 +194,8 @@ class SchedulerState:
     # Tasks with a member held to heartbeats (`Allocation.heartbeat_grace`): the only ones
     # the silence scan reads.
     heartbeating: set[str] = field(default_factory=set, compare=False, repr=False)
+    # What each pool has lent to each other pool of its cohort now: (lender, borrower).
+    lent: dict[QueueKey, Usage] = field(default_factory=dict)
     # Each allocation held (a gang's every member) by id: the task it belongs to.
     held_by: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 

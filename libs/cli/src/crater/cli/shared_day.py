@@ -1,0 +1,102 @@
+"""`crater simulate-shared`: a day of training and inference on one cluster whose inference
+pool lends its idle cards (reclaimed by preemption), against the same cluster split into two
+fixed pools (crater.scheduler.sim.shared)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from crater.scheduler.sim.shared import DayResult, Setup, compare
+
+console = Console()
+ROWS = (
+    ("gpu_utilisation_pct", "GPU utilisation %"),
+    ("training_gpu_hours", "training GPU-hours"),
+    ("inference_replicas", "inference replicas"),
+    ("inference_slo_attainment_pct", "inference SLO attainment %"),
+    ("reclaims", "reclaims (victims)"),
+    ("reclaim_p50_s", "reclaim p50 s"),
+    ("reclaim_p99_s", "reclaim p99 s"),
+    ("reclaim_max_s", "reclaim max s"),
+    ("reclaimed_start_p99_s", "reclaiming replica starts, p99 s"),
+    ("preemptions", "preemptions"),
+    ("work_lost_gpu_hours", "work lost, GPU-hours"),
+    ("borrowed_gpu_hours", "borrowed GPU-hours"),
+)
+
+
+def simulate_shared(
+    seed: Annotated[str, typer.Option(help="Seeds of the day's workload, e.g. 1 or 1,2,3.")] = "1",
+    keep_idle: Annotated[int, typer.Option(help="GPUs the inference pool never lends.")] = 8,
+    out: Annotated[Path, typer.Option(help="Where shared_day.{json,png} go.")] = Path(
+        "results/shared_day"
+    ),
+) -> None:
+    """A day-long simulation: shared cluster (lending) vs split cluster (two fixed pools)."""
+    setup = Setup(keep_idle_gpus=keep_idle)
+    runs: list[dict[str, Any]] = []
+    first: tuple[DayResult, DayResult] | None = None
+    for s in (int(x) for x in seed.split(",")):
+        split, shared = compare(setup, s)
+        first = first or (split, shared)
+        runs.append({"seed": s, "split": split.summary(), "shared": shared.summary()})
+        table = Table(
+            title=f"one day, seed {s} (grace {setup.grace_seconds} s, SLO "
+            f"{setup.slo_seconds:g} s to start, inference keeps {keep_idle} GPUs idle)"
+        )
+        table.add_column("measure")
+        table.add_column("split (two fixed pools)", justify="right")
+        table.add_column("shared (inference lends)", justify="right")
+        for key, label in ROWS:
+            table.add_row(label, str(runs[-1]["split"][key]), str(runs[-1]["shared"][key]))
+        gain = shared.training_gpu_seconds / max(split.training_gpu_seconds, 1) - 1
+        table.add_row("training GPU-hours gain", "", f"{100 * gain:+.1f}%")
+        console.print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "shared_day.json").write_text(
+        json.dumps({"setup": setup.__dict__, "runs": runs}, indent=2, default=str) + "\n"
+    )
+    assert first is not None
+    _plot(*first, out / "shared_day.png")
+    console.print(f"wrote {out / 'shared_day.json'} and {out / 'shared_day.png'}")
+
+
+def _plot(split: DayResult, shared: DayResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, run in zip(axes, (split, shared), strict=True):
+        hours = [t[0] for t in run.timeline]
+        inference = [t[1] for t in run.timeline]
+        training = [t[2] for t in run.timeline]
+        borrowed = [t[3] for t in run.timeline]
+        ax.stackplot(
+            hours,
+            inference,
+            training,
+            borrowed,
+            labels=["inference", "training (own pool)", "training (borrowed)"],
+            step="post",
+        )
+        ax.axhline(run.gpus, color="k", lw=0.8)
+        s = run.summary()
+        ax.set_title(
+            f"{run.mode}: {s['training_gpu_hours']} training GPU-h, "
+            f"SLO {s['inference_slo_attainment_pct']}%"
+        )
+        ax.set_xlabel("hour of the day")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("GPUs held (hourly samples)")
+    axes[1].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,118 @@
+"""Lending: the pools of one cohort lend each other their idle nodes (docs/pools.md).
+
+A task first fits on its own pool's nodes, as always. When it cannot, and its pool is in a
+cohort, it may borrow a lending pool's idle nodes (cohort mates by name), within the
+borrower's `borrow_limit` and the lender's `lend_limit`. Its allocation records the pool it
+borrowed from (`Allocation.borrowed_from`, derived by the ledger from the node's pool) and is
+reclaimable: the lender's own task that does not fit on its pool's nodes preempts borrowers
+there, whatever their priority, with the grace period (`Preemptor.preempt_for`).
+
+So that an owner never has to win its capacity back twice, a pool lends nothing new while a
+task of its own waits (one its tenant's quota lets in), nor on the nodes kept for its blocked
+head; and a pool that has lent capacity out takes it back before it borrows.
+
+Without a cohort nothing here runs: placement is exactly as without lending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from crater.contracts import AllocationGranted, Event
+from crater.scheduler.domain.placer import Placer
+from crater.scheduler.domain.quotas import Usage
+from crater.scheduler.domain.retries import RetryIndex
+from crater.scheduler.domain.state import PendingTask, SchedulerState
+
+
+def limits_text(over: list[tuple[str, float, int]]) -> str:
+    return ", ".join(f"{resource} {wanted:g} > {limit}" for resource, wanted, limit in over)
+
+
+class Lending:
+    """Places a task on a cohort mate's idle nodes, and says why it cannot."""
+
+    def __init__(self, state: SchedulerState, retries: RetryIndex, placer: Placer) -> None:
+        self.state = state
+        self.retries = retries
+        self.placer = placer
+        # Pools with a task of their own waiting, for the current retry pass (None: unknown).
+        self.waiting: set[str] | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether any pool lends at all."""
+        return bool(self.retries.cohorts)
+
+    def begin_pass(self) -> None:
+        self.waiting = None
+
+    def borrowed(self, pool: str) -> Usage:
+        """What `pool` holds of its cohort mates' capacity now."""
+        total = Usage()
+        for (_, borrower), usage in self.state.lent.items():
+            if borrower == pool:
+                total = total + usage
+        return total
+
+    def lent(self, pool: str) -> Usage:
+        """What of `pool`'s own capacity its cohort mates hold now."""
+        total = Usage()
+        for (lender, _), usage in self.state.lent.items():
+            if lender == pool:
+                total = total + usage
+        return total
+
+    def idle_gpus(self, pool: str) -> int:
+        """Whole GPUs free on `pool`'s ready nodes now."""
+        cluster = self.state.cluster
+        rows = (cluster.pool == pool) & cluster.ready
+        return int(cluster.gpus_free[rows].sum())
+
+    def has_waiting(self, pool: str) -> bool:
+        if self.waiting is None:
+            self.waiting = {
+                t.request.pool
+                for t in self.state.pending.values()
+                if t.not_before is None
+                and not self.state.quotas.blocking(t.request.tenant, t.demand, t.gang_size)
+            }
+        return pool in self.waiting
+
+    def borrow(self, task: PendingTask, cause: Event) -> tuple[list[AllocationGranted], str | None]:
+        """Place `task` on a cohort mate's idle nodes: the grants, or none and why not (None
+        when its pool does not borrow at all)."""
+        pool = task.request.pool
+        mates = self.retries.cohorts.get(pool, ())
+        if not mates:
+            return [], None
+        if task.gang_size > 1 and not task.same_node:
+            return [], "a gang spread over nodes borrows no capacity"
+        if self.lent(pool):
+            return [], f"pool {pool} has capacity lent out: it reclaims that first"
+        usage = Usage.of(task.demand).times(task.gang_size)
+        policies = self.state.config.pools
+        over = policies[pool].borrow_limit.excess(self.borrowed(pool) + usage)
+        if over:
+            return [], f"pool {pool} may borrow no more ({limits_text(over)})"
+        why: list[str] = []
+        for lender in mates:
+            if self.has_waiting(lender):
+                why.append(f"pool {lender} has tasks of its own waiting")
+                continue
+            over = policies[lender].lend_limit.excess(self.lent(lender) + usage)
+            if over:
+                why.append(f"pool {lender} lends no more ({limits_text(over)})")
+                continue
+            keep = policies[lender].keep_idle_gpus
+            if keep and self.idle_gpus(lender) - usage.gpus < keep:
+                why.append(f"pool {lender} keeps {keep} GPUs idle")
+                continue
+            fits, _ = self.placer.diagnose(replace(task.filter_demand, pool=lender))
+            head = self.state.backfill.get(lender)
+            avoid = None if head is None else head.mask(self.state.cluster)
+            granted = self.placer.place(task, cause, fits, avoid)
+            if granted:
+                return granted, None
+            why.append(f"no idle node of pool {lender} fits")
+        return [], "cannot borrow: " + "; ".join(why)

@@ -1,0 +1,106 @@
+"""Pools that lend and reclaim as the scheduler runs: real nats-server, real database, a
+restart between the loan and the reclaim (the loan is known again from the node's pool)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from faststream import TestApp
+
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Confidence,
+    NodeTopologyReported,
+    ResourcePrediction,
+    TaskPreempted,
+    TaskProfiled,
+    TaskRequest,
+    TaskStatus,
+    TaskStatusReported,
+)
+from crater.runtime.bus import publish
+from crater.runtime.nats_server import NatsServer
+from crater.scheduler.app import SchedulerSettings, build
+from tests.support.events import EventTap
+from tests.support.topologies import node
+
+PREDICTION = ResourcePrediction(
+    gpu_memory_per_gpu_mb=0,
+    host_memory_mb=0,
+    confidence=Confidence.LOW,
+    method="test",
+    dataloader_num_workers=1,
+    dataloader_prefetch_factor=1,
+)
+POOLS = """\
+pools:
+  inference:
+    cohort: shared
+    borrow: {limit: {gpus: 0}}
+  training:
+    cohort: shared
+    borrow: {limit: {gpus: 4}}
+"""
+
+
+def submitted(task_id: str, pool: str, gpus: int, **body: Any) -> TaskProfiled:
+    request = TaskRequest.model_validate(
+        {
+            "task_id": task_id,
+            "task_type": "training",
+            "model_config": {"name": "m"},
+            "pool": pool,
+            "resource_requirements": {"gpu": {"count": gpus}, "cpu": {"cores": 1}},
+            **body,
+        }
+    )
+    return TaskProfiled(task=request, prediction=PREDICTION)
+
+
+async def test_training_borrows_idle_inference_cards_and_inference_reclaims_them(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str, tmp_path: Path
+) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(POOLS)
+    settings = SchedulerSettings(
+        nats_url=fresh_nats.url, database_url=database_url, pools_file=pools
+    )
+    service, app = build(settings)
+    async with TestApp(app):
+        for topology in (
+            node("inf-01", gpus=4, pool="inference"),
+            node("trn-01", gpus=2, pool="training"),
+        ):
+            await publish(service.broker, NodeTopologyReported(node=topology))
+        for _ in range(200):  # both pools' nodes known before any task (another stream)
+            if len(service.state.scheduler.cluster) == 2:
+                break
+            await asyncio.sleep(0.05)
+        await publish(service.broker, submitted("train-1", "training", 2, priority="high"))
+        await publish(service.broker, submitted("train-2", "training", 2, priority="high"))
+        first, loan = await tap.wait_for(AllocationGranted, count=2)
+        assert (first.task_id, first.node, first.borrowed_from) == ("train-1", "trn-01", None)
+        assert (loan.task_id, loan.node, loan.borrowed_from) == ("train-2", "inf-01", "inference")
+        assert "borrowed 2 GPUs from pool inference" in loan.explanation
+
+    # a new process: the loan comes back from the database, reclaimable
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, submitted("serve-1", "inference", 4, priority="low"))
+        [preempted] = await tap.wait_for(TaskPreempted)
+        assert (preempted.task_id, preempted.preempted_by, preempted.reclaimed_by_pool) == (
+            "train-2",
+            "serve-1",
+            "inference",
+        )
+        stopped = TaskStatusReported(
+            task_id="train-2", status=TaskStatus.CANCELLED, allocation_id=loan.allocation_id
+        )
+        await publish(service.broker, stopped)
+        [*_, serve] = await tap.wait_for(AllocationGranted, count=3)
+        assert (serve.task_id, serve.node, serve.borrowed_from) == ("serve-1", "inf-01", None)
+        released = await tap.wait_for(AllocationReleased)
+        assert [r.task_id for r in released] == ["train-2"]
