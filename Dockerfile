@@ -35,7 +35,8 @@ LABEL org.opencontainers.image.title="crater" \
       org.opencontainers.image.description="Crater: an event-driven GPU scheduler (every service)"
 RUN groupadd --system --gid 10001 crater \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/crater --create-home \
-      --shell /usr/sbin/nologin crater
+      --shell /usr/sbin/nologin crater \
+ && install -d -o 10001 -g 10001 /var/lib/crater/receiver /var/lib/crater/probe
 COPY --from=build /opt/crater /opt/crater
 COPY deploy/docker/entrypoint.sh /usr/local/bin/crater-entrypoint
 ENV PATH=/opt/crater/bin:$PATH \
