@@ -136,7 +136,8 @@ async def test_the_log_verifies_and_replays_identically(sessions: Any) -> None:
     log = await entries(sessions)
     kinds = {e.kind for e in log}
     assert {"TakeOver", "NodeTopologyReported", "NodeHealthReported", "TaskProfiled"} <= kinds
-    assert log[0].source == audit.LEADER and log[0].epoch == 1
+    assert log[0].source == audit.LEADER
+    assert log[0].epoch == 1
     assert all(e.epoch == 1 for e in log)
     assert [e.seq for e in log] == list(range(1, len(log) + 1))
     # heartbeats that changed nothing are in the log (they move the core's clock)
@@ -169,7 +170,8 @@ async def test_a_changed_weight_diverges_at_the_first_decision_it_changes(sessio
     diff = divergence.diff()
     assert f"recorded decisions of record {divergence.seq}" in diff
     # the first grant: the same node, but the score the changed weight gave it
-    assert '-      "score": ' in diff and '+      "score": ' in diff
+    assert '-      "score": ' in diff
+    assert '+      "score": ' in diff
     assert "node {" in divergence.render()  # the state that led to it
 
 
@@ -225,7 +227,8 @@ async def test_signed_checkpoints_catch_a_chain_rewritten_whole(sessions: Any) -
     await recorded_run(service(sessions, audit.AuditLog(signing_key=key, checkpoint_every=10)))
     public_key = audit.load_public_key(public)
     report = await verified(sessions, public_key=public_key)
-    assert report.ok and report.checkpoints >= 5
+    assert report.ok
+    assert report.checkpoints >= 5
 
     other = audit.load_public_key(audit.generate_key_pair()[1])
     assert (await verified(sessions, public_key=other)).finding is not None
@@ -275,7 +278,8 @@ async def test_explain_and_export(sessions: Any, tmp_path: Path) -> None:
     frame = pd.read_parquet(tmp_path / "d.parquet")
     assert len(frame) == len(rows) > 0
     grants = frame[frame.decision == "AllocationGranted"]
-    assert set(grants.tenant) == {"default"} and grants.gpus.min() >= 1
+    assert set(grants.tenant) == {"default"}
+    assert grants.gpus.min() >= 1
     assert str(frame.decided_at.dtype).startswith("datetime64")
     first = json.loads((tmp_path / "d.jsonl").read_text().splitlines()[0])
     assert set(first) == set(audit.EXPORT_COLUMNS)
