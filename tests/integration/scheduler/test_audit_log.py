@@ -304,3 +304,35 @@ def replace_seq(entry: audit.Entry, seq: int) -> audit.Entry:
     from dataclasses import replace
 
     return replace(entry, seq=seq)
+
+
+async def test_the_cli_verifies_replays_explains_and_exports(
+    sessions: Any, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from crater.cli.main import app
+
+    tasks = await recorded_run(service(sessions))
+    monkeypatch.setenv("CRATER_DATABASE_URL", database_url)
+    runner = CliRunner()
+
+    def crater(*args: str) -> Any:
+        return runner.invoke(app, ["audit", *args], catch_exceptions=False)
+
+    checked = await asyncio.to_thread(crater, "verify", "--json")
+    assert checked.exit_code == 0, checked.output
+    assert json.loads(checked.output)["ok"] is True
+    replayed = await asyncio.to_thread(crater, "replay", "--from", "10", "--json")
+    assert replayed.exit_code == 0, replayed.output
+    figures = json.loads(replayed.output.splitlines()[-1])
+    assert figures["identical"] and 0 < figures["compared"] < figures["events"]
+    what_if = await asyncio.to_thread(crater, "replay", "--weight", "GpuBinPack=-1000")
+    assert what_if.exit_code == 1 and "recorded decisions of record" in what_if.output
+    story = await asyncio.to_thread(crater, "explain", tasks[0])
+    assert story.exit_code == 0 and "AllocationGranted" in story.output
+    assert "fits n" in story.output
+    out = tmp_path / "decisions.parquet"
+    exported = await asyncio.to_thread(crater, "export", "--out", str(out))
+    assert exported.exit_code == 0, exported.output
+    assert len(pd.read_parquet(out)) > 0
