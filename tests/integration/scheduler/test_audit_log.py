@@ -326,11 +326,14 @@ async def test_the_cli_verifies_replays_explains_and_exports(
     replayed = await asyncio.to_thread(crater, "replay", "--from", "10", "--json")
     assert replayed.exit_code == 0, replayed.output
     figures = json.loads(replayed.output.splitlines()[-1])
-    assert figures["identical"] and 0 < figures["compared"] < figures["events"]
+    assert figures["identical"]
+    assert 0 < figures["compared"] < figures["events"]
     what_if = await asyncio.to_thread(crater, "replay", "--weight", "GpuBinPack=-1000")
-    assert what_if.exit_code == 1 and "recorded decisions of record" in what_if.output
+    assert what_if.exit_code == 1
+    assert "recorded decisions of record" in what_if.output
     story = await asyncio.to_thread(crater, "explain", tasks[0])
-    assert story.exit_code == 0 and "AllocationGranted" in story.output
+    assert story.exit_code == 0
+    assert "AllocationGranted" in story.output
     assert "fits n" in story.output
     out = tmp_path / "decisions.parquet"
     exported = await asyncio.to_thread(crater, "export", "--out", str(out))
