@@ -339,3 +339,58 @@ async def test_the_cli_verifies_replays_explains_and_exports(
     exported = await asyncio.to_thread(crater, "export", "--out", str(out))
     assert exported.exit_code == 0, exported.output
     assert len(pd.read_parquet(out)) > 0
+
+
+async def test_explain_on_the_rest_api(sessions: Any, fresh_nats: Any) -> None:
+    """GET /api/v1/tasks/{id}/audit: the gateway asks the scheduler on its query subject; the
+    scheduler's answer here is `SchedulerService.explain` on the recorded log."""
+    import httpx
+    import nats
+    from nats.aio.msg import Msg
+
+    from crater.contracts import AuditExplainQuery, Priority, TaskType
+    from crater.contracts.queries import QuerySubjects, TasksAnswer, TaskSummary
+    from crater.gateway.app import GatewaySettings, build
+
+    scheduler = service(sessions)
+    tasks = await recorded_run(scheduler)
+    summary = TaskSummary(
+        task_id=tasks[0],
+        task_type=TaskType.TRAINING,
+        status=TaskStatus.SUCCEEDED,
+        pool="default",
+        tenant="default",
+        priority=Priority.HIGH,
+        gpus=1,
+        reason=None,
+        submitted_at=T0,
+        updated_at=T0,
+    )
+    connection = await nats.connect(fresh_nats.url)
+
+    async def on_tasks(msg: Msg) -> None:
+        await msg.respond(TasksAnswer(tasks=[summary]).model_dump_json().encode())
+
+    async def on_explain(msg: Msg) -> None:
+        answer = await scheduler.explain(AuditExplainQuery.model_validate_json(msg.data))
+        await msg.respond(answer.model_dump_json().encode())
+
+    await connection.subscribe(QuerySubjects.TASKS, cb=on_tasks)
+    await connection.subscribe(QuerySubjects.AUDIT_EXPLAIN, cb=on_explain)
+    await connection.flush()
+    app = build(GatewaySettings(nats_url=fresh_nats.url, query_timeout_seconds=10))
+    try:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+        ):
+            response = await http.get(f"/api/v1/tasks/{tasks[0]}/audit?placements=true")
+    finally:
+        await connection.close()
+    assert response.status_code == 200, response.text
+    steps = response.json()["steps"]
+    kinds = [s["decision_kind"] for s in steps]
+    assert kinds[0] == "AllocationGranted"
+    assert "TaskEnded" in kinds or "AllocationReleased" in kinds
+    assert steps[0]["placement"]["fits"][0]["node_id"] == steps[0]["decision"]["node"]
+    assert all(s["epoch"] == 1 for s in steps)

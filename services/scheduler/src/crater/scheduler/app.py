@@ -17,6 +17,8 @@ from crater.contracts import (
     AllocationCheck,
     AllocationGranted,
     AllocationQuery,
+    AuditExplainAnswer,
+    AuditExplainQuery,
     NodeHealthReported,
     NodesAnswer,
     NodesQuery,
@@ -312,6 +314,10 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @leader.subscriber(QuerySubjects.ALLOCATION, title="scheduler-query-allocation")
     async def on_allocation_query(event: AllocationQuery) -> AllocationCheck:
         return await core.check_allocation(event)
+
+    @leader.subscriber(QuerySubjects.AUDIT_EXPLAIN, title="scheduler-query-audit-explain")
+    async def on_audit_explain_query(event: AuditExplainQuery) -> AuditExplainAnswer:
+        return await core.explain(event)
 
     @leader.subscriber(QuerySubjects.TASKS, title="scheduler-query-tasks")
     async def on_tasks_query(event: TasksQuery) -> TasksAnswer:

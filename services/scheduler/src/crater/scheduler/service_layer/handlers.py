@@ -22,6 +22,9 @@ from crater.contracts import (
     AllocationCheck,
     AllocationGranted,
     AllocationQuery,
+    AuditExplainAnswer,
+    AuditExplainQuery,
+    AuditStep,
     Confidence,
     Event,
     FieldError,
@@ -55,6 +58,7 @@ from crater.runtime.outbox import (
     stage,
 )
 from crater.runtime.unit_of_work import unit_of_work
+from crater.scheduler import audit
 from crater.scheduler.adapters import fence
 from crater.scheduler.adapters.orm import inbox, outbox
 from crater.scheduler.adapters.repository import SchedulerRepository
@@ -528,6 +532,33 @@ class SchedulerService:
             else s
             for s in summaries
         ]
+
+    async def explain(self, query: AuditExplainQuery) -> AuditExplainAnswer:
+        """The task's story from the audit log (`crater audit explain`). The replay to each
+        placement runs on a fresh core in a thread: the live core is not touched."""
+        async with self.sessions() as session:
+            entries = await audit.all_entries(session)
+        config = self.config if query.placements else None
+        steps = await asyncio.to_thread(audit.explain, entries, query.task_id, config)
+        return AuditExplainAnswer(
+            task_id=query.task_id,
+            steps=[
+                AuditStep(
+                    seq=s.seq,
+                    decided_at=s.decided_at,
+                    epoch=s.epoch,
+                    source=s.source,
+                    input_kind=s.input_kind,
+                    input_occurred_at=s.input_occurred_at,
+                    decision_kind=s.decision["kind"] if s.decision else None,
+                    decision=s.decision["event"] if s.decision else None,
+                    placement=TaskPlacementAnswer.model_validate(s.placement)
+                    if s.placement
+                    else None,
+                )
+                for s in steps
+            ],
+        )
 
     def dry_run(self, query: PlacementQuery) -> PlacementAnswer:
         demand = Demand.of_query(query)
