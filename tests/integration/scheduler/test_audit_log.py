@@ -394,3 +394,27 @@ async def test_explain_on_the_rest_api(sessions: Any, fresh_nats: Any) -> None:
     assert "TaskEnded" in kinds or "AllocationReleased" in kinds
     assert steps[0]["placement"]["fits"][0]["node_id"] == steps[0]["decision"]["node"]
     assert all(s["epoch"] == 1 for s in steps)
+
+
+async def test_a_replay_crosses_a_leader_take_over(sessions: Any) -> None:
+    """A new leader loads its core from the tables; the log goes on under its epoch, and the
+    replay (one core from the beginning) still decides every record the same."""
+    await recorded_run(service(sessions))
+    second = service(sessions)
+    await second.take_over(2, "second")
+    at = T0 + timedelta(minutes=2)
+    for i in range(6):
+        event = profiled(f"after-{i}", at + timedelta(seconds=i), gpus=1 + i % 3)
+        await second.handle(event, "task-profiled")
+    log = await entries(sessions)
+    assert [e.seq for e in log if e.source == audit.LEADER] == [1, report_seq(log)]
+    assert {e.epoch for e in log if e.seq > report_seq(log)} == {2}
+    replayed = audit.replay(log, SchedulerConfig())
+    assert replayed.divergence is None, replayed.divergence and replayed.divergence.render()
+    assert replayed.restarts == [1, report_seq(log)]
+    assert (await verified(sessions)).ok
+
+
+def report_seq(log: list[audit.Entry]) -> int:
+    """The second leader's take-over record."""
+    return [e.seq for e in log if e.source == audit.LEADER][-1]
