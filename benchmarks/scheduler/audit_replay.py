@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import tempfile
 import time
@@ -170,7 +171,9 @@ def main() -> None:
         "tasks_per_minute": args.tasks_per_minute,
         "record_seconds": round(recorded_s, 1),
         **figures,
-        "machine": f"{platform.machine()} {platform.python_version()}",
+        "machine": f"{platform.machine()} {platform.python_version()}, {os.cpu_count()} cores",
+        # the machine is shared: its load when measured, for reading the rate
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

@@ -418,3 +418,24 @@ async def test_a_replay_crosses_a_leader_take_over(sessions: Any) -> None:
 def report_seq(log: list[audit.Entry]) -> int:
     """The second leader's take-over record."""
     return [e.seq for e in log if e.source == audit.LEADER][-1]
+
+
+async def test_pruned_records_leave_a_log_that_still_verifies(sessions: Any) -> None:
+    """Retention drops the oldest records: the rest verifies from its first kept record's
+    stored link (said in a note), and tampering there is still named."""
+    await recorded_run(service(sessions))
+    log = await entries(sessions)
+    cut = log[20].decided_at
+    async with sessions() as session, session.begin():
+        dropped = await audit.prune(session, datetime.fromisoformat(cut))
+    assert dropped == sum(e.decided_at < cut for e in log) > 0
+    report = await verified(sessions)
+    assert report.ok, report.finding
+    assert report.notes
+    assert "taken as stored" in report.notes[0]
+    target = (await entries(sessions))[5].seq
+    async with sessions() as session, session.begin():
+        await session.execute(update(audit_log).where(audit_log.c.seq == target).values(kind="X"))
+    finding = (await verified(sessions)).finding
+    assert finding is not None
+    assert (finding.seq, finding.what) == (target, "altered")
