@@ -231,12 +231,9 @@ class AuditLog:
             prev = digest
         await connection.execute(insert(audit_log), [e.as_row() for e in entries])
         if self.signing_key is not None:
-            first, end = entries[0].seq, entries[-1].seq
-            due = [e for e in entries if e.seq % self.checkpoint_every == 0]
-            if not due and end // self.checkpoint_every > (first - 1) // self.checkpoint_every:
-                due = [entries[-1]]
-            for entry in due:
-                await connection.execute(insert(audit_checkpoints), [self.sign(entry)])
+            for entry in entries:
+                if entry.seq % self.checkpoint_every == 0:
+                    await connection.execute(insert(audit_checkpoints), [self.sign(entry)])
         return entries
 
     def sign(self, entry: Entry) -> dict[str, Any]:
