@@ -339,6 +339,11 @@ async def test_the_cli_verifies_replays_explains_and_exports(
     exported = await asyncio.to_thread(crater, "export", "--out", str(out))
     assert exported.exit_code == 0, exported.output
     assert len(pd.read_parquet(out)) > 0
+    async with sessions() as session, session.begin():
+        await session.execute(update(audit_log).where(audit_log.c.seq == 9).values(epoch=7))
+    tampered = await asyncio.to_thread(crater, "verify")
+    assert tampered.exit_code == 1
+    assert "record 9: altered" in tampered.output
 
 
 async def test_explain_on_the_rest_api(sessions: Any, fresh_nats: Any) -> None:
