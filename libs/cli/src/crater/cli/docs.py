@@ -16,6 +16,8 @@ from crater.contracts import (
     TASK_ENVIRONMENT,
     AllocationCheck,
     AllocationQuery,
+    AuditExplainAnswer,
+    AuditExplainQuery,
     JobDescription,
     NodesAnswer,
     NodesQuery,
@@ -45,6 +47,7 @@ QUERIES: list[tuple[str, type[BaseModel], type[BaseModel], str]] = [
     (QuerySubjects.PLACEMENT, PlacementQuery, PlacementAnswer, "scheduler"),
     (QuerySubjects.TASK_PLACEMENT, TaskPlacementQuery, TaskPlacementAnswer, "scheduler"),
     (QuerySubjects.ALLOCATION, AllocationQuery, AllocationCheck, "scheduler"),
+    (QuerySubjects.AUDIT_EXPLAIN, AuditExplainQuery, AuditExplainAnswer, "scheduler"),
     (QuerySubjects.PREDICTION, PredictionQuery, PredictionAnswer, "predictor"),
     (QuerySubjects.RESOLVE, ResolveQuery, ResolveAnswer, "predictor"),
 ]

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from crater.cli import (
+    audit,
     autoscale,
     bench,
     chaos,
@@ -229,6 +230,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(webhooks.app, name="webhooks")
 app.add_typer(dead_letters.app, name="dead-letters")
 app.add_typer(tokens.app, name="tokens")
+app.add_typer(audit.app, name="audit")
 
 
 @db_app.command("upgrade")

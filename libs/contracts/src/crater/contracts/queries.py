@@ -4,7 +4,7 @@ Answering one changes nothing anywhere."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field
 
@@ -33,6 +33,7 @@ class QuerySubjects:
     PLACEMENT = f"{PREFIX}.query.placement"
     TASK_PLACEMENT = f"{PREFIX}.query.task-placement"
     ALLOCATION = f"{PREFIX}.query.allocation"
+    AUDIT_EXPLAIN = f"{PREFIX}.query.audit-explain"
     # answered by the predictor
     PREDICTION = f"{PREFIX}.query.prediction"
     RESOLVE = f"{PREFIX}.query.resolve"
@@ -220,6 +221,38 @@ class TaskPlacementAnswer(PlacementAnswer):
     )
     gpu_memory_per_gpu_mb: int = Field(ge=0, description="The per-card memory placed on.")
     gpu_memory_source: str = Field(description="requested, or the predicted peak + margin.")
+
+
+class AuditExplainQuery(Contract):
+    """A task's whole story from the scheduler's audit log (docs/audit.md)."""
+
+    task_id: str = Field(min_length=1, max_length=256)
+    placements: bool = Field(
+        default=True,
+        description="Replay the log to each placement: the nodes each filter removed and the "
+        "scores of those that remained, as they were then.",
+    )
+
+
+class AuditStep(Contract):
+    """One record of the audit log about the task: an input naming it, or a decision."""
+
+    seq: int = Field(ge=1, le=2**53, description="The record's number in the log.")
+    decided_at: str = Field(description="The decision's own time (UTC, ISO 8601).")
+    epoch: int | None = Field(description="The leader epoch it was committed under.")
+    source: str = Field(description="core, service or leader (docs/audit.md).")
+    input_kind: str
+    input_occurred_at: str | None
+    decision_kind: str | None = Field(description="None: an input naming the task.")
+    decision: dict[str, Any] | None = Field(description="The decision as it was published.")
+    placement: TaskPlacementAnswer | None = Field(
+        default=None, description="For a placement: the dry run of the task as things were."
+    )
+
+
+class AuditExplainAnswer(Contract):
+    task_id: str
+    steps: list[AuditStep] = Field(description="In the log's order; empty: never seen.")
 
 
 class PredictionQuery(Contract):

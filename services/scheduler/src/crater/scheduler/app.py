@@ -17,6 +17,8 @@ from crater.contracts import (
     AllocationCheck,
     AllocationGranted,
     AllocationQuery,
+    AuditExplainAnswer,
+    AuditExplainQuery,
     NodeHealthReported,
     NodesAnswer,
     NodesQuery,
@@ -50,6 +52,7 @@ from crater.runtime.settings import ServiceSettings
 from crater.scheduler.adapters.orm import outbox
 from crater.scheduler.adapters.pools_file import load_pools
 from crater.scheduler.adapters.quotas_file import load_quotas
+from crater.scheduler.audit import AuditLog, load_private_key
 from crater.scheduler.domain.core import NODE_LOST_SECONDS, SchedulerConfig
 from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
@@ -161,6 +164,25 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         "unset: every filter, default scores, no over-commit, the default timeout.",
     )
 
+    audit_signing_key: SecretStr | None = Field(
+        default=None,
+        description="Ed25519 private key (PEM, PKCS#8; `crater audit keygen`) that signs the "
+        "audit log's checkpoints (or CRATER_SCHEDULER_AUDIT_SIGNING_KEY_FILE); unset: the "
+        "chain is kept, no checkpoint is signed.",
+    )
+    audit_checkpoint_every: int = Field(
+        default=1_000,
+        ge=1,
+        le=10_000_000,
+        description="A signed checkpoint of the audit log every this many records.",
+    )
+    audit_retention_days: float | None = Field(
+        default=None,
+        gt=0,
+        description="`crater audit prune` drops audit records decided longer ago than this; "
+        "unset: kept for ever (independent of the streams' limits).",
+    )
+
     @model_validator(mode="after")
     def _one_reservation_timeout(self) -> SchedulerSettings:
         """The old seconds setting still works alone; with the new one it is ambiguous."""
@@ -189,6 +211,36 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         ]
 
 
+def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
+    """The core's configuration from the settings: the service's, and an audit replay's."""
+    return SchedulerConfig(
+        reservation_timeout_ms=settings.reservation_timeout_ms,
+        gateway_url=settings.gateway_url,
+        heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
+        token_secret=settings.token_secret.get_secret_value().encode(),
+        checkpoint_root=settings.checkpoint_root,
+        quotas=load_quotas(settings.quotas_file) if settings.quotas_file else {},
+        pools=load_pools(settings.pools_file) if settings.pools_file else {},
+        grace_period_seconds=settings.grace_period_seconds,
+        prediction_margin=settings.prediction_margin,
+        pending_interval_seconds=settings.pending_interval_seconds,
+        node_lost_seconds=settings.node_lost_seconds,
+        heartbeat_lag_seconds=settings.heartbeat_lag_seconds,
+        confirmation_lag_seconds=settings.confirmation_lag_seconds,
+        task_heartbeat_grace_seconds=settings.task_heartbeat_grace_seconds,
+        require_report_tokens=settings.require_report_tokens,
+    )
+
+
+def audit_log(settings: SchedulerSettings) -> AuditLog:
+    """The audit log's writer, signing checkpoints when the operator gave a key."""
+    key = settings.audit_signing_key
+    return AuditLog(
+        signing_key=load_private_key(key.get_secret_value()) if key is not None else None,
+        checkpoint_every=settings.audit_checkpoint_every,
+    )
+
+
 def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastStream]:
     settings = settings or SchedulerSettings()
     service = create_service("scheduler", settings)
@@ -197,26 +249,11 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     core = SchedulerService(
         sessions,
         relay,
-        SchedulerConfig(
-            reservation_timeout_ms=settings.reservation_timeout_ms,
-            gateway_url=settings.gateway_url,
-            heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
-            token_secret=settings.token_secret.get_secret_value().encode(),
-            checkpoint_root=settings.checkpoint_root,
-            quotas=load_quotas(settings.quotas_file) if settings.quotas_file else {},
-            pools=load_pools(settings.pools_file) if settings.pools_file else {},
-            grace_period_seconds=settings.grace_period_seconds,
-            prediction_margin=settings.prediction_margin,
-            pending_interval_seconds=settings.pending_interval_seconds,
-            node_lost_seconds=settings.node_lost_seconds,
-            heartbeat_lag_seconds=settings.heartbeat_lag_seconds,
-            confirmation_lag_seconds=settings.confirmation_lag_seconds,
-            task_heartbeat_grace_seconds=settings.task_heartbeat_grace_seconds,
-            require_report_tokens=settings.require_report_tokens,
-        ),
+        scheduler_config(settings),
         SchedulerMetrics(service.registry),
         service.rejections,
         settings.max_clock_skew_seconds,
+        audit_log(settings),
     )
     broker, name, batch = service.broker, service.name, settings.consumer_batch
     # Only the leader consumes and answers: a standby binds nothing (leadership, below).
@@ -277,6 +314,10 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @leader.subscriber(QuerySubjects.ALLOCATION, title="scheduler-query-allocation")
     async def on_allocation_query(event: AllocationQuery) -> AllocationCheck:
         return await core.check_allocation(event)
+
+    @leader.subscriber(QuerySubjects.AUDIT_EXPLAIN, title="scheduler-query-audit-explain")
+    async def on_audit_explain_query(event: AuditExplainQuery) -> AuditExplainAnswer:
+        return await core.explain(event)
 
     @leader.subscriber(QuerySubjects.TASKS, title="scheduler-query-tasks")
     async def on_tasks_query(event: TasksQuery) -> TasksAnswer:

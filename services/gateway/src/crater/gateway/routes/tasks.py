@@ -13,6 +13,8 @@ from crater.contracts import FieldError, TaskStatus, TaskStatusReported, TaskUsa
 from crater.contracts.queries import (
     AllocationCheck,
     AllocationQuery,
+    AuditExplainAnswer,
+    AuditExplainQuery,
     QuerySubjects,
     TasksAnswer,
     TasksQuery,
@@ -108,6 +110,32 @@ async def task(
     if isinstance(known, TaskSummary) and not principal.owns(known.tenant):
         return hidden(auth, request, principal, task_id)
     return known
+
+
+@router.get(
+    "/api/v1/tasks/{task_id}/audit",
+    response_model=AuditExplainAnswer,
+    responses={404: {"model": Problem}, **ANSWERS},
+)
+async def task_audit(
+    task_id: str,
+    request: Request,
+    bus: BusDep,
+    auth: AuthDep,
+    principal: Reader,
+    placements: bool = False,
+) -> AuditExplainAnswer | JSONResponse:
+    """The task's whole story from the scheduler's audit log (docs/audit.md): every decision
+    about it, in order, with the decision's time and the leader epoch; with `placements`, for
+    each placement the nodes each filter removed and the scores of the others, as they were
+    (a replay of the log: slower, bounded by the gateway's query timeout)."""
+    known = await known_task(bus, task_id)
+    if isinstance(known, JSONResponse):
+        return known
+    if not principal.owns(known.tenant):
+        return hidden(auth, request, principal, task_id)
+    query = AuditExplainQuery(task_id=task_id, placements=placements)
+    return await bus.ask(QuerySubjects.AUDIT_EXPLAIN, query, AuditExplainAnswer)
 
 
 @router.post(

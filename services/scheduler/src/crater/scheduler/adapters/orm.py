@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     DateTime,
@@ -109,6 +110,40 @@ leadership = Table(
     Column("epoch", Integer, nullable=False),
     Column("holder", String(255), nullable=False),
     Column("since", DateTime(timezone=True), nullable=False),
+)
+
+# The audit log (crater.scheduler.audit): every input the core decided on and every decision,
+# in the core's order, each record chained to the previous one by its hash; written in the
+# decision's own transaction. Times are ISO strings, so the hashed bytes are the stored ones
+# on every database.
+audit_log = Table(
+    "scheduler_audit_log",
+    metadata,
+    Column(
+        "seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
+    ),
+    Column("epoch", Integer, nullable=True),
+    Column("decided_at", String(40), nullable=False, index=True),
+    Column("source", String(16), nullable=False),
+    Column("kind", String(63), nullable=False),
+    Column("input", Text, nullable=False),
+    Column("decisions", Text, nullable=False),
+    Column("prev_hash", String(64), nullable=False),
+    Column("hash", String(64), nullable=False),
+)
+
+# Signed checkpoints of the audit log: the hash of record `seq`, signed (Ed25519) with the
+# operator's key.
+audit_checkpoints = Table(
+    "scheduler_audit_checkpoints",
+    metadata,
+    Column(
+        "seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
+    ),
+    Column("hash", String(64), nullable=False),
+    Column("signed_at", String(40), nullable=False),
+    Column("key_id", String(32), nullable=False),
+    Column("signature", String(128), nullable=False),
 )
 
 outbox = outbox_table(metadata, "scheduler")

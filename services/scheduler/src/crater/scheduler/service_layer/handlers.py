@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +22,9 @@ from crater.contracts import (
     AllocationCheck,
     AllocationGranted,
     AllocationQuery,
+    AuditExplainAnswer,
+    AuditExplainQuery,
+    AuditStep,
     Confidence,
     Event,
     FieldError,
@@ -54,9 +58,11 @@ from crater.runtime.outbox import (
     stage,
 )
 from crater.runtime.unit_of_work import unit_of_work
+from crater.scheduler import audit
 from crater.scheduler.adapters import fence
 from crater.scheduler.adapters.orm import inbox, outbox
 from crater.scheduler.adapters.repository import SchedulerRepository
+from crater.scheduler.audit import CORE, LEADER, SERVICE, AuditLog
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.inputs import ReservationArmed
@@ -137,6 +143,7 @@ class SchedulerService:
         metrics: SchedulerMetrics,
         rejections: Rejections | None = None,
         max_clock_skew_seconds: float = 30.0,
+        audit: AuditLog | None = None,
     ) -> None:
         self.sessions = sessions
         self.relay = relay
@@ -158,6 +165,9 @@ class SchedulerService:
         # lead, and no decision commits (adapters/fence.py).
         self.epoch: int | None = None
         self.on_deposed: Callable[[], None] = lambda: None
+        # Every input the core decides on and every decision, in the core's order, written in
+        # the decision's transaction (crater.scheduler.audit).
+        self.audit = audit or AuditLog()
 
     async def load(self) -> None:
         async with self.sessions() as session:
@@ -175,7 +185,13 @@ class SchedulerService:
         """Lead with `epoch`: the database's fence first (from now on a deposed leader's
         commits are refused, and one in flight has landed), then the state as committed."""
         async with self.sessions() as session, session.begin():
-            await fence.claim(await session.connection(), epoch, holder)
+            connection = await session.connection()
+            await fence.claim(connection, epoch, holder)
+            # The log says where a leader began: its core was loaded from the tables here.
+            self.audit.begin()
+            body = json.dumps({"epoch": epoch, "holder": holder})
+            self.audit.add(LEADER, None, [], epoch, kind="TakeOver", body=body)
+            await self.audit.flush(connection)
         await self.load()
         self.epoch = epoch
 
@@ -243,6 +259,7 @@ class SchedulerService:
             # Core statements only: the connection skips the ORM session's per-statement work.
             connection = await session.connection()
             await fence.check(connection, self.epoch)  # first: a deposed leader writes nothing
+            self.audit.begin()
             repository = SchedulerRepository(connection)
             checked = [
                 i for i, w in enumerate(batch) if not isinstance(w.event, IDEMPOTENT_BY_NATURE)
@@ -271,6 +288,7 @@ class SchedulerService:
                 )
             stamped = await self.sequencer.stamp(connection, [d for o in outcomes for d in o])
             await stage(connection, outbox, *stamped)
+            await self.audit.flush(connection)
             numbered = iter(stamped)
             return [[next(numbered) for _ in decisions] for decisions in outcomes]
 
@@ -285,17 +303,24 @@ class SchedulerService:
                 # The same task id under a new event id (a redelivery never gets here: the
                 # inbox): refused aloud, outside the core and the task's row, which stay as
                 # they are.
-                return [duplicate_submission(event.event_id, task_id, known[task_id])]
+                refused: list[Event] = [
+                    duplicate_submission(event.event_id, task_id, known[task_id])
+                ]
+                self.audit.add(SERVICE, event, refused, self.epoch)
+                return refused
             known[task_id] = TaskStatus.PENDING.value
         if isinstance(event, TaskStatusReported):
             refusal = self.scheduler.report_refusal(event)
             if refusal is not None:  # the core leaves it too; nothing is recorded
+                self.audit.add(SERVICE, event, [], self.epoch)  # but the log says it came
                 self.refused.append((event, refusal))
                 return []
         seq = self.scheduler.next_seq
         started = time.perf_counter()
         decisions = self.scheduler.handle(event)
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        # Every input, a heartbeat that changed nothing too: it moved the core's clock.
+        self.audit.add(CORE, event, decisions, self.epoch)
         if isinstance(event, TaskProfiled):
             known[event.task.task_id] = _status_after(event.task.task_id, decisions)
         if isinstance(event, NodeHealthReported) and not decisions:
@@ -487,6 +512,9 @@ class SchedulerService:
                     fallback,
                     f"template {named!r} is not known" if named else "no template was named",
                 )
+            self.audit.begin()
+            self.audit.add(SERVICE, event, staged, self.epoch)
+            await self.audit.flush(session)
             staged = await self.sequencer.stamp(session, staged)
             await work.stage(*staged)
         self.relay.wake()
@@ -504,6 +532,33 @@ class SchedulerService:
             else s
             for s in summaries
         ]
+
+    async def explain(self, query: AuditExplainQuery) -> AuditExplainAnswer:
+        """The task's story from the audit log (`crater audit explain`). The replay to each
+        placement runs on a fresh core in a thread: the live core is not touched."""
+        async with self.sessions() as session:
+            entries = await audit.all_entries(session)
+        config = self.config if query.placements else None
+        steps = await asyncio.to_thread(audit.explain, entries, query.task_id, config)
+        return AuditExplainAnswer(
+            task_id=query.task_id,
+            steps=[
+                AuditStep(
+                    seq=s.seq,
+                    decided_at=s.decided_at,
+                    epoch=s.epoch,
+                    source=s.source,
+                    input_kind=s.input_kind,
+                    input_occurred_at=s.input_occurred_at,
+                    decision_kind=s.decision["kind"] if s.decision else None,
+                    decision=s.decision["event"] if s.decision else None,
+                    placement=TaskPlacementAnswer.model_validate(s.placement)
+                    if s.placement
+                    else None,
+                )
+                for s in steps
+            ],
+        )
 
     def dry_run(self, query: PlacementQuery) -> PlacementAnswer:
         demand = Demand.of_query(query)

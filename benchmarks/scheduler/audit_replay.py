@@ -1,0 +1,184 @@
+"""Audit replay speed: record a run through the scheduler's real service layer into a SQLite
+file (nodes heartbeating every 10 s, tasks arriving, running and ending, as `make up` does),
+then verify the log and replay it through the production core, timed.
+
+    uv run --frozen python -m benchmarks.scheduler.audit_replay [--nodes 40] [--minutes 60]
+
+Writes benchmarks/results/audit_replay.json."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from faststream.nats import NatsBroker
+from prometheus_client import CollectorRegistry
+
+from crater.contracts import (
+    Confidence,
+    NodeCondition,
+    NodeHealthReported,
+    NodeTopologyReported,
+    ResourcePrediction,
+    TaskProfiled,
+    TaskRequest,
+    TaskStatus,
+    TaskStatusReported,
+)
+from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
+from crater.runtime.outbox import OutboxRelay
+from crater.scheduler import audit
+from crater.scheduler.adapters.orm import outbox
+from crater.scheduler.app import MIGRATIONS_DIR
+from crater.scheduler.domain.core import SchedulerConfig
+from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
+from tests.support.topologies import node
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "audit_replay.json"
+PREDICTION = ResourcePrediction(
+    gpu_memory_per_gpu_mb=1000,
+    host_memory_mb=1000,
+    confidence=Confidence.LOW,
+    method="bench",
+    dataloader_num_workers=1,
+    dataloader_prefetch_factor=2,
+)
+
+
+def request(task_id: str, gpus: int, at: datetime) -> TaskProfiled:
+    task = TaskRequest.model_validate(
+        {
+            "task_id": task_id,
+            "task_type": "training",
+            "model_config": {"name": "m"},
+            "resource_requirements": {
+                "gpu": {"count": gpus, "memory_mb": 1000},
+                "cpu": {"cores": 1},
+                "memory": {"capacity_mb": 1000},
+            },
+        }
+    )
+    return TaskProfiled(task=task, prediction=PREDICTION, occurred_at=at)
+
+
+async def record(url: str, nodes: int, minutes: int, tasks_per_minute: int) -> None:
+    await upgrade_to_head_async(url, MIGRATIONS_DIR)
+    engine = make_engine(url)
+    sessions = make_session_factory(engine)
+    relay = OutboxRelay(sessions, outbox, NatsBroker("nats://127.0.0.1:1"))
+    service = SchedulerService(
+        sessions, relay, SchedulerConfig(), SchedulerMetrics(CollectorRegistry())
+    )
+    await service.take_over(1, "bench")
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=minutes + 1)
+    await asyncio.gather(
+        *(
+            service.handle(
+                NodeTopologyReported(node=node(f"n{i}", gpus=8), occurred_at=start),
+                "node-topology",
+            )
+            for i in range(nodes)
+        )
+    )
+    running: list[tuple[datetime, str]] = []
+    number = 0
+    for second in range(0, minutes * 60, 10):
+        at = start + timedelta(seconds=second + 1)
+        beats = [
+            NodeHealthReported(
+                node_id=f"n{i}", condition=NodeCondition.READY, score=100, occurred_at=at
+            )
+            for i in range(nodes)
+        ]
+        await asyncio.gather(*(service.handle(b, "node-health") for b in beats))
+        arriving = [
+            request(f"t{number + k}", 1 + (number + k) % 4, at)
+            for k in range(tasks_per_minute // 6)
+        ]
+        number += len(arriving)
+        await asyncio.gather(*(service.handle(e, "task-profiled") for e in arriving))
+        for event in arriving:
+            running.append((at + timedelta(minutes=3), event.task.task_id))
+        ending = [t for t in running if t[0] <= at]
+        running = [t for t in running if t[0] > at]
+        for _, task_id in ending:
+            allocation = service.scheduler.allocations.get(task_id)
+            if allocation is None:
+                continue
+            member = next(iter(allocation.members()))
+            for status in (TaskStatus.RUNNING, TaskStatus.SUCCEEDED):
+                report = TaskStatusReported(
+                    task_id=task_id,
+                    status=status,
+                    allocation_id=member.allocation_id,
+                    occurred_at=at,
+                )
+                await service.handle(report, "task-status")
+    await engine.dispose()
+
+
+async def measure(url: str) -> dict[str, object]:
+    engine = make_engine(url)
+    async with engine.connect() as connection:
+        clock = time.perf_counter()
+        entries = await audit.all_entries(connection)
+        read_s = time.perf_counter() - clock
+        clock = time.perf_counter()
+        verified = await audit.verify(connection)
+        verify_s = time.perf_counter() - clock
+    await engine.dispose()
+    replayed = audit.replay(entries, SchedulerConfig())
+    kinds: dict[str, int] = {}
+    for entry in entries:
+        kinds[entry.kind] = kinds.get(entry.kind, 0) + 1
+    return {
+        "records": len(entries),
+        "by_kind": kinds,
+        "read_seconds": round(read_s, 3),
+        "verify_ok": verified.ok,
+        "verify_seconds": round(verify_s, 3),
+        "replay_identical": replayed.divergence is None,
+        "replay_events": replayed.events,
+        "replay_seconds": round(replayed.seconds, 3),
+        "replay_events_per_second": round(replayed.rate),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", type=int, default=40)
+    parser.add_argument("--minutes", type=int, default=60)
+    parser.add_argument("--tasks-per-minute", type=int, default=30)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        url = f"sqlite+aiosqlite:///{folder}/audit.db"
+        clock = time.perf_counter()
+        asyncio.run(record(url, args.nodes, args.minutes, args.tasks_per_minute))
+        recorded_s = time.perf_counter() - clock
+        figures = asyncio.run(measure(url))
+    result = {
+        "what": "audit log of a simulated hour through the real service layer (SQLite), "
+        "verified and replayed through the production core",
+        "nodes": args.nodes,
+        "minutes": args.minutes,
+        "tasks_per_minute": args.tasks_per_minute,
+        "record_seconds": round(recorded_s, 1),
+        **figures,
+        "machine": f"{platform.machine()} {platform.python_version()}, {os.cpu_count()} cores",
+        # the machine is shared: its load when measured, for reading the rate
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

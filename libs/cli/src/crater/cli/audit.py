@@ -1,0 +1,310 @@
+"""`crater audit`: the scheduler's audit log (crater.scheduler.audit, docs/audit.md): verify
+its chain and signed checkpoints, replay it through the production core, explain a task,
+export the decisions, drop what is past retention.
+
+`--from`/`--to` take a record number or an ISO time (the first record decided at or after it).
+The core's configuration for replay and explain is the scheduler's, from the same settings
+(CRATER_SCHEDULER_*): replay with the settings the recorded run had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+app = typer.Typer(help="The scheduler's audit log: verify, replay, explain, export.")
+console = Console()
+T = TypeVar("T")
+
+DatabaseOption = Annotated[str, typer.Option(envvar="CRATER_DATABASE_URL")]
+DEFAULT_DATABASE = "sqlite+aiosqlite:///var/crater.db"
+FromOption = Annotated[
+    str | None, typer.Option("--from", help="First record: a number or an ISO time.")
+]
+ToOption = Annotated[str | None, typer.Option("--to", help="Last record: a number or ISO time.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _on_database(database_url: str, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    from crater.runtime.db import make_engine
+
+    async def run() -> T:
+        engine = make_engine(database_url)
+        try:
+            async with engine.connect() as connection:
+                return await work(connection)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+async def _seq(connection: AsyncConnection, text: str | None, end: bool = False) -> int | None:
+    from crater.scheduler import audit
+
+    if text is None:
+        return None
+    if text.isdigit():
+        return int(text)
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    found = await audit.seq_at(connection, moment)
+    if end:  # the last record decided before the moment
+        return (found - 1) if found else None
+    return found or sys.maxsize
+
+
+def _config() -> Any:
+    from crater.scheduler.app import SchedulerSettings, scheduler_config
+
+    return scheduler_config(SchedulerSettings())
+
+
+@app.command()
+def keygen(
+    out: Annotated[Path, typer.Option(help="The private key's file; the public key: OUT.pub")],
+) -> None:
+    """A new Ed25519 key pair for the signed checkpoints: the scheduler gets the private key
+    (CRATER_SCHEDULER_AUDIT_SIGNING_KEY_FILE), auditors the public one."""
+    from crater.scheduler import audit
+
+    private, public = audit.generate_key_pair()
+    out.write_bytes(private)
+    out.chmod(0o600)
+    Path(f"{out}.pub").write_bytes(public)
+    key = audit.load_public_key(public)
+    console.print(f"wrote {out} (secret) and {out}.pub (key id {audit.key_id(key)})")
+
+
+@app.command()
+def verify(
+    start: FromOption = None,
+    end: ToOption = None,
+    public_key: Annotated[
+        Path | None, typer.Option(help="The operator's public key: check the signatures.")
+    ] = None,
+    as_json: JsonOption = False,
+    database_url: DatabaseOption = DEFAULT_DATABASE,
+) -> None:
+    """Check the hash chain and the signed checkpoints; name the first record altered,
+    removed or inserted. Exit 1 if one is found."""
+    from crater.scheduler import audit
+
+    key = audit.load_public_key(public_key.read_bytes()) if public_key else None
+
+    async def work(connection: AsyncConnection) -> audit.VerifyReport:
+        first = await _seq(connection, start) or 1
+        last = await _seq(connection, end, end=True)
+        return await audit.verify(connection, first, last, key)
+
+    report = _on_database(database_url, work)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "ok": report.ok,
+                    "records": report.records,
+                    "first": report.first,
+                    "last": report.last,
+                    "checkpoints": report.checkpoints,
+                    "finding": None
+                    if report.finding is None
+                    else {
+                        "seq": report.finding.seq,
+                        "what": report.finding.what,
+                        "detail": report.finding.detail,
+                    },
+                    "notes": report.notes,
+                }
+            )
+        )
+    else:
+        for note in report.notes:
+            console.print(f"note: {note}")
+        span = f"records {report.first}..{report.last}" if report.records else "no records"
+        if report.finding is None:
+            console.print(f"ok: {span}, {report.checkpoints} checkpoints")
+        else:
+            console.print(f"[red]TAMPERED[/red] {report.finding} ({span})")
+    if report.finding is not None:
+        raise typer.Exit(1)
+
+
+@app.command()
+def replay(
+    start: FromOption = None,
+    end: ToOption = None,
+    weight: Annotated[
+        list[str] | None,
+        typer.Option(help="PLUGIN=WEIGHT: replay with a score's weight changed (what-if)."),
+    ] = None,
+    as_json: JsonOption = False,
+    database_url: DatabaseOption = DEFAULT_DATABASE,
+) -> None:
+    """Feed the recorded inputs from the log's beginning through the production core and
+    check every decision from --from to --to byte for byte. On a difference: stop, show the
+    input, the state that led to it and a diff; exit 1."""
+    from crater.scheduler import audit
+
+    config = _config()
+    for change in weight or []:
+        plugin, _, value = change.partition("=")
+        config = audit.with_weight(config, plugin, float(value))
+
+    async def work(connection: AsyncConnection) -> tuple[int, int | None, list[audit.Entry]]:
+        first = await _seq(connection, start) or 1
+        last = await _seq(connection, end, end=True)
+        return first, last, await audit.all_entries(connection, 1, last)
+
+    first, last, entries = _on_database(database_url, work)
+
+    def progress(count: int) -> None:
+        print(f"replayed {count} events", file=sys.stderr)
+
+    report = audit.replay(entries, config, first, last, progress=progress)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "identical": report.divergence is None,
+                    "events": report.events,
+                    "compared": report.compared,
+                    "seconds": round(report.seconds, 3),
+                    "events_per_second": round(report.rate),
+                    "restarts": report.restarts,
+                    "diverged_at": None if report.divergence is None else report.divergence.seq,
+                }
+            )
+        )
+    else:
+        console.print(
+            f"replayed {report.events} events in {report.seconds:.2f} s "
+            f"({report.rate:,.0f} events/s), compared {report.compared}"
+        )
+        if report.restarts:
+            console.print(
+                f"leader take-overs at records {report.restarts}: the live core was loaded from "
+                "the tables there"
+            )
+    if report.divergence is not None:
+        print(report.divergence.render())
+        raise typer.Exit(1)
+    if not as_json:
+        console.print("identical: every decision byte for byte")
+
+
+@app.command()
+def explain(
+    task_id: Annotated[str, typer.Argument()],
+    placements: Annotated[
+        bool,
+        typer.Option(help="Replay to each placement: filters per node and scores as then."),
+    ] = True,
+    as_json: JsonOption = False,
+    database_url: DatabaseOption = DEFAULT_DATABASE,
+) -> None:
+    """A task's whole story from the log: every decision about it, and for a placement the
+    filters that removed which nodes and the scores of the nodes that remained."""
+    from crater.scheduler import audit
+
+    entries = _on_database(database_url, lambda c: audit.all_entries(c))
+    steps = audit.explain(entries, task_id, _config() if placements else None)
+    if not steps:
+        console.print(f"the log says nothing of {task_id!r}")
+        raise typer.Exit(1)
+    if as_json:
+        print(json.dumps([s.as_dict() for s in steps], indent=2))
+        return
+    for step in steps:
+        what = step.decision["kind"] if step.decision else f"input {step.input_kind}"
+        console.print(
+            f"#{step.seq} {step.decided_at} epoch {step.epoch} ({step.source}, on "
+            f"{step.input_kind}): [bold]{what}[/bold]"
+        )
+        event = step.decision["event"] if step.decision else {}
+        for line in _said(event):
+            console.print(f"    {line}")
+        if step.placement:
+            for fit in step.placement["fits"]:
+                scores = ", ".join(f"{s['plugin']}={s['score']:.4g}" for s in fit["scores"])
+                console.print(f"    fits {fit['node_id']}: {fit['score']:.6g} ({scores})")
+            for misfit in step.placement["misfits"]:
+                console.print(
+                    f"    removed {misfit['node_id']} by {misfit['filter']}: {misfit['reason']}"
+                )
+
+
+def _said(event: dict[str, Any]) -> list[str]:
+    lines = []
+    for name in ("node", "gpu_ids", "score", "explanation", "summary", "reason", "status"):
+        if event.get(name) not in (None, "", []):
+            lines.append(f"{name}: {event[name]}")
+    for error in event.get("errors", []):
+        lines.append(f"error {error.get('field')}: {error.get('reason')}")
+    return lines
+
+
+@app.command()
+def export(
+    out: Annotated[Path, typer.Option(help="The file to write.")],
+    fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet")] = "parquet",
+    start: FromOption = None,
+    end: ToOption = None,
+    database_url: DatabaseOption = DEFAULT_DATABASE,
+) -> None:
+    """One row per decision: task, tenant, pool, resources, node, score, the decision's time
+    and its input's (for AllData's own analysis; pandas.read_parquet reads it)."""
+    from crater.scheduler import audit
+
+    if fmt not in ("jsonl", "parquet"):
+        raise typer.BadParameter("jsonl or parquet", param_hint="--format")
+
+    async def work(connection: AsyncConnection) -> list[audit.Entry]:
+        # From the beginning, so each task's request is known; rows from --from on.
+        last = await _seq(connection, end, end=True)
+        return await audit.all_entries(connection, 1, last)
+
+    entries = _on_database(database_url, work)
+    first = _on_database(database_url, lambda c: _seq(c, start)) or 1
+    rows = (r for r in audit.decision_rows(entries) if r["seq"] >= first)
+    writer = audit.export_jsonl if fmt == "jsonl" else audit.export_parquet
+    count = writer(rows, out)
+    console.print(f"wrote {count} decisions to {out}")
+
+
+@app.command()
+def prune(
+    days: Annotated[
+        float | None,
+        typer.Option(help="Keep this many days; default: CRATER_SCHEDULER_AUDIT_RETENTION_DAYS."),
+    ] = None,
+    database_url: DatabaseOption = DEFAULT_DATABASE,
+) -> None:
+    """Drop the records past retention (the checkpoints stay: verify starts at the first kept
+    record's stored link, and a checkpoint vouches for it)."""
+    from crater.scheduler import audit
+    from crater.scheduler.app import SchedulerSettings
+
+    keep = days if days is not None else SchedulerSettings().audit_retention_days
+    if keep is None:
+        console.print("no retention set: the audit log is kept for ever")
+        return
+    before = datetime.now(UTC) - timedelta(days=keep)
+
+    async def work(connection: AsyncConnection) -> int:
+        count = await audit.prune(connection, before)
+        await connection.commit()
+        return count
+
+    count = _on_database(database_url, work)
+    console.print(f"dropped {count} records decided before {before:%Y-%m-%dT%H:%M:%SZ}")

@@ -1,0 +1,446 @@
+"""The audit log (crater.scheduler.audit), written by the scheduler's service layer in the
+decision's transaction, on real SQLite and PostgreSQL: it verifies, names the record that was
+tampered with, replays byte for byte through the production core, shows a diff where a changed
+weight decides otherwise, explains a task and exports to JSON lines and Parquet."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from faststream.nats import NatsBroker
+from prometheus_client import CollectorRegistry
+from sqlalchemy import delete, update
+
+from crater.contracts import (
+    Confidence,
+    NodeCondition,
+    NodeHealthReported,
+    NodeTopologyReported,
+    ResourcePrediction,
+    TaskProfiled,
+    TaskRequest,
+    TaskStatus,
+    TaskStatusReported,
+)
+from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
+from crater.runtime.outbox import OutboxRelay
+from crater.scheduler import audit
+from crater.scheduler.adapters.orm import audit_checkpoints, audit_log, outbox
+from crater.scheduler.app import MIGRATIONS_DIR
+from crater.scheduler.domain.core import SchedulerConfig
+from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
+from tests.support.topologies import node
+
+pytestmark = pytest.mark.integration
+
+PREDICTION = ResourcePrediction(
+    gpu_memory_per_gpu_mb=1000,
+    host_memory_mb=1000,
+    confidence=Confidence.LOW,
+    method="test",
+    dataloader_num_workers=1,
+    dataloader_prefetch_factor=2,
+)
+T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+
+
+def profiled(task_id: str, at: datetime, gpus: int = 1) -> TaskProfiled:
+    request = TaskRequest.model_validate(
+        {
+            "task_id": task_id,
+            "task_type": "training",
+            "model_config": {"name": "m"},
+            "resource_requirements": {
+                "gpu": {"count": gpus, "memory_mb": 1000},
+                "cpu": {"cores": 1},
+                "memory": {"capacity_mb": 1000},
+            },
+        }
+    )
+    return TaskProfiled(task=request, prediction=PREDICTION, occurred_at=at)
+
+
+@pytest.fixture
+async def sessions(database_url: str) -> AsyncIterator[Any]:
+    await upgrade_to_head_async(database_url, MIGRATIONS_DIR)
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    await engine.dispose()
+
+
+def service(sessions: Any, log: audit.AuditLog | None = None) -> SchedulerService:
+    relay = OutboxRelay(sessions, outbox, NatsBroker("nats://127.0.0.1:1"))
+    return SchedulerService(
+        sessions, relay, SchedulerConfig(), SchedulerMetrics(CollectorRegistry()), audit=log
+    )
+
+
+async def recorded_run(scheduler: SchedulerService) -> list[str]:
+    """Nodes, heartbeats that change nothing, tasks placed, waiting, running, ended."""
+    await scheduler.take_over(1, "test")
+    await asyncio.gather(
+        *(
+            scheduler.handle(
+                NodeTopologyReported(node=node(f"n{i}", gpus=4), occurred_at=T0), "node-topology"
+            )
+            for i in range(3)
+        )
+    )
+    tasks = []
+    for step in range(12):
+        at = T0 + timedelta(seconds=5 * step + 1)
+        for i in range(3):  # heartbeats like the last ones: nothing stored but the log
+            beat = NodeHealthReported(
+                node_id=f"n{i}", condition=NodeCondition.READY, score=100, occurred_at=at
+            )
+            await scheduler.handle(beat, "node-health")
+        batch = [profiled(f"t{step}-{k}", at, gpus=1 + (step + k) % 3) for k in range(2)]
+        tasks += [e.task.task_id for e in batch]
+        await asyncio.gather(*(scheduler.handle(e, "task-profiled") for e in batch))
+        if step % 4 == 3:  # one earlier task ends: its resources come back
+            done = tasks[step - 3]
+            allocation = scheduler.scheduler.allocations.get(done)
+            if allocation is not None:
+                member = next(iter(allocation.members()))
+                for status in (TaskStatus.RUNNING, TaskStatus.SUCCEEDED):
+                    report = TaskStatusReported(
+                        task_id=done,
+                        status=status,
+                        allocation_id=member.allocation_id,
+                        occurred_at=at + timedelta(seconds=1),
+                    )
+                    await scheduler.handle(report, "task-status")
+    return tasks
+
+
+async def entries(sessions: Any) -> list[audit.Entry]:
+    async with sessions() as session:
+        return await audit.all_entries(session)
+
+
+async def verified(sessions: Any, **kwargs: Any) -> audit.VerifyReport:
+    async with sessions() as session:
+        return await audit.verify(session, **kwargs)
+
+
+async def test_the_log_verifies_and_replays_identically(sessions: Any) -> None:
+    scheduler = service(sessions)
+    await recorded_run(scheduler)
+    log = await entries(sessions)
+    kinds = {e.kind for e in log}
+    assert {"TakeOver", "NodeTopologyReported", "NodeHealthReported", "TaskProfiled"} <= kinds
+    assert log[0].source == audit.LEADER
+    assert log[0].epoch == 1
+    assert all(e.epoch == 1 for e in log)
+    assert [e.seq for e in log] == list(range(1, len(log) + 1))
+    # heartbeats that changed nothing are in the log (they move the core's clock)
+    assert sum(e.kind == "NodeHealthReported" and e.decisions == "[]" for e in log) >= 30
+    # the decision's own time, not the input's
+    grant = next(e for e in log if '"kind":"AllocationGranted"' in e.decisions)
+    assert grant.decided_at > T0.isoformat()
+
+    report = await verified(sessions)
+    assert report.ok, report.finding
+    assert report.records == len(log)
+
+    replayed = audit.replay(log, SchedulerConfig())
+    assert replayed.divergence is None, replayed.divergence and replayed.divergence.render()
+    assert replayed.events == sum(e.source == audit.CORE for e in log)
+    assert replayed.compared == replayed.events
+
+
+async def test_a_changed_weight_diverges_at_the_first_decision_it_changes(sessions: Any) -> None:
+    await recorded_run(service(sessions))
+    log = await entries(sessions)
+    spread = audit.with_weight(SchedulerConfig(), "GpuBinPack", -1000.0)
+    replayed = audit.replay(log, spread)
+    divergence = replayed.divergence
+    assert divergence is not None
+    # every record before it decided the same; this one is the first that does not
+    same = audit.replay([e for e in log if e.seq < divergence.seq], spread)
+    assert same.divergence is None
+    assert divergence.kind == "TaskProfiled"
+    diff = divergence.diff()
+    assert f"recorded decisions of record {divergence.seq}" in diff
+    # the first grant: the same node, but the score the changed weight gave it
+    assert '-      "score": ' in diff
+    assert '+      "score": ' in diff
+    assert "node {" in divergence.render()  # the state that led to it
+
+
+async def test_an_altered_record_is_named(sessions: Any) -> None:
+    await recorded_run(service(sessions))
+    target = len(await entries(sessions)) // 2
+    async with sessions() as session, session.begin():
+        await session.execute(
+            update(audit_log)
+            .where(audit_log.c.seq == target)
+            .values(decided_at="2020-01-01T00:00:00.000000+00:00")
+        )
+    report = await verified(sessions)
+    assert report.finding == audit.Finding(
+        target, "altered", report.finding.detail if report.finding else ""
+    )
+
+
+async def test_a_removed_record_is_named(sessions: Any) -> None:
+    await recorded_run(service(sessions))
+    async with sessions() as session, session.begin():
+        await session.execute(delete(audit_log).where(audit_log.c.seq == 7))
+    report = await verified(sessions)
+    assert report.finding is not None
+    assert (report.finding.seq, report.finding.what) == (7, "removed")
+
+
+def test_tampering_is_named_where_it_happened() -> None:
+    """On the chain itself: inserted (renumbered after), altered with its hash recomputed,
+    removed with the rest renumbered."""
+    chain = _chain(20)
+    assert audit.verify_chain(chain).ok
+
+    forged = _link(5, chain[3].hash, "forged")
+    renumbered = [replace_seq(e, e.seq + 1) for e in chain[4:]]
+    inserted = audit.verify_chain([*chain[:4], forged, *renumbered])
+    assert inserted.finding is not None
+    assert (inserted.finding.seq, inserted.finding.what) == (5, "inserted")
+
+    rehashed = _link(9, chain[7].hash, "changed")
+    altered = audit.verify_chain([*chain[:8], rehashed, *chain[9:]])
+    assert altered.finding is not None
+    assert (altered.finding.seq, altered.finding.what) == (9, "altered")
+
+    removed = audit.verify_chain([*chain[:10], *[replace_seq(e, e.seq - 1) for e in chain[11:]]])
+    assert removed.finding is not None
+    assert (removed.finding.seq, removed.finding.what) == (11, "removed")
+
+
+async def test_signed_checkpoints_catch_a_chain_rewritten_whole(sessions: Any) -> None:
+    private, public = audit.generate_key_pair()
+    key = audit.load_private_key(private)
+    await recorded_run(service(sessions, audit.AuditLog(signing_key=key, checkpoint_every=10)))
+    public_key = audit.load_public_key(public)
+    report = await verified(sessions, public_key=public_key)
+    assert report.ok
+    assert report.checkpoints >= 5
+
+    other = audit.load_public_key(audit.generate_key_pair()[1])
+    assert (await verified(sessions, public_key=other)).finding is not None
+
+    # From record 13 on, every record altered and re-hashed: the chain holds, the checkpoint
+    # at 20 does not.
+    log = await entries(sessions)
+    rewritten = []
+    prev = log[11].hash
+    for e in log[12:]:
+        decided_at = "2020-01-01T00:00:00.000000+00:00" if e.seq == 13 else e.decided_at
+        digest = audit.entry_hash(
+            e.seq, e.epoch, decided_at, e.source, e.kind, e.input, e.decisions, prev
+        )
+        rewritten.append((e.seq, decided_at, prev, digest))
+        prev = digest
+    async with sessions() as session, session.begin():
+        for seq, decided_at, prev_hash, digest in rewritten:
+            await session.execute(
+                update(audit_log)
+                .where(audit_log.c.seq == seq)
+                .values(decided_at=decided_at, prev_hash=prev_hash, hash=digest)
+            )
+    report = await verified(sessions, public_key=public_key)
+    assert report.finding is not None
+    assert (report.finding.seq, report.finding.what) == (20, "rewritten")
+    async with sessions() as session:
+        signed = (await session.execute(audit_checkpoints.select())).all()
+    assert all(row.key_id == audit.key_id(public_key) for row in signed)
+
+
+async def test_explain_and_export(sessions: Any, tmp_path: Path) -> None:
+    tasks = await recorded_run(service(sessions))
+    log = await entries(sessions)
+    story = audit.explain(log, tasks[0], SchedulerConfig())
+    kinds = [s.decision and s.decision["kind"] for s in story]
+    assert "AllocationGranted" in kinds
+    granted = next(s for s in story if s.decision and s.decision["kind"] == "AllocationGranted")
+    assert granted.placement is not None
+    fits = granted.placement["fits"]
+    assert fits[0]["node_id"] == granted.decision["event"]["node"]  # type: ignore[index]
+    assert all(f["scores"] for f in fits)
+
+    rows = list(audit.decision_rows(log))
+    assert audit.export_jsonl(rows, tmp_path / "d.jsonl") == len(rows)
+    assert audit.export_parquet(rows, tmp_path / "d.parquet") == len(rows)
+    frame = pd.read_parquet(tmp_path / "d.parquet")
+    assert len(frame) == len(rows) > 0
+    grants = frame[frame.decision == "AllocationGranted"]
+    assert set(grants.tenant) == {"default"}
+    assert grants.gpus.min() >= 1
+    assert str(frame.decided_at.dtype).startswith("datetime64")
+    first = json.loads((tmp_path / "d.jsonl").read_text().splitlines()[0])
+    assert set(first) == set(audit.EXPORT_COLUMNS)
+
+
+def _link(seq: int, prev: str, body: str) -> audit.Entry:
+    decided_at = f"2027-03-02T09:00:{seq:02d}.000000+00:00"
+    digest = audit.entry_hash(seq, 1, decided_at, audit.CORE, "X", body, "[]", prev)
+    return audit.Entry(seq, 1, decided_at, audit.CORE, "X", body, "[]", prev, digest)
+
+
+def _chain(length: int) -> list[audit.Entry]:
+    chain: list[audit.Entry] = []
+    prev = audit.GENESIS
+    for seq in range(1, length + 1):
+        chain.append(_link(seq, prev, f"input {seq}"))
+        prev = chain[-1].hash
+    return chain
+
+
+def replace_seq(entry: audit.Entry, seq: int) -> audit.Entry:
+    from dataclasses import replace
+
+    return replace(entry, seq=seq)
+
+
+async def test_the_cli_verifies_replays_explains_and_exports(
+    sessions: Any, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from crater.cli.main import app
+
+    tasks = await recorded_run(service(sessions))
+    monkeypatch.setenv("CRATER_DATABASE_URL", database_url)
+    runner = CliRunner()
+
+    def crater(*args: str) -> Any:
+        return runner.invoke(app, ["audit", *args], catch_exceptions=False)
+
+    checked = await asyncio.to_thread(crater, "verify", "--json")
+    assert checked.exit_code == 0, checked.output
+    assert json.loads(checked.output)["ok"] is True
+    replayed = await asyncio.to_thread(crater, "replay", "--from", "10", "--json")
+    assert replayed.exit_code == 0, replayed.output
+    figures = json.loads(replayed.output.splitlines()[-1])
+    assert figures["identical"]
+    assert 0 < figures["compared"] < figures["events"]
+    what_if = await asyncio.to_thread(crater, "replay", "--weight", "GpuBinPack=-1000")
+    assert what_if.exit_code == 1
+    assert "recorded decisions of record" in what_if.output
+    story = await asyncio.to_thread(crater, "explain", tasks[0])
+    assert story.exit_code == 0
+    assert "AllocationGranted" in story.output
+    assert "fits n" in story.output
+    out = tmp_path / "decisions.parquet"
+    exported = await asyncio.to_thread(crater, "export", "--out", str(out))
+    assert exported.exit_code == 0, exported.output
+    assert len(pd.read_parquet(out)) > 0
+    async with sessions() as session, session.begin():
+        await session.execute(update(audit_log).where(audit_log.c.seq == 9).values(epoch=7))
+    tampered = await asyncio.to_thread(crater, "verify")
+    assert tampered.exit_code == 1
+    assert "record 9: altered" in tampered.output
+
+
+async def test_explain_on_the_rest_api(sessions: Any, fresh_nats: Any) -> None:
+    """GET /api/v1/tasks/{id}/audit: the gateway asks the scheduler on its query subject; the
+    scheduler's answer here is `SchedulerService.explain` on the recorded log."""
+    import httpx
+    import nats
+    from nats.aio.msg import Msg
+
+    from crater.contracts import AuditExplainQuery, Priority, TaskType
+    from crater.contracts.queries import QuerySubjects, TasksAnswer, TaskSummary
+    from crater.gateway.app import GatewaySettings, build
+
+    scheduler = service(sessions)
+    tasks = await recorded_run(scheduler)
+    summary = TaskSummary(
+        task_id=tasks[0],
+        task_type=TaskType.TRAINING,
+        status=TaskStatus.SUCCEEDED,
+        pool="default",
+        tenant="default",
+        priority=Priority.HIGH,
+        gpus=1,
+        reason=None,
+        submitted_at=T0,
+        updated_at=T0,
+    )
+    connection = await nats.connect(fresh_nats.url)
+
+    async def on_tasks(msg: Msg) -> None:
+        await msg.respond(TasksAnswer(tasks=[summary]).model_dump_json().encode())
+
+    async def on_explain(msg: Msg) -> None:
+        answer = await scheduler.explain(AuditExplainQuery.model_validate_json(msg.data))
+        await msg.respond(answer.model_dump_json().encode())
+
+    await connection.subscribe(QuerySubjects.TASKS, cb=on_tasks)
+    await connection.subscribe(QuerySubjects.AUDIT_EXPLAIN, cb=on_explain)
+    await connection.flush()
+    app = build(GatewaySettings(nats_url=fresh_nats.url, query_timeout_seconds=10))
+    try:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+        ):
+            response = await http.get(f"/api/v1/tasks/{tasks[0]}/audit?placements=true")
+    finally:
+        await connection.close()
+    assert response.status_code == 200, response.text
+    steps = response.json()["steps"]
+    kinds = [s["decision_kind"] for s in steps]
+    assert kinds[0] == "AllocationGranted"
+    assert "TaskEnded" in kinds or "AllocationReleased" in kinds
+    assert steps[0]["placement"]["fits"][0]["node_id"] == steps[0]["decision"]["node"]
+    assert all(s["epoch"] == 1 for s in steps)
+
+
+async def test_a_replay_crosses_a_leader_take_over(sessions: Any) -> None:
+    """A new leader loads its core from the tables; the log goes on under its epoch, and the
+    replay (one core from the beginning) still decides every record the same."""
+    await recorded_run(service(sessions))
+    second = service(sessions)
+    await second.take_over(2, "second")
+    at = T0 + timedelta(minutes=2)
+    for i in range(6):
+        event = profiled(f"after-{i}", at + timedelta(seconds=i), gpus=1 + i % 3)
+        await second.handle(event, "task-profiled")
+    log = await entries(sessions)
+    assert [e.seq for e in log if e.source == audit.LEADER] == [1, report_seq(log)]
+    assert {e.epoch for e in log if e.seq > report_seq(log)} == {2}
+    replayed = audit.replay(log, SchedulerConfig())
+    assert replayed.divergence is None, replayed.divergence and replayed.divergence.render()
+    assert replayed.restarts == [1, report_seq(log)]
+    assert (await verified(sessions)).ok
+
+
+def report_seq(log: list[audit.Entry]) -> int:
+    """The second leader's take-over record."""
+    return [e.seq for e in log if e.source == audit.LEADER][-1]
+
+
+async def test_pruned_records_leave_a_log_that_still_verifies(sessions: Any) -> None:
+    """Retention drops the oldest records: the rest verifies from its first kept record's
+    stored link (said in a note), and tampering there is still named."""
+    await recorded_run(service(sessions))
+    log = await entries(sessions)
+    cut = log[20].decided_at
+    async with sessions() as session, session.begin():
+        dropped = await audit.prune(session, datetime.fromisoformat(cut))
+    assert dropped == sum(e.decided_at < cut for e in log) > 0
+    report = await verified(sessions)
+    assert report.ok, report.finding
+    assert report.notes
+    assert "taken as stored" in report.notes[0]
+    target = (await entries(sessions))[5].seq
+    async with sessions() as session, session.begin():
+        await session.execute(update(audit_log).where(audit_log.c.seq == target).values(kind="X"))
+    finding = (await verified(sessions)).finding
+    assert finding is not None
+    assert (finding.seq, finding.what) == (target, "altered")
