@@ -39,6 +39,7 @@ QUERY_ANSWERERS: Mapping[str, str] = {
     QuerySubjects.PLACEMENT: "scheduler",
     QuerySubjects.TASK_PLACEMENT: "scheduler",
     QuerySubjects.ALLOCATION: "scheduler",
+    QuerySubjects.AUDIT_EXPLAIN: "scheduler",
     QuerySubjects.PREDICTION: "predictor",
     QuerySubjects.RESOLVE: "predictor",
 }
