@@ -40,7 +40,7 @@ from tests.integration.gateway.test_schedule import task
 from tests.support.events import EventTap
 from tests.support.topologies import node
 
-GRACE_S = 10.0
+GRACE_S = 30.0  # above a publish's retries (PUBLISH_GIVE_UP_SECONDS)
 
 
 @asynccontextmanager

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from crater.runtime.bus import PUBLISH_GIVE_UP_SECONDS
 from crater.runtime.settings import ServiceSettings
 
 
@@ -33,7 +34,7 @@ class GatewaySettings(ServiceSettings):
     )
     abandoned_claim_seconds: float = Field(
         default=30.0,
-        ge=10,
+        ge=PUBLISH_GIVE_UP_SECONDS + 1,
         le=3600,
         description="A task id claimed but never confirmed published (a gateway that died "
         "between the two) may be submitted again after this long; longer than any publish.",

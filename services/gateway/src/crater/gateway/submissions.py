@@ -26,7 +26,7 @@ from crater.gateway.claims import (
 )
 from crater.gateway.models import ScheduleAccepted, task_known
 from crater.gateway.settings import GatewaySettings
-from crater.runtime.bus import PUBLISH_GIVE_UP_SECONDS, key_value
+from crater.runtime.bus import key_value
 from crater.runtime.service import BUS_ERRORS
 
 log = logging.getLogger("crater.gateway")
@@ -37,6 +37,9 @@ log = logging.getLogger("crater.gateway")
 ACCEPTED_BUCKET = "crater_gateway_accepted"
 
 
+SETTLE_SECONDS = 6.0
+
+
 class Submissions:
     """The accepted ids' bucket (opened once the broker is connected) and the bus."""
 
@@ -44,8 +47,10 @@ class Submissions:
         self.bus = bus
         self.settings = settings
         self.grace = timedelta(seconds=settings.abandoned_claim_seconds)
-        # Longer than a publish may take (retries and ack): a live claimer has confirmed by then.
-        self.settle_seconds = PUBLISH_GIVE_UP_SECONDS + 1
+        # How long a second request for a claimed id waits for the claimer before answering
+        # 503 (retry later): most publishes confirm well within it. The grace, not this, must
+        # outlast a publish's retries (settings: abandoned_claim_seconds).
+        self.settle_seconds = SETTLE_SECONDS
         self._bucket: KeyValue | None = None
 
     async def open(self) -> None:
@@ -90,8 +95,8 @@ class Submissions:
             log.warning("could not confirm the claim of task %s: %r", event.task_id, error)
 
     async def changed(self, task_id: str, revision: int) -> None:
-        """Wait until the id's claim changes (confirmed, freed or taken over), at most as long
-        as a publish may take: a claimer still publishing settles by then."""
+        """Wait until the id's claim changes (confirmed, freed or taken over), at most
+        `settle_seconds` (and never past the claim's grace)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(self.settle_seconds, self.grace.total_seconds())
         while asyncio.get_running_loop().time() < deadline:
