@@ -4,6 +4,7 @@ with p50, p99 and the 3 s target."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 TARGET_SECONDS = 3.0
 
@@ -30,7 +32,7 @@ def plot_failover(report: dict[str, Any], out: Path) -> None:
         series = (
             ("next_allocation_seconds", "next allocation after the kill", "tab:blue"),
             ("longest_gap_seconds", "longest gap in allocations around the kill", "tab:red"),
-            ("baseline_longest_gap_seconds", "longest gap in the 20 s before", "tab:gray"),
+            ("baseline_longest_gap_seconds", "longest gap in the 10 s before", "tab:gray"),
         )
         key = "longest_gap_seconds"
     for name, label, colour in series:
@@ -44,7 +46,8 @@ def plot_failover(report: dict[str, Any], out: Path) -> None:
     top.set_ylabel("seconds after the kill")
     top.legend(fontsize=8)
     checks = ", ".join(f"{n} {c['value']}" for n, c in report["checks"].items())
-    top.set_title(f"failover ({report['mode']}): {checks}", fontsize=8)
+    top.set_title(textwrap.fill(f"failover ({report['mode']}): {checks}", 130), fontsize=8)
+    top.xaxis.set_major_locator(MaxNLocator(integer=True))
     grants = sorted(report["grant_times"])
     if grants:
         width = 1.0

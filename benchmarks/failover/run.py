@@ -75,7 +75,8 @@ class FailoverConfig:
     warmup_seconds: float = 15.0  # load before the first kill
     steady_seconds: float = 3.0  # after the killed one is back (and a grant since): next kill
     jitter_seconds: float = 1.0  # a seeded pause on top, so kills fall anywhere in a renewal
-    down_seconds: float = 1.0  # between a kill and its restart
+    down_seconds: float = 1.0  # between a leader kill and its restart
+    nats_down_seconds: float = 10.0  # a NATS server stays down this long (mode nats)
     wait_seconds: float = 60.0  # give up on a failover after this long (counted as a failure)
     drain_seconds: float = 180.0
     settle_seconds: float = 10.0
@@ -407,16 +408,17 @@ async def _kill_nats_server(
     index = n % len(cluster.servers)
     at = time.time()
     await asyncio.to_thread(cluster.kill, index)
-    await asyncio.sleep(config.down_seconds)
+    await asyncio.sleep(config.nats_down_seconds)
     restarting = time.monotonic()
     await asyncio.to_thread(cluster.restart, index)
     took = time.monotonic() - restarting
     actions.append(Action("nats-restart", "nats-server", at - bus.t0, at, took))
     # Placement around the kill: the longest gap between grants from 5 s before to 15 s after,
-    # beside the longest in the 20 s before that (the load's own gaps).
-    await asyncio.sleep(15.0)
-    around = _longest_gap([ts for ts, _ in bus.grants], at - 5.0, at + 15.0)
-    baseline = _longest_gap([ts for ts, _ in bus.grants], at - 25.0, at - 5.0)
+    # beside the longest in the 10 s before the kill (the load's own gaps).
+    await asyncio.sleep(max(0.0, at + 15.0 - time.time()))
+    times = [ts for ts, _ in bus.grants]
+    around = _longest_gap(times, at - 5.0, at + 15.0)
+    baseline = _longest_gap(times, at - 10.0, at)
     return {
         "n": n + 1,
         "killed": cluster.names[index],
@@ -424,6 +426,7 @@ async def _kill_nats_server(
         "longest_gap_seconds": around,
         "baseline_longest_gap_seconds": baseline,
         "restart_seconds": round(took, 2),
+        "down_seconds": config.nats_down_seconds,
         "leaders_after": await _leaders(stack),
     }
 
@@ -521,8 +524,9 @@ def failover_checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _row_text(row: dict[str, Any]) -> str:
     if "longest_gap_seconds" in row:
         return (
-            f"{row['killed']}: longest gap in grants {row['longest_gap_seconds']} s "
-            f"(before: {row['baseline_longest_gap_seconds']} s), back in {row['restart_seconds']} s"
+            f"{row['killed']}: down {row['down_seconds']} s, next allocation "
+            f"{row['next_allocation_seconds']} s, longest gap in grants "
+            f"{row['longest_gap_seconds']} s (10 s before: {row['baseline_longest_gap_seconds']} s)"
         )
     return (
         f"{row['killed']} (epoch {row['old_epoch']}) -> epoch {row.get('new_epoch')}: lease taken "
