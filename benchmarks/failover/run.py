@@ -176,7 +176,10 @@ def run(
     plot: Path | None = None,
     echo: Echo = print,
 ) -> dict[str, Any]:
-    """One failover run from start to report; returns the report (also written to `out`)."""
+    """One failover run from start to report; returns the report (also written to `out`).
+    `data_dir` must be new or empty: a previous run's stores and webhooks would be judged."""
+    if data_dir.exists() and any(data_dir.iterdir()):
+        raise FileExistsError(f"{data_dir} holds a previous run: give a new --data-dir")
     data_dir.mkdir(parents=True, exist_ok=True)
     echo(
         f"failover run ({config.mode}), seed {config.seed}: {config.kills} kills, tasks at "
@@ -582,7 +585,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("benchmarks/results") / f"{name}.json"
     report = run(
         config,
-        args.data_dir or Path("var/failover") / f"{args.mode}-seed-{args.seed}",
+        args.data_dir
+        or Path("var/failover") / f"{args.mode}-seed-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}",
         out=out,
         plot=None if args.no_plot else out.with_suffix(".png"),
     )
