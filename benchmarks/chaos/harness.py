@@ -522,10 +522,14 @@ async def _submit_all(
     rate: float,
     t0: float,
     submissions: dict[str, Submission],
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Each task at its time on a steady schedule; a try that fails does not delay the rest."""
+    """Each task at its time on a steady schedule; a try that fails does not delay the rest.
+    With `stop`: no more once it is set (the failover benchmark submits until its kills end)."""
     running = []
     for n, body in enumerate(bodies):
+        if stop is not None and stop.is_set():
+            break
         delay = t0 + n / rate - time.time()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -720,7 +724,7 @@ def _read_webhooks(receiver_file: Path) -> list[Webhook]:
     return webhooks
 
 
-async def _read_streams(nats_url: str) -> dict[str, Any]:
+async def _read_streams(nats_url: str | list[str]) -> dict[str, Any]:
     """The allocation stream and the task stream, in stream order, read back after the run
     (plain JSON: the harness reads what was written, even across contract versions)."""
     connection: Client = await nats.connect(nats_url)

@@ -23,6 +23,7 @@ import httpx
 
 from crater.runtime import dev_pki
 from crater.runtime.db import upgrade_to_head
+from crater.runtime.nats_cluster import NatsCluster, start_nats_cluster
 from crater.runtime.nats_connection import NatsConnection
 from crater.runtime.nats_permissions import node_identity
 from crater.runtime.nats_server import NatsServer, free_port, start_nats_server
@@ -60,6 +61,10 @@ class Stack:
     # (a development CA, certificates and passwords made under data_dir/nats-security).
     secure: bool = False
     security: dev_pki.DevSecurity | None = None
+    # 3: a routed cluster of that many nats-servers on loopback (`nats_cluster`) instead of
+    # one; the services get every server's URL (docs/operations.md, NATS cluster).
+    nats_servers: int = 1
+    nats_cluster: NatsCluster | None = None
 
     @property
     def database_url(self) -> str:
@@ -69,6 +74,9 @@ class Stack:
 
     @property
     def nats_url(self) -> str:
+        """The one server's URL, or the cluster's seeds comma-separated."""
+        if self.nats_cluster is not None:
+            return self.nats_cluster.url
         assert self.nats is not None
         return self.nats.url
 
@@ -122,16 +130,24 @@ class Stack:
             self.security = dev_pki.prepare(
                 self.data_dir / "nats-security", nodes=(LOCAL_NODE,) if local_node else ()
             )
-        self.nats = start_nats_server(
-            self.data_dir / "jetstream",
-            log_file=self.data_dir / "logs" / "nats-server.log",
-            config_file=self.security.config if self.security else None,
-            tls=self.security is not None,
-        )
+        if self.nats_servers > 1:
+            if self.secure:
+                raise ValueError("a secure stack runs one nats-server")
+            self.nats_cluster = start_nats_cluster(
+                self.data_dir / "nats-cluster", self.nats_servers, log_dir=self.data_dir / "logs"
+            )
+            self.nats = self.nats_cluster.servers[0]
+        else:
+            self.nats = start_nats_server(
+                self.data_dir / "jetstream",
+                log_file=self.data_dir / "logs" / "nats-server.log",
+                config_file=self.security.config if self.security else None,
+                tls=self.security is not None,
+            )
         secret_files = stack_secrets(self.data_dir)
         self.env = {
             "CRATER_ENVIRONMENT": "production",  # its own secrets pass production's checks
-            "CRATER_NATS_URL": self.nats.url,
+            "CRATER_NATS_URL": self.nats_url,
             "CRATER_DATABASE_URL": self.database_url,
             "CRATER_TRACE_FILE": str(self.data_dir / "traces.jsonl"),
             "CRATER_MIGRATE_ON_START": "false",
@@ -235,7 +251,9 @@ class Stack:
             stop_process(self.processes[name])
         if "receiver" in self.processes:
             stop_process(self.processes["receiver"])
-        if self.nats is not None:
+        if self.nats_cluster is not None:
+            self.nats_cluster.stop()
+        elif self.nats is not None:
             self.nats.stop()
 
     def __enter__(self) -> Stack:
