@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+import numpy.typing as npt
+
 from crater.contracts import AllocationGranted, Event
 from crater.scheduler.domain.placer import Placer
 from crater.scheduler.domain.quotas import Usage
@@ -69,6 +72,18 @@ class Lending:
         rows = (cluster.pool == pool) & cluster.ready
         return int(cluster.gpus_free[rows].sum())
 
+    def owner_gpus(self, pool: str) -> npt.NDArray[np.int64]:
+        """Per node row: the GPUs held there by tasks of `pool`'s own (not borrowers)."""
+        cluster = self.state.cluster
+        owned = cluster.gpus_total - cluster.gpus_free
+        for head in self.state.allocations.values():
+            for a in head.members():
+                if a.borrowed_from == pool and a.gpu_ids:
+                    row = cluster.index.get(a.node)
+                    if row is not None:
+                        owned[row] -= len(a.gpu_ids)
+        return owned
+
     def has_waiting(self, pool: str) -> bool:
         if self.waiting is None:
             self.waiting = {
@@ -111,8 +126,13 @@ class Lending:
             fits, _ = self.placer.diagnose(replace(task.filter_demand, pool=lender))
             head = self.state.backfill.get(lender)
             avoid = None if head is None else head.mask(self.state.cluster)
-            granted = self.placer.place(task, cause, fits, avoid)
-            if granted:
-                return granted, None
+            # Pack borrowers where the owner is least likely to want its cards back: on the
+            # nodes where it holds the fewest GPUs itself (idle nodes, then those with
+            # borrowers), so that a reclaim frees room in one piece.
+            owned = self.owner_gpus(lender)
+            for tier in np.unique(owned[fits]):
+                granted = self.placer.place(task, cause, fits & (owned == tier), avoid)
+                if granted:
+                    return granted, None
             why.append(f"no idle node of pool {lender} fits")
         return [], "cannot borrow: " + "; ".join(why)
