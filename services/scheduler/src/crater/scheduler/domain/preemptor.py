@@ -131,9 +131,7 @@ class Preemptor:
                         allocation_id=member.allocation_id,
                         node=member.node,
                         preempted_by=task.request.task_id,
-                        grace_period_seconds=max(
-                            0, int((must_stop_by - now).total_seconds())
-                        ),
+                        grace_period_seconds=max(0, int((must_stop_by - now).total_seconds())),
                         must_stop_by=must_stop_by,
                         reclaimed_by_pool=reclaim,
                     )

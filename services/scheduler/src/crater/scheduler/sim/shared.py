@@ -36,6 +36,8 @@ from crater.contracts import (
     AllocationReleased,
     Confidence,
     Event,
+    NodeCondition,
+    NodeHealthReported,
     NodeTopologyReported,
     ReleaseReason,
     ResourcePrediction,
@@ -322,6 +324,9 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
                     victim_of[d.allocation_id] = d.preempted_by
                 lo, hi = setup.stop_seconds
                 push(now + float(rng.uniform(lo, hi)), "stop", (d.task_id, d.allocation_id))
+                # The clock moves a second past the deadline, as the nodes' heartbeats move it in
+                # production: a victim still there is released then.
+                push((d.must_stop_by - SIM_TIME).total_seconds() + 1.0, "tick", None)
             elif isinstance(d, AllocationReleased):
                 on_release(d, now)
 
@@ -418,6 +423,17 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
                     ),
                     now,
                 )
+        elif kind == "tick":
+            feed(
+                NodeHealthReported(
+                    event_id=uuid5(_IDS, f"tick:{now}"),
+                    occurred_at=_at(now),
+                    node_id="clock",
+                    condition=NodeCondition.READY,
+                    score=100,
+                ),
+                now,
+            )
         else:
             result.timeline.append(
                 (now / 3600, held["inference"], held["training"], held["borrowed"])
