@@ -47,6 +47,7 @@ from crater.runtime.leadership import (
 from crater.runtime.outbox import OutboxRelay
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
+from crater.scheduler.adapters.config_watch import ConfigWatch
 from crater.scheduler.adapters.orm import outbox
 from crater.scheduler.adapters.pools_file import load_pools
 from crater.scheduler.adapters.quotas_file import load_quotas
@@ -160,6 +161,14 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         "overcommit: {cpu, memory, gpu}, restart_policy: {...}, reservation_timeout_ms}}; "
         "unset: every filter, default scores, no over-commit, the default timeout.",
     )
+    config_reload_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="How often, at most, the pools and quotas files are checked for a change "
+        "(modification time and size, on the decision cycle); a change is validated, then "
+        "applied without a restart, or refused (logged, counted) keeping the running one.",
+    )
 
     @model_validator(mode="after")
     def _one_reservation_timeout(self) -> SchedulerSettings:
@@ -217,6 +226,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
         SchedulerMetrics(service.registry),
         service.rejections,
         settings.max_clock_skew_seconds,
+        ConfigWatch(settings.pools_file, settings.quotas_file, settings.config_reload_seconds),
     )
     broker, name, batch = service.broker, service.name, settings.consumer_batch
     # Only the leader consumes and answers: a standby binds nothing (leadership, below).
