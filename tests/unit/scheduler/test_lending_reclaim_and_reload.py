@@ -159,14 +159,16 @@ def test_the_service_applies_a_valid_reload_and_counts_a_refused_one(tmp_path: P
     assert service.reload() is None
     assert service.config.pools["inference"].keep_idle_gpus == 4
     assert service.scheduler.config is service.config
-    assert registry.get_sample_value(
-        "crater_scheduler_config_reloads_total", {"outcome": "applied"}
-    ) == 1.0
+    assert (
+        registry.get_sample_value("crater_scheduler_config_reloads_total", {"outcome": "applied"})
+        == 1.0
+    )
     write(pools, "pools: [not, a, mapping]\n", 2)
     now[0] = 4.0
     why = service.reload()
     assert why is not None and "pools" in why
     assert service.config.pools["inference"].keep_idle_gpus == 4  # the running one kept
-    assert registry.get_sample_value(
-        "crater_scheduler_config_reloads_total", {"outcome": "refused"}
-    ) == 1.0
+    assert (
+        registry.get_sample_value("crater_scheduler_config_reloads_total", {"outcome": "refused"})
+        == 1.0
+    )
