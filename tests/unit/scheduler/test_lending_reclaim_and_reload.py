@@ -38,7 +38,8 @@ def test_an_owner_that_picks_again_never_starts_a_grace_over() -> None:
     assert grants(scheduler.handle(submit("t0", 0, "training", 2)))
     for i in range(3):
         placed = grants(scheduler.handle(submit(f"b{i}", 0.1 * (i + 1), "training", 2)))
-        assert placed and placed[0].borrowed_from == "inference"
+        assert placed
+        assert placed[0].borrowed_from == "inference"
     first = scheduler.handle(submit("i1", 2, "inference", 2, priority="low"))
     [p1] = [d for d in first if isinstance(d, TaskPreempted)]
     assert p1.must_stop_by == at(2 + GRACE)
@@ -90,7 +91,8 @@ def test_a_reload_that_needs_a_restart_is_refused_and_changes_nothing() -> None:
         pools={"inference": PoolPolicy(overcommit=Overcommit(cpu=2.0))},
     )
     why = scheduler.reconfigure(changed)
-    assert why is not None and why.startswith("pools.inference.overcommit:")
+    assert why is not None
+    assert why.startswith("pools.inference.overcommit:")
     assert scheduler.config == lending()
 
 
@@ -119,7 +121,9 @@ def test_the_watch_rereads_changed_files_and_refuses_invalid_ones(tmp_path: Path
     assert watch.poll(running) is None  # looked at just now: not again before the interval
     now[0] = 7.0
     found = watch.poll(running)
-    assert found is not None and found.config is not None and found.refused is None
+    assert found is not None
+    assert found.config is not None
+    assert found.refused is None
     assert found.config.pools["inference"].keep_idle_gpus == 4
     assert found.config.cohort_of("training") == ("inference",)
     now[0] = 14.0
@@ -127,19 +131,24 @@ def test_the_watch_rereads_changed_files_and_refuses_invalid_ones(tmp_path: Path
     write(pools, "pools:\n  inference: {lend: {limit: {gpus: 4}}}\n", 2)
     now[0] = 21.0
     refused = watch.poll(found.config)
-    assert refused is not None and refused.config is None
-    assert refused.refused is not None and "pools.inference" in refused.refused
+    assert refused is not None
+    assert refused.config is None
+    assert refused.refused is not None
+    assert "pools.inference" in refused.refused
     assert "cohort" in refused.refused
     write(pools, POOLS, 3)  # fixed, but the quotas file is now wrong: refused all the same
     write(quotas, "tenants: {research: {gpus: many}}\n", 3)
     now[0] = 28.0
     refused = watch.poll(found.config)
-    assert refused is not None and refused.refused is not None
+    assert refused is not None
+    assert refused.refused is not None
     assert "tenants.research.gpus" in refused.refused
     pools.unlink()
     now[0] = 35.0
     gone = watch.poll(found.config)
-    assert gone is not None and gone.config is None and "cannot be read" in (gone.refused or "")
+    assert gone is not None
+    assert gone.config is None
+    assert "cannot be read" in (gone.refused or "")
 
 
 def test_the_service_applies_a_valid_reload_and_counts_a_refused_one(tmp_path: Path) -> None:
@@ -166,7 +175,8 @@ def test_the_service_applies_a_valid_reload_and_counts_a_refused_one(tmp_path: P
     write(pools, "pools: [not, a, mapping]\n", 2)
     now[0] = 4.0
     why = service.reload()
-    assert why is not None and "pools" in why
+    assert why is not None
+    assert "pools" in why
     assert service.config.pools["inference"].keep_idle_gpus == 4  # the running one kept
     assert (
         registry.get_sample_value("crater_scheduler_config_reloads_total", {"outcome": "refused"})
