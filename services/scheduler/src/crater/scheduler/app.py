@@ -161,6 +161,13 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         "overcommit: {cpu, memory, gpu}, restart_policy: {...}, reservation_timeout_ms}}; "
         "unset: every filter, default scores, no over-commit, the default timeout.",
     )
+    borrow_half_life_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Fair share among pools that borrow (docs/pools.md): a lender's idle "
+        "capacity goes first to the cohort mate that borrowed least lately, its dominant share "
+        "integrated over time and halved every this many seconds; unset: the queue order.",
+    )
     config_reload_seconds: float = Field(
         default=5.0,
         gt=0,
@@ -222,6 +229,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
             confirmation_lag_seconds=settings.confirmation_lag_seconds,
             task_heartbeat_grace_seconds=settings.task_heartbeat_grace_seconds,
             require_report_tokens=settings.require_report_tokens,
+            borrow_half_life_seconds=settings.borrow_half_life_seconds,
         ),
         SchedulerMetrics(service.registry),
         service.rejections,

@@ -228,6 +228,7 @@ class Scheduler(SchedulerState):
             return []  # refused (the service says why, MessageRejected): it changes nothing
         self.clock = max(self.clock or event.occurred_at, event.occurred_at)
         now = self.clock
+        self.lending.age(now)
         if self.restored:
             self._resume(now)
         if isinstance(event, TaskStatusReported):
