@@ -35,6 +35,7 @@ PREDICTION = ResourcePrediction(
     dataloader_num_workers=1,
     dataloader_prefetch_factor=1,
 )
+RELOADS = "crater_scheduler_config_reloads_total"
 POOLS = """\
 pools:
   inference:
@@ -104,3 +105,59 @@ async def test_training_borrows_idle_inference_cards_and_inference_reclaims_them
         assert (serve.task_id, serve.node, serve.borrowed_from) == ("serve-1", "inf-01", None)
         released = await tap.wait_for(AllocationReleased)
         assert [r.task_id for r in released] == ["train-2"]
+
+
+async def test_the_pools_file_is_reloaded_without_a_restart(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str, tmp_path: Path
+) -> None:
+    """No cohort at the start: training waits. The file gets a cohort (an invalid version
+    first, refused, the running one kept); the next event applies it and training borrows."""
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools: {inference: {}, training: {}}\n")
+    settings = SchedulerSettings(
+        nats_url=fresh_nats.url,
+        database_url=database_url,
+        pools_file=pools,
+        config_reload_seconds=0.01,
+    )
+    service, app = build(settings)
+    async with TestApp(app):
+        for topology in (
+            node("inf-01", gpus=4, pool="inference"),
+            node("trn-01", gpus=2, pool="training"),
+        ):
+            await publish(service.broker, NodeTopologyReported(node=topology))
+        for _ in range(200):
+            if len(service.state.scheduler.cluster) == 2:
+                break
+            await asyncio.sleep(0.05)
+        await publish(service.broker, submitted("train-1", "training", 2))
+        await publish(service.broker, submitted("train-2", "training", 2))
+        [first] = await tap.wait_for(AllocationGranted)
+        assert first.task_id == "train-1"
+        for _ in range(200):
+            if "train-2" in service.state.scheduler.pending:
+                break
+            await asyncio.sleep(0.05)
+        pools.write_text("pools:\n  training: {borrow: {limit: {gpus: 4}}}\n")  # no cohort
+        await asyncio.sleep(0.05)
+        await publish(
+            service.broker, NodeTopologyReported(node=node("inf-02", gpus=4, pool="inference"))
+        )
+        for _ in range(200):
+            if len(service.state.scheduler.cluster) == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert "train-2" in service.state.scheduler.pending  # refused: nothing lends
+        assert not service.state.scheduler.config.cohort_of("training")
+        refused = {"outcome": "refused"}
+        assert service.registry.get_sample_value(RELOADS, refused) == 1.0
+        pools.write_text(POOLS)
+        await asyncio.sleep(0.05)
+        await publish(
+            service.broker, NodeTopologyReported(node=node("trn-02", gpus=0, pool="training"))
+        )
+        [_, loan] = await tap.wait_for(AllocationGranted, count=2)
+        assert (loan.task_id, loan.borrowed_from) == ("train-2", "inference")
+        applied = {"outcome": "applied"}
+        assert service.registry.get_sample_value(RELOADS, applied) == 1.0

@@ -49,6 +49,7 @@ from crater.runtime.leadership import (
 from crater.runtime.outbox import OutboxRelay
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
+from crater.scheduler.adapters.config_watch import ConfigWatch
 from crater.scheduler.adapters.orm import outbox
 from crater.scheduler.adapters.pools_file import load_pools
 from crater.scheduler.adapters.quotas_file import load_quotas
@@ -163,6 +164,21 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         "overcommit: {cpu, memory, gpu}, restart_policy: {...}, reservation_timeout_ms}}; "
         "unset: every filter, default scores, no over-commit, the default timeout.",
     )
+    borrow_half_life_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Fair share among pools that borrow (docs/pools.md): a lender's idle "
+        "capacity goes first to the cohort mate that borrowed least lately, its dominant share "
+        "integrated over time and halved every this many seconds; unset: the queue order.",
+    )
+    config_reload_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="How often, at most, the pools and quotas files are checked for a change "
+        "(modification time and size, on the decision cycle); a change is validated, then "
+        "applied without a restart, or refused (logged, counted) keeping the running one.",
+    )
 
     audit_signing_key: SecretStr | None = Field(
         default=None,
@@ -229,6 +245,7 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         confirmation_lag_seconds=settings.confirmation_lag_seconds,
         task_heartbeat_grace_seconds=settings.task_heartbeat_grace_seconds,
         require_report_tokens=settings.require_report_tokens,
+        borrow_half_life_seconds=settings.borrow_half_life_seconds,
     )
 
 
@@ -254,6 +271,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
         service.rejections,
         settings.max_clock_skew_seconds,
         audit_log(settings),
+        ConfigWatch(settings.pools_file, settings.quotas_file, settings.config_reload_seconds),
     )
     broker, name, batch = service.broker, service.name, settings.consumer_batch
     # Only the leader consumes and answers: a standby binds nothing (leadership, below).

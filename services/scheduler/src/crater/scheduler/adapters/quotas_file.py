@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from crater.scheduler.domain.quotas import Quota
 
@@ -30,6 +30,23 @@ class _QuotasFile(BaseModel):
     tenants: dict[str, _QuotaSpec]
 
 
-def load_quotas(path: Path) -> dict[str, Quota]:
-    spec = _QuotasFile.model_validate(yaml.safe_load(path.read_text()))
+class QuotasFileError(ValueError):
+    """A quotas file that cannot be used, with the field and the reason."""
+
+
+def parse_quotas(text: str, origin: str = "quotas file") -> dict[str, Quota]:
+    try:
+        spec = _QuotasFile.model_validate(yaml.safe_load(text))
+    except yaml.YAMLError as error:
+        raise QuotasFileError(f"{origin}: not valid YAML: {error}") from error
+    except ValidationError as error:
+        reasons = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+            for e in error.errors(include_url=False)
+        )
+        raise QuotasFileError(f"{origin}: {reasons}") from error
     return {tenant: Quota(**q.model_dump()) for tenant, q in spec.tenants.items()}
+
+
+def load_quotas(path: Path) -> dict[str, Quota]:
+    return parse_quotas(path.read_text(), str(path))

@@ -58,6 +58,10 @@ class SchedulerConfig:
     # (the simulated fleet and node agents then must send it); off: only the allocations a
     # launcher confirmed with the token need it.
     require_report_tokens: bool = False
+    # Fair share among borrowers: a lender's idle capacity goes first to the cohort mate that
+    # borrowed least lately (its dominant share of its mates' capacity, integrated over time
+    # and halved every this many seconds). None: borrowers in the ordinary queue order.
+    borrow_half_life_seconds: float | None = None
 
     def restart_for(self, request: TaskRequest) -> RestartPolicy:
         """The task's own restart policy, else its pool's, else never."""

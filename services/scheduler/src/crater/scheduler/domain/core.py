@@ -96,6 +96,8 @@ class Scheduler(SchedulerState):
     admission: Admission = field(init=False, repr=False, compare=False)
     cycle: Cycle = field(init=False, repr=False, compare=False)
     lending: Lending = field(init=False, repr=False, compare=False)
+    # A reloaded configuration was taken: the next event retries every waiting task.
+    reconfigured: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.quotas.limits = dict(self.config.quotas)
@@ -126,6 +128,36 @@ class Scheduler(SchedulerState):
         )
 
     # -- entry point -------------------------------------------------------------------------
+
+    def refuse_config(self, config: SchedulerConfig) -> str | None:
+        """Why `config` (the pools and quotas files reloaded) cannot replace the running one
+        without a restart, naming the field; None when it can."""
+        for pool in sorted(set(self.config.pools) | set(config.pools)):
+            if self.config.overcommit_for(pool) != config.overcommit_for(pool):
+                return (
+                    f"pools.{pool}.overcommit: nodes are sized with it when they report; "
+                    "changing it needs a restart"
+                )
+        return None
+
+    def reconfigure(self, config: SchedulerConfig) -> str | None:
+        """Take `config` (reloaded pools and quotas) from the next event on; every waiting task
+        is tried again then. Loans made stay until they end and remain reclaimable by their
+        lender. Returns why it was refused (the old one kept), or None."""
+        why = self.refuse_config(config)
+        if why is not None:
+            return why
+        self.config = config
+        self.quotas.limits = dict(config.quotas)
+        pipelines = [config.pipeline, *(p.pipeline for p in config.pools.values())]
+        self.pools_independent = all(map(pool_filtered_first, pipelines))
+        self.retries.cohorts = {
+            pool: mates for pool in config.pools if (mates := config.cohort_of(pool))
+        }
+        self.cycle.lending = self.admission.lending = self.lending if self.lending.active else None
+        self.stale_pools = None  # every pool: any decision may now differ
+        self.reconfigured = True
+        return None
 
     def restore(
         self,
@@ -196,6 +228,7 @@ class Scheduler(SchedulerState):
             return []  # refused (the service says why, MessageRejected): it changes nothing
         self.clock = max(self.clock or event.occurred_at, event.occurred_at)
         now = self.clock
+        self.lending.age(now)
         if self.restored:
             self._resume(now)
         if isinstance(event, TaskStatusReported):
@@ -212,6 +245,8 @@ class Scheduler(SchedulerState):
         changed = self.nodes.expire_heartbeats(self.nodes.heard_until(now)) or bool(decisions)
         changed = self.retries.end_backoffs(now) or changed
         changed = self.retries.announcements_due(now) or changed
+        if self.reconfigured:
+            self.reconfigured, changed = False, True
         if isinstance(event, ReservationArmed):
             self.reservations.on_armed(event)
         elif isinstance(event, TaskProfiled):

@@ -20,9 +20,14 @@ from crater.scheduler.domain.queue import (
 from crater.scheduler.domain.reasons import Reasons
 from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import (
+    PendingTask,
     SchedulerState,
 )
 from crater.scheduler.domain.waitlist import Waitlist
+
+# A task that did not fit its own pool, kept to borrow after the pass (fair share): its
+# reserved nodes, the quota it is over, its filters' diagnosis.
+Deferred = tuple[PendingTask, BoolArray | None, list[tuple[str, float, int]], Diagnosis | None]
 
 
 class Cycle:
@@ -67,6 +72,7 @@ class Cycle:
         masks: dict[Backfill, BoolArray] = {}
         if self.lending is not None:
             self.lending.begin_pass()
+        deferred: list[Deferred] = []
         for task in self.waitlist.queue(pools):
             if task.request.task_id not in self.state.pending or task.not_before is not None:
                 continue  # placed or cancelled in this pass, or waiting out a backoff
@@ -98,6 +104,10 @@ class Cycle:
                             continue
                     else:
                         no_candidates[memo] = found
+                if self.lending is not None and self.lending.fair:
+                    # fair share: borrowers are served after the pass, least usage first
+                    deferred.append((task, avoid, over, found))
+                    continue
                 if self.lending is not None:
                     # not on its own pool's nodes: on a cohort mate's idle ones?
                     loaned, task.borrow_reason = self.lending.borrow(task, cause)
@@ -115,7 +125,38 @@ class Cycle:
             if pool not in self.state.backfill and not over:
                 self.waitlist.make_head(task)
             decisions += self.preemptor.preempt_for(task, cause)
+        decisions += self.borrow_fairly(deferred, cause)
         # A pool where nodes were ranked would rank (and draw) again: retry it.
         if self.state.stale_pools is not None:
             self.state.stale_pools |= self.state.ranked_pools
+        return decisions
+
+    def borrow_fairly(
+        self,
+        deferred: list[Deferred],
+        cause: Event,
+    ) -> list[Event]:
+        """The tasks that did not fit their own pool, when borrowers share fairly: each pool's
+        in queue order, the pools by their decayed usage (least first), each task then
+        borrowing, or told why it waits, made its pool's head and given victims."""
+        decisions: list[Event] = []
+        if not deferred or self.lending is None:
+            return decisions
+        standing = {
+            pool: self.lending.standing(pool) for pool in {t.request.pool for t, *_ in deferred}
+        }
+        for task, avoid, over, found in sorted(deferred, key=lambda d: standing[d[0].request.pool]):
+            if task.request.task_id not in self.state.pending:
+                continue
+            loaned, task.borrow_reason = self.lending.borrow(task, cause)
+            if loaned:
+                del self.state.pending[task.request.task_id]
+                decisions += loaned
+                self.lending.begin_pass()
+                continue
+            reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
+            decisions += self.reasons.announce(task, cause, reasons, summary)
+            if task.request.pool not in self.state.backfill and not over:
+                self.waitlist.make_head(task)
+            decisions += self.preemptor.preempt_for(task, cause)
         return decisions

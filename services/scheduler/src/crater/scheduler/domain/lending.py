@@ -16,7 +16,12 @@ Without a cohort nothing here runs: placement is exactly as without lending.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+from datetime import datetime
+
+import numpy as np
+import numpy.typing as npt
 
 from crater.contracts import AllocationGranted, Event
 from crater.scheduler.domain.placer import Placer
@@ -38,6 +43,56 @@ class Lending:
         self.placer = placer
         # Pools with a task of their own waiting, for the current retry pass (None: unknown).
         self.waiting: set[str] | None = None
+        # Per borrower pool: its dominant share of its mates' capacity, integrated over time
+        # with the half-life (share-seconds), as of `history_at`. Not stored: a restart
+        # starts every pool at zero.
+        self.history: dict[str, float] = {}
+        self.history_at: datetime | None = None
+
+    @property
+    def fair(self) -> bool:
+        """Whether borrowers are served by their decayed usage (a half-life is set)."""
+        return self.active and self.state.config.borrow_half_life_seconds is not None
+
+    def age(self, now: datetime) -> None:
+        """Fold the time since the last event into each borrower's decayed usage: the share
+        it held since then, integrated, the older part halved every half-life."""
+        half_life = self.state.config.borrow_half_life_seconds
+        if half_life is None or not self.active:
+            return
+        last, self.history_at = self.history_at, now
+        if last is None or now <= last:
+            self.history_at = max(now, last or now)
+            return
+        keep = 0.5 ** ((now - last).total_seconds() / half_life)
+        for pool in sorted(self.history):
+            self.history[pool] *= keep
+        for pool, share in sorted(self.shares().items()):
+            gained = share * half_life / math.log(2) * (1 - keep)
+            self.history[pool] = self.history.get(pool, 0.0) + gained
+
+    def shares(self) -> dict[str, float]:
+        """Per borrower pool: what it holds of its mates' capacity now, as its dominant share
+        (the largest of its GPU, CPU and memory shares)."""
+        cluster = self.state.cluster
+        found: dict[str, float] = {}
+        for pool in sorted({borrower for _, borrower in self.state.lent}):
+            mates = np.isin(cluster.pool, list(self.retries.cohorts.get(pool, ())))
+            held = self.borrowed(pool)
+            share = 0.0
+            for amount, total in (
+                (held.gpus, cluster.gpus_total[mates].sum()),
+                (held.cpu_cores, cluster.cpu_total[mates].sum()),
+                (held.memory_mb, cluster.memory_total_mb[mates].sum()),
+            ):
+                if total > 0:
+                    share = max(share, float(amount) / float(total))
+            found[pool] = share
+        return found
+
+    def standing(self, pool: str) -> tuple[float, float]:
+        """The order borrowers are served in: least decayed usage, then least held now."""
+        return (round(self.history.get(pool, 0.0), 9), round(self.shares().get(pool, 0.0), 9))
 
     @property
     def active(self) -> bool:
@@ -68,6 +123,18 @@ class Lending:
         cluster = self.state.cluster
         rows = (cluster.pool == pool) & cluster.ready
         return int(cluster.gpus_free[rows].sum())
+
+    def owner_gpus(self, pool: str) -> npt.NDArray[np.int64]:
+        """Per node row: the GPUs held there by tasks of `pool`'s own (not borrowers)."""
+        cluster = self.state.cluster
+        owned = cluster.gpus_total - cluster.gpus_free
+        for head in self.state.allocations.values():
+            for a in head.members():
+                if a.borrowed_from == pool and a.gpu_ids:
+                    row = cluster.index.get(a.node)
+                    if row is not None:
+                        owned[row] -= len(a.gpu_ids)
+        return owned
 
     def has_waiting(self, pool: str) -> bool:
         if self.waiting is None:
@@ -111,8 +178,13 @@ class Lending:
             fits, _ = self.placer.diagnose(replace(task.filter_demand, pool=lender))
             head = self.state.backfill.get(lender)
             avoid = None if head is None else head.mask(self.state.cluster)
-            granted = self.placer.place(task, cause, fits, avoid)
-            if granted:
-                return granted, None
+            # Pack borrowers where the owner is least likely to want its cards back: on the
+            # nodes where it holds the fewest GPUs itself (idle nodes, then those with
+            # borrowers), so that a reclaim frees room in one piece.
+            owned = self.owner_gpus(lender)
+            for tier in np.unique(owned[fits]):
+                granted = self.placer.place(task, cause, fits & (owned == tier), avoid)
+                if granted:
+                    return granted, None
             why.append(f"no idle node of pool {lender} fits")
         return [], "cannot borrow: " + "; ".join(why)

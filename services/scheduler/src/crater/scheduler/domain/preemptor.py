@@ -102,11 +102,19 @@ class Preemptor:
         self.retries.stale(task.request.pool)
         now = self.state.clock or cause.occurred_at
         grace = self.state.config.grace_period_seconds
-        must_stop_by = now + timedelta(seconds=grace)
+        full = now + timedelta(seconds=grace)
         decisions: list[Event] = []
         victims = {owners[v.allocation_id].task_id: owners[v.allocation_id] for v in chosen.victims}
         for victim in victims.values():
             reclaim = victim.borrowed_from if victim.borrowed_from == pool else None
+            must_stop_by = full
+            if reclaim is not None:
+                # A grace never starts over for an owner: borrowers it picks again (others
+                # of its pool took the room the first ones left) go by its first deadline,
+                # at once when that has passed.
+                if task.reclaim_by is None:
+                    task.reclaim_by = full
+                must_stop_by = max(now, min(full, task.reclaim_by))
             self.ledger.count_preemptible(victim, -1)
             self.retries.stale(victim.pool)
             for member in victim.members():  # a gang yields whole
@@ -123,7 +131,7 @@ class Preemptor:
                         allocation_id=member.allocation_id,
                         node=member.node,
                         preempted_by=task.request.task_id,
-                        grace_period_seconds=grace,
+                        grace_period_seconds=max(0, int((must_stop_by - now).total_seconds())),
                         must_stop_by=must_stop_by,
                         reclaimed_by_pool=reclaim,
                     )

@@ -53,6 +53,9 @@ class PendingTask:
     live_reasons: list[FilterReason] = field(default_factory=list)
     # why it could not borrow a cohort mate's idle nodes either (None: its pool does not lend)
     borrow_reason: str | None = None
+    # When the borrowers it first reclaimed from had to be gone by: victims it picks again
+    # (others took the room) must go by then too, so no grace period starts over for it.
+    reclaim_by: datetime | None = None
 
     @property
     def announced_kind(self) -> frozenset[str] | None:

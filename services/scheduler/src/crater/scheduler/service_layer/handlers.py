@@ -60,6 +60,7 @@ from crater.runtime.outbox import (
 from crater.runtime.unit_of_work import unit_of_work
 from crater.scheduler import audit
 from crater.scheduler.adapters import fence
+from crater.scheduler.adapters.config_watch import ConfigWatch
 from crater.scheduler.adapters.orm import inbox, outbox
 from crater.scheduler.adapters.repository import SchedulerRepository
 from crater.scheduler.audit import CORE, LEADER, SERVICE, AuditLog
@@ -118,6 +119,13 @@ class SchedulerMetrics:
             ["kind"],
             registry=registry,
         )
+        self.config_reloads = Counter(
+            "crater_scheduler_config_reloads",
+            "Pools/quotas files changed on disk and read again, by outcome: applied, or "
+            "refused (invalid, or a change that needs a restart; the running one kept).",
+            ["outcome"],
+            registry=registry,
+        )
         self.repeated_decisions = Counter(
             "crater_scheduler_repeated_decisions",
             "Decisions left out because an earlier delivery of the same event staged them.",
@@ -144,8 +152,10 @@ class SchedulerService:
         rejections: Rejections | None = None,
         max_clock_skew_seconds: float = 30.0,
         audit: AuditLog | None = None,
+        watch: ConfigWatch | None = None,
     ) -> None:
         self.sessions = sessions
+        self.watch = watch
         self.relay = relay
         self.config = config
         self.metrics = metrics
@@ -315,6 +325,7 @@ class SchedulerService:
                 self.audit.add(SERVICE, event, [], self.epoch)  # but the log says it came
                 self.refused.append((event, refusal))
                 return []
+        self.reload()
         seq = self.scheduler.next_seq
         started = time.perf_counter()
         decisions = self.scheduler.handle(event)
@@ -569,6 +580,31 @@ class SchedulerService:
 
     def nodes(self, pool: str | None) -> list[NodeSummary]:
         return node_summaries(self.scheduler.cluster, pool)
+
+    def reload(self) -> str | None:
+        """Take the pools and quotas files again when they changed on disk (see
+        `adapters.config_watch`): applied from this event on, or refused with the field and
+        the reason, the running configuration kept. Returns why it was refused, if it was."""
+        if self.watch is None:
+            return None
+        found = self.watch.poll(self.config)
+        if found is None:
+            return None
+        why = found.refused
+        if found.config is not None:
+            why = self.scheduler.reconfigure(found.config)
+            if why is None:
+                self.config = found.config  # a reload of the state (take-over) keeps it
+                self.metrics.config_reloads.labels(outcome="applied").inc()
+                log.info(
+                    "pools and quotas reloaded: %d pools, %d tenant quotas",
+                    len(found.config.pools),
+                    len(found.config.quotas),
+                )
+                return None
+        self.metrics.config_reloads.labels(outcome="refused").inc()
+        log.warning("pools/quotas file refused, the running configuration kept: %s", why)
+        return why
 
     def _observe(self) -> None:
         self.metrics.pending.set(len(self.scheduler.pending))

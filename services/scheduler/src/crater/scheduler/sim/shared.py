@@ -36,6 +36,8 @@ from crater.contracts import (
     AllocationReleased,
     Confidence,
     Event,
+    NodeCondition,
+    NodeHealthReported,
     NodeTopologyReported,
     ReleaseReason,
     ResourcePrediction,
@@ -185,6 +187,9 @@ class DayResult:
     inference_waits: list[float] = field(default_factory=list)
     # owner asks (its replica is requested) -> the borrowed capacity it reclaimed is back
     reclaim_latencies: list[float] = field(default_factory=list)
+    # the borrower is told to yield -> it is gone (the reclaim itself, without the owner's
+    # queueing on its own pool before any borrower's going could make room for it)
+    reclaim_yields: list[float] = field(default_factory=list)
     # and -> the replica starts (may also wait on its own pool's replicas: fragmentation)
     reclaim_starts: list[float] = field(default_factory=list)
     preemptions: int = 0
@@ -207,6 +212,9 @@ class DayResult:
             "reclaim_p50_s": round(float(np.percentile(waits, 50)), 2),
             "reclaim_p99_s": round(float(np.percentile(waits, 99)), 2),
             "reclaim_max_s": round(float(waits.max()), 2),
+            "reclaim_yield_p99_s": round(
+                float(np.percentile(np.asarray(self.reclaim_yields or [0.0]), 99)), 2
+            ),
             "reclaimed_start_p99_s": round(float(np.percentile(starts, 99)), 2),
             "preemptions": self.preemptions,
             "work_lost_gpu_hours": round(self.lost_gpu_seconds / 3600, 2),
@@ -298,6 +306,7 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
     by_allocation: dict[str, str] = {}
     reclaiming: set[str] = set()  # inference tasks that preempted borrowers
     victim_of: dict[str, str] = {}  # a reclaimed allocation -> the owner's task
+    told: dict[str, float] = {}  # a reclaimed allocation -> when it was told to yield
     asked: dict[str, float] = {}  # an inference task -> when it was requested
     held = {"inference": 0, "training": 0, "borrowed": 0}
     last = 0.0
@@ -320,8 +329,13 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
                 if d.reclaimed_by_pool is not None:
                     reclaiming.add(d.preempted_by)
                     victim_of[d.allocation_id] = d.preempted_by
+                    told[d.allocation_id] = now
                 lo, hi = setup.stop_seconds
                 push(now + float(rng.uniform(lo, hi)), "stop", (d.task_id, d.allocation_id))
+                # The clock moves a second past the deadline, as the nodes' heartbeats move it in
+                # production: a victim still there is released then.
+                if d.must_stop_by is not None:
+                    push((d.must_stop_by - SIM_TIME).total_seconds() + 1.0, "tick", None)
             elif isinstance(d, AllocationReleased):
                 on_release(d, now)
 
@@ -361,6 +375,7 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
         owner = victim_of.pop(r.allocation_id, None)
         if owner is not None:
             result.reclaim_latencies.append(now - asked[owner])
+            result.reclaim_yields.append(now - told.pop(r.allocation_id))
         run = running.get(r.task_id)
         if run is None or r.allocation_id not in run.allocations:
             return
@@ -418,6 +433,17 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
                     ),
                     now,
                 )
+        elif kind == "tick":
+            feed(
+                NodeHealthReported(
+                    event_id=uuid5(_IDS, f"tick:{now}"),
+                    occurred_at=_at(now),
+                    node_id="clock",
+                    condition=NodeCondition.READY,
+                    score=100,
+                ),
+                now,
+            )
         else:
             result.timeline.append(
                 (now / 3600, held["inference"], held["training"], held["borrowed"])
