@@ -68,6 +68,9 @@ from crater.contracts.queries import (
     TasksAnswer,
     TasksQuery,
     TaskSummary,
+    UsageAnswer,
+    UsageLine,
+    UsageQuery,
 )
 from crater.contracts.rejections import (
     FailureKind,
@@ -232,6 +235,9 @@ __all__ = [
     "TasksQuery",
     "Toleration",
     "TraceContext",
+    "UsageAnswer",
+    "UsageLine",
+    "UsageQuery",
     "WebhookBody",
     "WebhookDeadLettered",
     "WebhookDelivered",
