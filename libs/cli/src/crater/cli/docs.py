@@ -33,6 +33,8 @@ from crater.contracts import (
     TaskRequest,
     TasksAnswer,
     TasksQuery,
+    UsageAnswer,
+    UsageQuery,
     WebhookBody,
 )
 
@@ -47,6 +49,7 @@ QUERIES: list[tuple[str, type[BaseModel], type[BaseModel], str]] = [
     (QuerySubjects.ALLOCATION, AllocationQuery, AllocationCheck, "scheduler"),
     (QuerySubjects.PREDICTION, PredictionQuery, PredictionAnswer, "predictor"),
     (QuerySubjects.RESOLVE, ResolveQuery, ResolveAnswer, "predictor"),
+    (QuerySubjects.USAGE, UsageQuery, UsageAnswer, "predictor"),
 ]
 
 

@@ -16,6 +16,7 @@ from crater.cli import (
     autoscale,
     bench,
     chaos,
+    cost,
     dead_letters,
     hardware,
     logs,
@@ -218,6 +219,7 @@ app.command("topology-export")(hardware.topology_export)
 app.command("schedule-test")(schedule_test)
 app.command("autoscale-sim")(autoscale.autoscale_sim)
 app.command()(predict.predict)
+app.command()(cost.cost)
 app.command()(logs.logs)
 app.command()(simulate.simulate)
 app.command("simulate-shared")(shared_day.simulate_shared)
