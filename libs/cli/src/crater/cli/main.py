@@ -17,6 +17,7 @@ from crater.cli import (
     bench,
     chaos,
     cost,
+    dashboards,
     dead_letters,
     hardware,
     logs,
@@ -220,6 +221,7 @@ app.command("schedule-test")(schedule_test)
 app.command("autoscale-sim")(autoscale.autoscale_sim)
 app.command()(predict.predict)
 app.command()(cost.cost)
+app.command()(dashboards.dashboards)
 app.command()(logs.logs)
 app.command()(simulate.simulate)
 app.command("simulate-shared")(shared_day.simulate_shared)
