@@ -6,6 +6,7 @@ period; idle GPU time follows the tasks' own samples; prices, gauges and the hou
 from __future__ import annotations
 
 import csv
+import os
 import random
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -250,6 +251,9 @@ async def test_a_demo_hour_bills_each_tenant_and_the_bills_add_up_exactly(
         assert gauges == held_now
 
         await reporter.tick(now=HOUR1 + timedelta(minutes=5))
+        written = sorted(n for n in os.listdir(tmp_path) if n.startswith("usage-"))
+        assert len(written) == 24  # the last day's finished hours, each once
+        assert written[-1] == "usage-20261130T10.csv"
         path = tmp_path / "usage-20261130T10.csv"
         rows = list(csv.DictReader(path.open()))
         assert {r["key"] for r in rows} == {line.key for line in priced.lines}

@@ -302,6 +302,19 @@ DASHBOARDS: tuple[Dashboard, ...] = (
                         (q("sum by (tenant) (crater_tenant_gpus_allocated)", "{{tenant}}"),),
                     ),
                     Panel(
+                        "GPUs held vs quota (scheduler)",
+                        (
+                            q(
+                                'max by (tenant) (crater_tenant_quota_used{resource="gpus"})',
+                                "{{tenant}} held",
+                            ),
+                            q(
+                                'max by (tenant) (crater_tenant_quota{resource="gpus"})',
+                                "{{tenant}} quota",
+                            ),
+                        ),
+                    ),
+                    Panel(
                         "Over budget",
                         (
                             q(

@@ -24,6 +24,7 @@ from crater.predictor.domain.usage import (
 )
 
 log = logging.getLogger("crater.predictor.usage")
+EXPORT_CATCH_UP = 24  # finished hours looked back on for a missing export
 
 
 class TenantMetrics:
@@ -135,24 +136,20 @@ class UsageReporter:
         """Write the usage of the UTC hour starting at `hour`, by tenant (AllData loads it);
         an hour already written is left alone."""
         path = self.export_path(hour)
-        if path is None or path.exists():
+        if path is None or await asyncio.to_thread(path.exists):
             return path
         answer = await self.answer(UsageQuery(since=hour, until=hour + HOUR, hourly=True))
-        rows = csv_rows(answer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".csv.part")
-        with partial.open("w", newline="") as out:
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["by"])
-            writer.writeheader()
-            writer.writerows(rows)
-        partial.replace(path)  # whole or not at all: AllData never reads half a file
+        await asyncio.to_thread(_write_csv, path, csv_rows(answer))
         return path
 
     async def tick(self, now: datetime | None = None) -> None:
+        """Refresh the gauges; export every finished hour of the last `EXPORT_CATCH_UP` not
+        written yet (a predictor that was down catches up, oldest first)."""
         now = now or datetime.now(UTC)
         await self.refresh(now)
-        last = now.replace(minute=0, second=0, microsecond=0) - HOUR
-        await self.export(last)
+        current = now.replace(minute=0, second=0, microsecond=0)
+        for back in range(EXPORT_CATCH_UP, 0, -1):
+            await self.export(current - back * HOUR)
 
     async def _loop(self) -> None:
         while True:
@@ -170,3 +167,14 @@ class UsageReporter:
             self._task.cancel()
             with suppress(asyncio.CancelledError):
                 await self._task
+
+
+def _write_csv(path: Path, rows: list[dict[str, str]]) -> None:
+    """Whole or not at all: written aside, then renamed, so AllData never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".csv.part")
+    with partial.open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["by"])
+        writer.writeheader()
+        writer.writerows(rows)
+    partial.replace(path)
