@@ -92,9 +92,10 @@ class UsageRecord:
     busy_seconds: float = 0.0  # sum of interval x mean GPU utilisation (0..1)
 
     def held_ms(self, since: datetime, until: datetime) -> int:
-        """Whole milliseconds of [since, until) this allocation held."""
-        start = max(since, self.granted_at)
-        end = min(until, self.released_at or until)
+        """Milliseconds of [since, until) this allocation held, every time taken to its
+        whole millisecond first: an hour's, a day's and a month's figures add up exactly."""
+        start = _whole_ms(max(since, self.granted_at))
+        end = _whole_ms(min(until, self.released_at or until))
         if end <= start:
             return 0
         return (end - start) // timedelta(milliseconds=1)
@@ -171,9 +172,17 @@ def _gib_seconds(mib_ms: int) -> Decimal:
     return (Decimal(mib_ms) / (MIB_PER_GIB * MILLI)).quantize(SIX_PLACES, ROUND_HALF_EVEN)
 
 
+def _whole_ms(moment: datetime) -> datetime:
+    return moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)
+
+
+def _hour(moment: datetime) -> datetime:
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
 def hours(since: datetime, until: datetime) -> Iterator[tuple[datetime, datetime]]:
     """The UTC hours [since, until) spans, each cut to it."""
-    start = since.replace(minute=0, second=0, microsecond=0)
+    start = _hour(since)
     while start < until:
         yield max(start, since), min(start + HOUR, until)
         start += HOUR
@@ -189,14 +198,18 @@ def usage(
 ) -> UsageAnswer:
     """Each group's usage of [since, until) (per UTC hour when `hourly`), sorted by key
     (then hour); the total adds up every line's exact quantities and rounded costs."""
-    records = list(records)
-    windows = list(hours(since, until)) if hourly else [(since, until)]
     groups: dict[tuple[str, datetime | None], _Sums] = defaultdict(_Sums)
-    for start, end in windows:
-        hour = start.replace(minute=0, second=0, microsecond=0) if hourly else None
-        for record in records:
-            ms = record.held_ms(start, end)
+    for record in records:
+        # only the hours the record overlaps: a year's hourly bill stays linear in records
+        start = max(since, record.granted_at)
+        end = min(until, record.released_at or until)
+        if end <= start:
+            continue
+        windows = hours(start, end) if hourly else iter([(since, until)])
+        for window_start, window_end in windows:
+            ms = record.held_ms(window_start, window_end)
             if ms > 0:
+                hour = _hour(window_start) if hourly else None
                 groups[(record.key(by), hour)].add(record, ms, prices)
     priced = prices is not None
     lines = [
