@@ -174,7 +174,15 @@ async def test_quota_usage_is_restored_after_a_restart(
     async with TestApp(app):
         await publish(service.broker, NodeTopologyReported(node=node("a100-01", gpus=8)))
         await publish(service.broker, profiled("first", gpus=4))
-        await tap.wait_for(AllocationGranted)
+        [grant] = await tap.wait_for(AllocationGranted)
+        assert grant.gpu_model  # the node's cards, for usage by model
+        gpus = {"tenant": "default", "resource": "gpus"}
+        for _ in range(100):  # the gauges follow the commit
+            if service.registry.get_sample_value("crater_tenant_quota_used", gpus) == 4:
+                break
+            await asyncio.sleep(0.05)
+        assert service.registry.get_sample_value("crater_tenant_quota_used", gpus) == 4
+        assert service.registry.get_sample_value("crater_tenant_quota", gpus) == 4
     service, app = build(settings)
     async with TestApp(app):
         await publish(service.broker, profiled("second", gpus=1))

@@ -35,6 +35,8 @@ from crater.contracts import (
     TaskRequest,
     TasksAnswer,
     TasksQuery,
+    UsageAnswer,
+    UsageQuery,
     WebhookBody,
 )
 
@@ -50,6 +52,7 @@ QUERIES: list[tuple[str, type[BaseModel], type[BaseModel], str]] = [
     (QuerySubjects.AUDIT_EXPLAIN, AuditExplainQuery, AuditExplainAnswer, "scheduler"),
     (QuerySubjects.PREDICTION, PredictionQuery, PredictionAnswer, "predictor"),
     (QuerySubjects.RESOLVE, ResolveQuery, ResolveAnswer, "predictor"),
+    (QuerySubjects.USAGE, UsageQuery, UsageAnswer, "predictor"),
 ]
 
 

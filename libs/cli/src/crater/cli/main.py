@@ -17,6 +17,8 @@ from crater.cli import (
     autoscale,
     bench,
     chaos,
+    cost,
+    dashboards,
     dead_letters,
     hardware,
     logs,
@@ -219,6 +221,8 @@ app.command("topology-export")(hardware.topology_export)
 app.command("schedule-test")(schedule_test)
 app.command("autoscale-sim")(autoscale.autoscale_sim)
 app.command()(predict.predict)
+app.command()(cost.cost)
+app.command()(dashboards.dashboards)
 app.command()(logs.logs)
 app.command()(simulate.simulate)
 app.command("simulate-shared")(shared_day.simulate_shared)

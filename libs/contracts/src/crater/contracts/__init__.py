@@ -71,6 +71,9 @@ from crater.contracts.queries import (
     TasksAnswer,
     TasksQuery,
     TaskSummary,
+    UsageAnswer,
+    UsageLine,
+    UsageQuery,
 )
 from crater.contracts.rejections import (
     FailureKind,
@@ -238,6 +241,9 @@ __all__ = [
     "TasksQuery",
     "Toleration",
     "TraceContext",
+    "UsageAnswer",
+    "UsageLine",
+    "UsageQuery",
     "WebhookBody",
     "WebhookDeadLettered",
     "WebhookDelivered",

@@ -61,6 +61,12 @@ class AllocationGranted(TaskEvent):
     tenant: str
     gpu_ids: list[int]
     gpu_memory_mb: int = Field(ge=0, description="Reserved per card.")
+    gpu_model: str | None = Field(
+        default=None,
+        max_length=128,
+        description="The model of the node's cards (its topology), for usage and cost by "
+        "model; None: no GPU granted, or a grant made before grants named it.",
+    )
     gpu_milli: int = Field(default=1000, ge=1, le=1000, description="Share of each card held.")
     mig_profile: str | None = Field(
         default=None, description="The MIG slice held on gpu_ids[0] (e.g. 1g.10gb); None: none."

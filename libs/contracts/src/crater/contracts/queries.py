@@ -4,6 +4,7 @@ Answering one changes nothing anywhere."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field
@@ -37,6 +38,7 @@ class QuerySubjects:
     # answered by the predictor
     PREDICTION = f"{PREFIX}.query.prediction"
     RESOLVE = f"{PREFIX}.query.resolve"
+    USAGE = f"{PREFIX}.query.usage"
 
 
 class NodesQuery(Contract):
@@ -310,3 +312,49 @@ class AllocationCheck(Contract):
     reservation_expires_at: AwareDatetime | None = Field(
         default=None, description="Its real deadline (from when the grant was stored)."
     )
+
+
+UsageGrouping = Literal["tenant", "pool", "model", "task"]
+
+
+class UsageQuery(Contract):
+    """Usage of allocations over [since, until): every allocation held in that time counts
+    for the part of it inside (one still held, up to `until`)."""
+
+    since: AwareDatetime
+    until: AwareDatetime
+    by: UsageGrouping = "tenant"
+    tenant: str | None = Field(default=None, description="Only this tenant's allocations.")
+    hourly: bool = Field(default=False, description="One line per group and UTC hour.")
+
+
+class UsageLine(Contract):
+    """One group's usage (and cost, when a price file is set). Quantities are exact: GPU-
+    seconds count each allocation's whole milliseconds times its share of each card."""
+
+    key: str = Field(description="The tenant, pool, GPU model (`-`: none) or task id.")
+    hour: AwareDatetime | None = Field(default=None, description="The UTC hour (hourly).")
+    allocations: int = Field(ge=0)
+    gpu_seconds: Decimal = Field(ge=0, description="GPU-seconds allocated.")
+    gpu_hours: Decimal = Field(ge=0, description="gpu_seconds / 3600, to 6 places.")
+    idle_gpu_seconds: Decimal = Field(
+        ge=0,
+        description="Allocated but idle: gpu_seconds x (1 - the task's measured mean GPU "
+        "utilisation), over allocations whose task sent usage samples.",
+    )
+    unmeasured_gpu_seconds: Decimal = Field(
+        ge=0, description="GPU-seconds of allocations without any utilisation sample."
+    )
+    gpu_memory_gib_seconds: Decimal = Field(ge=0, description="GPU memory reserved, GiB-s.")
+    cpu_core_seconds: Decimal = Field(ge=0)
+    memory_gib_seconds: Decimal = Field(ge=0, description="Host memory granted, GiB-s.")
+    cost: Decimal | None = Field(default=None, description="Priced; None: no price file.")
+
+
+class UsageAnswer(Contract):
+    since: AwareDatetime
+    until: AwareDatetime
+    by: UsageGrouping
+    currency: str | None = Field(default=None, description="The price file's; None: none.")
+    lines: list[UsageLine]
+    total: UsageLine = Field(description="Every line added up (key `total`).")

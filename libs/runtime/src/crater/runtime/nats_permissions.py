@@ -42,6 +42,7 @@ QUERY_ANSWERERS: Mapping[str, str] = {
     QuerySubjects.AUDIT_EXPLAIN: "scheduler",
     QuerySubjects.PREDICTION: "predictor",
     QuerySubjects.RESOLVE: "predictor",
+    QuerySubjects.USAGE: "predictor",
 }
 QUERY_ASKERS = ("gateway",)
 # JetStream key-value buckets a service keeps (the gateway's accepted submission ids:

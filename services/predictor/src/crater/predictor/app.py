@@ -20,6 +20,11 @@ same rule.
 SLA: each usage sample also joins its attempt's GPU utilisation window (domain/sla.py); a
 whole window below the task's `sla.min_gpu_utilization_percent` publishes `task.underutilized`
 once per attempt, counted in `crater_predictor_tasks_underutilized_total`.
+
+Usage and chargeback (domain/usage.py): every grant is also a usage record, closed by its
+release, and a task's usage samples add its measured GPU utilisation to it; the usage query
+(`GET /api/v1/usage`, `crater cost`) prices them with the price file, the `crater_tenant_*`
+gauges and budgets are refreshed from them, and each finished hour can be exported as CSV.
 """
 
 from __future__ import annotations
@@ -43,12 +48,16 @@ from crater.contracts import (
     TaskStatusReported,
     TaskSubmitted,
     TaskUsageReported,
+    UsageAnswer,
+    UsageQuery,
 )
 from crater.predictor.adapters.store import LearningStore
 from crater.predictor.domain.estimate import Assumptions
 from crater.predictor.domain.learning import Rule
 from crater.predictor.domain.sla import SlaRule
+from crater.predictor.domain.usage import load_prices
 from crater.predictor.service_layer.handlers import PredictorHandlers, PredictorMetrics
+from crater.predictor.service_layer.usage import TenantMetrics, UsageReporter
 from crater.runtime.bus import durable, publish
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -109,6 +118,23 @@ class PredictorSettings(ServiceSettings):
         description="An attempt's first seconds (loading data and weights) do not count.",
     )
 
+    price_file: Path | None = Field(
+        default=None,
+        description="Prices and tenant budgets (YAML or JSON; docs/operations.md, Usage and "
+        "cost): usage is priced with them; unset, usage is answered unpriced.",
+    )
+    usage_refresh_seconds: float = Field(
+        default=60.0,
+        ge=1,
+        le=3600,
+        description="How often the crater_tenant_* gauges and budgets are refreshed.",
+    )
+    usage_export_dir: Path | None = Field(
+        default=None,
+        description="Where each finished UTC hour's usage by tenant is written as "
+        "usage-YYYYMMDDTHH.csv (for AllData); unset: no export.",
+    )
+
     def assumptions(self) -> Assumptions:
         return Assumptions(
             cuda_context_mb=self.cuda_context_mb,
@@ -148,6 +174,14 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         store, PredictorMetrics(service), settings.assumptions(), rule, publish_event
     )
 
+    reporter = UsageReporter(
+        store,
+        TenantMetrics(service.registry),
+        load_prices(settings.price_file),
+        settings.usage_refresh_seconds,
+        settings.usage_export_dir,
+    )
+
     # Handlers name their message `event` (rejections report field paths below it).
     @durable(broker, Subjects.TASK_SUBMITTED, name, batch=batch)
     async def on_task_submitted(event: TaskSubmitted) -> None:
@@ -160,6 +194,10 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
     @broker.subscriber(QuerySubjects.RESOLVE, title="predictor-query-resolve")
     async def on_resolve_query(event: ResolveQuery) -> ResolveAnswer:
         return await handlers.resolve_query(event)
+
+    @broker.subscriber(QuerySubjects.USAGE, title="predictor-query-usage")
+    async def on_usage_query(event: UsageQuery) -> UsageAnswer:
+        return await reporter.answer(event)
 
     @durable(broker, Subjects.ALLOCATION_GRANTED, name, batch=batch)
     async def on_allocation_granted(event: AllocationGranted) -> None:
@@ -184,6 +222,8 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         await handlers.allocation_released(event)
 
     service.on_startup.append(handlers.show_learned)  # after the migrations (service.database)
+    service.on_startup.append(reporter.start)
+    service.on_shutdown.insert(0, reporter.stop)
     app = service.asgi()
     return service, app
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from crater.gateway.routes import allocations, nodes, ops, schedule, tasks
+from crater.gateway.routes import allocations, nodes, ops, schedule, tasks, usage
 
 ROUTERS: tuple[APIRouter, ...] = (
     schedule.router,
     nodes.router,
     tasks.router,
     allocations.router,
+    usage.router,
     ops.router,
 )

@@ -92,6 +92,28 @@ usage_windows = Table(
     Column("breached", Boolean, nullable=False),
 )
 
+# Usage and chargeback (domain/usage.py): one record per allocation, from its grant to its
+# release, with its task's measured GPU utilisation (seconds sampled, busy seconds). Kept.
+usage_records = Table(
+    "predictor_usage_records",
+    metadata,
+    Column("allocation_id", String(64), primary_key=True),
+    Column("task_id", String(128), nullable=False),
+    Column("tenant", String(128), nullable=False, index=True),
+    Column("pool", String(128), nullable=False),
+    Column("node", String(253), nullable=False),
+    Column("gpu_model", String(128), nullable=True),
+    Column("gpus", Integer, nullable=False),
+    Column("gpu_milli", Integer, nullable=False),
+    Column("gpu_memory_mb", Integer, nullable=False),
+    Column("cpu_cores", Integer, nullable=False),
+    Column("memory_mb", Integer, nullable=False),
+    Column("granted_at", DateTime(timezone=True), nullable=False, index=True),
+    Column("released_at", DateTime(timezone=True), nullable=True, index=True),
+    Column("sampled_seconds", Float, nullable=False, default=0.0),
+    Column("busy_seconds", Float, nullable=False, default=0.0),
+)
+
 # A `running` report that arrived before its grant (another consumer, lagging).
 early_running = Table(
     "predictor_early_running",

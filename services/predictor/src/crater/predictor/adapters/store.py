@@ -32,6 +32,7 @@ from crater.predictor.adapters.orm import (
     inbox,
     predictions,
     samples,
+    usage_records,
     usage_samples,
     usage_windows,
 )
@@ -50,6 +51,7 @@ from crater.predictor.domain.learning import (
     overlaps,
 )
 from crater.predictor.domain.sla import SlaRule, Window, fold
+from crater.predictor.domain.usage import UsageRecord
 from crater.runtime.unit_of_work import unit_of_work
 
 Key = tuple[str, str]  # (model family, task type)
@@ -176,6 +178,25 @@ class LearningStore:
                     running_at=early,
                 )
             )
+            await session.execute(
+                insert(usage_records).values(
+                    allocation_id=event.allocation_id,
+                    task_id=event.task_id,
+                    tenant=event.tenant,
+                    pool=event.pool,
+                    node=event.node,
+                    gpu_model=event.gpu_model,
+                    gpus=len(event.gpu_ids),
+                    gpu_milli=event.gpu_milli,
+                    gpu_memory_mb=event.gpu_memory_mb,
+                    cpu_cores=len(event.cpu_cores),
+                    memory_mb=event.memory_mb,
+                    granted_at=event.occurred_at,
+                    released_at=None,
+                    sampled_seconds=0.0,
+                    busy_seconds=0.0,
+                )
+            )
         return True
 
     async def running(self, event: TaskStatusReported) -> None:
@@ -272,6 +293,18 @@ class LearningStore:
                     allocations.c.task_id == event.task_id, allocations.c.active.is_(True)
                 )
             )
+            utilization = event.gpu_utilization_percent
+            if allocation_id and utilization is not None:
+                record = usage_records.c.allocation_id == allocation_id
+                await session.execute(
+                    update(usage_records)
+                    .where(record, usage_records.c.released_at.is_(None))
+                    .values(
+                        sampled_seconds=usage_records.c.sampled_seconds + event.interval_seconds,
+                        busy_seconds=usage_records.c.busy_seconds
+                        + event.interval_seconds * utilization / 100,
+                    )
+                )
             if allocation_id and event.gpus:
                 top = max(event.gpus, key=lambda g: g.memory_used_mb)
                 known = await session.scalar(
@@ -373,6 +406,11 @@ class LearningStore:
             if allocation is None or not allocation.active:
                 return None
             released_at = event.occurred_at
+            await session.execute(
+                update(usage_records)
+                .where(usage_records.c.allocation_id == event.allocation_id)
+                .values(released_at=released_at)
+            )
             # The task's own samples when it sent any: the node's readings may hold memory
             # that was not its own. One rule judges either (observe, judge, learn).
             readings: list[Sample] = []
@@ -406,6 +444,39 @@ class LearningStore:
                 return Released(outcome, key, None)
             track = await self._learn(session, key, prediction, observation.peak_mb)
             return Released(outcome, key, track)
+
+    async def usage_records(
+        self, since: datetime, until: datetime, tenant: str | None = None
+    ) -> list[UsageRecord]:
+        """Every allocation held at some moment of [since, until) (`tenant`'s only)."""
+        table = usage_records.c
+        where = [
+            table.granted_at < until,
+            or_(table.released_at.is_(None), table.released_at > since),
+        ]
+        if tenant is not None:
+            where.append(table.tenant == tenant)
+        async with self.sessions() as session:
+            rows = (await session.execute(select(usage_records).where(*where))).all()
+        return [
+            UsageRecord(
+                allocation_id=r.allocation_id,
+                task_id=r.task_id,
+                tenant=r.tenant,
+                pool=r.pool,
+                gpu_model=r.gpu_model,
+                gpus=r.gpus,
+                gpu_milli=r.gpu_milli,
+                gpu_memory_mb=r.gpu_memory_mb,
+                cpu_cores=r.cpu_cores,
+                memory_mb=r.memory_mb,
+                granted_at=_aware(r.granted_at),
+                released_at=_aware(r.released_at) if r.released_at else None,
+                sampled_seconds=r.sampled_seconds,
+                busy_seconds=r.busy_seconds,
+            )
+            for r in rows
+        ]
 
     async def _judge(
         self,

@@ -101,6 +101,7 @@ def granted(
         tenant=request.tenant,
         gpu_ids=list(selection.gpu_ids),
         gpu_memory_mb=task.demand.gpu_memory_mb,
+        gpu_model=(node.gpu_model or None) if selection.gpu_ids else None,
         gpu_milli=allocation.gpu_milli,
         mig_profile=selection.mig_profile,
         cpu_cores=list(selection.cpu_cores),

@@ -67,6 +67,7 @@ from crater.scheduler.audit import CORE, LEADER, SERVICE, AuditLog
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.inputs import ReservationArmed
+from crater.scheduler.domain.quotas import QUOTA_FIELDS, Usage
 from crater.scheduler.domain.tokens import token_allocation, token_refusal
 from crater.scheduler.domain.views import node_summaries
 
@@ -112,6 +113,20 @@ class SchedulerMetrics:
             "crater_scheduler_active_allocations", "Allocations held now.", registry=registry
         )
         self.nodes = Gauge("crater_scheduler_nodes", "Nodes known.", registry=registry)
+        self.quota = Gauge(
+            "crater_tenant_quota",
+            "A tenant's quota (quotas file), by resource (gpus, gpu_memory_mb, cpu_cores, "
+            "memory_mb); a resource without a limit has no series.",
+            ["tenant", "resource"],
+            registry=registry,
+        )
+        self.quota_used = Gauge(
+            "crater_tenant_quota_used",
+            "What a tenant holds now, by the resource its quota counts (a shared card counts "
+            "its share).",
+            ["tenant", "resource"],
+            registry=registry,
+        )
         self.from_the_future = Counter(
             "crater_scheduler_events_from_the_future",
             "Events dated further ahead of this scheduler's clock than the allowed skew: "
@@ -610,6 +625,16 @@ class SchedulerService:
         self.metrics.pending.set(len(self.scheduler.pending))
         self.metrics.allocations.set(len(self.scheduler.allocations))
         self.metrics.nodes.set(len(self.scheduler.cluster))
+        quotas = self.scheduler.quotas
+        for tenant, quota in quotas.limits.items():
+            used = quotas.used.get(tenant, Usage())
+            for resource in QUOTA_FIELDS:
+                limit = getattr(quota, resource)
+                if limit is not None:
+                    self.metrics.quota.labels(tenant=tenant, resource=resource).set(limit)
+                    self.metrics.quota_used.labels(tenant=tenant, resource=resource).set(
+                        getattr(used, resource)
+                    )
 
     def _log(self, decisions: list[Event]) -> None:
         """Count the decisions by kind and log them. Cheap on the hot path: one counter

@@ -1,0 +1,274 @@
+"""Usage and chargeback: what each allocation held, for how long, what that costs.
+
+Every allocation is one usage record from its grant to its release (one still held counts up
+to the end of the period asked about), kept in the predictor's database. A period's usage is
+each record's overlap with it, in whole milliseconds, times what it held: GPU-seconds count
+the share of each card held (`gpu_milli`), so a period's GPU-seconds are integers of
+milli-GPU-milliseconds underneath, added up exactly: a bill per tenant adds up to the
+cluster's allocated GPU-seconds to the last digit.
+
+Idle but allocated: a task that sends usage samples (crater_client) says how busy its GPUs
+were; its allocated GPU-seconds times (1 - its mean measured utilisation) are idle. An
+allocation whose task sent none is counted as unmeasured, not as busy nor idle.
+
+Prices (a YAML or JSON file, CRATER_PREDICTOR_PRICE_FILE): per GPU model per hour (the
+longest key contained in the grant's model, case-insensitive, else `default_gpu_hour`), per
+GiB-hour of GPU memory reserved, per core-hour, per GiB-hour of host memory; and each
+tenant's monthly budget (soft: warn; hard: hold its new work).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from crater.contracts.queries import UsageAnswer, UsageGrouping, UsageLine
+
+MILLI = 1000
+MS_PER_HOUR = 3_600_000
+MIB_PER_GIB = 1024
+SIX_PLACES = Decimal("0.000001")
+HOUR = timedelta(hours=1)
+
+
+class Budget(BaseModel):
+    """A tenant's spend per calendar month (UTC), in the price file's currency."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    soft: Decimal | None = Field(default=None, ge=0, description="Warn above it.")
+    hard: Decimal | None = Field(default=None, ge=0, description="Hold new work above it.")
+
+
+class Prices(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    currency: str = "EUR"
+    gpu_hour: dict[str, Decimal] = Field(default_factory=dict)
+    default_gpu_hour: Decimal = Field(default=Decimal(0), ge=0)
+    gpu_memory_gib_hour: Decimal = Field(default=Decimal(0), ge=0)
+    cpu_core_hour: Decimal = Field(default=Decimal(0), ge=0)
+    memory_gib_hour: Decimal = Field(default=Decimal(0), ge=0)
+    budgets: dict[str, Budget] = Field(default_factory=dict)
+
+    def per_gpu_hour(self, model: str | None) -> Decimal:
+        if model:
+            found = [k for k in self.gpu_hour if k.lower() in model.lower()]
+            if found:
+                return self.gpu_hour[max(found, key=len)]
+        return self.default_gpu_hour
+
+
+def load_prices(path: Path | None) -> Prices | None:
+    if path is None:
+        return None
+    raw: Any = yaml.safe_load(path.read_text()) or {}
+    return Prices.model_validate(raw)
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    allocation_id: str
+    task_id: str
+    tenant: str
+    pool: str
+    gpu_model: str | None
+    gpus: int
+    gpu_milli: int
+    gpu_memory_mb: int
+    cpu_cores: int
+    memory_mb: int
+    granted_at: datetime
+    released_at: datetime | None
+    sampled_seconds: float = 0.0
+    busy_seconds: float = 0.0  # sum of interval x mean GPU utilisation (0..1)
+
+    def held_ms(self, since: datetime, until: datetime) -> int:
+        """Milliseconds of [since, until) this allocation held, every time taken to its
+        whole millisecond first: an hour's, a day's and a month's figures add up exactly."""
+        start = _whole_ms(max(since, self.granted_at))
+        end = _whole_ms(min(until, self.released_at or until))
+        if end <= start:
+            return 0
+        return (end - start) // timedelta(milliseconds=1)
+
+    @property
+    def utilization(self) -> float | None:
+        if self.sampled_seconds <= 0:
+            return None
+        return min(1.0, max(0.0, self.busy_seconds / self.sampled_seconds))
+
+    def key(self, by: UsageGrouping) -> str:
+        if by == "tenant":
+            return self.tenant
+        if by == "pool":
+            return self.pool
+        if by == "model":
+            return self.gpu_model or "-"
+        return self.task_id
+
+
+@dataclass
+class _Sums:
+    """Exact integer sums: milli-GPU-ms, MiB-ms, core-ms; idle as a Decimal of GPU-ms."""
+
+    allocations: int = 0
+    gpu_milli_ms: int = 0
+    unmeasured_milli_ms: int = 0
+    idle_gpu_ms: Decimal = Decimal(0)
+    gpu_memory_mib_ms: int = 0
+    core_ms: int = 0
+    memory_mib_ms: int = 0
+    cost: Decimal = Decimal(0)
+
+    def add(self, record: UsageRecord, ms: int, prices: Prices | None) -> None:
+        self.allocations += 1
+        milli_ms = record.gpus * record.gpu_milli * ms
+        self.gpu_milli_ms += milli_ms
+        utilization = record.utilization
+        if utilization is None:
+            self.unmeasured_milli_ms += milli_ms
+        else:
+            self.idle_gpu_ms += Decimal(milli_ms) / MILLI * (1 - Decimal(str(utilization)))
+        gpu_memory = record.gpus * record.gpu_memory_mb * ms
+        self.gpu_memory_mib_ms += gpu_memory
+        self.core_ms += record.cpu_cores * ms
+        self.memory_mib_ms += record.memory_mb * ms
+        if prices is not None:
+            cost = (
+                Decimal(milli_ms) / MILLI * prices.per_gpu_hour(record.gpu_model)
+                + Decimal(gpu_memory) / MIB_PER_GIB * prices.gpu_memory_gib_hour
+                + Decimal(record.cpu_cores * ms) * prices.cpu_core_hour
+                + Decimal(record.memory_mb * ms) / MIB_PER_GIB * prices.memory_gib_hour
+            ) / MS_PER_HOUR
+            self.cost += cost
+
+    def line(self, key: str, hour: datetime | None, priced: bool) -> UsageLine:
+        gpu_seconds = Decimal(self.gpu_milli_ms) / (MILLI * MILLI)
+        return UsageLine(
+            key=key,
+            hour=hour,
+            allocations=self.allocations,
+            gpu_seconds=gpu_seconds,
+            gpu_hours=(gpu_seconds / 3600).quantize(SIX_PLACES, ROUND_HALF_EVEN),
+            idle_gpu_seconds=(self.idle_gpu_ms / MILLI).quantize(SIX_PLACES, ROUND_HALF_EVEN),
+            unmeasured_gpu_seconds=Decimal(self.unmeasured_milli_ms) / (MILLI * MILLI),
+            gpu_memory_gib_seconds=_gib_seconds(self.gpu_memory_mib_ms),
+            cpu_core_seconds=Decimal(self.core_ms) / MILLI,
+            memory_gib_seconds=_gib_seconds(self.memory_mib_ms),
+            cost=self.cost.quantize(SIX_PLACES, ROUND_HALF_EVEN) if priced else None,
+        )
+
+
+def _gib_seconds(mib_ms: int) -> Decimal:
+    return (Decimal(mib_ms) / (MIB_PER_GIB * MILLI)).quantize(SIX_PLACES, ROUND_HALF_EVEN)
+
+
+def _whole_ms(moment: datetime) -> datetime:
+    return moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)
+
+
+def _hour(moment: datetime) -> datetime:
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def hours(since: datetime, until: datetime) -> Iterator[tuple[datetime, datetime]]:
+    """The UTC hours [since, until) spans, each cut to it."""
+    start = _hour(since)
+    while start < until:
+        yield max(start, since), min(start + HOUR, until)
+        start += HOUR
+
+
+def usage(
+    records: Iterable[UsageRecord],
+    since: datetime,
+    until: datetime,
+    by: UsageGrouping = "tenant",
+    prices: Prices | None = None,
+    hourly: bool = False,
+) -> UsageAnswer:
+    """Each group's usage of [since, until) (per UTC hour when `hourly`), sorted by key
+    (then hour); the total adds up every line's exact quantities and rounded costs."""
+    groups: dict[tuple[str, datetime | None], _Sums] = defaultdict(_Sums)
+    for record in records:
+        # only the hours the record overlaps: a year's hourly bill stays linear in records
+        start = max(since, record.granted_at)
+        end = min(until, record.released_at or until)
+        if end <= start:
+            continue
+        windows = hours(start, end) if hourly else iter([(since, until)])
+        for window_start, window_end in windows:
+            ms = record.held_ms(window_start, window_end)
+            if ms > 0:
+                hour = _hour(window_start) if hourly else None
+                groups[(record.key(by), hour)].add(record, ms, prices)
+    priced = prices is not None
+    lines = [
+        groups[k].line(k[0], k[1], priced)
+        for k in sorted(groups, key=lambda k: (k[0], k[1] or since))
+    ]
+    return UsageAnswer(
+        since=since,
+        until=until,
+        by=by,
+        currency=prices.currency if prices else None,
+        lines=lines,
+        total=_total(lines, priced),
+    )
+
+
+def _total(lines: list[UsageLine], priced: bool) -> UsageLine:
+    def add(field: str) -> Decimal:
+        return sum((getattr(line, field) for line in lines), Decimal(0))
+
+    gpu_seconds = add("gpu_seconds")
+    return UsageLine(
+        key="total",
+        allocations=sum(line.allocations for line in lines),
+        gpu_seconds=gpu_seconds,
+        gpu_hours=(gpu_seconds / 3600).quantize(SIX_PLACES, ROUND_HALF_EVEN),
+        idle_gpu_seconds=add("idle_gpu_seconds"),
+        unmeasured_gpu_seconds=add("unmeasured_gpu_seconds"),
+        gpu_memory_gib_seconds=add("gpu_memory_gib_seconds"),
+        cpu_core_seconds=add("cpu_core_seconds"),
+        memory_gib_seconds=add("memory_gib_seconds"),
+        cost=add("cost") if priced else None,
+    )
+
+
+def month_start(moment: datetime) -> datetime:
+    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+CSV_FIELDS = (
+    "key",
+    "hour",
+    "allocations",
+    "gpu_seconds",
+    "gpu_hours",
+    "idle_gpu_seconds",
+    "unmeasured_gpu_seconds",
+    "gpu_memory_gib_seconds",
+    "cpu_core_seconds",
+    "memory_gib_seconds",
+    "cost",
+)
+
+
+def csv_rows(answer: UsageAnswer) -> list[dict[str, str]]:
+    """The answer's lines as CSV rows (CSV_FIELDS, plus `by` and `currency`), for AllData."""
+    rows = []
+    for line in answer.lines:
+        data = line.model_dump(mode="json")
+        row = {f: "" if data[f] is None else str(data[f]) for f in CSV_FIELDS}
+        rows.append({"by": answer.by, **row, "currency": answer.currency or ""})
+    return rows

@@ -1,0 +1,180 @@
+"""Usage and chargeback, served: the usage query (priced), the `crater_tenant_*` gauges
+refreshed from the usage records, and the hourly CSV export (domain/usage.py has the rules)."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import logging
+from contextlib import suppress
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from crater.contracts import UsageAnswer, UsageQuery
+from crater.predictor.adapters.store import LearningStore
+from crater.predictor.domain.usage import (
+    HOUR,
+    Prices,
+    csv_rows,
+    month_start,
+    usage,
+)
+
+log = logging.getLogger("crater.predictor.usage")
+EXPORT_CATCH_UP = 24  # finished hours looked back on for a missing export
+
+
+class TenantMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["tenant"]
+        self.gpus = Gauge(
+            "crater_tenant_gpus_allocated",
+            "GPUs a tenant holds now (shares of cards count as their share).",
+            labels,
+            registry=registry,
+        )
+        self.gpu_hours = Gauge(
+            "crater_tenant_gpu_hours",
+            "GPU-hours allocated to the tenant this calendar month (UTC), so far.",
+            labels,
+            registry=registry,
+        )
+        self.idle_gpu_hours = Gauge(
+            "crater_tenant_idle_gpu_hours",
+            "Of those, allocated but idle by the tasks' own utilisation samples.",
+            labels,
+            registry=registry,
+        )
+        self.unmeasured_gpu_hours = Gauge(
+            "crater_tenant_unmeasured_gpu_hours",
+            "Of those, held by tasks that sent no utilisation sample.",
+            labels,
+            registry=registry,
+        )
+        self.cost = Gauge(
+            "crater_tenant_cost",
+            "The tenant's cost this calendar month (UTC), so far, in the price file's currency.",
+            labels,
+            registry=registry,
+        )
+        self.budget = Gauge(
+            "crater_tenant_budget",
+            "The tenant's monthly budget (price file), by limit (soft, hard).",
+            ["tenant", "limit"],
+            registry=registry,
+        )
+        self.budget_exceeded = Gauge(
+            "crater_tenant_budget_exceeded",
+            "1 while the tenant's cost this month is above its budget's limit (soft, hard).",
+            ["tenant", "limit"],
+            registry=registry,
+        )
+
+
+class UsageReporter:
+    """Answers usage queries, refreshes the tenant gauges every `refresh_seconds`, and writes
+    each finished UTC hour's usage by tenant to `export_dir` (usage-YYYYMMDDTHH.csv)."""
+
+    def __init__(
+        self,
+        store: LearningStore,
+        metrics: TenantMetrics,
+        prices: Prices | None,
+        refresh_seconds: float = 60.0,
+        export_dir: Path | None = None,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.prices = prices
+        self.refresh_seconds = refresh_seconds
+        self.export_dir = export_dir
+        self._task: asyncio.Task[None] | None = None
+
+    async def answer(self, query: UsageQuery) -> UsageAnswer:
+        records = await self.store.usage_records(query.since, query.until, query.tenant)
+        return usage(records, query.since, query.until, query.by, self.prices, query.hourly)
+
+    async def refresh(self, now: datetime | None = None) -> UsageAnswer:
+        """Set the tenant gauges from this month's usage so far; returns it."""
+        now = now or datetime.now(UTC)
+        month = await self.answer(UsageQuery(since=month_start(now), until=now))
+        held = await self.store.usage_records(now, now + timedelta(microseconds=1))
+        m = self.metrics
+        for gauge in (m.gpus, m.gpu_hours, m.idle_gpu_hours, m.unmeasured_gpu_hours, m.cost):
+            gauge.clear()
+        m.budget.clear()
+        m.budget_exceeded.clear()
+        for record in held:
+            m.gpus.labels(tenant=record.tenant).inc(record.gpus * record.gpu_milli / 1000)
+        for line in month.lines:
+            m.gpu_hours.labels(tenant=line.key).set(float(line.gpu_hours))
+            m.idle_gpu_hours.labels(tenant=line.key).set(float(line.idle_gpu_seconds / 3600))
+            m.unmeasured_gpu_hours.labels(tenant=line.key).set(
+                float(line.unmeasured_gpu_seconds / 3600)
+            )
+            if line.cost is not None:
+                m.cost.labels(tenant=line.key).set(float(line.cost))
+        spent = {line.key: line.cost or Decimal(0) for line in month.lines}
+        for tenant, budget in (self.prices.budgets if self.prices else {}).items():
+            for limit, amount in (("soft", budget.soft), ("hard", budget.hard)):
+                if amount is None:
+                    continue
+                m.budget.labels(tenant=tenant, limit=limit).set(float(amount))
+                over = spent.get(tenant, Decimal(0)) > amount
+                m.budget_exceeded.labels(tenant=tenant, limit=limit).set(1 if over else 0)
+        return month
+
+    def export_path(self, hour: datetime) -> Path | None:
+        if self.export_dir is None:
+            return None
+        return self.export_dir / f"usage-{hour:%Y%m%dT%H}.csv"
+
+    async def export(self, hour: datetime) -> Path | None:
+        """Write the usage of the UTC hour starting at `hour`, by tenant (AllData loads it);
+        an hour already written is left alone."""
+        path = self.export_path(hour)
+        if path is None or await asyncio.to_thread(path.exists):
+            return path
+        answer = await self.answer(UsageQuery(since=hour, until=hour + HOUR, hourly=True))
+        await asyncio.to_thread(_write_csv, path, csv_rows(answer))
+        return path
+
+    async def tick(self, now: datetime | None = None) -> None:
+        """Refresh the gauges; export every finished hour of the last `EXPORT_CATCH_UP` not
+        written yet (a predictor that was down catches up, oldest first)."""
+        now = now or datetime.now(UTC)
+        await self.refresh(now)
+        current = now.replace(minute=0, second=0, microsecond=0)
+        for back in range(EXPORT_CATCH_UP, 0, -1):
+            await self.export(current - back * HOUR)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # a failed refresh is retried at the next; never the service
+                log.exception("usage refresh failed")
+            await asyncio.sleep(self.refresh_seconds)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="usage-reporter")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _write_csv(path: Path, rows: list[dict[str, str]]) -> None:
+    """Whole or not at all: written aside, then renamed, so AllData never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".csv.part")
+    with partial.open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["by"])
+        writer.writeheader()
+        writer.writerows(rows)
+    partial.replace(path)
