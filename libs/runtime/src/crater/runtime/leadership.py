@@ -10,8 +10,8 @@ so it is the leader's *epoch*: a fencing token the database (the scheduler's
 The lease: the leader rewrites its key every `renew_seconds` with `update(last=revision)`. A
 standby watches the key's revision with its own monotonic clock (no clock is compared across
 hosts): unchanged for `duration_seconds`, the lease has lapsed, and the standby writes it with
-`update(last=that revision)`; of several standbys, one write wins. A leader that cannot renew
-for `duration_seconds` (its own clock) stops deciding before a standby can take over. A clean
+`update(last=that revision)`; of several standbys, one write wins. A leader whose renewals fail
+(NATS away) keeps trying: the fences, not the clock, keep a deposed one from acting. A clean
 shutdown deletes the key, so a standby takes over at once.
 """
 
@@ -98,7 +98,6 @@ class Lease:
         self.clock = clock
         self.epoch: int | None = None  # the revision that won it, while held
         self._revision = 0  # the last revision written by us (the next CAS's `last`)
-        self._renewed_at = 0.0
 
     def _value(self, epoch: int | None) -> bytes:
         return json.dumps(
@@ -141,7 +140,6 @@ class Lease:
 
     def _won(self, revision: int) -> int:
         self.epoch = self._revision = revision
-        self._renewed_at = self.clock()
         log.info("%s: %s leads, epoch %d", self.name, self.holder, revision)
         return revision
 
@@ -156,15 +154,14 @@ class Lease:
         except (KeyWrongLastSequenceError, KeyNotFoundError) as error:
             epoch, self.epoch = self.epoch, None
             raise Deposed(f"{self.name}: epoch {epoch} lost the lease ({error})") from error
-        self._renewed_at = self.clock()
-
-    def lapsed(self) -> bool:
-        """Unrenewed for a whole lease: a standby may hold it already."""
-        return self.clock() - self._renewed_at >= self.timing.duration_seconds
 
     async def keep(self) -> None:
-        """Renew until deposed (raises Deposed). A failing renewal (NATS away) is retried
-        until the lease would lapse; then this process must stop deciding."""
+        """Renew until deposed (raises Deposed when another wrote the key). A renewal that
+        fails because NATS is away (a server lost, the bucket electing its leader) is retried
+        and this process keeps leading: a standby cannot take over while it cannot reach the
+        key either, and if it did, the fences refuse this one's commits and publishes. So a
+        lost NATS server costs no change of leader."""
+        failing_since: float | None = None
         while True:
             await asyncio.sleep(self.timing.renew_seconds)
             try:
@@ -172,13 +169,17 @@ class Lease:
             except Deposed:
                 raise
             except Exception as error:  # NATS unreachable, a timeout: retried
-                if self.lapsed():
-                    epoch, self.epoch = self.epoch, None
-                    raise Deposed(
-                        f"{self.name}: epoch {epoch} could not renew for "
-                        f"{self.timing.duration_seconds:g} s ({error!r})"
-                    ) from error
-                log.warning("%s: renewing the lease failed (%r); retrying", self.name, error)
+                if failing_since is None:
+                    failing_since = self.clock()
+                    log.warning("%s: renewing the lease failed (%r); retrying", self.name, error)
+                continue
+            if failing_since is not None:
+                log.warning(
+                    "%s: the lease renewed again after %.1f s of failures",
+                    self.name,
+                    self.clock() - failing_since,
+                )
+                failing_since = None
 
     async def release(self) -> None:
         """On a clean shutdown: delete the key (if still ours) so a standby need not wait."""
