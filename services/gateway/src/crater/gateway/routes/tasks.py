@@ -115,7 +115,11 @@ async def task(
 @router.get(
     "/api/v1/tasks/{task_id}/audit",
     response_model=AuditExplainAnswer,
-    responses={404: {"model": Problem}, **ANSWERS},
+    responses={
+        404: {"model": Problem},
+        422: {"model": FieldErrors, "description": "Every invalid parameter and why."},
+        **ANSWERS,
+    },
 )
 async def task_audit(
     task_id: str,
