@@ -40,7 +40,7 @@ from schemathesis.specs.openapi.checks import (
 from crater.contracts import Channel, MessageDeadLettered, Subjects
 from crater.contracts.base import SCHEMA_VERSION
 from crater.runtime.bus import node_mismatch, retry_transient
-from crater.runtime.jsondepth import TooDeep, check_json_depth
+from crater.runtime.jsondepth import TooDeep, check_json_depth, check_json_text
 from crater.runtime.nats_server import free_port
 
 MAX_DEPTH = 64  # the services' max_json_depth (default)
@@ -222,6 +222,7 @@ def valid(channel: Channel, body: bytes, subject: str) -> bool:
     make: the model, and a node-scoped body naming its subject's node)."""
     try:
         check_json_depth(body, MAX_DEPTH)
+        check_json_text(body)
         channel.event.model_validate_json(body)
         return node_mismatch(subject, json.loads(body)) is None
     except (TooDeep, ValueError, RecursionError):

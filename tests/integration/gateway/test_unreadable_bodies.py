@@ -32,3 +32,50 @@ async def test_an_unreadable_body_is_a_422_naming_the_body(
     [error] = response.json()["detail"]
     assert error["field"] == "body"
     assert error["reason"]
+
+
+# A lone surrogate in a name: valid JSON, not text; it used to reach the predictor, whose
+# database refused it, and the gateway answered 503 "predictor not answering" (the fuzzer).
+LONE = "\\udb39P"  # the JSON escape of half a surrogate pair, then "P"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        (
+            "/api/v1/schedule?dry_run=true",
+            '{"task_id": "t1", "task_type": "llm_sft", "model_config": {"name": "%s"}}',
+            "model_config.name",
+        ),
+        (
+            "/api/v1/schedule",
+            '{"task_id": "t1", "task_type": "llm_sft", "model_config": {"name": "%s"}}',
+            "model_config.name",
+        ),
+        (
+            "/api/v1/schedule/dry-run",
+            '{"resource_requirements": {"gpu": {"count": 1}}, "pool": "%s"}',
+            "pool",
+        ),
+        (
+            "/api/v1/allocations/alloc-1/confirm",
+            '{"token": "%s"}',
+            "token",
+        ),
+        (
+            "/api/v1/tasks/t1/usage",
+            '{"task_id": "t1", "attempt": 1, "interval_seconds": 10, "gpus": [], "source": "%s"}',
+            "source",
+        ),
+    ],
+)
+async def test_a_string_that_is_not_text_is_a_422_naming_its_field(
+    client: httpx.AsyncClient, path: str, body: str, field: str
+) -> None:
+    response = await client.post(
+        path, content=(body % LONE).encode(), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    [error] = response.json()["detail"]
+    assert error["field"] == field
+    assert "lone surrogate (U+DB39)" in error["reason"]

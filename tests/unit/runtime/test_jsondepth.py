@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from crater.runtime.jsondepth import TooDeep, check_json_depth, json_depth
+from crater.runtime.jsondepth import NotText, TooDeep, check_json_depth, check_json_text, json_depth
 
 
 @pytest.mark.parametrize(
@@ -54,3 +54,33 @@ def test_unclosed_text_is_bounded_by_its_brackets() -> None:
     assert json_depth(b"[[[") == 3
     # an unterminated string is no string: its brackets count (decoding refuses it anyway)
     assert json_depth(b'["unterminated [[[') == 4
+
+
+# -- strings that are not Unicode text (the fuzzer's lone surrogates and NULs) ---------------
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "said"),
+    [
+        (rb'{"model_config": {"name": "\udb39\uddcdP"}}', None, None),  # a pair: text
+        (rb'{"model_config": {"name": "\udb39P"}}', "model_config.name", "U+DB39"),
+        (rb'{"model_config": {"name": "\uddcd"}}', "model_config.name", "U+DDCD"),
+        (rb'{"command": ["ok", "a\u0000b"]}', "command.1", "NUL"),
+        (rb'{"\ud800": 1}', "\ud800", "key"),
+        (rb'"\ud800"', "body", "U+D800"),
+        (rb'{"name": "\\ud800"}', None, None),  # an escaped backslash, then text
+        (rb'{"name": "plain"}', None, None),
+        (rb"not json \ud800", None, None),  # for the decoder to refuse
+    ],
+)
+def test_a_lone_surrogate_or_nul_is_named_by_its_field(
+    body: bytes, field: str | None, said: str | None
+) -> None:
+    if field is None:
+        check_json_text(body)
+        return
+    with pytest.raises(NotText) as raised:
+        check_json_text(body)
+    assert raised.value.field == field
+    assert said is not None
+    assert said in raised.value.what

@@ -66,7 +66,7 @@ from crater.contracts import (
     derived_event_id,
 )
 from crater.contracts.catalog import channel_for
-from crater.runtime.jsondepth import TooDeep, check_json_depth
+from crater.runtime.jsondepth import NotText, TooDeep, check_json_depth, check_json_text
 from crater.runtime.leadership import EPOCH_HEADER, DeposedLeader, EpochGuard
 from crater.runtime.nats_connection import NatsConnection, reconnect_options
 from crater.runtime.settings import ServiceSettings
@@ -394,7 +394,12 @@ class Rejections:
                 delivery = _delivery(msg)
                 try:
                     check_json_depth(msg.body, rejections.policy.max_json_depth)
+                    check_json_text(msg.body)
                     body = await msg.decode()
+                except NotText as error:
+                    not_text = FieldError(field=error.field, reason=error.what)
+                    await rejections.refuse(msg, delivery, error, [not_text])
+                    return None
                 except Exception as error:
                     await rejections.undecodable(msg, delivery, error)
                     return None

@@ -7,6 +7,7 @@ any validation runs. The bus and the gateway check the depth first, with this sc
 
 from __future__ import annotations
 
+import json
 import re
 from itertools import accumulate
 
@@ -46,3 +47,54 @@ def check_json_depth(body: bytes | str, limit: int) -> None:
     depth = json_depth(body)
     if depth > limit:
         raise TooDeep(depth, limit)
+
+
+# What JSON's \u escapes can spell but no database or UTF-8 encoder takes: a lone UTF-16
+# surrogate (half of a pair) and NUL.
+_NOT_TEXT = re.compile("[\ud800-\udfff\x00]")
+
+
+class NotText(ValueError):
+    """A JSON string that is not Unicode text; names the field (a dotted path)."""
+
+    def __init__(self, field: str, what: str) -> None:
+        super().__init__(f"{field}: {what}")
+        self.field, self.what = field, what
+
+
+def check_json_text(body: bytes | str) -> None:
+    """Raise NotText when a string (or a key) of `body` holds a lone surrogate or NUL, which
+    only an escape can write: such a body is valid JSON, but storing or encoding the string
+    fails later, in a handler, on every delivery. Bodies without a \\u escape pass at once."""
+    data = body.encode() if isinstance(body, str) else body
+    if b"\\u" not in data and b"\\U" not in data:
+        return
+    try:
+        decoded = json.loads(data)
+    except (ValueError, RecursionError):
+        return  # not JSON: decoding refuses it, naming why
+    found = _first_not_text(decoded, "")
+    if found is not None:
+        raise NotText(*found)
+
+
+def _first_not_text(value: object, path: str) -> tuple[str, str] | None:
+    if isinstance(value, str):
+        match = _NOT_TEXT.search(value)
+        if match is None:
+            return None
+        char = match.group()
+        what = "a NUL character" if char == "\x00" else f"a lone surrogate (U+{ord(char):04X})"
+        return path or "body", f"holds {what}: not Unicode text"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if _NOT_TEXT.search(key):
+                return where, "a key that is not Unicode text"
+            if (found := _first_not_text(item, where)) is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if found := _first_not_text(item, f"{path}.{index}" if path else str(index)):
+                return found
+    return None

@@ -10,7 +10,7 @@ from typing import Any
 
 import swagger_ui_bundle
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -23,6 +23,7 @@ from crater.contracts import FieldError, TaskRequest, TaskUsageReported
 from crater.gateway.auth import Authenticator, Denied
 from crater.gateway.bodies import request_errors
 from crater.gateway.bus import Bus
+from crater.gateway.deps import body_is_text
 from crater.gateway.models import TaskDryRun, field_errors_response
 from crater.gateway.observe import ObserveRequests
 from crater.gateway.routes import ROUTERS
@@ -143,6 +144,7 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         separate_input_output_schemas=False,
         docs_url=None,  # served below from local assets, not a CDN
         redoc_url=None,
+        dependencies=[Depends(body_is_text)],
     )
     serve_docs_locally(app)
     app.state.service = service

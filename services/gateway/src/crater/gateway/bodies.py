@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from crater.contracts import FieldError, TaskRequest
 from crater.runtime.bus import field_errors
-from crater.runtime.jsondepth import TooDeep, check_json_depth
+from crater.runtime.jsondepth import NotText, TooDeep, check_json_depth, check_json_text
 
 Parsed = TypeVar("Parsed", bound=BaseModel)
 _IDEMPOTENCY_NAMESPACE = UUID("3f0c6a4e-2b8d-4c1e-9a57-0d6c2f5b8e21")
@@ -51,8 +51,11 @@ def parse_body(body: bytes, model: type[Parsed], max_depth: int = 64) -> Parsed 
     """`body` as a `model`, or every field that is wrong and why (as `parse_task_request`)."""
     try:
         check_json_depth(body, max_depth)
+        check_json_text(body)
     except TooDeep as error:
         return [FieldError(field="body", reason=str(error))]
+    except NotText as error:
+        return [FieldError(field=error.field, reason=error.what)]
     try:
         return model.model_validate_json(body)
     except ValidationError as error:

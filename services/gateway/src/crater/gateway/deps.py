@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi.exceptions import RequestValidationError
 
 from crater.gateway.apikeys import Scope
 from crater.gateway.auth import Authenticator, Principal, require
 from crater.gateway.bus import Bus
 from crater.gateway.settings import GatewaySettings
 from crater.gateway.submissions import Submissions
+from crater.runtime.jsondepth import NotText, check_json_text
 from crater.runtime.service import Service
 
 
@@ -73,3 +75,24 @@ async def usage_reporter(
 
 
 UsageReporter = Annotated[Principal | str, Depends(usage_reporter)]
+
+
+async def body_is_text(request: Request) -> None:
+    """Every route's body, before its model: a JSON string that is not Unicode text (a lone
+    surrogate or NUL, which only an escape can write) is refused with its field, as on the
+    bus; past this, no service is asked about text its database cannot store. Bodies over the
+    size limit, or of unknown length, are left to the route, which refuses or reads them
+    itself (bounded)."""
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return
+    length = request.headers.get("content-length", "")
+    limit: int = request.app.state.settings.max_body_bytes
+    if not length.isdigit() or int(length) > limit:
+        return
+    try:
+        check_json_text(await request.body())
+    except NotText as error:
+        location = ("body", *error.field.split("."))
+        raise RequestValidationError(
+            [{"loc": location, "msg": error.what, "type": "value_error"}]
+        ) from None
