@@ -14,14 +14,14 @@ Exit codes (docs/cli.md):
 
 from __future__ import annotations
 
-import typer._click as click  # typer vendors its click: these classes, not click's
-
 OK, NO, USAGE, UNREACHABLE, UNAUTHORISED, INTERNAL = 0, 1, 2, 3, 4, 70
 
 
-class CliError(click.ClickException):
-    """What is wrong and what to do, on stderr, and the exit code: never a traceback."""
+class CliError(Exception):
+    """What is wrong and what to do, and the exit code: `crater` prints `crater: MESSAGE`
+    on stderr, unwrapped (crater.cli.main.LazyGroup.invoke), never a traceback."""
 
     def __init__(self, message: str, exit_code: int = NO) -> None:
         super().__init__(message)
+        self.message = message
         self.exit_code = exit_code

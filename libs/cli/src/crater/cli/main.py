@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 import typer._click as click  # typer vendors its click: these classes, not click's
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from crater.cli.errors import INTERNAL, NO, USAGE, CliError
 from crater.cli.output import console, emit_json
@@ -93,7 +93,14 @@ class LazyGroup(TyperGroup):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.commands or cmd_name not in LAZY:
             return super().get_command(ctx, cmd_name)
-        return click.Command(cmd_name, help=source_help(cmd_name))  # for the listing
+        return TyperCommand(cmd_name, help=source_help(cmd_name))  # for the listing
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CliError as error:
+            typer.echo(f"crater: {error.message}", err=True)
+            raise typer.Exit(error.exit_code) from None
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
