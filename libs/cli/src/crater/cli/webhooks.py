@@ -92,7 +92,7 @@ def list_deliveries(
 def _print_rows(rows: list[DeliveryRow]) -> None:
     table = Table("id", "task", "status", "endpoint", "state", "attempts", "last", "next", "when")
     for row in rows:
-        last = str(row.last_status_code or "") or (row.last_error or "")[:30]
+        last = str(row.last_status_code or "") or (row.last_error or "")
         table.add_row(
             str(row.id),
             row.task_id,
