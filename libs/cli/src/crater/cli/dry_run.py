@@ -129,10 +129,10 @@ def print_dry_run(body: bytes) -> None:
                 "-" if m.numa_node is None else str(m.numa_node),
             )
         print_table(members)
+    from crater.scheduler.domain.wording import sentence
+
     for reason in placement.reasons:
-        console.print(
-            f"  waits: {reason.filter} ({reason.code}) on {reason.nodes}: {reason.message}"
-        )
+        console.print(f"  waits: {sentence(reason)} ({reason.filter}, {reason.code})")
     for error in placement.errors:
         console.print(f"  rejected: {error.field}: {error.reason}")
     print_placement(placement)
