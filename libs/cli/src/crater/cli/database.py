@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from crater.cli.errors import UNREACHABLE, CliError
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 T = TypeVar("T")
 HINT = (
@@ -28,7 +31,7 @@ def sqlite_file(database_url: str) -> Path | None:
     return Path(url.database)
 
 
-def on_database(database_url: str, work: Callable[[object], Awaitable[T]]) -> T:
+def on_database(database_url: str, work: Callable[[AsyncEngine], Awaitable[T]]) -> T:
     """`work(engine)` on `database_url`, disposed after; a CliError when the database is
     missing, unreachable or not migrated."""
     from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from crater.cli.jetstream import DEFAULT_NATS, NatsOption, on_jetstream
+from crater.cli.output import table as print_table
 from crater.contracts import MessageDeadLettered, MessageReplayed, Streams, Subjects
 from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS, encode, retry_transient
 from crater.runtime.jsondepth import json_depth
@@ -54,7 +55,7 @@ class Letter:
 
 
 def _run(nats_url: str, work: Callable[[JetStreamContext], Awaitable[T]]) -> T:
-    return on_jetstream(nats_url, work)  # type: ignore[arg-type]
+    return on_jetstream(nats_url, work)
 
 
 async def read_letters(js: JetStreamContext) -> list[Letter]:
@@ -178,7 +179,7 @@ def list_letters(
             _reason(event)[:100],
             str(len(letter.replays)) if letter.replays else "-",
         )
-    console.print(table)
+    print_table(table)
 
 
 @app.command()

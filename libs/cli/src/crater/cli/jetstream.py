@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
 from crater.cli.errors import UNREACHABLE, CliError
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
 
 T = TypeVar("T")
 NatsOption = Annotated[
@@ -19,7 +22,7 @@ DEFAULT_NATS = "nats://127.0.0.1:4222"
 CONNECT_SECONDS = 8.0
 
 
-def on_jetstream(nats_url: str, work: Callable[[object], Awaitable[T]]) -> T:
+def on_jetstream(nats_url: str, work: Callable[[JetStreamContext], Awaitable[T]]) -> T:
     """`work(jetstream)` on a connection to `nats_url`, closed after."""
     from crater.runtime.nats_connection import NatsConnection
     from crater.runtime.settings import ServiceSettings

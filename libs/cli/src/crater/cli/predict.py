@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from crater.cli.output import table as print_table
 from crater.contracts import ResourcePrediction, TaskRequest
 from crater.predictor.api import Refused
 from crater.predictor.api import predict as estimate
@@ -81,7 +82,7 @@ def show(request: TaskRequest, p: ResourcePrediction, explain: bool) -> None:
         table.add_row(key, f"{mb:,}", f"{mb / 1024:.2f}")
     table.add_row("[bold]peak[/bold]", f"[bold]{p.gpu_memory_per_gpu_mb:,}[/bold]",
                   f"[bold]{p.gpu_memory_per_gpu_mb / 1024:.2f}[/bold]")  # fmt: skip
-    console.print(table)
+    print_table(table)
     console.print(f"host memory {p.host_memory_mb:,} MiB; confidence {p.confidence.value}")
     console.print(
         f"DataLoader num_workers={p.dataloader_num_workers} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,7 +37,7 @@ class Operations(LogBase):
         endpoint: str | None = None,
         task_id: str | None = None,
         limit: int = 1000,
-    ) -> list[DeliveryRow]:
+    ) -> builtins.list[DeliveryRow]:
         """What `replay` with these arguments would send again now, newest first (sends
         nothing)."""
         now = datetime.now(UTC)
@@ -46,7 +47,7 @@ class Operations(LogBase):
         )
         return await self._rows(and_(_replayed(since, state, endpoint, task_id), due), limit)
 
-    async def _rows(self, condition: Any, limit: int) -> list[DeliveryRow]:
+    async def _rows(self, condition: Any, limit: int) -> builtins.list[DeliveryRow]:
         query = select(
             d.id,
             d.webhook_id,
