@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from threading import Thread
+from typing import Any
 from wsgiref.simple_server import WSGIServer, make_server
 
 import pytest
@@ -41,12 +42,12 @@ def no_traceback(result: subprocess.CompletedProcess[str]) -> None:
 
 
 @pytest.fixture
-def gateway_answering() -> Iterator[tuple[str, list[int]]]:
-    """A stand-in gateway answering the status in the list (401 until told otherwise)."""
-    status = [401]
+def gateway_answering() -> Iterator[tuple[str, list[Any]]]:
+    """A stand-in gateway answering [status, body] (401 until told otherwise)."""
+    status: list[Any] = [401, {"detail": "missing bearer token"}]
 
     def wsgi(environ: dict[str, object], start_response: object) -> list[bytes]:
-        body = json.dumps({"detail": "missing bearer token"}).encode()
+        body = json.dumps(status[1]).encode()
         start_response(f"{status[0]} X", [("content-type", "application/json")])  # type: ignore[operator]
         return [body]
 
@@ -82,7 +83,7 @@ def test_bad_json_is_checked_before_anything_is_sent(tmp_path: Path) -> None:
 
 
 def test_a_401_says_to_set_the_token_and_exits_4(
-    gateway_answering: tuple[str, list[int]], tmp_path: Path
+    gateway_answering: tuple[str, list[Any]], tmp_path: Path
 ) -> None:
     url, status = gateway_answering
     for args in (["list-nodes"], ["tasks"], ["schedule-test", "--resource-request", "{}"]):
@@ -150,3 +151,30 @@ def test_help_imports_no_service_and_its_time() -> None:
     assert "HEAVY []" in result.stderr
     assert "webhooks" in result.stdout
     assert "simulate" in result.stdout
+
+
+def test_schedule_test_exits_1_when_nothing_fits_and_submit_prints_json(
+    gateway_answering: tuple[str, list[Any]], tmp_path: Path
+) -> None:
+    url, answer = gateway_answering
+    misfit = {
+        "node_id": "n1",
+        "filter": "GpuCount",
+        "code": "InsufficientGpus",
+        "reason": "has fewer than 2 free GPUs",
+    }
+    answer[:] = [200, {"fits": [], "misfits": [misfit], "summary": "0/1 nodes fit"}]
+    result = runner.invoke(app, ["schedule-test", "--resource-request", "{}", "--gateway", url])
+    assert result.exit_code == errors.NO, result.output
+    assert "has fewer than 2 free GPUs" in result.stdout
+    as_json = runner.invoke(
+        app, ["schedule-test", "--resource-request", "{}", "--json", "--gateway", url]
+    )
+    assert as_json.exit_code == errors.NO
+    assert json.loads(as_json.stdout)["misfits"][0]["node_id"] == "n1"
+    answer[:] = [202, {"task_id": "t-1", "event_id": "e-1"}]
+    request = tmp_path / "task.json"
+    request.write_text("{}")
+    submitted = runner.invoke(app, ["submit", str(request), "--json", "--gateway", url])
+    assert submitted.exit_code == 0, submitted.output
+    assert json.loads(submitted.stdout) == {"task_id": "t-1", "event_id": "e-1"}
