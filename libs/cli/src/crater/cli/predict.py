@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from crater.cli.errors import NO, USAGE
 from crater.cli.output import table as print_table
 from crater.contracts import ResourcePrediction, TaskRequest
 from crater.predictor.api import Refused
@@ -51,14 +52,14 @@ def predict(
         console.print("[red]invalid request[/red]")
         for e in error.errors(include_url=False):
             console.print(f"  {'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}")
-        raise typer.Exit(1) from None
+        raise typer.Exit(USAGE) from None
     try:
         prediction = estimate(request, PredictorSettings().assumptions())
     except Refused as refused:
         console.print("[red]refused[/red]")
         for field_error in refused.errors:
             console.print(f"  {field_error.field}: {field_error.reason}")
-        raise typer.Exit(1) from None
+        raise typer.Exit(NO) from None
     if as_json:
         console.print_json(prediction.model_dump_json())
     else:
