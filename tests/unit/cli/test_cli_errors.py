@@ -178,3 +178,9 @@ def test_schedule_test_exits_1_when_nothing_fits_and_submit_prints_json(
     submitted = runner.invoke(app, ["submit", str(request), "--json", "--gateway", url])
     assert submitted.exit_code == 0, submitted.output
     assert json.loads(submitted.stdout) == {"task_id": "t-1", "event_id": "e-1"}
+
+
+def test_a_mistyped_lazy_command_is_suggested() -> None:
+    result = runner.invoke(app, ["webhok"])
+    assert result.exit_code == errors.USAGE
+    assert "Did you mean 'webhooks'?" in result.output

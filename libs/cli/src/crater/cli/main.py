@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from difflib import get_close_matches
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -93,6 +94,8 @@ class LazyGroup(TyperGroup):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.commands or cmd_name not in LAZY:
             return super().get_command(ctx, cmd_name)
+        if ctx.resilient_parsing:  # shell completion: the real options
+            return load_command(cmd_name)
         return TyperCommand(cmd_name, help=source_help(cmd_name))  # for the listing
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -108,7 +111,13 @@ class LazyGroup(TyperGroup):
         name = args[0] if args else ""
         if name in LAZY and name not in self.commands:
             return name, load_command(name), args[1:]
-        return super().resolve_command(ctx, args)
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.UsageError as error:
+            close = get_close_matches(name, self.list_commands(ctx))
+            if close and "Did you mean" not in error.message:
+                error.message = f"{error.message.rstrip('.')}. Did you mean {close[0]!r}?"
+            raise
 
 
 class CraterTyper(typer.Typer):
