@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -141,3 +142,13 @@ def test_piped_tables_are_plain_columns_never_cut(log: FakeLog) -> None:
     assert lines[0].split("\t")[:3] == ["id", "task", "status"]
     assert lines[1].split("\t")[1] == "t1"
     assert long_error.strip() in lines[1]
+
+
+def test_topology_png_without_graphviz_says_so_before_printing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
+    result = runner.invoke(app, ["topology-export", "--png", str(tmp_path / "t.png")])
+    assert result.exit_code == errors.USAGE
+    assert result.stdout == ""
+    assert "apt-get install graphviz" in result.output

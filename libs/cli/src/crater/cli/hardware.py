@@ -258,16 +258,29 @@ def topology_export(
     """A node's GPU-NVLink-PCIe-CPU-memory-disk graph as Graphviz DOT."""
     if export_format != "dot":
         raise typer.BadParameter("only --format dot is supported")
+    renderer = shutil.which("dot") if png is not None else None
+    if png is not None and renderer is None:  # before anything is printed or written
+        raise CliError(
+            "--png needs Graphviz's `dot`, which is not installed (apt-get install graphviz); "
+            "without --png the DOT text is printed",
+            USAGE,
+        )
     topology, _ = _find(node, fleet)
     dot = topology_to_dot(topology)
     if output is None:
         print(dot)
     else:
+        output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(dot)
-    if png is not None:
-        renderer = shutil.which("dot")
-        if renderer is None:
-            console.print("[red]Graphviz `dot` is not installed[/red]; apt-get install graphviz")
-            raise typer.Exit(2)
-        subprocess.run([renderer, "-Tpng", "-o", str(png)], input=dot.encode(), check=True)
+    if png is not None and renderer is not None:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            [renderer, "-Tpng", "-o", str(png)],
+            input=dot.encode(),
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode:
+            why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+            raise CliError(f"Graphviz could not render {png}: {why}")
         Console(stderr=True).print(f"wrote {png}")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from crater.cli.errors import NO, USAGE
+from crater.cli.output import emit_json
 from crater.cli.output import table as print_table
 from crater.contracts import ResourcePrediction, TaskRequest
 from crater.predictor.api import Refused
@@ -61,15 +62,16 @@ def predict(
             console.print(f"  {field_error.field}: {field_error.reason}")
         raise typer.Exit(NO) from None
     if as_json:
-        console.print_json(prediction.model_dump_json())
+        emit_json(prediction.model_dump_json())
     else:
         show(request, prediction, explain)
     if plot is not None:
         if prediction.timeline is None:
-            console.print("[yellow]no timeline: only training and fine-tuning have one[/yellow]")
+            typer.echo("no timeline to plot: only training and fine-tuning have one", err=True)
         else:
+            plot.parent.mkdir(parents=True, exist_ok=True)
             draw(request, prediction, plot)
-            console.print(f"timeline drawn to {plot}")
+            typer.echo(f"timeline drawn to {plot}", err=True)
 
 
 def show(request: TaskRequest, p: ResourcePrediction, explain: bool) -> None:
