@@ -8,10 +8,11 @@ import io
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
-import crater.cli.main as cli_main
+import crater.cli.gateway as cli_gateway
 from crater.cli.main import app as cli
 from crater.contracts import UsageAnswer, UsageLine, UsageQuery
 from crater.contracts.queries import QuerySubjects
@@ -91,18 +92,20 @@ async def test_a_tenant_sees_its_own_usage_an_admin_every_tenant_s(fresh_nats: N
     assert [UsageQuery.model_validate_json(s).tenant for s in seen] == ["a", "a", None]
 
 
-def fake_get(url: str, params: dict[str, str | int]) -> bytes:
-    assert url.endswith("/api/v1/usage")
+def fake_call(
+    method: str, gateway: str, path: str, *, params: dict[str, str | int], **_: object
+) -> httpx.Response:
+    assert (method, path) == ("GET", "/api/v1/usage")
     query = UsageQuery(
         since=datetime.fromisoformat(str(params["since"])),
         until=datetime.fromisoformat(str(params["until"])),
         by=str(params["by"]),  # type: ignore[arg-type]
     )
-    return answer(query.model_dump_json().encode())
+    return httpx.Response(200, content=answer(query.model_dump_json().encode()))
 
 
 def test_crater_cost_prints_a_table_json_and_csv(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli_main, "_get", fake_get)
+    monkeypatch.setattr(cli_gateway, "call", fake_call)
     window = ["--since", "2026-11-30T10:00", "--until", "2026-11-30T11:00"]
     runner = CliRunner()
     table = runner.invoke(cli, ["cost", *window])

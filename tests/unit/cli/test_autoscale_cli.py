@@ -75,3 +75,16 @@ def test_the_simulator_starts_from_the_services_defaults() -> None:
     assert defaults["strategy"].default == settings.strategy
     assert defaults["scale_in_step"].default == SIMULATED_SCALE_IN_STEP
     assert settings.max_scale_in_step == 1  # the service stays cautious; docs say why
+
+
+def test_json_prints_the_results_on_stdout(tmp_path: Path) -> None:
+    runner = CliRunner()
+    trace = tmp_path / "trace.csv"
+    made = runner.invoke(
+        app, ["autoscale-sim", "--generate", str(trace), "--hours", "0.05", "--seed", "4"]
+    )
+    assert made.exit_code == 0, made.output
+    ran = runner.invoke(app, ["autoscale-sim", "--trace", str(trace), "--json"])
+    assert ran.exit_code == 0, ran.output
+    body = json.loads(ran.stdout)
+    assert [r["policy"] for r in body["results"]] == ["crater", "hpa"]

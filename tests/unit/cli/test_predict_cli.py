@@ -79,5 +79,5 @@ def test_absurd_and_invalid_requests_say_which_field_and_why(tmp_path: Path) -> 
         },
     )
     result = runner.invoke(app, ["predict", str(invalid)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # invalid input (docs/cli.md)
     assert "training_config.batch_size" in result.output

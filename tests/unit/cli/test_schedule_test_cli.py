@@ -64,7 +64,7 @@ def test_the_flat_resource_request_operators_type_is_read() -> None:
             nowhere,
         ],
     )
-    assert flat.exit_code == 2
+    assert flat.exit_code == 3  # unreachable
     assert "no gateway at" in flat.output
     assert "invalid resource request" not in flat.output
     unknown = runner.invoke(

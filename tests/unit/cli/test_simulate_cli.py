@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from crater.cli import errors
 from crater.cli.main import app
 from crater.scheduler.sim.variants import write_pods
 from tests.unit.scheduler.test_fragmentation import PODS
@@ -60,3 +62,34 @@ def test_simulate_replays_a_derived_trace(tmp_path: Path) -> None:
     wrong = CliRunner().invoke(app, [*args, "--variant", "busy"])
     assert wrong.exit_code != 0
     assert "--variant" in wrong.output
+
+
+def test_simulate_without_the_trace_says_where_to_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CRATER_OPENB_DIR", str(tmp_path / "nowhere"))
+    result = CliRunner().invoke(app, ["simulate"])
+    assert result.exit_code == errors.USAGE
+    assert "set CRATER_OPENB_DIR" in result.output
+    missing = CliRunner().invoke(app, ["simulate", "--nodes", str(tmp_path / "no.csv")])
+    assert missing.exit_code == errors.USAGE
+    assert "no such file" in missing.output
+
+
+def test_simulate_writes_outside_the_committed_results_and_prints_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\ng8,96000,393216,8,G2\nt4,104000,524288,2,T4\n"
+    )
+    pods = tmp_path / "pods.csv"
+    write_pods(PODS, pods)
+    monkeypatch.chdir(tmp_path)
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--seed", "3", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["seeds"] == [3]
+    assert (tmp_path / "var" / "simulate" / "openb_crater.json").is_file()
+    assert not (tmp_path / "benchmarks").exists()

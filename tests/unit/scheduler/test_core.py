@@ -125,7 +125,8 @@ def test_pending_task_says_why_per_filter_and_is_placed_when_resources_free() ->
     [pending] = scheduler.handle(profiled("big-2", when=2, gpus=2, gpu_mb=40000))
     assert isinstance(pending, TaskPending)
     assert pending.summary == (
-        "0/2 nodes available: 1 fewer than 2 GPUs, 1 GPU memory per card < 40000 MiB"
+        "0/2 nodes available: 1 node has fewer than 2 free GPUs; "
+        "1 node has less than 40000 MiB of GPU memory per card"
     )
     assert {r.code: r.nodes for r in pending.reasons} == {
         "InsufficientGpus": 1,
@@ -281,7 +282,9 @@ def test_tenant_quota_holds_tasks_back_and_refuses_what_could_never_fit() -> Non
     [waits] = scheduler.handle(profiled("s2", gpus=2, when=2, tenant="search"))
     assert isinstance(waits, TaskPending)
     assert waits.reasons[0].code == "QuotaExceeded"
-    assert "gpus 4 > 3" in waits.summary
+    assert "tenant 'search' is over its quota: gpus would reach 4, over its limit of 3" in (
+        waits.summary
+    )
     [other] = scheduler.handle(profiled("r1", gpus=2, when=3, tenant="research"))
     assert isinstance(other, AllocationGranted)  # another tenant is not held back
     [never] = scheduler.handle(profiled("s3", gpus=4, when=4, tenant="search"))
@@ -354,7 +357,7 @@ def test_replicas_of_one_group_spread_across_nodes() -> None:
         "rtx-02",
     }
     assert isinstance(placed[2], TaskPending)
-    assert "already runs a replica of chat" in placed[2].summary
+    assert "2 nodes already run a replica of chat" in placed[2].summary
     [other] = scheduler.handle(profiled("solo", gpus=1, when=5))
     assert isinstance(other, AllocationGranted)  # no group: bin-packs as usual
 

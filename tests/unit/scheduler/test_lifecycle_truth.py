@@ -230,7 +230,10 @@ def test_three_hundred_tasks_waiting_ten_minutes_hear_at_most_three_pendings_eac
     assert pendings["w-0"] == 2
     # the live reason is current all the same
     summary = scheduler.pending["w-0"].last_summary
-    assert summary == f"0/{len(scheduler.cluster)} nodes available: 20 fewer than 2 GPUs"
+    assert (
+        summary
+        == f"0/{len(scheduler.cluster)} nodes available: 20 nodes have fewer than 2 free GPUs"
+    )
 
 
 def flapping(interval: float) -> int:
@@ -269,7 +272,7 @@ def test_a_new_kind_of_reason_is_announced_once_it_has_held_for_the_interval() -
         occurred_at=at(10), node_id="n1", condition=NodeCondition.NOT_READY, score=0
     )
     assert of(TaskPending, scheduler.handle(down)) == []
-    assert scheduler.pending["waits"].last_summary == "0/1 nodes available: 1 node not ready"
+    assert scheduler.pending["waits"].last_summary == "0/1 nodes available: 1 node is not ready"
     still = down.model_copy(update={"occurred_at": at(40)})
     assert of(TaskPending, scheduler.handle(still)) == []
     [news] = of(TaskPending, scheduler.handle(still.model_copy(update={"occurred_at": at(71)})))
@@ -277,7 +280,10 @@ def test_a_new_kind_of_reason_is_announced_once_it_has_held_for_the_interval() -
     # back to a kind AllData was told before: no news, however long it holds
     for when in (80, 150, 300):
         assert of(TaskPending, scheduler.handle(heartbeat("n1", when))) == []
-    assert scheduler.pending["waits"].last_summary == "0/1 nodes available: 1 fewer than 2 GPUs"
+    assert (
+        scheduler.pending["waits"].last_summary
+        == "0/1 nodes available: 1 node has fewer than 2 free GPUs"
+    )
 
 
 # -- lost nodes and restart policies ----------------------------------------------------------

@@ -91,7 +91,7 @@ def test_node_selector_keeps_the_nodes_carrying_every_label() -> None:
     assert passing(c, "NodeLabels", demand(node_selector={"rack": "r1"})) == ["a", "b"]
     assert passing(c, "NodeLabels", demand()) == ["a", "b", "c"]
     assert FILTERS["NodeLabels"].explain(demand(node_selector={"rack": "r2"})) == (
-        "labels do not match rack=r2"
+        "lacks the labels rack=r2"
     )
 
 
@@ -138,7 +138,7 @@ def test_gpu_model_list_allows_any_of_its_models() -> None:
     )
     d = demand({"gpu": {"count": 1, "types": ["V100", "T4"]}})
     assert passing(c, "GpuModel", d) == ["v100", "t4"]
-    assert FILTERS["GpuModel"].explain(d) == "GPU model not one of V100, T4"
+    assert FILTERS["GpuModel"].explain(d) == "has no V100 or T4 GPU"
     both = demand({"gpu": {"count": 1, "type": "A100", "types": ["T4"]}})
     assert passing(c, "GpuModel", both) == ["a100", "t4"]
 
@@ -154,7 +154,7 @@ def test_mig_profile_needs_a_card_offering_it_with_the_slice_free() -> None:
     assert passing(c, "GpuCount", d) == ["mig", "plain", "carved"]  # MigProfile judges
     unknown = demand({"gpu": {"count": 1, "mig_profile": "2g.10gb"}})
     assert passing(c, "MigProfile", unknown, free=False) == []
-    assert FILTERS["MigProfile"].explain(d) == "no card with a free MIG 1g.10gb slice"
+    assert FILTERS["MigProfile"].explain(d) == "has no card with a free MIG 1g.10gb slice"
 
 
 def test_mig_slice_memory_is_compared_with_what_the_task_needs() -> None:
@@ -226,8 +226,8 @@ def test_memory_bandwidth_filter_takes_the_best_numa_node_and_refuses_the_unmeas
     assert passing(c, "MemoryBandwidth", demand({"memory": {"bandwidth_gbps": 20}})) == ["fast"]
     assert len(passing(c, "MemoryBandwidth", demand())) == 3
     assert FILTERS["MemoryBandwidth"].explain(demand({"memory": {"bandwidth_gbps": 20}})) == (
-        "memory bandwidth < 20 GB/s over a NUMA node's cores (one thread's where no such "
-        "figure) or not measured"
+        "has less than 20 GB/s of memory bandwidth over a NUMA node's cores (one thread's "
+        "where no such figure), or none measured"
     )
 
 
@@ -273,7 +273,7 @@ def test_ssd_iops_and_latency_against_the_measured_disks() -> None:
     assert passing(c, "SsdLatency", demand({"ssd": {"latency_us_max": 200}})) == ["fast", "slow"]
     assert len(passing(c, "SsdIops", demand())) == 3
     assert FILTERS["SsdLatency"].explain(demand({"ssd": {"latency_us_max": 100}})) == (
-        "SSD read latency > 100 us or not measured"
+        "has no SSD reading within 100 us, or none measured"
     )
 
 
@@ -308,7 +308,8 @@ def test_ssd_iops_compares_the_figure_at_depth_where_known_else_qd1() -> None:
     assert passing(c, "SsdIops", demand({"ssd": {"iops_min": 100_000}})) == ["rated", "lower"]
     assert passing(c, "SsdIops", demand({"ssd": {"iops_min": 14_000}})) == ["rated", "lower", "qd1"]
     assert FILTERS["SsdIops"].explain(demand({"ssd": {"iops_min": 800_000}})) == (
-        "SSD random reads < 800000 IOPS at depth (at QD1 where no such figure) or not measured"
+        "has no SSD doing 800000 random-read IOPS at depth (at QD1 where no such figure), "
+        "or none measured"
     )
 
 

@@ -101,8 +101,8 @@ def test_dry_run_names_each_new_filter_with_its_code() -> None:
     assert answer.fits == []
     assert {m.code for m in answer.misfits} == {"InsufficientSsdIops"}
     assert answer.summary == (
-        "0/3 nodes fit; 3 SSD random reads < 1000 IOPS at depth (at QD1 where no such figure) "
-        "or not measured"
+        "0/3 nodes fit; 3 nodes have no SSD doing 1000 random-read IOPS at depth (at QD1 where "
+        "no such figure), or none measured"
     )
 
 
@@ -120,7 +120,7 @@ def test_a_waiting_task_says_which_new_filters_keep_it_out() -> None:
         "UntoleratedTaint": 1,
         "InsufficientGpus": 1,
     }
-    assert "1 a taint the task does not tolerate" in pending.summary
+    assert "1 node has a taint the task does not tolerate" in pending.summary
 
 
 def test_a_request_no_node_can_ever_meet_is_rejected_naming_the_field() -> None:
@@ -131,7 +131,7 @@ def test_a_request_no_node_can_ever_meet_is_rejected_naming_the_field() -> None:
     assert isinstance(rejected, TaskRejected)
     [error] = rejected.errors
     assert error.field == "resource_requirements.ssd.latency_us_max"
-    assert "2 SSD read latency > 50 us or not measured" in error.reason
+    assert "2 nodes have no SSD reading within 50 us, or none measured" in error.reason
     [mig] = scheduler.handle(
         submit("slice", 2, resource_requirements={"gpu": {"count": 1, "mig_profile": "1g.10gb"}})
     )

@@ -83,7 +83,9 @@ def test_a_gang_is_placed_all_or_nothing_and_released_whole() -> None:
     assert isinstance(busy, AllocationGranted)
     [waits] = scheduler.handle(profiled("gang", gpus=4, when=2, gang_size=3))
     assert isinstance(waits, TaskPending)  # two members would fit now: none is granted
-    assert waits.summary == ("2/3 nodes can take a member, 3 needed at once: 1 fewer than 4 GPUs")
+    assert waits.summary == (
+        "2/3 nodes can take a member, 3 needed at once: 1 node has fewer than 4 free GPUs"
+    )
     assert "gang" not in scheduler.allocations
     released, *members = scheduler.handle(status("busy", 3, TaskStatus.SUCCEEDED))
     assert isinstance(released, AllocationReleased)
@@ -133,7 +135,7 @@ def test_backfill_keeps_the_blocked_heads_node_and_uses_the_others() -> None:
     assert small.node == "b"  # not "a": it could delay "big"
     [waits] = scheduler.handle(profiled("small-2", gpus=2, when=4))
     assert isinstance(waits, TaskPending)
-    assert "1 kept for big, waiting ahead of it" in waits.summary
+    assert "1 node is kept for big, which waits ahead of it" in waits.summary
     assert {r.code for r in waits.reasons} >= {"ReservedForWaitingTask"}
     [urgent] = scheduler.handle(profiled("urgent", gpus=2, when=5, priority="high"))
     assert isinstance(urgent, AllocationGranted)  # ahead of the head: nothing is kept from it
@@ -253,7 +255,7 @@ def test_pending_reasons_follow_the_cluster_and_are_sent_only_when_their_kind_ch
     scheduler.handle(profiled("holder", gpus=2, when=1))
     [first] = scheduler.handle(profiled("waits", gpus=2, when=2))
     assert isinstance(first, TaskPending)
-    assert first.summary == "0/1 nodes available: 1 fewer than 2 GPUs"
+    assert first.summary == "0/1 nodes available: 1 node has fewer than 2 free GPUs"
     heartbeat = NodeHealthReported(
         occurred_at=at(3), node_id="a", condition=NodeCondition.READY, score=100
     )
@@ -263,7 +265,10 @@ def test_pending_reasons_follow_the_cluster_and_are_sent_only_when_their_kind_ch
     # the same kind of reason (too few GPUs) on more nodes: not news for AllData, but the
     # live reason follows
     assert [d for d in changed if isinstance(d, TaskPending)] == []
-    assert scheduler.pending["waits"].last_summary == "0/2 nodes available: 2 fewer than 2 GPUs"
+    assert (
+        scheduler.pending["waits"].last_summary
+        == "0/2 nodes available: 2 nodes have fewer than 2 free GPUs"
+    )
     same = NodeTopologyReported(occurred_at=at(5), node=small)
     assert [d for d in scheduler.handle(same) if isinstance(d, TaskPending)] == []
 

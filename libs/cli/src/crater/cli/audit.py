@@ -9,7 +9,6 @@ The core's configuration for replay and explain is the scheduler's, from the sam
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -35,17 +34,13 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 def _on_database(database_url: str, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-    from crater.runtime.db import make_engine
+    from crater.cli.database import on_database
 
-    async def run() -> T:
-        engine = make_engine(database_url)
-        try:
-            async with engine.connect() as connection:
-                return await work(connection)
-        finally:
-            await engine.dispose()
+    async def run(engine: Any) -> T:
+        async with engine.connect() as connection:
+            return await work(connection)
 
-    return asyncio.run(run())
+    return on_database(database_url, run)
 
 
 async def _seq(connection: AsyncConnection, text: str | None, end: bool = False) -> int | None:

@@ -26,6 +26,8 @@ from crater.autoscaler.sim import (
     simulate,
     write_trace,
 )
+from crater.cli.output import emit_json
+from crater.cli.output import table as print_table
 
 console = Console()
 # The service's defaults (its settings default to these too), except where a flag says.
@@ -65,6 +67,9 @@ def autoscale_sim(
         tuple[float, float], typer.Option(help="Generated trace: a burst lasts (seconds)")
     ] = (30.0, 120.0),
     output: Annotated[Path | None, typer.Option(help="Write the results as JSON here.")] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the results as JSON instead of the table.")
+    ] = False,
     slo_ms: Annotated[float, typer.Option(help="SLO: time to first token at most this.")] = 200.0,
     strategy: Annotated[
         str, typer.Option(help="Crater: demand (the default) or rule (the field's rule alone).")
@@ -185,9 +190,9 @@ def autoscale_sim(
             result = simulate(requests, config, name, advance)
             results.append(replace(result, policy=label))
             progress.update(task, completed=1.0)
-    show(results, trace)
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
+    if not as_json:
+        show(results, trace)
+    if output is not None or as_json:
         body = {
             "trace": str(trace),
             "requests": len(requests),
@@ -206,11 +211,15 @@ def autoscale_sim(
             },
             "results": [r.summary() for r in results],
         }
-        output.write_text(json.dumps(body, indent=2) + "\n")
-        console.print(f"wrote {output}")
+        if as_json:
+            emit_json(body)
+        if output is not None:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(json.dumps(body, indent=2) + "\n")
+            (console.print if not as_json else _say)(f"wrote {output}")
     if plot is not None:
         draw(results, plot, slo_ms)
-        console.print(f"wrote {plot}")
+        (console.print if not as_json else _say)(f"wrote {plot}")
 
 
 def show(results: list[RunResult], trace: Path) -> None:
@@ -239,7 +248,7 @@ def show(results: list[RunResult], trace: Path) -> None:
     ]
     for label, values in rows:
         table.add_row(label, *values)
-    console.print(table)
+    print_table(table)
 
 
 def draw(results: list[RunResult], path: Path, slo_ms: float) -> None:
@@ -301,3 +310,8 @@ def draw(results: list[RunResult], path: Path, slo_ms: float) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _say(line: str) -> None:
+    """A note on stderr, where stdout carries --json."""
+    typer.echo(line, err=True)

@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from crater.cli.output import emit_json
+from crater.cli.output import table as print_table
 from crater.contracts import UsageAnswer
 from crater.predictor.domain.usage import csv_rows, month_start
 
@@ -49,7 +51,7 @@ def cost(
 ) -> None:
     """Allocated GPU-hours (idle and unmeasured among them), GPU memory, cores, memory and
     cost per tenant, pool, GPU model or task; a tenant's credential sees its own only."""
-    from crater.cli.main import _get
+    from crater.cli.gateway import call
 
     now = datetime.now(UTC)
     params: dict[str, str | int] = {
@@ -61,9 +63,11 @@ def cost(
         params["hourly"] = "true"
     if tenant:
         params["tenant"] = tenant
-    answer = UsageAnswer.model_validate_json(_get(f"{gateway}/api/v1/usage", params))
+    answer = UsageAnswer.model_validate_json(
+        call("GET", gateway, "/api/v1/usage", params=params).content
+    )
     if as_json:
-        print(answer.model_dump_json(indent=2))
+        emit_json(answer.model_dump_json())
         return
     if as_csv:
         rows = csv_rows(answer)
@@ -97,4 +101,4 @@ def cost(
             f"{line.memory_gib_seconds / 3600:.3f}",
             "-" if line.cost is None else f"{line.cost:.2f}",
         )
-    console.print(table)
+    print_table(table)

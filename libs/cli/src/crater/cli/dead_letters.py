@@ -9,7 +9,6 @@ duplicate window), and records what it did as a `MessageReplayed` in the same st
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -18,27 +17,22 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import typer
-from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from rich.console import Console
 from rich.table import Table
 
+from crater.cli.jetstream import DEFAULT_NATS, NatsOption, on_jetstream
+from crater.cli.output import table as print_table
 from crater.contracts import MessageDeadLettered, MessageReplayed, Streams, Subjects
 from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS, encode, retry_transient
 from crater.runtime.jsondepth import json_depth
-from crater.runtime.nats_connection import NatsConnection
-from crater.runtime.settings import ServiceSettings
 
 app = typer.Typer(help="Messages the consumers gave up on: list, show, replay.")
 console = Console()
 T = TypeVar("T")
 
-NatsOption = Annotated[
-    str, typer.Option(envvar="CRATER_NATS_URL", help="The NATS server Crater runs on.")
-]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON lines.")]
-DEFAULT_NATS = "nats://127.0.0.1:4222"
 PRETTY_DEPTH = 16  # payloads nested deeper are shown as received
 SHOWN_CHARS = 8000
 STREAM = Streams.DEAD_LETTERS.name
@@ -61,20 +55,7 @@ class Letter:
 
 
 def _run(nats_url: str, work: Callable[[JetStreamContext], Awaitable[T]]) -> T:
-    async def go() -> T:
-        try:
-            # as CRATER_NATS_USER, CRATER_NATS_PASSWORD[_FILE], CRATER_NATS_TLS_* say (admin)
-            nats_as = NatsConnection.of(ServiceSettings(nats_url=nats_url))
-            connection: Client = await nats_as.connect(connect_timeout=5, max_reconnect_attempts=0)
-        except Exception as error:
-            console.print(f"[red]cannot reach NATS at {nats_url}[/red]: {error!r}")
-            raise typer.Exit(2) from None
-        try:
-            return await work(connection.jetstream())
-        finally:
-            await connection.close()
-
-    return asyncio.run(go())
+    return on_jetstream(nats_url, work)
 
 
 async def read_letters(js: JetStreamContext) -> list[Letter]:
@@ -198,7 +179,7 @@ def list_letters(
             _reason(event)[:100],
             str(len(letter.replays)) if letter.replays else "-",
         )
-    console.print(table)
+    print_table(table)
 
 
 @app.command()

@@ -7,16 +7,15 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
-from crater.cli.credentials import api_headers
+from crater.cli.errors import NO, USAGE, CliError
+from crater.cli.gateway import call
+from crater.cli.output import console, emit_json
+from crater.cli.output import table as print_table
 from crater.contracts import PlacementAnswer, PlacementQuery
-
-console = Console(highlight=False)
 
 
 def schedule_test(
@@ -44,12 +43,16 @@ def schedule_test(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     gateway: Annotated[str, typer.Option(envvar="CRATER_GATEWAY_URL")] = "http://127.0.0.1:8080",
 ) -> None:
-    """Every node that fits, with its score, and every node that does not, with its reason."""
-    text = (
-        Path(resource_request[1:]).read_text()
-        if resource_request.startswith("@")
-        else (resource_request)
-    )
+    """Every node that fits, with its score, and every node that does not, with its reason.
+    Exit 1 when no node fits."""
+    text = resource_request
+    if resource_request.startswith("@"):
+        try:
+            text = Path(resource_request[1:]).read_text()
+        except OSError as error:
+            raise CliError(
+                f"--resource-request {resource_request}: {error.strerror}", USAGE
+            ) from None
     try:
         query = PlacementQuery.model_validate(
             {
@@ -62,25 +65,15 @@ def schedule_test(
         )
     except (ValueError, ValidationError) as error:
         console.print(f"[red]invalid resource request:[/red] {error}")
-        raise typer.Exit(2) from None
-    try:
-        response = httpx.post(
-            f"{gateway}/api/v1/schedule/dry-run",
-            content=query.model_dump_json(),
-            headers={"content-type": "application/json", **api_headers()},
-            timeout=10,
-        )
-    except httpx.ConnectError:
-        console.print(f"[red]no gateway at {gateway}[/red]; is Crater up (make up)?")
-        raise typer.Exit(2) from None
-    if response.status_code >= 400:
-        console.print(f"[red]{response.status_code}[/red] {response.text}")
-        raise typer.Exit(1)
+        raise typer.Exit(USAGE) from None
+    response = call("POST", gateway, "/api/v1/schedule/dry-run", content=query.model_dump_json())
     answer = PlacementAnswer.model_validate_json(response.content)
     if as_json:
-        console.print_json(answer.model_dump_json())
-        return
-    print_placement(answer)
+        emit_json(answer.model_dump_json())
+    else:
+        print_placement(answer)
+    if not answer.fits:
+        raise typer.Exit(NO)
 
 
 def print_placement(answer: PlacementAnswer) -> None:
@@ -97,11 +90,11 @@ def print_placement(answer: PlacementAnswer) -> None:
             "-" if fit.numa_node is None else str(fit.numa_node),
             " ".join(f"{s.plugin}={s.score:.2f}" for s in fit.scores),
         )
-    console.print(fits)
+    print_table(fits)
     misfits = Table("node", "filter", "code", "reason", title="does not fit")
     for misfit in answer.misfits:
         misfits.add_row(misfit.node_id, misfit.filter, misfit.code, misfit.reason)
-    console.print(misfits)
+    print_table(misfits)
     console.print(answer.summary)
 
 
@@ -135,11 +128,11 @@ def print_dry_run(body: bytes) -> None:
                 str(len(m.cpu_cores)),
                 "-" if m.numa_node is None else str(m.numa_node),
             )
-        console.print(members)
+        print_table(members)
+    from crater.scheduler.domain.wording import sentence
+
     for reason in placement.reasons:
-        console.print(
-            f"  waits: {reason.filter} ({reason.code}) on {reason.nodes}: {reason.message}"
-        )
+        console.print(f"  waits: {sentence(reason)} ({reason.filter}, {reason.code})")
     for error in placement.errors:
         console.print(f"  rejected: {error.field}: {error.reason}")
     print_placement(placement)

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from crater.contracts import NodeCondition, NodeMetricsReported, NodeTopology
+from crater.cli.errors import NO, USAGE, CliError
+from crater.cli.jetstream import DEFAULT_NATS, NatsOption, on_jetstream
+from crater.cli.output import emit_json
+from crater.cli.output import table as print_table
+from crater.contracts import (
+    HealthCheck,
+    NodeCondition,
+    NodeHealthReported,
+    NodeMetricsReported,
+    NodeTopology,
+)
 from crater.probe.api import (
     Bounds,
     GpuSampler,
@@ -39,7 +50,11 @@ def _find(name: str, fleet: Path | None) -> tuple[NodeTopology, NodeMetricsRepor
     local = discover_local()
     if name in (LOCAL, local.node_id):
         return local, _sample_local(local)
-    for node in load_fleet(fleet):
+    try:
+        nodes = load_fleet(fleet)
+    except ValueError as error:  # FleetError: the file is not a fleet
+        raise CliError(f"{error}", USAGE) from None
+    for node in nodes:
         if node.node_id == name:
             return node, None
     raise typer.BadParameter(f"no node {name!r} here ({local.node_id}) or in the fleet")
@@ -159,22 +174,78 @@ def _shared_roots(node: NodeTopology) -> str:
 
 def diagnose(
     node: Annotated[str, typer.Option("--node", help=f"A node id, or {LOCAL!r}.")] = LOCAL,
-    fleet: FleetOption = None,
+    fleet: Annotated[
+        Path | None,
+        typer.Option(
+            help="Evaluate this fleet YAML's node (simulated, static) instead of asking the "
+            "running Crater."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    nats_url: NatsOption = DEFAULT_NATS,
 ) -> None:
-    """Every health check of a node, passed or failed, with the reason."""
-    topology, metrics = _find(node, fleet)
-    wear = None if topology.simulated else disks_wear(topology.disks)
-    assessment = evaluate(topology, metrics, disk_wear=wear)
-    table = Table("check", "result", "detail")
-    for result in assessment.results:
-        verdict = "[green]pass[/green]" if result.passed else f"[red]{result.severity}[/red]"
-        table.add_row(result.name, verdict, result.detail)
-    console.print(table)
-    console.print(
-        f"{topology.node_id}: {assessment.condition.value}, health score {assessment.score}/100"
-    )
-    if assessment.condition is NodeCondition.NOT_READY:
-        raise typer.Exit(1)
+    """Every health check of a node, passed or failed, with the reason: this machine's as
+    measured now (`local`), another node's as its probe last reported it to the running
+    Crater (over NATS), or, with --fleet, a fleet file's simulated node. Exit 1 when the node
+    is NotReady."""
+    local = discover_local()
+    if node in (LOCAL, local.node_id) or fleet is not None:
+        topology, metrics = (local, _sample_local(local)) if fleet is None else _find(node, fleet)
+        wear = None if topology.simulated else disks_wear(topology.disks)
+        assessment = evaluate(topology, metrics, disk_wear=wear)
+        report = NodeHealthReported(
+            node_id=topology.node_id,
+            condition=assessment.condition,
+            score=assessment.score,
+            checks=[
+                HealthCheck(name=r.name, passed=r.passed, detail=r.detail)
+                for r in assessment.results
+            ],
+        )
+        source = "measured now" if fleet is None else f"simulated from {fleet}"
+    else:
+        report = running_health(node, nats_url)
+        age = (datetime.now(UTC) - report.occurred_at).total_seconds()
+        source = f"as its probe reported {age:.0f} s ago"
+    if as_json:
+        emit_json(report.model_dump_json())
+    else:
+        table = Table("check", "result", "detail")
+        for check in report.checks:
+            verdict = "[green]pass[/green]" if check.passed else "[red]fail[/red]"
+            table.add_row(check.name, verdict, check.detail)
+        print_table(table)
+        console.print(
+            f"{report.node_id}: {report.condition.value}, health score {report.score}/100 "
+            f"({source})"
+        )
+    if report.condition is NodeCondition.NOT_READY:
+        raise typer.Exit(NO)
+
+
+def running_health(node: str, nats_url: str) -> NodeHealthReported:
+    """The latest health report of `node` in the running Crater's stream."""
+    from nats.js.errors import NotFoundError
+
+    from crater.contracts import Streams, Subjects
+
+    async def latest(js: Any) -> NodeHealthReported | None:
+        try:
+            message = await js.get_last_msg(
+                Streams.NODE_TELEMETRY.name, Subjects.NODE_HEALTH.for_node(node)
+            )
+        except NotFoundError:
+            return None
+        return NodeHealthReported.model_validate_json(message.data)
+
+    report = on_jetstream(nats_url, latest)
+    if report is None:
+        raise CliError(
+            f"no health report from node {node!r} in the last hour: is its probe running? "
+            "`crater list-nodes` shows the nodes Crater knows; --node local diagnoses this "
+            "machine, --fleet FILE a simulated node."
+        )
+    return report
 
 
 def topology_export(
@@ -187,16 +258,29 @@ def topology_export(
     """A node's GPU-NVLink-PCIe-CPU-memory-disk graph as Graphviz DOT."""
     if export_format != "dot":
         raise typer.BadParameter("only --format dot is supported")
+    renderer = shutil.which("dot") if png is not None else None
+    if png is not None and renderer is None:  # before anything is printed or written
+        raise CliError(
+            "--png needs Graphviz's `dot`, which is not installed (apt-get install graphviz); "
+            "without --png the DOT text is printed",
+            USAGE,
+        )
     topology, _ = _find(node, fleet)
     dot = topology_to_dot(topology)
     if output is None:
         print(dot)
     else:
+        output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(dot)
-    if png is not None:
-        renderer = shutil.which("dot")
-        if renderer is None:
-            console.print("[red]Graphviz `dot` is not installed[/red]; apt-get install graphviz")
-            raise typer.Exit(2)
-        subprocess.run([renderer, "-Tpng", "-o", str(png)], input=dot.encode(), check=True)
+    if png is not None and renderer is not None:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            [renderer, "-Tpng", "-o", str(png)],
+            input=dot.encode(),
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode:
+            why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+            raise CliError(f"Graphviz could not render {png}: {why}")
         Console(stderr=True).print(f"wrote {png}")

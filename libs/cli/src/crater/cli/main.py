@@ -1,39 +1,151 @@
-"""`crater`: run the services, the demo, and talk to a running Crater."""
+"""`crater`: run the services, the demo, and talk to a running Crater.
+
+`crater --help` imports none of the commands' modules: each is loaded when it runs (its
+one-line help is read from its source), so the services, alembic and numpy load only for
+the commands that need them. Exit codes: crater.cli.errors (docs/cli.md).
+"""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
+import os
+import sys
+from difflib import get_close_matches
+from functools import cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-import httpx
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
+import typer._click as click  # typer vendors its click: these classes, not click's
+from typer.core import TyperCommand, TyperGroup
 
-from crater.cli import (
-    audit,
-    autoscale,
-    bench,
-    chaos,
-    cost,
-    dashboards,
-    dead_letters,
-    hardware,
-    logs,
-    predict,
-    shared_day,
-    simulate,
-    tokens,
-    webhooks,
+from crater.cli.errors import INTERNAL, NO, USAGE, CliError
+from crater.cli.output import console, emit_json
+from crater.cli.output import table as print_table
+
+# name -> (module, attribute): a function (one command) or a typer.Typer (a group).
+LAZY: dict[str, tuple[str, str]] = {
+    "probe": ("crater.cli.hardware", "probe"),
+    "diagnose": ("crater.cli.hardware", "diagnose"),
+    "topology-export": ("crater.cli.hardware", "topology_export"),
+    "schedule-test": ("crater.cli.dry_run", "schedule_test"),
+    "autoscale-sim": ("crater.cli.autoscale", "autoscale_sim"),
+    "predict": ("crater.cli.predict", "predict"),
+    "cost": ("crater.cli.cost", "cost"),
+    "dashboards": ("crater.cli.dashboards", "dashboards"),
+    "logs": ("crater.cli.logs", "logs"),
+    "simulate": ("crater.cli.simulate", "simulate"),
+    "simulate-shared": ("crater.cli.shared_day", "simulate_shared"),
+    "bench": ("crater.cli.bench", "bench"),
+    "chaos": ("crater.cli.chaos", "chaos"),
+    "webhooks": ("crater.cli.webhooks", "app"),
+    "dead-letters": ("crater.cli.dead_letters", "app"),
+    "tokens": ("crater.cli.tokens", "app"),
+    "audit": ("crater.cli.audit", "app"),
+}
+
+
+@cache
+def load_command(name: str) -> click.Command:
+    """The real command `name`: its module imported now."""
+    module, attribute = LAZY[name]
+    target = getattr(importlib.import_module(module), attribute)
+    if isinstance(target, typer.Typer):
+        command: click.Command = typer.main.get_group(target)
+    else:
+        single = typer.Typer()
+        single.command(name)(target)
+        command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+@cache
+def source_help(name: str) -> str:
+    """The help of command `name` as its source has it (docstring or Typer(help=...)),
+    read without importing the module."""
+    module, attribute = LAZY[name]
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return ""
+    tree = ast.parse(Path(spec.origin).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == attribute:
+            return ast.get_docstring(node) or ""
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == attribute for t in node.targets)
+            and isinstance(node.value, ast.Call)
+        ):
+            for keyword in node.value.keywords:
+                if keyword.arg == "help" and isinstance(keyword.value, ast.Constant):
+                    return str(keyword.value.value)
+    return ""
+
+
+class LazyGroup(TyperGroup):
+    """Lists the lazy commands by their source's help; imports one only to run it."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *(n for n in LAZY if n not in self.commands)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands or cmd_name not in LAZY:
+            return super().get_command(ctx, cmd_name)
+        if ctx.resilient_parsing:  # shell completion: the real options
+            return load_command(cmd_name)
+        return TyperCommand(cmd_name, help=source_help(cmd_name))  # for the listing
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CliError as error:
+            typer.echo(f"crater: {error.message}", err=True)
+            raise typer.Exit(error.exit_code) from None
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name in LAZY and name not in self.commands:
+            return name, load_command(name), args[1:]
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.UsageError as error:
+            close = get_close_matches(name, self.list_commands(ctx))
+            if close and "Did you mean" not in error.message:
+                error.message = f"{error.message.rstrip('.')}. Did you mean {close[0]!r}?"
+            raise
+
+
+class CraterTyper(typer.Typer):
+    """`crater` itself: an unexpected exception is one line on stderr and exit 70; the
+    traceback only with CRATER_DEBUG=1."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as error:
+            if os.environ.get("CRATER_DEBUG"):
+                raise
+            typer.echo(
+                f"crater: internal error: {type(error).__name__}: {error}\n"
+                "This is a bug in crater; run again with CRATER_DEBUG=1 for the traceback "
+                "and report it.",
+                err=True,
+            )
+            sys.exit(INTERNAL)
+
+
+app = CraterTyper(
+    cls=LazyGroup,
+    help="Crater: an event-driven scheduler for heterogeneous AI compute. "
+    "Exit codes: 0 done, 1 the answer is no, 2 bad input, 3 cannot reach the gateway, "
+    "database or NATS, 4 not authorised, 70 a bug (docs/cli.md).",
+    pretty_exceptions_enable=False,
 )
-from crater.cli.credentials import api_headers
-from crater.cli.dry_run import print_dry_run, schedule_test
-from crater.contracts import NodesAnswer, TasksAnswer
-
-app = typer.Typer(help="Crater: an event-driven scheduler for heterogeneous AI compute.")
-console = Console()
 
 GatewayOption = Annotated[
     str,
@@ -48,6 +160,8 @@ def run(service: Annotated[str, typer.Argument(help=f"One of: {', '.join(RUNNABL
     """Run one service in the foreground, configured by CRATER_* environment variables."""
     if service not in RUNNABLE:
         raise typer.BadParameter(f"unknown service {service!r}; one of {', '.join(RUNNABLE)}")
+    from pydantic import ValidationError
+
     try:
         importlib.import_module(f"crater.{service}.app").main()
     except ValidationError as error:  # its settings: say which to set, exit 2
@@ -60,7 +174,7 @@ def run(service: Annotated[str, typer.Argument(help=f"One of: {', '.join(RUNNABL
                 f"crater {service}: refused to start: {where + ': ' if where else ''}{message}",
                 err=True,
             )
-        raise typer.Exit(2) from None
+        raise typer.Exit(USAGE) from None
 
 
 @app.command()
@@ -106,27 +220,47 @@ def submit(
             help="Only show the prediction and where it would go: nothing submitted or held.",
         ),
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the gateway's answer as JSON.")
+    ] = False,
 ) -> None:
-    """Submit a task request (the body of POST /api/v1/schedule)."""
-    response = httpx.post(
-        f"{gateway}/api/v1/schedule" + ("?dry_run=true" if dry_run else ""),
-        content=file.read_bytes(),
-        headers={"content-type": "application/json", **api_headers()},
-        timeout=10,
+    """Submit a task request (the body of POST /api/v1/schedule): checked here first, then
+    sent. Exit 1 when the gateway rejects it."""
+    from crater.cli.gateway import call
+
+    content = read_json_file(file)
+    response = call(
+        "POST", gateway, "/api/v1/schedule" + ("?dry_run=true" if dry_run else ""), content=content
     )
-    body = response.json()
-    if response.status_code >= 400:
-        console.print(f"[red]rejected ({response.status_code})[/red]")
-        for error in body.get("detail", []):
-            if isinstance(error, dict):
-                console.print(f"  {error.get('field')}: {error.get('reason')}")
-            else:
-                console.print(f"  {error}")
-        raise typer.Exit(1)
+    if as_json:
+        emit_json(response.text)
+        return
     if dry_run:
+        from crater.cli.dry_run import print_dry_run
+
         print_dry_run(response.content)
         return
+    body = response.json()
     console.print(f"[green]submitted[/green] {body['task_id']} (event {body['event_id']})")
+
+
+def read_json_file(file: Path) -> bytes:
+    """`file`'s bytes when they are a JSON object; else a CliError (exit 2) saying where."""
+    import json
+
+    content = file.read_bytes()
+    try:
+        body = json.loads(content)
+    except UnicodeDecodeError:
+        raise CliError(f"{file}: not a UTF-8 text file", USAGE) from None
+    except json.JSONDecodeError as error:
+        raise CliError(
+            f"{file}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}",
+            USAGE,
+        ) from None
+    if not isinstance(body, dict):
+        raise CliError(f"{file}: a task request is a JSON object, not {type(body).__name__}", USAGE)
+    return content
 
 
 @app.command("list-nodes")
@@ -137,9 +271,16 @@ def list_nodes(
 ) -> None:
     """Every node the scheduler knows, with what is free on it."""
     params: dict[str, str | int] = {"pool": pool} if pool else {}
-    answer = NodesAnswer.model_validate_json(_get(f"{gateway}/api/v1/nodes", params))
+    from rich.table import Table
+
+    from crater.cli.gateway import call
+    from crater.contracts import NodesAnswer
+
+    answer = NodesAnswer.model_validate_json(
+        call("GET", gateway, "/api/v1/nodes", params=params).content
+    )
     if as_json:
-        console.print_json(answer.model_dump_json())
+        emit_json(answer.model_dump_json())
         return
     table = Table("node", "pool", "condition", "GPU", "GPUs free", "CPU free", "memory free GiB")
     for n in answer.nodes:
@@ -153,7 +294,7 @@ def list_nodes(
             f"{n.cpu_cores_free}/{n.cpu_cores_total}",
             f"{n.memory_mb_free // 1024}/{n.memory_mb_total // 1024}",
         )
-    console.print(table)
+    print_table(table)
 
 
 @app.command()
@@ -167,9 +308,16 @@ def tasks(
     params: dict[str, str | int] = {"limit": limit}
     if status:
         params["status"] = status
-    answer = TasksAnswer.model_validate_json(_get(f"{gateway}/api/v1/tasks", params))
+    from rich.table import Table
+
+    from crater.cli.gateway import call
+    from crater.contracts import TasksAnswer
+
+    answer = TasksAnswer.model_validate_json(
+        call("GET", gateway, "/api/v1/tasks", params=params).content
+    )
     if as_json:
-        console.print_json(answer.model_dump_json())
+        emit_json(answer.model_dump_json())
         return
     table = Table("task", "type", "status", "pool", "GPUs", "node", "GPU ids", "why")
     for t in answer.tasks:
@@ -181,9 +329,9 @@ def tasks(
             str(t.gpus),
             t.node or "-",
             ",".join(map(str, t.gpu_ids)) or "-",
-            (t.reason or "")[:80],
+            t.reason or "",
         )
-    console.print(table)
+    print_table(table)
 
 
 @app.command()
@@ -215,26 +363,8 @@ def receiver(
     )
 
 
-app.command()(hardware.probe)
-app.command()(hardware.diagnose)
-app.command("topology-export")(hardware.topology_export)
-app.command("schedule-test")(schedule_test)
-app.command("autoscale-sim")(autoscale.autoscale_sim)
-app.command()(predict.predict)
-app.command()(cost.cost)
-app.command()(dashboards.dashboards)
-app.command()(logs.logs)
-app.command()(simulate.simulate)
-app.command("simulate-shared")(shared_day.simulate_shared)
-app.command()(bench.bench)
-app.command()(chaos.chaos)
-
 db_app = typer.Typer(help="The database every stateful service shares.")
 app.add_typer(db_app, name="db")
-app.add_typer(webhooks.app, name="webhooks")
-app.add_typer(dead_letters.app, name="dead-letters")
-app.add_typer(tokens.app, name="tokens")
-app.add_typer(audit.app, name="audit")
 
 
 @db_app.command("upgrade")
@@ -262,23 +392,11 @@ def docs(
         outdated = stale(out)
         if outdated:
             console.print(f"[red]stale:[/red] {', '.join(outdated)}; run `crater docs`")
-            raise typer.Exit(1)
+            raise typer.Exit(NO)
         console.print("docs are current")
         return
     written = generate(out)
     console.print(f"wrote {len(written)} files under {out}/")
-
-
-def _get(url: str, params: dict[str, str | int]) -> bytes:
-    try:
-        response = httpx.get(url, params=params, headers=api_headers(), timeout=10)
-    except httpx.ConnectError:
-        console.print(f"[red]no gateway at {url}[/red]; is Crater up (make up)?")
-        raise typer.Exit(2) from None
-    if response.status_code >= 400:
-        console.print(f"[red]{response.status_code}[/red] {response.text}")
-        raise typer.Exit(1)
-    return response.content
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from crater.cli.errors import NO, USAGE
+from crater.cli.output import emit_json
+from crater.cli.output import table as print_table
 from crater.contracts import ResourcePrediction, TaskRequest
 from crater.predictor.api import Refused
 from crater.predictor.api import predict as estimate
@@ -50,24 +53,25 @@ def predict(
         console.print("[red]invalid request[/red]")
         for e in error.errors(include_url=False):
             console.print(f"  {'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}")
-        raise typer.Exit(1) from None
+        raise typer.Exit(USAGE) from None
     try:
         prediction = estimate(request, PredictorSettings().assumptions())
     except Refused as refused:
         console.print("[red]refused[/red]")
         for field_error in refused.errors:
             console.print(f"  {field_error.field}: {field_error.reason}")
-        raise typer.Exit(1) from None
+        raise typer.Exit(NO) from None
     if as_json:
-        console.print_json(prediction.model_dump_json())
+        emit_json(prediction.model_dump_json())
     else:
         show(request, prediction, explain)
     if plot is not None:
         if prediction.timeline is None:
-            console.print("[yellow]no timeline: only training and fine-tuning have one[/yellow]")
+            typer.echo("no timeline to plot: only training and fine-tuning have one", err=True)
         else:
+            plot.parent.mkdir(parents=True, exist_ok=True)
             draw(request, prediction, plot)
-            console.print(f"timeline drawn to {plot}")
+            typer.echo(f"timeline drawn to {plot}", err=True)
 
 
 def show(request: TaskRequest, p: ResourcePrediction, explain: bool) -> None:
@@ -81,7 +85,7 @@ def show(request: TaskRequest, p: ResourcePrediction, explain: bool) -> None:
         table.add_row(key, f"{mb:,}", f"{mb / 1024:.2f}")
     table.add_row("[bold]peak[/bold]", f"[bold]{p.gpu_memory_per_gpu_mb:,}[/bold]",
                   f"[bold]{p.gpu_memory_per_gpu_mb / 1024:.2f}[/bold]")  # fmt: skip
-    console.print(table)
+    print_table(table)
     console.print(f"host memory {p.host_memory_mb:,} MiB; confidence {p.confidence.value}")
     console.print(
         f"DataLoader num_workers={p.dataloader_num_workers} "

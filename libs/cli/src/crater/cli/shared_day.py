@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from crater.cli.output import emit_json
+from crater.cli.output import table as print_table
 from crater.scheduler.sim.shared import DayResult, Setup, compare
 
 console = Console()
@@ -38,6 +40,9 @@ def simulate_shared(
     out: Annotated[Path, typer.Option(help="Where shared_day.{json,png} go.")] = Path(
         "results/shared_day"
     ),
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the setup and runs as JSON instead of tables.")
+    ] = False,
 ) -> None:
     """A day-long simulation: shared cluster (lending) vs split cluster (two fixed pools)."""
     setup = Setup(keep_idle_gpus=keep_idle)
@@ -58,14 +63,19 @@ def simulate_shared(
             table.add_row(label, str(runs[-1]["split"][key]), str(runs[-1]["shared"][key]))
         gain = shared.training_gpu_seconds / max(split.training_gpu_seconds, 1) - 1
         table.add_row("training GPU-hours gain", "", f"{100 * gain:+.1f}%")
-        console.print(table)
+        if not as_json:
+            print_table(table)
+    body = {"setup": setup.__dict__, "runs": runs}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "shared_day.json").write_text(
-        json.dumps({"setup": setup.__dict__, "runs": runs}, indent=2, default=str) + "\n"
-    )
+    (out / "shared_day.json").write_text(json.dumps(body, indent=2, default=str) + "\n")
     assert first is not None
     _plot(*first, out / "shared_day.png")
-    console.print(f"wrote {out / 'shared_day.json'} and {out / 'shared_day.png'}")
+    wrote = f"wrote {out / 'shared_day.json'} and {out / 'shared_day.png'}"
+    if as_json:
+        emit_json(json.dumps(body, default=str))
+        typer.echo(wrote, err=True)
+    else:
+        console.print(wrote)
 
 
 def _plot(split: DayResult, shared: DayResult, path: Path) -> None:

@@ -4,6 +4,7 @@ paper's protocol, for one placement policy over one or more seeds."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -14,6 +15,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from crater.cli.errors import USAGE, CliError
+from crater.cli.output import emit_json
+from crater.cli.output import table as print_table
 from crater.scheduler.api import POLICIES
 from crater.scheduler.sim.openb import (
     CPU_UNIT_MILLI,
@@ -27,7 +31,13 @@ from crater.scheduler.sim.protocol import simulate as run_protocol
 from crater.scheduler.sim.variants import VARIANTS, derive
 
 console = Console()
-DATA = Path("../shared/data/openb")
+progress = Console(stderr=True)  # the bar and the lines per seed: stdout is the results
+NODES_CSV, PODS_CSV = "openb_node_list_gpu_node.csv", "openb_pod_list_default.csv"
+# Where the openb data is looked for, first found: CRATER_OPENB_DIR, then shared/data/openb
+# beside or inside the working directory, then beside or inside this checkout.
+CHECKOUT = Path(__file__).resolve().parents[5]
+SEARCHED = (Path("../shared/data/openb"), Path("shared/data/openb"))
+DEFAULT_OUT = Path("var/simulate")
 # The paper's figures on the default trace (mean of seeds 42-51): 100%, 130%, idle GPUs.
 PUBLISHED: dict[str, tuple[float, float, int]] = {
     "random": (86.30, 87.47, 778),
@@ -55,19 +65,54 @@ def _one(
     return run_protocol(nodes, pods, policy, seed, cpu_unit_milli=cpu_unit)
 
 
+def openb_dir() -> Path | None:
+    """The folder holding the openb trace, or None."""
+    found = os.environ.get("CRATER_OPENB_DIR")
+    candidates = [Path(found)] if found else [*SEARCHED, *(CHECKOUT / p for p in SEARCHED)]
+    return next((c for c in candidates if (c / NODES_CSV).is_file()), None)
+
+
+def _trace_file(given: Path | None, name: str, option: str) -> Path:
+    if given is not None:
+        if not given.is_file():
+            raise CliError(f"{option} {given}: no such file", USAGE)
+        return given
+    folder = openb_dir()
+    if folder is None or not (folder / name).is_file():
+        raise CliError(
+            f"the openb trace ({name}) is not in CRATER_OPENB_DIR nor in shared/data/openb "
+            f"beside this checkout ({CHECKOUT.parent}): set CRATER_OPENB_DIR to the folder "
+            "holding it (github.com/alibaba/clusterdata, cluster-trace-gpu-v2023/csv), or pass "
+            f"{option}",
+            USAGE,
+        )
+    return folder / name
+
+
 def simulate(
-    nodes: Annotated[Path, typer.Option(help="openb node list CSV.")] = DATA
-    / "openb_node_list_gpu_node.csv",
-    pods: Annotated[Path, typer.Option(help="openb pod list CSV.")] = DATA
-    / "openb_pod_list_default.csv",
+    nodes: Annotated[
+        Path | None,
+        typer.Option(help=f"openb node list CSV; default: {NODES_CSV} of the openb folder."),
+    ] = None,
+    pods: Annotated[
+        Path | None,
+        typer.Option(help=f"openb pod list CSV; default: {PODS_CSV} of the openb folder."),
+    ] = None,
     policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICIES)}.")] = "crater",
     seed: Annotated[int, typer.Option(help="Seed of the shuffle and the draws.")] = 42,
     seeds: Annotated[
         str | None, typer.Option(help="Several seeds, e.g. 42-51 (overrides --seed).")
     ] = None,
-    out: Annotated[Path, typer.Option(help="Where openb_<policy>.{csv,png,json} go.")] = Path(
-        "benchmarks/results"
-    ),
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Where openb_<policy>.{csv,png,json} go (benchmarks/results: the committed "
+            "figures, only when asked)."
+        ),
+    ] = DEFAULT_OUT,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the summary (as written to JSON) on stdout.")
+    ] = False,
     jobs: Annotated[int, typer.Option(help="Seeds run in parallel processes.")] = 1,
     variant: Annotated[
         str | None,
@@ -89,14 +134,18 @@ def simulate(
     ] = CPU_UNIT_MILLI,
 ) -> None:
     """Replay the openb trace through the scheduling core: GPU allocation at 80..130% of the
-    cluster's cards arrived, mean over the seeds; the curve goes to CSV and PNG."""
+    cluster's cards arrived, mean over the seeds; the curve goes to CSV and PNG under --out.
+    The trace: CRATER_OPENB_DIR, or shared/data/openb beside the checkout."""
     if policy not in POLICIES:
         raise typer.BadParameter(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
     if variant is not None and variant not in VARIANTS:
         raise typer.BadParameter(
             f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}", param_hint="--variant"
         )
-    node_list, pod_list = load_nodes(nodes), load_pods(pods)
+    nodes_file = _trace_file(nodes, NODES_CSV, "--nodes")
+    pods_file = _trace_file(pods, PODS_CSV, "--pods")
+    with progress.status(f"reading {nodes_file} and {pods_file}"):
+        node_list, pod_list = load_nodes(nodes_file), load_pods(pods_file)
     if variant is not None:
         pod_list = derive(pod_list, node_list, variant, variant_seed)
     run_seeds = parse_seeds(seeds) if seeds else [seed]
@@ -108,7 +157,7 @@ def simulate(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=True) as bar:
+    with Progress(*columns, console=progress, transient=True) as bar:
         if jobs <= 1:
             for s in run_seeds:
                 task = bar.add_task(f"{policy} seed {s}: pods", total=None)
@@ -122,6 +171,7 @@ def simulate(
                         node_list, pod_list, policy, s, progress=tick, cpu_unit_milli=cpu_unit_milli
                     )
                 )
+                _done(results[-1], len(results), len(run_seeds))
         else:
             task = bar.add_task(f"{policy}: seeds", total=len(run_seeds))
             with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -132,10 +182,23 @@ def simulate(
                 for future in as_completed(futures):
                     results.append(future.result())
                     bar.advance(task)
+                    _done(results[-1], len(results), len(run_seeds))
     results.sort(key=lambda r: r.seed)
     wall = time.perf_counter() - started
     summary = write_results(results, out, policy, wall, cpu_unit_milli, variant)
+    if as_json:
+        emit_json(summary)
+        return
     _print(summary, mean_curve(results))
+    console.print(
+        f"wrote {out}/{'openb_' + (variant + '_' if variant else '')}{policy}.{{csv,json,png}}"
+    )
+
+
+def _done(result: RunResult, done: int, total: int) -> None:
+    """A line per seed where the bar is not shown (stderr not a terminal)."""
+    if not progress.is_terminal:
+        progress.print(f"seed {result.seed} done ({done}/{total})")
 
 
 def write_results(
@@ -228,7 +291,7 @@ def _print(summary: dict[str, Any], curve: dict[int, tuple[float, float, float]]
         if x in curve:
             g, c, m = curve[x]
             table.add_row(str(x), f"{g:.2f}", f"{c:.2f}", f"{m:.2f}")
-    console.print(table)
+    print_table(table)
     console.print(
         f"unallocated GPUs at 130%: {summary['unallocated_gpus_at_130']}; "
         f"failed pods (mean): {summary['failed_pods_mean']:.1f}; wall {summary['wall_seconds']} s"

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from crater.cli.output import table as print_table
 from crater.gateway.apikeys import (
     ApiKey,
     Scope,
@@ -118,7 +119,7 @@ def list_keys(
             key.created.isoformat(timespec="seconds"),
             key.revoked.isoformat(timespec="seconds") if key.revoked else "",
         )
-    console.print(table)
+    print_table(table)
 
 
 @app.command()

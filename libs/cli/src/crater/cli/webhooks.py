@@ -7,8 +7,8 @@ receiver that de-duplicates drops what it already has).
 
 from __future__ import annotations
 
-import asyncio
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
@@ -18,8 +18,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from crater.callback.adapters.records import DeliveryRow
 from crater.callback.api import DeliveryLog
-from crater.runtime.db import make_engine, make_session_factory
+from crater.cli.database import on_database
+from crater.cli.errors import NO, USAGE, CliError
+from crater.cli.output import table as print_table
+from crater.runtime.db import make_session_factory
 from crater.runtime.settings import DEFAULT_DATABASE_URL
 
 app = typer.Typer(help="Webhook deliveries to AllData: list, retry, replay.")
@@ -39,14 +43,7 @@ STATES = ("pending", "delivered", "dead", "skipped", "superseded")
 
 
 def _run(database_url: str, work: Callable[[DeliveryLog], Awaitable[T]]) -> T:
-    async def go() -> T:
-        engine = make_engine(database_url)
-        try:
-            return await work(DeliveryLog(make_session_factory(engine)))
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(go())
+    return on_database(database_url, lambda engine: work(DeliveryLog(make_session_factory(engine))))
 
 
 def parse_time(value: str, now: datetime | None = None) -> datetime:
@@ -89,9 +86,13 @@ def list_deliveries(
         for row in rows:
             print(json.dumps(asdict(row), default=str))
         return
+    _print_rows(rows)
+
+
+def _print_rows(rows: list[DeliveryRow]) -> None:
     table = Table("id", "task", "status", "endpoint", "state", "attempts", "last", "next", "when")
     for row in rows:
-        last = str(row.last_status_code or "") or (row.last_error or "")[:30]
+        last = str(row.last_status_code or "") or (row.last_error or "")
         table.add_row(
             str(row.id),
             row.task_id,
@@ -103,7 +104,7 @@ def list_deliveries(
             row.next_attempt_at.strftime("%H:%M:%S") if row.next_attempt_at else "-",
             row.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
-    console.print(table)
+    print_table(table)
 
 
 @app.command()
@@ -128,12 +129,33 @@ def replay(
     task: Annotated[str | None, typer.Option(help="Only this task's deliveries.")] = None,
     endpoint: Annotated[str | None, typer.Option(help="Only this endpoint's.")] = None,
     attempts: AttemptsOption = 20,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Do not ask: send them (needed in scripts).")
+    ] = False,
     database_url: DatabaseOption = DEFAULT_DATABASE_URL,
 ) -> None:
-    """Send again every delivery recorded since TIME, in their original order per task."""
+    """Send again every delivery recorded since TIME, in their original order per task: shows
+    what it would send and asks first (or --yes). Exit 1 when declined or nothing matches."""
     if state is not None and state not in STATES:
         raise typer.BadParameter(f"state is one of {', '.join(STATES)}")
     start = parse_time(since)
+    shown = 1000
+    rows = _run(
+        database_url,
+        lambda log: log.to_replay(start, state=state, endpoint=endpoint, task_id=task, limit=shown),
+    )
+    if not rows:
+        console.print(f"no deliveries since {start.isoformat()} to send again")
+        raise typer.Exit(NO)
+    _print_rows(rows)
+    more = " or more" if len(rows) == shown else ""
+    question = f"send these {len(rows)}{more} deliveries again (same webhook-id)?"
+    if not yes:
+        if not sys.stdin.isatty():
+            raise CliError(f"{len(rows)}{more} deliveries would be sent again: pass --yes", USAGE)
+        if not typer.confirm(question, default=False):
+            console.print("nothing sent")
+            raise typer.Exit(NO)
     count = _run(
         database_url,
         lambda log: log.replay(start, attempts, state=state, endpoint=endpoint, task_id=task),

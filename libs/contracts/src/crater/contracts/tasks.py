@@ -738,7 +738,12 @@ class TaskPending(TaskEvent):
     task_id: TaskId
     nodes_total: int = Field(ge=0, le=MAX_EXACT_INT)
     reasons: list[FilterReason]
-    summary: str = Field(examples=["0/40 nodes: 32 InsufficientGpus, 8 GpuMemoryPerCard"])
+    summary: str = Field(
+        examples=[
+            "0/40 nodes available: 32 nodes have fewer than 8 free GPUs; 8 nodes have less "
+            "than 40000 MiB of GPU memory per card"
+        ]
+    )
     attempt: int = Field(
         default=1, ge=1, le=MAX_ATTEMPT, description="Which attempt waits (restart policy)."
     )

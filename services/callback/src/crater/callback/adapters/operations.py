@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, or_, select, true, update
 
 from crater.callback.adapters import tables
 from crater.callback.adapters.log_base import LogBase
@@ -26,6 +27,27 @@ class Operations(LogBase):
         limit: int = 50,
     ) -> list[DeliveryRow]:
         """Deliveries, newest first."""
+        return await self._rows(and_(true(), *_filters(state, task_id, endpoint, since)), limit)
+
+    async def to_replay(
+        self,
+        since: datetime,
+        *,
+        state: str | None = None,
+        endpoint: str | None = None,
+        task_id: str | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[DeliveryRow]:
+        """What `replay` with these arguments would send again now, newest first (sends
+        nothing)."""
+        now = datetime.now(UTC)
+        due = or_(
+            d.state.in_(SETTLED),
+            and_(d.state == DeliveryState.PENDING.value, d.next_attempt_at > now),
+        )
+        return await self._rows(and_(_replayed(since, state, endpoint, task_id), due), limit)
+
+    async def _rows(self, condition: Any, limit: int) -> builtins.list[DeliveryRow]:
         query = select(
             d.id,
             d.webhook_id,
@@ -42,7 +64,7 @@ class Operations(LogBase):
             d.updated_at,
             d.next_attempt_at,
         )
-        query = query.where(*_filters(state, task_id, endpoint, since))
+        query = query.where(condition)
         async with self.sessions() as session:
             rows = (await session.execute(query.order_by(d.id.desc()).limit(limit))).all()
         found = []
@@ -80,8 +102,7 @@ class Operations(LogBase):
         task_id: str | None = None,
     ) -> int:
         """Send again every delivery recorded since `since` (one with an endpoint): how many."""
-        condition = and_(*_filters(state, task_id, endpoint, since), d.endpoint != NO_ENDPOINT)
-        return await self._reopen(condition, max_attempts)
+        return await self._reopen(_replayed(since, state, endpoint, task_id), max_attempts)
 
     async def _reopen(self, condition: Any, max_attempts: int) -> int:
         now = datetime.now(UTC)
@@ -105,6 +126,11 @@ class Operations(LogBase):
             )
             await session.commit()
         return int(settled.rowcount) + int(waiting.rowcount)  # type: ignore[attr-defined]
+
+
+def _replayed(since: datetime, state: str | None, endpoint: str | None, task_id: str | None) -> Any:
+    """The deliveries a replay reopens (those with an endpoint)."""
+    return and_(*_filters(state, task_id, endpoint, since), d.endpoint != NO_ENDPOINT)
 
 
 def _filters(

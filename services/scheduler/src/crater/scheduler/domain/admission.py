@@ -32,7 +32,7 @@ from crater.scheduler.domain.queue import (
     members_per_node,
 )
 from crater.scheduler.domain.quotas import QUOTA_FIELDS
-from crater.scheduler.domain.reasons import Reasons
+from crater.scheduler.domain.reasons import Reasons, sentence
 from crater.scheduler.domain.state import (
     PendingTask,
     SchedulerState,
@@ -145,7 +145,7 @@ class Admission:
             return [
                 FieldError(
                     field=judged_field(r.filter),
-                    reason=f"no node in pool {demand.pool!r} can ever fit: {r.nodes} {r.message}",
+                    reason=f"no node in pool {demand.pool!r} can ever fit: {sentence(r)}",
                 )
                 for r in reasons
             ]
@@ -156,7 +156,7 @@ class Admission:
             together, reasons = self.placer.diagnose(task.filter_demand, free=False, among=in_pool)
             if together.any():
                 return []
-            detail = ", ".join(f"{r.nodes} {r.message}" for r in reasons)
+            detail = "; ".join(sentence(r) for r in reasons)
             return [
                 FieldError(
                     field="gang_size",

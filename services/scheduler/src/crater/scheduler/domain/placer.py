@@ -40,6 +40,7 @@ from crater.scheduler.domain.state import (
     SchedulerState,
     hold,
 )
+from crater.scheduler.domain.wording import for_nodes
 
 # (node row, total score, per-plugin scores)
 Ranked = tuple[int, float, list[ScoreDetail]]
@@ -100,7 +101,9 @@ class Placer:
         """Run the filters; each node is charged to the first filter that excludes it."""
         alive, excluded = self.walk_filters(demand, free, among)
         reasons = [
-            FilterReason(filter=f.name, code=f.code, nodes=count, message=f.explain(demand))
+            FilterReason(
+                filter=f.name, code=f.code, nodes=count, message=explained(f, demand, free)
+            )
             for f, _, count in excluded
         ]
         return alive, reasons
@@ -167,7 +170,7 @@ class Placer:
         counts: dict[str, int] = {}
         for m in misfits:
             counts[m.reason] = counts.get(m.reason, 0) + 1
-        detail = ", ".join(f"{n} {reason}" for reason, n in counts.items())
+        detail = "; ".join(for_nodes(n, reason) for reason, n in counts.items())
         summary = f"{len(fits)}/{len(self.state.cluster)} nodes fit" + (
             f"; {detail}" if detail else ""
         )
@@ -325,3 +328,12 @@ class Placer:
             self.state.allocations[request.task_id] = allocation
             self.ledger.count_preemptible(allocation, +1)
         return granted(self.state, task, node, selection, allocation, score, details, cause)
+
+
+def explained(f: Filter, demand: Demand, free: bool = True) -> str:
+    """Why `f` excludes a node, written for one node (`has fewer than 2 free GPUs`); judged
+    on the node's capacity (free=False: can it ever fit), the same without `free`."""
+    message = f.explain(demand)
+    if free:
+        return message
+    return " ".join(word for word in message.split(" ") if word != "free")

@@ -21,6 +21,9 @@ from crater.scheduler.domain.events import (
     attempt_key,
 )
 from crater.scheduler.domain.placer import Diagnosis, Placer
+from crater.scheduler.domain.wording import for_nodes, sentence
+
+__all__ = ["Reasons", "for_nodes", "kind_of", "sentence"]
 from crater.scheduler.domain.state import (
     PendingTask,
     SchedulerState,
@@ -57,9 +60,10 @@ class Reasons:
                     code="QuotaExceeded",
                     nodes=total,
                     message=(
-                        f"tenant {task.request.tenant!r} quota: "
+                        f"tenant {task.request.tenant!r} is over its quota: "
                         + ", ".join(
-                            f"{resource} {wanted:g} > {limit}" for resource, wanted, limit in over
+                            f"{resource} would reach {wanted:g}, over its limit of {limit}"
+                            for resource, wanted, limit in over
                         )
                     ),
                 )
@@ -74,7 +78,7 @@ class Reasons:
                     filter="Backfill",
                     code="ReservedForWaitingTask",
                     nodes=kept,
-                    message=f"kept for {head}, waiting ahead of it",
+                    message=f"is kept for {head}, which waits ahead of it",
                 ),
             ]
         if task.borrow_reason is not None and not over:
@@ -89,7 +93,7 @@ class Reasons:
             ]
         members = task.gang_size
         if reasons:
-            detail = ", ".join(f"{r.nodes} {r.message}" for r in reasons)
+            detail = "; ".join(sentence(r) for r in reasons)
         elif total and members > 1:
             detail = f"fewer than the {members} gang members fit at once"
         elif total:

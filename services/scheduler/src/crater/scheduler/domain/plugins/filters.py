@@ -161,7 +161,18 @@ def _anti_affinity(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
 
 def _models_text(d: Demand) -> str:
     models = d.gpu_models
-    return models[0] if len(models) == 1 else f"one of {', '.join(models)}"
+    return models[0] if len(models) == 1 else ", ".join(models[:-1]) + f" or {models[-1]}"
+
+
+def _count(n: int, noun: str) -> str:
+    """`1 free GPU`, `2 free GPUs`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _fewer_gpus(d: Demand) -> str:
+    if d.gpus == 1 and d.gpu_milli < 1000:
+        return f"has no card with {d.gpu_milli / 10:g}% of a GPU free"
+    return f"has fewer than {_count(d.gpus, 'free GPU')}"
 
 
 # Every filter, in the order the default pipeline runs them (and reasons are listed).
@@ -172,7 +183,7 @@ ALL: tuple[Filter, ...] = (
         field=None,
         checks="the node is ready (only when placing: one down now may come back)",
         passes=_ready,
-        explain=lambda d: "node not ready",
+        explain=lambda d: "is not ready",
     ),
     Filter(
         "Pool",
@@ -180,7 +191,7 @@ ALL: tuple[Filter, ...] = (
         field="pool",
         checks="the node is in the task's pool",
         passes=_pool,
-        explain=lambda d: f"not in pool {d.pool}",
+        explain=lambda d: f"is not in pool {d.pool}",
     ),
     Filter(
         "NodeLabels",
@@ -188,7 +199,7 @@ ALL: tuple[Filter, ...] = (
         field="node_selector",
         checks="the node carries every label of the task's node selector",
         passes=_node_labels,
-        explain=lambda d: "labels do not match " + ",".join(f"{k}={v}" for k, v in d.node_selector),
+        explain=lambda d: "lacks the labels " + ", ".join(f"{k}={v}" for k, v in d.node_selector),
     ),
     Filter(
         "TaintToleration",
@@ -197,7 +208,7 @@ ALL: tuple[Filter, ...] = (
         checks="every NoSchedule or NoExecute taint of the node is tolerated "
         "(PreferNoSchedule passes)",
         passes=_taints,
-        explain=lambda d: "a taint the task does not tolerate",
+        explain=lambda d: "has a taint the task does not tolerate",
     ),
     Filter(
         "GpuCount",
@@ -206,7 +217,7 @@ ALL: tuple[Filter, ...] = (
         checks="enough GPUs (free ones when placing); for a share of one card, a card with "
         "that share free",
         passes=_gpu_count,
-        explain=lambda d: f"fewer than {d.gpus} GPUs",
+        explain=_fewer_gpus,
     ),
     Filter(
         "GpuModel",
@@ -215,7 +226,7 @@ ALL: tuple[Filter, ...] = (
         checks="cards of the product asked (or of one of the alternatives), its memory or "
         "more, its form factor where named",
         passes=_gpu_model,
-        explain=lambda d: f"GPU model not {_models_text(d)}",
+        explain=lambda d: f"has no {_models_text(d)} GPU",
     ),
     Filter(
         "MigProfile",
@@ -223,7 +234,7 @@ ALL: tuple[Filter, ...] = (
         field="resource_requirements.gpu.mig_profile",
         checks="a card offering the MIG profile (when placing: one that can carve the slice now)",
         passes=_mig,
-        explain=lambda d: f"no card with a free MIG {d.mig_profile} slice",
+        explain=lambda d: f"has no card with a free MIG {d.mig_profile} slice",
     ),
     Filter(
         "GpuMemory",
@@ -232,7 +243,7 @@ ALL: tuple[Filter, ...] = (
         checks="GPU memory per card (a MIG slice's own memory) at least the ask",
         passes=_gpu_memory,
         explain=lambda d: (
-            f"GPU memory per card < {d.gpu_memory_mb} MiB"
+            f"has less than {d.gpu_memory_mb} MiB of GPU memory per card"
             + (f" (MIG {d.mig_profile})" if d.mig_profile else "")
         ),
     ),
@@ -243,7 +254,7 @@ ALL: tuple[Filter, ...] = (
         checks="enough CPU cores (distinct cores, whatever the over-commit; free ones when "
         "placing)",
         passes=_cpu,
-        explain=lambda d: f"fewer than {d.cpu_cores} CPU cores",
+        explain=lambda d: f"has fewer than {_count(d.cpu_cores, 'free CPU core')}",
     ),
     Filter(
         "Memory",
@@ -251,7 +262,7 @@ ALL: tuple[Filter, ...] = (
         field="resource_requirements.memory.capacity_mb",
         checks="enough host memory (free memory when placing)",
         passes=_memory,
-        explain=lambda d: f"memory < {d.memory_mb} MiB",
+        explain=lambda d: f"has less than {d.memory_mb} MiB of free memory",
     ),
     Filter(
         "MemoryBandwidth",
@@ -261,8 +272,8 @@ ALL: tuple[Filter, ...] = (
         "thread's where that is all), at least the ask; unmeasured nodes fail",
         passes=_memory_bandwidth,
         explain=lambda d: (
-            f"memory bandwidth < {d.memory_bandwidth_gbps:g} GB/s over a NUMA node's cores "
-            "(one thread's where no such figure) or not measured"
+            f"has less than {d.memory_bandwidth_gbps:g} GB/s of memory bandwidth over a NUMA "
+            "node's cores (one thread's where no such figure), or none measured"
         ),
     ),
     Filter(
@@ -271,7 +282,7 @@ ALL: tuple[Filter, ...] = (
         field="resource_requirements.ssd.capacity_gb",
         checks="enough SSD capacity",
         passes=_disk,
-        explain=lambda d: f"SSD < {d.disk_gb} GB",
+        explain=lambda d: f"has less than {d.disk_gb} GB of SSD",
     ),
     Filter(
         "SsdIops",
@@ -281,8 +292,8 @@ ALL: tuple[Filter, ...] = (
         "at least the ask; unmeasured disks fail",
         passes=_ssd_iops,
         explain=lambda d: (
-            f"SSD random reads < {d.ssd_iops_min} IOPS at depth (at QD1 where no such "
-            "figure) or not measured"
+            f"has no SSD doing {d.ssd_iops_min} random-read IOPS at depth (at QD1 where no "
+            "such figure), or none measured"
         ),
     ),
     Filter(
@@ -292,7 +303,7 @@ ALL: tuple[Filter, ...] = (
         checks="an SSD's median read latency at queue depth 1 at most the ask; unmeasured "
         "disks fail",
         passes=_ssd_latency,
-        explain=lambda d: f"SSD read latency > {d.ssd_latency_us_max} us or not measured",
+        explain=lambda d: f"has no SSD reading within {d.ssd_latency_us_max} us, or none measured",
     ),
     Filter(
         "AvxSupport",
@@ -300,7 +311,7 @@ ALL: tuple[Filter, ...] = (
         field="resource_requirements.cpu.avx_support",
         checks="the CPU has the AVX flag asked",
         passes=_avx,
-        explain=lambda d: f"CPU without {d.avx}",
+        explain=lambda d: f"has a CPU without {d.avx}",
     ),
     Filter(
         "AntiAffinity",
