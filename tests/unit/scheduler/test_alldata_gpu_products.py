@@ -170,8 +170,15 @@ def _qd1_only(t: NodeTopology) -> NodeTopology:
 @pytest.mark.parametrize(
     ("strip", "reason"),
     [
-        (_one_thread_only, "2 memory bandwidth < 140 GB/s over a NUMA node's cores"),
-        (_qd1_only, "2 SSD random reads < 800000 IOPS at depth (at QD1 where no such figure)"),
+        (
+            _one_thread_only,
+            "2 nodes have less than 140 GB/s of memory bandwidth over a NUMA node's cores",
+        ),
+        (
+            _qd1_only,
+            "2 nodes have no SSD doing 800000 random-read IOPS at depth (at QD1 where no such "
+            "figure)",
+        ),
     ],
 )
 def test_on_the_figures_at_queue_depth_1_or_one_thread_alone_it_is_refused(
