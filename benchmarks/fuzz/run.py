@@ -68,10 +68,15 @@ def main(argv: list[str] | None = None) -> int:
                     progress=progress,
                 )
 
-    asyncio.run(run())
+    interrupted = False
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:  # Ctrl-C: what was tried so far is still written, marked
+        interrupted = True
     result: dict[str, Any] = {
         "command": "uv run --frozen python -m benchmarks.fuzz.run " + " ".join(sys.argv[1:]),
         "requested": args.count,
+        "interrupted": interrupted,
         "seconds": round(time.monotonic() - started, 1),
         **figures.as_json(),
     }
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result["totals"], indent=2))
     print(f"written to {args.out}")
     bad = ("crashes", "server_errors", "hangs")
-    return 1 if any(result["totals"][name] for name in bad) else 0
+    return 1 if interrupted or any(result["totals"][name] for name in bad) else 0
 
 
 if __name__ == "__main__":
