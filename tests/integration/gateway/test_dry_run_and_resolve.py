@@ -74,10 +74,13 @@ async def stack(
 
 async def dry_run(http: httpx.AsyncClient, body: bytes | dict[str, Any]) -> dict[str, Any]:
     url = "/api/v1/schedule?dry_run=true"
-    if isinstance(body, bytes):
-        response = await http.post(url, content=body, headers=JSON)
-    else:
-        response = await http.post(url, json=body)
+    for _ in range(3):  # as a client does on a 503 (a service slow to answer on a busy machine)
+        if isinstance(body, bytes):
+            response = await http.post(url, content=body, headers=JSON)
+        else:
+            response = await http.post(url, json=body)
+        if response.status_code != 503:
+            break
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     assert answer["dry_run"] is True

@@ -251,7 +251,7 @@ async def postgres_url(postgres_server: str | None) -> AsyncIterator[str]:
 
 
 @pytest.mark.postgres
-async def test_a_nul_byte_that_reaches_postgresql_is_dead_lettered_after_the_limit(
+async def test_a_nul_byte_is_refused_by_name_before_it_reaches_postgresql(
     fresh_nats: NatsServer, tap: EventTap, postgres_url: str
 ) -> None:
     metadata = MetaData()
@@ -278,13 +278,15 @@ async def test_a_nul_byte_that_reaches_postgresql_is_dead_lettered_after_the_lim
         await engine.dispose()
 
     assert stored == ["fine"]
-    assert len(state.attempts["nul"]) == LIMIT
-    assert letter.kind == "apply"
-    assert letter.deliveries == LIMIT
-    # SQLAlchemy's wrapper of asyncpg's refusal (a DataError class in PostgreSQL's terms)
-    assert letter.error_class == "DBAPIError"
-    assert "0x00" in rejected.errors[0].reason
-    assert "[SQL:" not in rejected.errors[0].reason  # the first line, not the statement
+    # Refused before any handler ran (crater.runtime.jsondepth.check_json_text), naming the
+    # field: no delivery fails against PostgreSQL's refusal of the byte any more.
+    assert "nul" not in state.attempts
+    assert letter.kind == "decode"
+    assert letter.deliveries == 1
+    assert letter.error_class == "NotText"
+    [error] = rejected.errors
+    assert error.field == "message"
+    assert "NUL character" in error.reason
     # what was received is kept exactly: the JSON escape of the NUL byte
     assert "half\\u0000way" in (letter.payload or "")
 
