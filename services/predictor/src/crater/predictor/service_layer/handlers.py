@@ -4,6 +4,7 @@ domain (estimate, learning, sla) and recorded through the store; app.py only sub
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
@@ -114,6 +115,11 @@ class PredictorMetrics:
         self.factor.labels(family=family, task_type=task_type).set(track.factor)
 
 
+# How old a learned track a query may answer with (corrections move slowly: one release at a
+# time, bounded).
+QUERY_TRACK_SECONDS = 30.0
+
+
 class PredictorHandlers:
     """What the predictor does with each message; `publish` puts an event on the bus."""
 
@@ -130,10 +136,21 @@ class PredictorHandlers:
         self.assumptions = assumptions
         self.rule = rule
         self.publish = publish
+        # Queries (dry runs, resolve) answer from a recent copy of the learned tracks, so a
+        # busy database (the predictor's own commits) never delays a synchronous answer past
+        # the gateway's timeout; a submission's prediction reads the database itself.
+        self._recent: dict[tuple[str, str], tuple[float, Track]] = {}
 
-    async def correction_for(self, request: TaskRequest) -> Correction | None:
-        """The learned correction a prediction of `request` applies now, if one applies."""
-        track = await self.store.track(model_family(request), request.task_type.value)
+    async def correction_for(self, request: TaskRequest, recent: bool = False) -> Correction | None:
+        """The learned correction a prediction of `request` applies now, if one applies;
+        `recent`: as read at most QUERY_TRACK_SECONDS ago (for queries)."""
+        key = (model_family(request), request.task_type.value)
+        kept = self._recent.get(key) if recent else None
+        if kept is not None and kept[0] > time.monotonic():
+            track = kept[1]
+        else:
+            track = await self.store.track(*key)
+            self._recent[key] = (time.monotonic() + QUERY_TRACK_SECONDS, track)
         if not self.rule.applies(track):
             return None
         return Correction(self.rule.bounded(track.factor), track.samples, track.mape)
@@ -184,7 +201,7 @@ class PredictorHandlers:
     # Nothing is recorded or counted: a dry run must not teach or skew anything.
     async def prediction_query(self, event: PredictionQuery) -> PredictionAnswer:
         try:
-            correction = await self.correction_for(event.task)
+            correction = await self.correction_for(event.task, recent=True)
             return PredictionAnswer(prediction=predict(event.task, self.assumptions, correction))
         except Refused as refused:
             return PredictionAnswer(errors=refused.errors)
@@ -193,7 +210,7 @@ class PredictorHandlers:
         job = event.job
         try:
             # The family and task kind (hence the correction) do not depend on the sizes.
-            correction = await self.correction_for(request_for(job, "draft", 1, 1))
+            correction = await self.correction_for(request_for(job, "draft", 1, 1), recent=True)
             resolved = resolve_job(job, self.assumptions, correction)
         except Refused as refused:
             return ResolveAnswer(errors=refused.errors)
