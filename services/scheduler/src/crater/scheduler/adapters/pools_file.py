@@ -24,12 +24,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -39,6 +37,7 @@ from crater.contracts import (
     RESERVATION_TIMEOUT_MS_MIN,
     RestartPolicy,
 )
+from crater.scheduler.adapters.yaml_spec import parse_yaml_spec
 from crater.scheduler.domain.cluster import Overcommit
 from crater.scheduler.domain.plugins import (
     CONFIGURED_SCORES,
@@ -165,16 +164,7 @@ class _PoolsFile(BaseModel):
 
 
 def parse_pools(text: str, origin: str = "pools file") -> dict[str, PoolPolicy]:
-    try:
-        spec = _PoolsFile.model_validate(yaml.safe_load(text))
-    except yaml.YAMLError as error:
-        raise PoolsFileError(f"{origin}: not valid YAML: {error}") from error
-    except ValidationError as error:
-        reasons = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
-            for e in error.errors(include_url=False)
-        )
-        raise PoolsFileError(f"{origin}: {reasons}") from error
+    spec = parse_yaml_spec(text, _PoolsFile, PoolsFileError, origin)
     policies: dict[str, PoolPolicy] = {}
     for name, pool in spec.pools.items():
         try:

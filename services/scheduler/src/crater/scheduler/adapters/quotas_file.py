@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from crater.scheduler.adapters.yaml_spec import parse_yaml_spec
 from crater.scheduler.domain.quotas import Quota
 
 
@@ -35,16 +35,7 @@ class QuotasFileError(ValueError):
 
 
 def parse_quotas(text: str, origin: str = "quotas file") -> dict[str, Quota]:
-    try:
-        spec = _QuotasFile.model_validate(yaml.safe_load(text))
-    except yaml.YAMLError as error:
-        raise QuotasFileError(f"{origin}: not valid YAML: {error}") from error
-    except ValidationError as error:
-        reasons = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
-            for e in error.errors(include_url=False)
-        )
-        raise QuotasFileError(f"{origin}: {reasons}") from error
+    spec = parse_yaml_spec(text, _QuotasFile, QuotasFileError, origin)
     return {tenant: Quota(**q.model_dump()) for tenant, q in spec.tenants.items()}
 
 
