@@ -22,13 +22,10 @@ from faststream.nats import NatsBroker
 from prometheus_client import CollectorRegistry
 
 from crater.contracts import (
-    Confidence,
     NodeCondition,
     NodeHealthReported,
     NodeTopologyReported,
-    ResourcePrediction,
     TaskProfiled,
-    TaskRequest,
     TaskStatus,
     TaskStatusReported,
 )
@@ -39,33 +36,14 @@ from crater.scheduler.adapters.orm import outbox
 from crater.scheduler.app import MIGRATIONS_DIR
 from crater.scheduler.domain.core import SchedulerConfig
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
+from tests.support.profiles import small_training
 from tests.support.topologies import node
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "audit_replay.json"
-PREDICTION = ResourcePrediction(
-    gpu_memory_per_gpu_mb=1000,
-    host_memory_mb=1000,
-    confidence=Confidence.LOW,
-    method="bench",
-    dataloader_num_workers=1,
-    dataloader_prefetch_factor=2,
-)
 
 
 def request(task_id: str, gpus: int, at: datetime) -> TaskProfiled:
-    task = TaskRequest.model_validate(
-        {
-            "task_id": task_id,
-            "task_type": "training",
-            "model_config": {"name": "m"},
-            "resource_requirements": {
-                "gpu": {"count": gpus, "memory_mb": 1000},
-                "cpu": {"cores": 1},
-                "memory": {"capacity_mb": 1000},
-            },
-        }
-    )
-    return TaskProfiled(task=task, prediction=PREDICTION, occurred_at=at)
+    return small_training(task_id, gpus, at)
 
 
 async def record(url: str, nodes: int, minutes: int, tasks_per_minute: int) -> None:

@@ -19,13 +19,10 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import delete, update
 
 from crater.contracts import (
-    Confidence,
     NodeCondition,
     NodeHealthReported,
     NodeTopologyReported,
-    ResourcePrediction,
     TaskProfiled,
-    TaskRequest,
     TaskStatus,
     TaskStatusReported,
 )
@@ -36,35 +33,16 @@ from crater.scheduler.adapters.orm import audit_checkpoints, audit_log, outbox
 from crater.scheduler.app import MIGRATIONS_DIR
 from crater.scheduler.domain.core import SchedulerConfig
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
+from tests.support.profiles import small_training
 from tests.support.topologies import node
 
 pytestmark = pytest.mark.integration
 
-PREDICTION = ResourcePrediction(
-    gpu_memory_per_gpu_mb=1000,
-    host_memory_mb=1000,
-    confidence=Confidence.LOW,
-    method="test",
-    dataloader_num_workers=1,
-    dataloader_prefetch_factor=2,
-)
 T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
 
 
 def profiled(task_id: str, at: datetime, gpus: int = 1) -> TaskProfiled:
-    request = TaskRequest.model_validate(
-        {
-            "task_id": task_id,
-            "task_type": "training",
-            "model_config": {"name": "m"},
-            "resource_requirements": {
-                "gpu": {"count": gpus, "memory_mb": 1000},
-                "cpu": {"cores": 1},
-                "memory": {"capacity_mb": 1000},
-            },
-        }
-    )
-    return TaskProfiled(task=request, prediction=PREDICTION, occurred_at=at)
+    return small_training(task_id, gpus, at)
 
 
 @pytest.fixture

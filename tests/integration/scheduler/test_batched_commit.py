@@ -14,13 +14,10 @@ from sqlalchemy import func, select
 
 from crater.contracts import (
     AllocationGranted,
-    Confidence,
     Event,
     NodeTopologyReported,
-    ResourcePrediction,
     TaskProfiled,
     TaskRejected,
-    TaskRequest,
 )
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.leadership import Deposed
@@ -30,34 +27,14 @@ from crater.scheduler.adapters.repository import SchedulerRepository
 from crater.scheduler.app import MIGRATIONS_DIR
 from crater.scheduler.domain.core import SchedulerConfig
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
+from tests.support.profiles import small_training
 from tests.support.topologies import node
 
 pytestmark = pytest.mark.integration
 
-PREDICTION = ResourcePrediction(
-    gpu_memory_per_gpu_mb=1000,
-    host_memory_mb=1000,
-    confidence=Confidence.LOW,
-    method="test",
-    dataloader_num_workers=1,
-    dataloader_prefetch_factor=2,
-)
-
 
 def profiled(task_id: str) -> TaskProfiled:
-    request = TaskRequest.model_validate(
-        {
-            "task_id": task_id,
-            "task_type": "training",
-            "model_config": {"name": "m"},
-            "resource_requirements": {
-                "gpu": {"count": 1, "memory_mb": 1000},
-                "cpu": {"cores": 1},
-                "memory": {"capacity_mb": 1000},
-            },
-        }
-    )
-    return TaskProfiled(task=request, prediction=PREDICTION)
+    return small_training(task_id)
 
 
 class FailsOn(SchedulerService):
