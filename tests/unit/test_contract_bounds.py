@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from crater.contracts import NodeTopology, ReplicasRequested, TaskPending, TaskSequence
+from crater.contracts import (
+    LatencySamplesReported,
+    NodeTopology,
+    ReplicasRequested,
+    TaskPending,
+    TaskSequence,
+)
+from crater.contracts.autoscaling import MAX_LATENCY_MS
 from tests.support.topologies import node
 
 
@@ -50,3 +57,19 @@ def test_a_node_report_with_an_integer_beyond_what_json_parsers_read_exactly_is_
     assert refused.value.errors()[0]["loc"] == ("numa_nodes", 0, "memory_mb")
     topology["numa_nodes"][0]["memory_mb"] = 2**53
     NodeTopology.model_validate(topology)  # the largest exact integer is still a size
+
+
+@pytest.mark.parametrize("latency", [-1.0, 1.7976931348623155e308, float("nan"), float("inf")])
+def test_a_latency_outside_a_day_is_refused_naming_the_sample(latency: float) -> None:
+    """The fuzzer's inference.latency crash: huge and negative samples summed to inf - inf,
+    and the autoscaler failed converting NaN to a replica count on every delivery."""
+    with pytest.raises(ValidationError) as refused:
+        LatencySamplesReported(service="chat", latencies_ms=[12.0, latency])
+    assert refused.value.errors()[0]["loc"] == ("latencies_ms", 1)
+
+
+def test_the_widest_accepted_latency_batch_keeps_the_autoscaler_finite() -> None:
+    from crater.autoscaler.domain.autoscaler import Autoscaler
+
+    sample = LatencySamplesReported(service="chat", latencies_ms=[MAX_LATENCY_MS] * 10_000)
+    Autoscaler().observe(sample)  # would raise converting NaN before the bound

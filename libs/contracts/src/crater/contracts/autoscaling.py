@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from enum import StrEnum
+from typing import Annotated
 from uuid import UUID
 
 from pydantic import Field, field_validator
@@ -11,13 +12,18 @@ from pydantic import Field, field_validator
 from crater.contracts.base import Event
 from crater.contracts.tasks import TaskId
 
+# A request slower than a day is a broken clock, not a latency; the bound also keeps sums of a
+# full batch finite (10,000 values near the double's maximum overflow to inf, then NaN).
+MAX_LATENCY_MS = 86_400_000.0
+LatencyMs = Annotated[float, Field(ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)]
+
 
 class LatencySamplesReported(Event):
     """A batch of request latencies from one inference replica or gateway."""
 
     service: str = Field(min_length=1, max_length=128)
     replica_id: str | None = Field(default=None, max_length=128)
-    latencies_ms: list[float] = Field(min_length=1, max_length=10_000)
+    latencies_ms: list[LatencyMs] = Field(min_length=1, max_length=10_000)
     gpu_memory_pressure: float | None = Field(
         default=None, ge=0, le=1, description="Used/total GPU memory of the replica's cards."
     )
