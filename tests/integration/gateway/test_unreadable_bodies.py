@@ -79,3 +79,24 @@ async def test_a_string_that_is_not_text_is_a_422_naming_its_field(
     [error] = response.json()["detail"]
     assert error["field"] == field
     assert "lone surrogate (U+DB39)" in error["reason"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "field"),
+    [
+        ("GET", "/api/v1/nodes?pool=%00%C3%BC", "pool"),  # the fuzzer's 502
+        ("GET", "/api/v1/tasks?tenant=a&tenant=b%00", "tenant"),
+        ("GET", "/api/v1/tasks/t%00", "task_id"),
+        ("POST", "/api/v1/tasks/t%00/cancel", "task_id"),
+    ],
+)
+async def test_a_parameter_that_is_not_text_is_a_422_naming_it(
+    client: httpx.AsyncClient, method: str, path: str, field: str
+) -> None:
+    """A NUL in a query or path parameter used to reach the scheduler, whose answer then
+    failed the gateway's own check: 502 instead of the caller's mistake."""
+    response = await client.request(method, path)
+    assert response.status_code == 422, response.text
+    [error] = response.json()["detail"]
+    assert error["field"] == field
+    assert "NUL" in error["reason"]

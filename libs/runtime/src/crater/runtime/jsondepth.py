@@ -78,6 +78,14 @@ def check_json_text(body: bytes | str) -> None:
         raise NotText(*found)
 
 
+def check_text(field: str, value: str) -> None:
+    """Raise NotText when `value` (a query or path parameter, a header) holds a lone
+    surrogate or NUL, naming `field`."""
+    found = _first_not_text(value, field)
+    if found is not None:
+        raise NotText(*found)
+
+
 def _first_not_text(value: object, path: str) -> tuple[str, str] | None:
     if isinstance(value, str):
         match = _NOT_TEXT.search(value)

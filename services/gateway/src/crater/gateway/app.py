@@ -23,7 +23,7 @@ from crater.contracts import FieldError, TaskRequest, TaskUsageReported
 from crater.gateway.auth import Authenticator, Denied
 from crater.gateway.bodies import request_errors
 from crater.gateway.bus import Bus
-from crater.gateway.deps import body_is_text
+from crater.gateway.deps import request_is_text
 from crater.gateway.models import TaskDryRun, field_errors_response
 from crater.gateway.observe import ObserveRequests
 from crater.gateway.routes import ROUTERS
@@ -144,7 +144,7 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
         separate_input_output_schemas=False,
         docs_url=None,  # served below from local assets, not a CDN
         redoc_url=None,
-        dependencies=[Depends(body_is_text)],
+        dependencies=[Depends(request_is_text)],
     )
     serve_docs_locally(app)
     app.state.service = service

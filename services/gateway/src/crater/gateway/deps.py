@@ -13,7 +13,7 @@ from crater.gateway.auth import Authenticator, Principal, require
 from crater.gateway.bus import Bus
 from crater.gateway.settings import GatewaySettings
 from crater.gateway.submissions import Submissions
-from crater.runtime.jsondepth import NotText, check_json_text
+from crater.runtime.jsondepth import NotText, check_json_text, check_text
 from crater.runtime.service import Service
 
 
@@ -77,12 +77,21 @@ async def usage_reporter(
 UsageReporter = Annotated[Principal | str, Depends(usage_reporter)]
 
 
-async def body_is_text(request: Request) -> None:
-    """Every route's body, before its model: a JSON string that is not Unicode text (a lone
-    surrogate or NUL, which only an escape can write) is refused with its field, as on the
-    bus; past this, no service is asked about text its database cannot store. Bodies over the
-    size limit, or of unknown length, are left to the route, which refuses or reads them
-    itself (bounded)."""
+async def request_is_text(request: Request) -> None:
+    """Every route's parameters and body, before its models: a string that is not Unicode
+    text (a lone surrogate or NUL: `%00` in a query, an escape in JSON) is refused with its
+    field, as on the bus; past this, no service is asked about text its database or its
+    answer's encoder cannot take. Bodies over the size limit, or of unknown length, are left
+    to the route, which refuses or reads them itself (bounded)."""
+    parameters = [("path", name, str(value)) for name, value in request.path_params.items()]
+    parameters += [("query", name, value) for name, value in request.query_params.multi_items()]
+    for kind, name, value in parameters:
+        try:
+            check_text(name, value)
+        except NotText as error:
+            raise RequestValidationError(
+                [{"loc": (kind, error.field), "msg": error.what, "type": "value_error"}]
+            ) from None
     if request.method not in ("POST", "PUT", "PATCH"):
         return
     length = request.headers.get("content-length", "")
