@@ -5,6 +5,7 @@ fixed pools (crater.scheduler.sim.shared)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +30,7 @@ ROWS = (
     ("reclaim_yield_p99_s", "reclaim p99 s (from the yield order)"),
     ("reclaimed_start_p99_s", "reclaiming replica starts, p99 s"),
     ("preemptions", "preemptions"),
+    ("prewarm_preemptions", "of which pre-warm (ahead of demand)"),
     ("work_lost_gpu_hours", "work lost, GPU-hours"),
     ("borrowed_gpu_hours", "borrowed GPU-hours"),
 )
@@ -37,6 +39,20 @@ ROWS = (
 def simulate_shared(
     seed: Annotated[str, typer.Option(help="Seeds of the day's workload, e.g. 1 or 1,2,3.")] = "1",
     keep_idle: Annotated[int, typer.Option(help="GPUs the inference pool never lends.")] = 8,
+    days: Annotated[
+        int, typer.Option(min=1, max=14, help="Days in a row (a pre-warm learns from the first).")
+    ] = 1,
+    prewarm_lead: Annotated[
+        float | None,
+        typer.Option(help="The inference pool's pre-warm lead in seconds (lend.prewarm); off."),
+    ] = None,
+    grace: Annotated[
+        int | None,
+        typer.Option(
+            min=10,
+            help="Grace period in seconds (default 30); victims stop in 20 s to grace - 5 s.",
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Where shared_day.{json,png} go.")] = Path(
         "results/shared_day"
     ),
@@ -45,7 +61,9 @@ def simulate_shared(
     ] = False,
 ) -> None:
     """A day-long simulation: shared cluster (lending) vs split cluster (two fixed pools)."""
-    setup = Setup(keep_idle_gpus=keep_idle)
+    setup = Setup(keep_idle_gpus=keep_idle, days=days, prewarm_lead_seconds=prewarm_lead)
+    if grace is not None:
+        setup = replace(setup, grace_seconds=grace, stop_seconds=(min(20.0, grace), grace - 5.0))
     runs: list[dict[str, Any]] = []
     first: tuple[DayResult, DayResult] | None = None
     for s in (int(x) for x in seed.split(",")):
@@ -53,8 +71,9 @@ def simulate_shared(
         first = first or (split, shared)
         runs.append({"seed": s, "split": split.summary(), "shared": shared.summary()})
         table = Table(
-            title=f"one day, seed {s} (grace {setup.grace_seconds} s, SLO "
-            f"{setup.slo_seconds:g} s to start, inference keeps {keep_idle} GPUs idle)"
+            title=f"{days} day(s), seed {s} (grace {setup.grace_seconds} s, SLO "
+            f"{setup.slo_seconds:g} s to start, inference keeps {keep_idle} GPUs idle"
+            + (f", pre-warm {prewarm_lead:g} s ahead)" if prewarm_lead else ")")
         )
         table.add_column("measure")
         table.add_column("split (two fixed pools)", justify="right")

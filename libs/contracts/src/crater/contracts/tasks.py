@@ -792,7 +792,11 @@ class TaskPreempted(TaskEvent):
     task_id: TaskId
     allocation_id: str
     node: str
-    preempted_by: TaskId
+    preempted_by: TaskId | None = Field(
+        default=None,
+        description="The waiting task it yields to; None when its lender takes the capacity "
+        "back ahead of the demand it expects (pre-warm, with reclaimed_by_pool).",
+    )
     grace_period_seconds: int = Field(ge=0)
     must_stop_by: AwareDatetime | None = Field(
         default=None, description="When the scheduler takes the resources back at the latest."
@@ -802,6 +806,12 @@ class TaskPreempted(TaskEvent):
         description="Set when the task ran on capacity borrowed from this pool, whose own "
         "task needs it back (reclaim, whatever the priorities); None: a priority preemption.",
     )
+
+    def cause(self) -> str:
+        """Why, as a phrase ("preempted by t-9")."""
+        if self.preempted_by is not None:
+            return f"preempted by {self.preempted_by}"
+        return f"taken back by pool {self.reclaimed_by_pool} ahead of its expected demand"
 
 
 class TaskEscalated(TaskEvent):

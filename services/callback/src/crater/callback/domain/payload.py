@@ -96,10 +96,7 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
             reason = "; ".join(f"{e.field}: {e.reason}" for e in event.errors) or "rejected"
         case TaskPreempted():
             status = WebhookStatus.PREEMPTED
-            reason = (
-                f"preempted by {event.preempted_by} on {event.node}; "
-                f"grace period {event.grace_period_seconds} s"
-            )
+            reason = f"{event.cause()} on {event.node}; grace period {event.grace_period_seconds} s"
         case TaskEnded():
             status, reason = WebhookStatus(event.status.value), event.reason
         case TaskStatusReported():

@@ -47,6 +47,7 @@ from crater.scheduler.domain.plugins import (
     Pipeline,
 )
 from crater.scheduler.domain.pools import PoolPolicy
+from crater.scheduler.domain.prewarm import Prewarm
 from crater.scheduler.domain.quotas import Quota
 
 REQUIRED_FILTERS = ("NodeReady", "Pool")
@@ -78,6 +79,30 @@ class _Limit(BaseModel):
         return Quota(self.gpus, self.gpu_memory_mb, self.cpu_cores, self.memory_mb)
 
 
+class _Prewarm(BaseModel):
+    """lend only: take lent capacity back ahead of the pool's recurring demand."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lead_seconds: float = Field(
+        gt=0, le=86_400, description="Borrowers yield this far ahead of expected growth."
+    )
+    lend_ahead_seconds: float = Field(
+        default=1200.0, gt=0, le=86_400, description="No new loan that is expected back sooner."
+    )
+    bucket_seconds: int = Field(
+        default=900, ge=60, le=86_400, description="The daily pattern's resolution."
+    )
+    half_life_days: float = Field(
+        default=7.0, gt=0, le=365, description="A past day's peak counts half after this."
+    )
+
+    def settings(self) -> Prewarm:
+        return Prewarm(
+            self.lead_seconds, self.lend_ahead_seconds, self.bucket_seconds, self.half_life_days
+        )
+
+
 class _Loans(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -85,6 +110,7 @@ class _Loans(BaseModel):
     keep_idle: _Limit = Field(
         default_factory=_Limit, description="lend only: GPUs kept idle, never lent (gpus only)"
     )
+    prewarm: _Prewarm | None = None
 
 
 class _Pool(BaseModel):
@@ -106,6 +132,8 @@ class _Pool(BaseModel):
     def _loans_need_a_cohort(self) -> _Pool:
         if self.cohort is None and (self.lend is not None or self.borrow is not None):
             raise ValueError("lend and borrow need a cohort (the pools that lend each other)")
+        if self.borrow is not None and self.borrow.prewarm is not None:
+            raise ValueError("prewarm is a lender's: put it under lend")
         return self
 
     @field_validator("filters")
@@ -154,6 +182,9 @@ class _Pool(BaseModel):
             lend_limit=(self.lend or _Loans()).limit.quota(),
             borrow_limit=(self.borrow or _Loans()).limit.quota(),
             keep_idle_gpus=(self.lend or _Loans()).keep_idle.gpus or 0,
+            prewarm=None
+            if self.lend is None or self.lend.prewarm is None
+            else self.lend.prewarm.settings(),
         )
 
 

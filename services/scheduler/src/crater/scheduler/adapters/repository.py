@@ -234,14 +234,12 @@ class SchedulerRepository:
                 SET_ALLOCATION,
                 {"b_allocation_id": decision.allocation_id, "yield_by": decision.must_stop_by},
             )
-            await self._nominate(decision.preempted_by, decision.node, now)
+            if decision.preempted_by is not None:
+                await self._nominate(decision.preempted_by, decision.node, now)
             await self._set_task(
                 decision.task_id,
                 now,
-                reason=(
-                    f"preempted by {decision.preempted_by}: "
-                    f"{decision.grace_period_seconds} s to checkpoint"
-                ),
+                reason=f"{decision.cause()}: {decision.grace_period_seconds} s to checkpoint",
             )
         elif isinstance(decision, AllocationReleased):
             await self.session.execute(

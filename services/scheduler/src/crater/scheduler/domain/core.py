@@ -273,6 +273,9 @@ class Scheduler(SchedulerState):
         changed = changed or bool(lost)
         if changed:
             decisions += self._retry_pending(event)
+        self.lending.observe(now)
+        if self.lending.forecasts:
+            decisions += self.preemptor.reclaim_ahead(self.lending, event)
         return decisions
 
     def _resume(self, now: datetime) -> None:

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from crater.contracts import AllocationGranted, Event
 from crater.scheduler.domain.placer import Placer
+from crater.scheduler.domain.prewarm import Forecast
 from crater.scheduler.domain.quotas import Usage
 from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import PendingTask, SchedulerState
@@ -48,6 +49,8 @@ class Lending:
         # starts every pool at zero.
         self.history: dict[str, float] = {}
         self.history_at: datetime | None = None
+        # Per lending pool with pre-warm: its learned demand (prewarm.py); not stored either.
+        self.forecasts: dict[str, Forecast] = {}
 
     @property
     def fair(self) -> bool:
@@ -70,6 +73,49 @@ class Lending:
         for pool, share in sorted(self.shares().items()):
             gained = share * half_life / math.log(2) * (1 - keep)
             self.history[pool] = self.history.get(pool, 0.0) + gained
+
+    def observe(self, now: datetime) -> None:
+        """Each pre-warming pool's demand now, into its forecast."""
+        policies = self.state.config.pools
+        for pool in sorted(self.forecasts.keys() - policies.keys()):
+            del self.forecasts[pool]  # a reload took its pre-warm away
+        for pool, policy in sorted(policies.items()):
+            if policy.prewarm is None or policy.cohort is None:
+                self.forecasts.pop(pool, None)
+                continue
+            forecast = self.forecasts.get(pool)
+            if forecast is None or forecast.settings != policy.prewarm:
+                forecast = self.forecasts[pool] = Forecast(policy.prewarm)
+            forecast.observe(now.timestamp(), self.wanted_gpus(pool))
+
+    def wanted_gpus(self, pool: str) -> float:
+        """GPUs `pool`'s own tasks hold (wherever) or wait for now."""
+        held = sum(u.gpus for (p, _), u in self.state.pool_usage.items() if p == pool)
+        waiting = sum(
+            Usage.of(t.demand).times(t.gang_size).gpus
+            for t in self.state.pending.values()
+            if t.request.pool == pool and t.not_before is None
+        )
+        return float(held + waiting)
+
+    def expected_growth(self, pool: str, ahead: float | None = None) -> int:
+        """Whole GPUs beyond what they want now that `pool`'s own tasks are expected to want
+        within `ahead` seconds (its pre-warm lead by default); 0 without pre-warm."""
+        forecast = self.forecasts.get(pool)
+        if forecast is None or self.state.clock is None:
+            return 0
+        growth = forecast.growth(self.state.clock.timestamp(), self.wanted_gpus(pool), ahead)
+        return math.ceil(growth - 1e-9)
+
+    def keep_idle(self, pool: str) -> int:
+        """Whole GPUs `pool` lends nothing from: its static `keep_idle`, or with pre-warm the
+        growth it expects within `lend_ahead_seconds`, if larger (a loan made now should not
+        be needed back soon: it would be taken back at a cost)."""
+        keep = self.state.config.pools[pool].keep_idle_gpus
+        forecast = self.forecasts.get(pool)
+        if forecast is None:
+            return keep
+        return max(keep, self.expected_growth(pool, forecast.settings.lend_ahead_seconds))
 
     def shares(self) -> dict[str, float]:
         """Per borrower pool: what it holds of its mates' capacity now, as its dominant share
@@ -171,9 +217,11 @@ class Lending:
             if over:
                 why.append(f"pool {lender} lends no more ({limits_text(over)})")
                 continue
-            keep = policies[lender].keep_idle_gpus
+            keep = self.keep_idle(lender)
             if keep and self.idle_gpus(lender) - usage.gpus < keep:
-                why.append(f"pool {lender} keeps {keep} GPUs idle")
+                static = policies[lender].keep_idle_gpus
+                ahead = f" ({keep - static} ahead of its expected demand)" if keep > static else ""
+                why.append(f"pool {lender} keeps {keep} GPUs idle{ahead}")
                 continue
             fits, _ = self.placer.diagnose(replace(task.filter_demand, pool=lender))
             head = self.state.backfill.get(lender)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from crater.contracts import RestartPolicy
 from crater.scheduler.domain.cluster import NO_OVERCOMMIT, Overcommit
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
+from crater.scheduler.domain.prewarm import Prewarm
 from crater.scheduler.domain.quotas import Quota
 
 NEVER_RESTART = RestartPolicy()
@@ -30,6 +31,8 @@ class PoolPolicy:
     borrow_limit: Quota = field(default_factory=Quota)
     # whole GPUs this pool keeps idle, never lent (warm headroom for its own bursts)
     keep_idle_gpus: int = 0
+    # a lender that learns its demand and takes its capacity back ahead of it (prewarm.py)
+    prewarm: Prewarm | None = None
 
 
 DEFAULT_POLICY = PoolPolicy()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from crater.scheduler.domain.events import (
     member_key,
 )
 from crater.scheduler.domain.ledger import Ledger
+from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.placer import Placer
 from crater.scheduler.domain.preemption import Candidate, plan, plan_gang
 from crater.scheduler.domain.retries import RetryIndex
@@ -101,8 +102,7 @@ class Preemptor:
         task.nominated = chosen.nodes
         self.retries.stale(task.request.pool)
         now = self.state.clock or cause.occurred_at
-        grace = self.state.config.grace_period_seconds
-        full = now + timedelta(seconds=grace)
+        full = now + timedelta(seconds=self.state.config.grace_period_seconds)
         decisions: list[Event] = []
         victims = {owners[v.allocation_id].task_id: owners[v.allocation_id] for v in chosen.victims}
         for victim in victims.values():
@@ -115,27 +115,68 @@ class Preemptor:
                 if task.reclaim_by is None:
                     task.reclaim_by = full
                 must_stop_by = max(now, min(full, task.reclaim_by))
-            self.ledger.count_preemptible(victim, -1)
-            self.retries.stale(victim.pool)
-            for member in victim.members():  # a gang yields whole
-                member.yield_by = must_stop_by
-                if self.state.expiry_floor is not None:
-                    self.state.expiry_floor = min(self.state.expiry_floor, must_stop_by)
-                decisions.append(
-                    TaskPreempted(
-                        event_id=derived_event_id(
-                            cause.event_id, f"preempted:{member_key(member)}"
-                        ),
-                        occurred_at=cause.occurred_at,
-                        task_id=member.task_id,
-                        allocation_id=member.allocation_id,
-                        node=member.node,
-                        preempted_by=task.request.task_id,
-                        grace_period_seconds=max(0, int((must_stop_by - now).total_seconds())),
-                        must_stop_by=must_stop_by,
-                        reclaimed_by_pool=reclaim,
-                    )
+            decisions += self._yield(victim, must_stop_by, cause, task.request.task_id, reclaim)
+        return decisions
+
+    def reclaim_ahead(self, lending: Lending, cause: Event) -> list[Event]:
+        """Borrowers on a pre-warming pool's nodes are told to yield (with the grace period)
+        until the pool has, idle or on its way back, the growth it expects within its lead
+        (`Lending.expected_growth`; the static `keep_idle` only stops new loans). Victims:
+        the fewest, then the least progressed: the smallest borrower that covers what is
+        missing, else the largest and go on."""
+        decisions: list[Event] = []
+        for lender in sorted(lending.forecasts):
+            if not any(owner == lender for owner, _ in self.state.lent):
+                continue
+            borrowers = [h for h in self.state.allocations.values() if h.borrowed_from == lender]
+            yielding = sum(_gpus(h) for h in borrowers if h.yield_by is not None)
+            missing = lending.expected_growth(lender) - lending.idle_gpus(lender) - yielding
+            standing = [h for h in borrowers if h.yield_by is None and _gpus(h)]
+            if missing <= 0 or not standing:
+                continue
+            now = self.state.clock or cause.occurred_at
+            must_stop_by = now + timedelta(seconds=self.state.config.grace_period_seconds)
+            while missing > 0 and standing:
+                covering = [h for h in standing if _gpus(h) >= missing]
+                if covering:
+                    victim = min(covering, key=lambda h: (_gpus(h), -h.granted_seq, h.task_id))
+                else:
+                    victim = max(standing, key=lambda h: (_gpus(h), h.granted_seq, h.task_id))
+                standing.remove(victim)
+                missing -= _gpus(victim)
+                decisions += self._yield(victim, must_stop_by, cause, None, lender)
+        return decisions
+
+    def _yield(
+        self,
+        victim: Allocation,
+        must_stop_by: datetime,
+        cause: Event,
+        preempted_by: str | None,
+        reclaim: str | None,
+    ) -> list[Event]:
+        """`victim` (a whole gang) is told to be gone by `must_stop_by`."""
+        now = self.state.clock or cause.occurred_at
+        self.ledger.count_preemptible(victim, -1)
+        self.retries.stale(victim.pool)
+        decisions: list[Event] = []
+        for member in victim.members():
+            member.yield_by = must_stop_by
+            if self.state.expiry_floor is not None:
+                self.state.expiry_floor = min(self.state.expiry_floor, must_stop_by)
+            decisions.append(
+                TaskPreempted(
+                    event_id=derived_event_id(cause.event_id, f"preempted:{member_key(member)}"),
+                    occurred_at=cause.occurred_at,
+                    task_id=member.task_id,
+                    allocation_id=member.allocation_id,
+                    node=member.node,
+                    preempted_by=preempted_by,
+                    grace_period_seconds=max(0, int((must_stop_by - now).total_seconds())),
+                    must_stop_by=must_stop_by,
+                    reclaimed_by_pool=reclaim,
                 )
+            )
         return decisions
 
     def yielding_on(self, nodes: tuple[str, ...]) -> bool:
@@ -145,3 +186,8 @@ class Preemptor:
             for head in self.state.allocations.values()
             for a in head.members()
         )
+
+
+def _gpus(head: Allocation) -> int:
+    """Whole cards a task holds, every gang member's."""
+    return sum(len(m.gpu_ids) for m in head.members())

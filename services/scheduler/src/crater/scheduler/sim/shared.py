@@ -49,6 +49,7 @@ from crater.contracts import (
 )
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.pools import PoolPolicy
+from crater.scheduler.domain.prewarm import Prewarm
 from crater.scheduler.domain.quotas import Quota
 from crater.scheduler.sim.openb import CPU_UNIT_MILLI, SIM_TIME, OpenbNode
 from crater.scheduler.sim.openb import topology as openb_topology
@@ -77,6 +78,13 @@ class Setup:
     restart_seconds: float = 120.0  # a resumed job's lost time (load, warm up)
     slo_seconds: float = 60.0  # an inference replica must start within this
     keep_idle_gpus: int = 8  # the inference pool's headroom, never lent
+    prewarm_lead_seconds: float | None = None  # the inference pool's pre-warm (None: off)
+    days: int = 1  # days run one after the other (a pre-warm learns from the days before)
+
+    @property
+    def horizon(self) -> float:
+        return self.days * DAY
+
     # inference: mean GPUs in use at the trough and the peak of the day
     inference_trough_gpus: float = 12.0
     inference_peak_gpus: float = 52.0
@@ -122,7 +130,7 @@ def workload(setup: Setup, seed: int) -> list[Job]:
     k = 0
     while True:
         t += float(rng.exponential(1 / top))
-        if t >= DAY:
+        if t >= setup.horizon:
             break
         if rng.random() * top > rate(t):
             continue
@@ -147,7 +155,7 @@ def workload(setup: Setup, seed: int) -> list[Job]:
         k += 1
     while True:
         t += float(rng.exponential(1 / per_second))
-        if t >= DAY:
+        if t >= setup.horizon:
             break
         gpus = int(rng.choice(tsizes, p=tweights))
         seconds = float(rng.lognormal(np.log(setup.training_median_seconds), setup.training_sigma))
@@ -164,14 +172,19 @@ def config(setup: Setup, shared: bool) -> SchedulerConfig:
             cohort="day" if shared else None,
             borrow_limit=Quota(gpus=0) if shared else Quota(),
             keep_idle_gpus=setup.keep_idle_gpus if shared else 0,
+            prewarm=(
+                Prewarm(setup.prewarm_lead_seconds)
+                if shared and setup.prewarm_lead_seconds is not None
+                else None
+            ),
         ),
         "training": PoolPolicy(cohort="day" if shared else None),
     }
     return SchedulerConfig(
         grace_period_seconds=setup.grace_seconds,
         pools=pools,
-        heartbeat_timeout_seconds=10 * DAY,  # no node fails in this simulation
-        node_lost_seconds=10 * DAY,
+        heartbeat_timeout_seconds=10 * setup.horizon,  # no node fails in this simulation
+        node_lost_seconds=10 * setup.horizon,
     )
 
 
@@ -179,6 +192,7 @@ def config(setup: Setup, shared: bool) -> SchedulerConfig:
 class DayResult:
     mode: str
     gpus: int
+    seconds: float = DAY  # the span measured
     gpu_seconds_held: float = 0.0
     training_gpu_seconds: float = 0.0
     lost_gpu_seconds: float = 0.0
@@ -193,6 +207,7 @@ class DayResult:
     # and -> the replica starts (may also wait on its own pool's replicas: fragmentation)
     reclaim_starts: list[float] = field(default_factory=list)
     preemptions: int = 0
+    prewarm_preemptions: int = 0  # borrowers told to yield ahead of expected demand
     borrowed_gpu_seconds: float = 0.0
     # (hour, GPUs held by inference, by training on its own pool, training on borrowed cards)
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
@@ -202,7 +217,9 @@ class DayResult:
         starts = np.asarray(self.reclaim_starts or [0.0])
         return {
             "mode": self.mode,
-            "gpu_utilisation_pct": round(100 * self.gpu_seconds_held / (self.gpus * DAY), 2),
+            "gpu_utilisation_pct": round(
+                100 * self.gpu_seconds_held / (self.gpus * self.seconds), 2
+            ),
             "training_gpu_hours": round(self.training_gpu_seconds / 3600, 1),
             "inference_replicas": self.inference_total,
             "inference_slo_attainment_pct": round(
@@ -217,6 +234,7 @@ class DayResult:
             ),
             "reclaimed_start_p99_s": round(float(np.percentile(starts, 99)), 2),
             "preemptions": self.preemptions,
+            "prewarm_preemptions": self.prewarm_preemptions,
             "work_lost_gpu_hours": round(self.lost_gpu_seconds / 3600, 2),
             "borrowed_gpu_hours": round(self.borrowed_gpu_seconds / 3600, 1),
         }
@@ -287,7 +305,8 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
             )
         )
     rng = np.random.default_rng(seed + 7)
-    result = DayResult("shared" if shared else "split", len(nodes) * setup.gpus_per_node)
+    horizon = setup.horizon
+    result = DayResult("shared" if shared else "split", len(nodes) * setup.gpus_per_node, horizon)
     # (time, order, kind, payload)
     queue: list[tuple[float, int, str, Any]] = []
     order = 0
@@ -299,7 +318,7 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
 
     for job in jobs:
         push(job.at, "submit", (job, 1, job.seconds))
-    for hour in range(25):
+    for hour in range(24 * setup.days + 1):
         push(hour * 3600.0, "sample", None)
     waiting: dict[str, tuple[Job, int, float, float]] = {}  # task -> job, attempt, left, since
     running: dict[str, _Running] = {}
@@ -326,10 +345,12 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
                 on_grant(d, now)
             elif isinstance(d, TaskPreempted):
                 result.preemptions += 1
-                if d.reclaimed_by_pool is not None:
+                if d.reclaimed_by_pool is not None and d.preempted_by is not None:
                     reclaiming.add(d.preempted_by)
                     victim_of[d.allocation_id] = d.preempted_by
                     told[d.allocation_id] = now
+                elif d.reclaimed_by_pool is not None:
+                    result.prewarm_preemptions += 1
                 lo, hi = setup.stop_seconds
                 push(now + float(rng.uniform(lo, hi)), "stop", (d.task_id, d.allocation_id))
                 # The clock moves a second past the deadline, as the nodes' heartbeats move it in
@@ -398,7 +419,7 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
 
     while queue:
         now, _, kind, payload = heapq.heappop(queue)
-        if now > DAY:
+        if now > horizon:
             break
         advance(now)
         if kind == "submit":
@@ -448,14 +469,16 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
             result.timeline.append(
                 (now / 3600, held["inference"], held["training"], held["borrowed"])
             )
-    advance(DAY)
+    advance(horizon)
     # Work done by the jobs still running at the end of the day counts too.
     for run in running.values():
         if run.job.kind == "training":
-            result.training_gpu_seconds += min(max(0.0, DAY - run.useful_from), run.left) * run.gpus
+            result.training_gpu_seconds += (
+                min(max(0.0, horizon - run.useful_from), run.left) * run.gpus
+            )
     # Inference replicas still waiting at the end missed their SLO if they waited too long.
     for job, _, _, since in waiting.values():
-        if job.kind == "inference" and DAY - since > setup.slo_seconds:
+        if job.kind == "inference" and horizon - since > setup.slo_seconds:
             result.inference_total += 1
     return result
 
