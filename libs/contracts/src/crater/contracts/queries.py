@@ -16,6 +16,7 @@ from crater.contracts.jobs import JobDescription
 from crater.contracts.nodes import NodeCondition, Toleration
 from crater.contracts.tasks import (
     Affinity,
+    Confidence,
     FieldError,
     FilterReason,
     Priority,
@@ -35,6 +36,7 @@ class QuerySubjects:
     TASK_PLACEMENT = f"{PREFIX}.query.task-placement"
     ALLOCATION = f"{PREFIX}.query.allocation"
     AUDIT_EXPLAIN = f"{PREFIX}.query.audit-explain"
+    POOLS = f"{PREFIX}.query.pools"
     # answered by the predictor
     PREDICTION = f"{PREFIX}.query.prediction"
     RESOLVE = f"{PREFIX}.query.resolve"
@@ -64,10 +66,110 @@ class NodesAnswer(Contract):
     nodes: list[NodeSummary]
 
 
+class PoolsQuery(Contract):
+    """Each pool's capacity, what is allocated of it and how fragmented it is; the tenants'
+    holdings and quotas."""
+
+    pool: str | None = Field(default=None, max_length=63, description="Only this pool.")
+    tenant: str | None = Field(
+        default=None, max_length=63, description="Only this tenant's holdings and quota."
+    )
+
+
+class Capacity(Contract):
+    """One resource of a pool: what its nodes offer (over-commit included) and how much of
+    it the allocations held now take."""
+
+    total: float = Field(ge=0)
+    allocated: float = Field(ge=0)
+
+
+class TenantHolding(Contract):
+    """What one tenant's tasks of a pool hold now."""
+
+    tenant: str
+    gpus: float = Field(ge=0, description="Cards; a shared card counts its share.")
+    gpu_memory_mb: int = Field(ge=0, description="GPU memory reserved (per card x cards).")
+    cpu_cores: int = Field(ge=0)
+    memory_mb: int = Field(ge=0)
+    share: float = Field(
+        ge=0,
+        description="Its dominant share of the pool: the largest fraction of the pool's GPUs, "
+        "cores or memory it holds (what orders the queue within a priority, DRF).",
+    )
+
+
+class PoolSummary(Contract):
+    pool: str
+    nodes: int = Field(ge=0)
+    nodes_ready: int = Field(ge=0, description="Ready or Degraded (placeable).")
+    gpus: Capacity = Field(
+        description="Cards; a shared card counts its share, a MIG-cut one whole."
+    )
+    gpu_memory_mb: Capacity = Field(
+        description="Every card's memory; allocated: what the allocations reserved (the memory "
+        "per card their task asked for, or its predicted peak with margin, times its cards)."
+    )
+    cpu_cores: Capacity
+    memory_mb: Capacity
+    disk_gb: Capacity = Field(
+        description="The nodes' SSD capacity; allocated: what the tasks held here asked for "
+        "(ssd.capacity_gb). Disk is checked per node when placing, not reserved."
+    )
+    gpus_free_whole: int = Field(ge=0, description="Whole cards free now.")
+    fragmented_gpus: float | None = Field(
+        default=None,
+        ge=0,
+        description="Free GPU capacity, in cards, that the request shapes seen so far could not "
+        "use where it lies (too small a share of a card, too few cards on the node, too little "
+        "CPU or memory beside them), weighed by how often each shape is asked for; None: no "
+        "GPU request seen yet.",
+    )
+    fragmentation: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="fragmented_gpus over the free GPU capacity; None: nothing free or no "
+        "GPU request seen yet.",
+    )
+    tasks_waiting: int = Field(ge=0)
+    tasks_placed: int = Field(ge=0, description="Tasks holding an allocation in this pool.")
+    tenants: list[TenantHolding] = Field(description="Largest share first.")
+
+
+QuotaResource = Literal["gpus", "gpu_memory_mb", "cpu_cores", "memory_mb"]
+
+
+class QuotaUse(Contract):
+    resource: QuotaResource
+    used: float = Field(description="Held now, across the tenant's tasks in every pool.")
+    limit: int | None = Field(description="The quota; None: unlimited.")
+
+
+class TenantQuota(Contract):
+    tenant: str
+    resources: list[QuotaUse]
+
+
+class PoolsAnswer(Contract):
+    pools: list[PoolSummary] = Field(description="By name.")
+    quotas: list[TenantQuota] = Field(
+        description="Every tenant with a quota or a holding, by name (quotas files: docs/pools.md)."
+    )
+
+
 class TasksQuery(Contract):
     task_id: str | None = None
     status: TaskStatus | None = None
     limit: int = Field(default=100, ge=1, le=10_000)
+    tenant: str | None = Field(default=None, max_length=63, description="Only this tenant's.")
+    pool: str | None = Field(default=None, max_length=63, description="Only this pool's.")
+    search: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="Only tasks whose id contains this text (any case).",
+    )
 
 
 class AttemptRecord(Contract):
@@ -112,6 +214,14 @@ class HeldAllocation(Contract):
     )
 
 
+class PredictedPeaks(Contract):
+    """The predictor's peaks for a task, in brief (`prediction` has the whole of it)."""
+
+    gpu_memory_per_gpu_mb: int = Field(ge=0, description="Predicted peak per card.")
+    host_memory_mb: int = Field(ge=0)
+    confidence: Confidence
+
+
 class TaskSummary(Contract):
     task_id: str
     task_type: TaskType
@@ -135,6 +245,19 @@ class TaskSummary(Contract):
         description="What it holds now, a gang's members by rank, each with its environment; "
         "filled when one task is asked for by id (GET /api/v1/tasks/{task_id}); empty: "
         "it holds nothing.",
+    )
+    reasons: list[FilterReason] = Field(
+        default_factory=list,
+        description="Why a waiting task waits now, per filter, summed over nodes (what `reason` "
+        "says in one line); empty for a task that does not wait.",
+    )
+    predicted: PredictedPeaks | None = Field(
+        default=None, description="The predictor's peaks; None: it came without a prediction."
+    )
+    prediction: ResourcePrediction | None = Field(
+        default=None,
+        description="The predictor's whole prediction (breakdown, DataLoader settings, "
+        "timeline); filled when one task is asked for by id.",
     )
 
 

@@ -40,6 +40,7 @@ QUERY_ANSWERERS: Mapping[str, str] = {
     QuerySubjects.TASK_PLACEMENT: "scheduler",
     QuerySubjects.ALLOCATION: "scheduler",
     QuerySubjects.AUDIT_EXPLAIN: "scheduler",
+    QuerySubjects.POOLS: "scheduler",
     QuerySubjects.PREDICTION: "predictor",
     QuerySubjects.RESOLVE: "predictor",
     QuerySubjects.USAGE: "predictor",
