@@ -18,6 +18,8 @@ from crater.contracts import (
     AllocationQuery,
     AuditExplainAnswer,
     AuditExplainQuery,
+    FleetsAnswer,
+    FleetsQuery,
     JobDescription,
     NodesAnswer,
     NodesQuery,
@@ -56,6 +58,7 @@ QUERIES: list[tuple[str, type[BaseModel], type[BaseModel], str]] = [
     (QuerySubjects.PREDICTION, PredictionQuery, PredictionAnswer, "predictor"),
     (QuerySubjects.RESOLVE, ResolveQuery, ResolveAnswer, "predictor"),
     (QuerySubjects.USAGE, UsageQuery, UsageAnswer, "predictor"),
+    (QuerySubjects.FLEETS, FleetsQuery, FleetsAnswer, "autoscaler"),
 ]
 
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, Field
 
 from crater.contracts.allocations import ScoreDetail
+from crater.contracts.autoscaling import ScaleDecided
 from crater.contracts.base import Contract
 from crater.contracts.catalog import PREFIX
 from crater.contracts.jobs import JobDescription
@@ -41,6 +42,8 @@ class QuerySubjects:
     PREDICTION = f"{PREFIX}.query.prediction"
     RESOLVE = f"{PREFIX}.query.resolve"
     USAGE = f"{PREFIX}.query.usage"
+    # answered by the autoscaler
+    FLEETS = f"{PREFIX}.query.fleets"
 
 
 class NodesQuery(Contract):
@@ -481,3 +484,46 @@ class UsageAnswer(Contract):
     currency: str | None = Field(default=None, description="The price file's; None: none.")
     lines: list[UsageLine]
     total: UsageLine = Field(description="Every line added up (key `total`).")
+
+
+class FleetsQuery(Contract):
+    """The inference fleets the autoscaler scales: each one's figures now and its latest
+    decisions (the leader's memory: a restart or a new leader starts them afresh)."""
+
+    service: str | None = Field(default=None, max_length=256, description="Only this fleet.")
+    decisions: int = Field(default=10, ge=0, le=100, description="Latest decisions per fleet.")
+
+
+class FleetSummary(Contract):
+    service: str
+    replicas: int = Field(ge=0, description="Believed now: the latest decision or report.")
+    p95_latency_ms: float | None = Field(
+        description="p95 over the window at the latest sample; None: no samples."
+    )
+    samples: int = Field(ge=0, description="Latencies in that window.")
+    gpu_memory_pressure: float | None = Field(
+        description="The highest of the replicas heard of within the window (what scale-out "
+        "reads); None: none known."
+    )
+    mean_gpu_memory_pressure: float | None = Field(description="Their mean (what scale-in reads).")
+    pressure_source: str | None = Field(
+        description="node-metrics (the GPUs the replicas hold), samples (their own reports) or "
+        "mixed."
+    )
+    panic: bool = Field(description="In panic mode or just after it: no scale-in.")
+    warm_pool: list[str] = Field(description="Standby replicas placed (task ids).")
+    starting: list[str] = Field(description="Replicas asked for, not yet reporting (task ids).")
+    draining: list[str] = Field(description="Replicas draining before their release.")
+    last_sample_at: AwareDatetime | None = None
+    decisions: list[ScaleDecided] = Field(description="The latest first, with their numbers.")
+
+
+class FleetsAnswer(Contract):
+    strategy: str = Field(description="demand or rule (docs/autoscaling.md).")
+    scale_out_p95_ms: float
+    scale_out_pressure: float
+    scale_in_p95_ms: float
+    scale_in_pressure: float
+    min_replicas: int
+    max_replicas: int
+    fleets: list[FleetSummary] = Field(description="By service name.")

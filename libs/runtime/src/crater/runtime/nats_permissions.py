@@ -44,6 +44,7 @@ QUERY_ANSWERERS: Mapping[str, str] = {
     QuerySubjects.PREDICTION: "predictor",
     QuerySubjects.RESOLVE: "predictor",
     QuerySubjects.USAGE: "predictor",
+    QuerySubjects.FLEETS: "autoscaler",
 }
 QUERY_ASKERS = ("gateway",)
 # JetStream key-value buckets a service keeps (the gateway's accepted submission ids:
