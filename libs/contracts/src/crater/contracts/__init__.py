@@ -85,6 +85,9 @@ from crater.contracts.queries import (
     UsageAnswer,
     UsageLine,
     UsageQuery,
+    WebhookDeliveriesAnswer,
+    WebhookDeliveriesQuery,
+    WebhookDeliveryRecord,
 )
 from crater.contracts.rejections import (
     FailureKind,
@@ -269,6 +272,9 @@ __all__ = [
     "WebhookBody",
     "WebhookDeadLettered",
     "WebhookDelivered",
+    "WebhookDeliveriesAnswer",
+    "WebhookDeliveriesQuery",
+    "WebhookDeliveryRecord",
     "WebhookStatus",
     "channel_for",
     "derived_event_id",

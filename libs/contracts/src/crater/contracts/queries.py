@@ -44,6 +44,8 @@ class QuerySubjects:
     USAGE = f"{PREFIX}.query.usage"
     # answered by the autoscaler
     FLEETS = f"{PREFIX}.query.fleets"
+    # answered by the callback
+    WEBHOOKS = f"{PREFIX}.query.webhooks"
 
 
 class NodesQuery(Contract):
@@ -527,3 +529,38 @@ class FleetsAnswer(Contract):
     min_replicas: int
     max_replicas: int
     fleets: list[FleetSummary] = Field(description="By service name.")
+
+
+WebhookDeliveryState = Literal["pending", "delivered", "dead", "skipped", "superseded"]
+
+
+class WebhookDeliveriesQuery(Contract):
+    """A task's webhook deliveries, as the callback's delivery log holds them (`crater
+    webhooks list --task`)."""
+
+    task_id: str = Field(min_length=1, max_length=256)
+    limit: int = Field(default=50, ge=1, le=1000)
+
+
+class WebhookDeliveryRecord(Contract):
+    delivery_id: int = Field(description="Its id in the log (`crater webhooks retry ID`).")
+    webhook_id: str = Field(description="The `webhook-id` header: the same on every attempt.")
+    endpoint: str = Field(description="The endpoint's name; empty: none was configured.")
+    task_status: str = Field(description="The status the webhook tells AllData.")
+    event_type: str = Field(description="The event it tells of.")
+    state: WebhookDeliveryState = Field(
+        description="pending (to send, or again), delivered, dead (gave up), skipped (no "
+        "endpoint), superseded (never sent: AllData must not hear it, docs/webhooks.md)."
+    )
+    attempts: int = Field(ge=0)
+    round: int = Field(ge=0, description="Rounds of attempts (a retry or replay starts one).")
+    last_status_code: int | None = Field(description="The endpoint's last HTTP status.")
+    last_error: str | None = Field(description="Why the last attempt failed, or was not made.")
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+    next_attempt_at: AwareDatetime | None = Field(description="When pending: the next attempt.")
+
+
+class WebhookDeliveriesAnswer(Contract):
+    task_id: str
+    deliveries: list[WebhookDeliveryRecord] = Field(description="Newest first.")

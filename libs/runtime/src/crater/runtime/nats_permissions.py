@@ -45,6 +45,7 @@ QUERY_ANSWERERS: Mapping[str, str] = {
     QuerySubjects.RESOLVE: "predictor",
     QuerySubjects.USAGE: "predictor",
     QuerySubjects.FLEETS: "autoscaler",
+    QuerySubjects.WEBHOOKS: "callback",
 }
 QUERY_ASKERS = ("gateway",)
 # JetStream key-value buckets a service keeps (the gateway's accepted submission ids:
