@@ -194,6 +194,7 @@ def test_a_placed_task_says_where_it_runs() -> None:
     assert (row.status_class, row.where, row.why) == ("run", "a100-01 GPUs 0,1", "")
     cpu = views.task_row(summary(gpus=0, node="cpu-01", status=TaskStatus.RUNNING), NOW)
     assert cpu.where == "cpu-01"
+    assert (cpu.why, cpu.note[:8]) == ("", "0/3 node")  # placed: its reason is no wait
     assert cpu.peaks == "host 16 GiB (medium)"
     assert views.task_row(summary(priority=700), NOW).priority == "700"
 

@@ -140,12 +140,15 @@ def topology_svg(node: NodeTopology, metrics: NodeMetricsReported | None = None)
     fabric = count >= 3 and len(pairs) == count * (count - 1) // 2
     rows = max((len(c.gpus) + len(c.disks) for c in cols), default=0)
     height = TOP + 2 * ROW + rows * ROW + 20
-    width = MARGIN * 2 + len(cols) * COLUMN + (len(cols) - 1) * GAP + (GAP if fabric else 0)
     cpu = node.cpu
     title = (
         f"{node.node_id} · pool {node.pool} · {cpu.model} x{cpu.sockets}: {cpu.cores} cores / "
         f"{cpu.threads} threads · {gib(node.memory_mb)}"
     )
+    width = MARGIN * 2 + len(cols) * COLUMN + (len(cols) - 1) * GAP
+    if fabric and len(cols) == 1:
+        width += GAP  # the fabric right of the one column
+    width = max(width, MARGIN * 2 + 7 * len(title))  # the title's room
     body: list[str] = [_text(MARGIN, 24, title, "t-title")]
     anchors: dict[int, tuple[float, float, int]] = {}  # GPU: (left x, middle y, column)
     cpu_boxes: list[tuple[float, float]] = []
@@ -175,7 +178,7 @@ def topology_svg(node: NodeTopology, metrics: NodeMetricsReported | None = None)
             'class="t-socket"/>'
         )
         body.append(_text((ax + COLUMN - 20 + bx) / 2, ay - 6, "inter-socket", "t-small", "middle"))
-    body += _nvlinks(anchors, pairs, fabric, width)
+    body += _nvlinks(anchors, pairs, fabric)
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="topology" role="img" '
         f'viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}">'
@@ -188,20 +191,21 @@ def _nvlinks(
     anchors: dict[int, tuple[float, float, int]],
     pairs: list[tuple[int, int]],
     fabric: bool,
-    width: float,
 ) -> list[str]:
     right = COLUMN - 20
     if fabric:
-        bar = width - MARGIN - 14
+        # between the first two columns (or right of the only one): each GPU's nearest side
+        bar = MARGIN + COLUMN - 20 + (GAP + 20) / 2 - 6
         ys = [y for _, y, _ in anchors.values()]
         parts = [
             f'<rect x="{bar:.0f}" y="{min(ys) - 14:.0f}" width="12" '
             f'height="{max(ys) - min(ys) + 28:.0f}" rx="4" class="t-switch"/>',
             _text(bar + 6, min(ys) - 20, "NVSwitch", "t-small", "middle"),
         ]
-        for x, y, _ in anchors.values():
+        for x, y, column in anchors.values():
+            start, end = (x + right, bar) if column == 0 else (x, bar + 12)
             parts.append(
-                f'<line x1="{x + right:.0f}" y1="{y:.0f}" x2="{bar:.0f}" y2="{y:.0f}" '
+                f'<line x1="{start:.0f}" y1="{y:.0f}" x2="{end:.0f}" y2="{y:.0f}" '
                 'class="t-nvlink"/>'
             )
         return parts

@@ -226,6 +226,10 @@ STATUS_CLASS = {
 }
 
 
+# Statuses whose reason says why the task is not running.
+WAITING = (TaskStatus.PENDING, TaskStatus.REJECTED)
+
+
 @dataclass(frozen=True)
 class Reason:
     nodes: int
@@ -244,7 +248,8 @@ class TaskRow:
     priority: str
     gpus: int
     where: str
-    why: str
+    why: str  # why it waits, or was rejected
+    note: str  # the scheduler's word on a task placed or ended (its placement, its end)
     reasons: list[Reason]
     peaks: str
     submitted: str
@@ -280,7 +285,8 @@ def task_row(summary: TaskSummary, now: datetime) -> TaskRow:
         priority=priority.value if isinstance(priority, Priority) else str(priority),
         gpus=summary.gpus,
         where=where(summary),
-        why=summary.reason or "",
+        why=(summary.reason or "") if summary.status in WAITING else "",
+        note="" if summary.status in WAITING else summary.reason or "",
         reasons=[
             Reason(r.nodes, r.filter, r.message)
             for r in sorted(summary.reasons, key=lambda r: (-r.nodes, r.filter))
