@@ -162,7 +162,6 @@ async def test_the_console_shows_the_live_demo_and_a_task_changing_live(
         await expect(training.locator(".sub")).to_contain_text(f"/{ready} ready")
         await until(lambda: _text_has(page, "table.quotas", "search"), seconds=60)
         await expect(page.locator("table.quotas")).to_contain_text("search")
-        await page.screenshot(path=str(shots / "pools.png"), full_page=True)
 
         # Tasks: the demo's tasks, each with the scheduler's status; then one of ours, live.
         await page.goto(f"{demo.url}/console/tasks")
@@ -240,6 +239,11 @@ async def test_the_console_shows_the_live_demo_and_a_task_changing_live(
         await expect(fleet.locator("[data-figure=p95]")).to_contain_text("ms")
         await expect(fleet.locator("table.decisions")).to_contain_text("out", timeout=90_000)
         await page.screenshot(path=str(shots / "fleets.png"), full_page=True)
+
+        # The pools again, a minute into the demo (the screenshot of docs/console.md).
+        await page.goto(f"{demo.url}/console/pools")
+        await expect(page.locator("article.pool[data-pool=training]")).to_be_visible()
+        await page.screenshot(path=str(shots / "pools.png"), full_page=True)
 
         # Signing out ends the session: the next page is the login page again.
         await page.click("header form button")

@@ -18,13 +18,27 @@ import nats
 import pytest
 import uvicorn
 
-from crater.contracts import PoolsAnswer, PoolsQuery, TasksAnswer, TasksQuery
+from crater.contracts import (
+    HealthCheck,
+    NodeCondition,
+    NodeHealthReported,
+    NodeMetricsReported,
+    NodesAnswer,
+    NodeSummary,
+    NodeTopologyReported,
+    PoolsAnswer,
+    PoolsQuery,
+    TasksAnswer,
+    TasksQuery,
+)
 from crater.contracts.queries import QuerySubjects
 from crater.gateway.apikeys import Scope, new_key, read_keys_file, write_keys_file
 from crater.gateway.app import GatewaySettings, build
 from crater.runtime.nats_server import NatsServer, free_port
 from tests.integration.gateway.test_auth import A_TASK, B_TASK
 from tests.integration.gateway.test_queries import responder
+from tests.support.events import publish_raw
+from tests.support.topologies import node
 
 pytestmark = pytest.mark.integration
 
@@ -268,3 +282,67 @@ async def test_the_event_stream_tells_each_panel_once_per_interval(
         await publisher.close()
         server.should_exit = True
         await serving
+
+
+async def test_a_node_shows_its_latest_reports_from_the_streams_and_its_topology(
+    fresh_nats: NatsServer, tmp_path: Path
+) -> None:
+    tokens = keys(tmp_path / "keys.yaml")
+    topology = node("a100-01", gpus=8)
+    summary = NodesAnswer(
+        nodes=[
+            NodeSummary(
+                node_id="a100-01",
+                pool="default",
+                condition=NodeCondition.READY,
+                gpu_model=topology.gpus[0].model,
+                gpu_memory_mb=81920,
+                gpus_total=8,
+                gpus_free=6,
+                cpu_cores_total=32,
+                cpu_cores_free=30,
+                memory_mb_total=512_000,
+                memory_mb_free=500_000,
+            )
+        ]
+    )
+    health = NodeHealthReported(
+        node_id="a100-01",
+        condition=NodeCondition.READY,
+        score=90,
+        checks=[HealthCheck(name="gpu-ecc", passed=False, detail="3 uncorrected errors")],
+    )
+    metrics = NodeMetricsReported(
+        node_id="a100-01", cpu_utilization_percent=42.0, memory_used_mb=1, memory_total_mb=2
+    )
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(
+            responder(
+                fresh_nats.url,
+                QuerySubjects.NODES,
+                lambda _: summary.model_dump_json().encode(),
+                [],
+            )
+        )
+        http = await stack.enter_async_context(console(fresh_nats.url, tmp_path / "keys.yaml"))
+        await sign_in(http, tokens["reader"])
+        assert "a100-01" in (await http.get("/console/nodes")).text  # the hub subscribes
+        for subject, event in (
+            ("crater.v1.node.topology.a100-01", NodeTopologyReported(node=topology)),
+            ("crater.v1.node.health.a100-01", health),
+            ("crater.v1.node.metrics.a100-01", metrics),
+        ):
+            await publish_raw(fresh_nats.url, subject, event.model_dump_json().encode())
+        page = await http.get("/console/nodes/a100-01")
+        assert page.status_code == 200
+        assert "<svg" in page.text
+        assert page.text.count('class="t-gpu"') == 8
+        assert "3 uncorrected errors" in page.text
+        assert 'sse-connect="/console/events?topics=node-a100-01"' in page.text
+        assert "42 %" in page.text
+        listed = await http.get("/console/panels/nodes")  # the hub's copy of the reports
+        assert "42 %" in listed.text
+        assert "failing: gpu-ecc" in listed.text
+        panel = await http.get("/console/panels/nodes/a100-01?follow=<script>")
+        assert 'hx-trigger="sse:nodes"' in panel.text
+        assert "no such node" in (await http.get("/console/nodes/a1.*")).text

@@ -297,12 +297,23 @@ async def node_context(bus: BusDep, node_id: str) -> dict[str, Any]:
 
 @router.get("/nodes/{node_id}", dependencies=[Depends(started)])
 async def node_page(request: Request, node_id: str, bus: BusDep, principal: Viewer) -> Response:
-    return page(request, "node.html", principal, **await node_context(bus, node_id))
+    context = await node_context(bus, node_id)
+    return page(request, "node.html", principal, follow=context.get("topic"), **context)
 
 
 @router.get("/panels/nodes/{node_id}")
-async def node_panel(request: Request, node_id: str, bus: BusDep, principal: Viewer) -> Response:
-    return page(request, "_node.html", principal, **await node_context(bus, node_id))
+async def node_panel(
+    request: Request,
+    node_id: str,
+    bus: BusDep,
+    principal: Viewer,
+    follow: Annotated[str, Query(max_length=100)] = "nodes",
+) -> Response:
+    """One node's detail; `follow`: the event that refreshes it (`nodes` on the nodes page,
+    the node's own on its page)."""
+    follow = follow if wanted_topics(follow) == {follow} else "nodes"
+    context = await node_context(bus, node_id)
+    return page(request, "_node.html", principal, follow=follow, **context)
 
 
 async def fleets_context(bus: BusDep) -> dict[str, Any]:

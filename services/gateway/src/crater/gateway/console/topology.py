@@ -13,6 +13,7 @@ from html import escape
 from markupsafe import Markup
 
 from crater.contracts import Disk, Gpu, GpuMetrics, NodeMetricsReported, NodeTopology
+from crater.gateway.console.views import mib
 
 COLUMN = 250  # width of a NUMA node's column
 GAP = 80  # between columns: room for NVLink arcs
@@ -49,7 +50,7 @@ def cpulist(cpus: list[int]) -> str:
 
 
 def gib(mb: int) -> str:
-    return f"{mb / 1024:.0f} GiB" if mb >= 1024 else f"{mb} MiB"
+    return mib(mb)
 
 
 def nvlink_pairs(node: NodeTopology) -> list[tuple[int, int]]:
@@ -148,7 +149,7 @@ def topology_svg(node: NodeTopology, metrics: NodeMetricsReported | None = None)
     width = MARGIN * 2 + len(cols) * COLUMN + (len(cols) - 1) * GAP
     if fabric and len(cols) == 1:
         width += GAP  # the fabric right of the one column
-    width = max(width, MARGIN * 2 + 7 * len(title))  # the title's room
+    width = max(width, MARGIN * 2 + 8 * len(title))  # the title's room
     body: list[str] = [_text(MARGIN, 24, title, "t-title")]
     anchors: dict[int, tuple[float, float, int]] = {}  # GPU: (left x, middle y, column)
     cpu_boxes: list[tuple[float, float]] = []
