@@ -4,7 +4,7 @@ PYTHON ?= python3
 UV = $(PYTHON) -m uv
 RUN = $(UV) run --frozen
 
-.PHONY: up test install bootstrap lint docs docs-check clean
+.PHONY: up test install bootstrap lint docs docs-check console-screenshots clean
 
 up: install            ## Crater on embedded defaults with a demo workload (Ctrl-C stops)
 	$(RUN) crater up
@@ -26,6 +26,9 @@ lint: install          ## ruff and mypy, as CI runs them
 
 docs: install          ## regenerate docs/ from the contracts (JSON Schema, AsyncAPI, subjects)
 	$(RUN) crater docs
+
+console-screenshots: install  ## retake docs/console/*.png: the console in Chromium against a live demo
+	CRATER_CONSOLE_SCREENSHOTS=docs/console $(RUN) pytest tests/e2e/test_console_browser.py -q
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache

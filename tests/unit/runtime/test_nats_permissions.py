@@ -159,3 +159,26 @@ def test_the_server_config_has_a_user_per_node_given() -> None:
     allowed = users["node-a1"]["permissions"]["publish"]["allow"]
     assert "crater.v1.node.health.a1" in allowed
     assert "crater.v1.node.health.*" not in allowed
+
+
+def may_subscribe(identity: str, subject: str) -> bool:
+    return any(matches(p, subject) for p in permissions_for(identity).subscribe)
+
+
+def test_the_gateway_watches_what_its_console_shows_and_reads_only_latest_messages() -> None:
+    for subject in (
+        Subjects.TASK_PENDING.subject,
+        Subjects.ALLOCATION_GRANTED.subject,
+        Subjects.NODE_HEALTH.for_node("a100-01"),
+        Subjects.NODE_METRICS.for_node("a100-01"),
+        Subjects.SCALE_DECIDED.subject,
+        Subjects.WEBHOOK_DELIVERED.subject,
+        Subjects.INFERENCE_LATENCY.subject,
+    ):
+        assert may_subscribe("gateway", subject), subject
+    assert not may_subscribe("gateway", Subjects.TASK_USAGE.subject)
+    assert not may_subscribe("probe", Subjects.TASK_PENDING.subject)
+    for stream in ("CRATER_NODE_TOPOLOGY", "CRATER_NODE_TELEMETRY"):
+        assert may_publish("gateway", f"$JS.API.STREAM.MSG.GET.{stream}")
+    assert not may_publish("gateway", "$JS.API.STREAM.MSG.GET.CRATER_TASKS")
+    assert not may_publish("gateway", "$JS.API.STREAM.PURGE.CRATER_NODE_TELEMETRY")

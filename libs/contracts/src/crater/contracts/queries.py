@@ -10,12 +10,14 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, Field
 
 from crater.contracts.allocations import ScoreDetail
+from crater.contracts.autoscaling import ScaleDecided
 from crater.contracts.base import Contract
 from crater.contracts.catalog import PREFIX
 from crater.contracts.jobs import JobDescription
 from crater.contracts.nodes import NodeCondition, Toleration
 from crater.contracts.tasks import (
     Affinity,
+    Confidence,
     FieldError,
     FilterReason,
     Priority,
@@ -35,10 +37,15 @@ class QuerySubjects:
     TASK_PLACEMENT = f"{PREFIX}.query.task-placement"
     ALLOCATION = f"{PREFIX}.query.allocation"
     AUDIT_EXPLAIN = f"{PREFIX}.query.audit-explain"
+    POOLS = f"{PREFIX}.query.pools"
     # answered by the predictor
     PREDICTION = f"{PREFIX}.query.prediction"
     RESOLVE = f"{PREFIX}.query.resolve"
     USAGE = f"{PREFIX}.query.usage"
+    # answered by the autoscaler
+    FLEETS = f"{PREFIX}.query.fleets"
+    # answered by the callback
+    WEBHOOKS = f"{PREFIX}.query.webhooks"
 
 
 class NodesQuery(Contract):
@@ -64,10 +71,110 @@ class NodesAnswer(Contract):
     nodes: list[NodeSummary]
 
 
+class PoolsQuery(Contract):
+    """Each pool's capacity, what is allocated of it and how fragmented it is; the tenants'
+    holdings and quotas."""
+
+    pool: str | None = Field(default=None, max_length=63, description="Only this pool.")
+    tenant: str | None = Field(
+        default=None, max_length=63, description="Only this tenant's holdings and quota."
+    )
+
+
+class Capacity(Contract):
+    """One resource of a pool: what its nodes offer (over-commit included) and how much of
+    it the allocations held now take."""
+
+    total: float = Field(ge=0)
+    allocated: float = Field(ge=0)
+
+
+class TenantHolding(Contract):
+    """What one tenant's tasks of a pool hold now."""
+
+    tenant: str
+    gpus: float = Field(ge=0, description="Cards; a shared card counts its share.")
+    gpu_memory_mb: int = Field(ge=0, description="GPU memory reserved (per card x cards).")
+    cpu_cores: int = Field(ge=0)
+    memory_mb: int = Field(ge=0)
+    share: float = Field(
+        ge=0,
+        description="Its dominant share of the pool: the largest fraction of the pool's GPUs, "
+        "cores or memory it holds (what orders the queue within a priority, DRF).",
+    )
+
+
+class PoolSummary(Contract):
+    pool: str
+    nodes: int = Field(ge=0)
+    nodes_ready: int = Field(ge=0, description="Ready or Degraded (placeable).")
+    gpus: Capacity = Field(
+        description="Cards; a shared card counts its share, a MIG-cut one whole."
+    )
+    gpu_memory_mb: Capacity = Field(
+        description="Every card's memory; allocated: what the allocations reserved (the memory "
+        "per card their task asked for, or its predicted peak with margin, times its cards)."
+    )
+    cpu_cores: Capacity
+    memory_mb: Capacity
+    disk_gb: Capacity = Field(
+        description="The nodes' SSD capacity; allocated: what the tasks held here asked for "
+        "(ssd.capacity_gb). Disk is checked per node when placing, not reserved."
+    )
+    gpus_free_whole: int = Field(ge=0, description="Whole cards free now.")
+    fragmented_gpus: float | None = Field(
+        default=None,
+        ge=0,
+        description="Free GPU capacity, in cards, that the request shapes seen so far could not "
+        "use where it lies (too small a share of a card, too few cards on the node, too little "
+        "CPU or memory beside them), weighed by how often each shape is asked for; None: no "
+        "GPU request seen yet.",
+    )
+    fragmentation: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="fragmented_gpus over the free GPU capacity; None: nothing free or no "
+        "GPU request seen yet.",
+    )
+    tasks_waiting: int = Field(ge=0)
+    tasks_placed: int = Field(ge=0, description="Tasks holding an allocation in this pool.")
+    tenants: list[TenantHolding] = Field(description="Largest share first.")
+
+
+QuotaResource = Literal["gpus", "gpu_memory_mb", "cpu_cores", "memory_mb"]
+
+
+class QuotaUse(Contract):
+    resource: QuotaResource
+    used: float = Field(description="Held now, across the tenant's tasks in every pool.")
+    limit: int | None = Field(description="The quota; None: unlimited.")
+
+
+class TenantQuota(Contract):
+    tenant: str
+    resources: list[QuotaUse]
+
+
+class PoolsAnswer(Contract):
+    pools: list[PoolSummary] = Field(description="By name.")
+    quotas: list[TenantQuota] = Field(
+        description="Every tenant with a quota or a holding, by name (quotas files: docs/pools.md)."
+    )
+
+
 class TasksQuery(Contract):
     task_id: str | None = None
     status: TaskStatus | None = None
     limit: int = Field(default=100, ge=1, le=10_000)
+    tenant: str | None = Field(default=None, max_length=63, description="Only this tenant's.")
+    pool: str | None = Field(default=None, max_length=63, description="Only this pool's.")
+    search: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="Only tasks whose id contains this text (any case).",
+    )
 
 
 class AttemptRecord(Contract):
@@ -112,6 +219,14 @@ class HeldAllocation(Contract):
     )
 
 
+class PredictedPeaks(Contract):
+    """The predictor's peaks for a task, in brief (`prediction` has the whole of it)."""
+
+    gpu_memory_per_gpu_mb: int = Field(ge=0, description="Predicted peak per card.")
+    host_memory_mb: int = Field(ge=0)
+    confidence: Confidence
+
+
 class TaskSummary(Contract):
     task_id: str
     task_type: TaskType
@@ -135,6 +250,19 @@ class TaskSummary(Contract):
         description="What it holds now, a gang's members by rank, each with its environment; "
         "filled when one task is asked for by id (GET /api/v1/tasks/{task_id}); empty: "
         "it holds nothing.",
+    )
+    reasons: list[FilterReason] = Field(
+        default_factory=list,
+        description="Why a waiting task waits now, per filter, summed over nodes (what `reason` "
+        "says in one line); empty for a task that does not wait.",
+    )
+    predicted: PredictedPeaks | None = Field(
+        default=None, description="The predictor's peaks; None: it came without a prediction."
+    )
+    prediction: ResourcePrediction | None = Field(
+        default=None,
+        description="The predictor's whole prediction (breakdown, DataLoader settings, "
+        "timeline); filled when one task is asked for by id.",
     )
 
 
@@ -358,3 +486,81 @@ class UsageAnswer(Contract):
     currency: str | None = Field(default=None, description="The price file's; None: none.")
     lines: list[UsageLine]
     total: UsageLine = Field(description="Every line added up (key `total`).")
+
+
+class FleetsQuery(Contract):
+    """The inference fleets the autoscaler scales: each one's figures now and its latest
+    decisions (the leader's memory: a restart or a new leader starts them afresh)."""
+
+    service: str | None = Field(default=None, max_length=256, description="Only this fleet.")
+    decisions: int = Field(default=10, ge=0, le=100, description="Latest decisions per fleet.")
+
+
+class FleetSummary(Contract):
+    service: str
+    replicas: int = Field(ge=0, description="Believed now: the latest decision or report.")
+    p95_latency_ms: float | None = Field(
+        description="p95 over the window at the latest sample; None: no samples."
+    )
+    samples: int = Field(ge=0, description="Latencies in that window.")
+    gpu_memory_pressure: float | None = Field(
+        description="The highest of the replicas heard of within the window (what scale-out "
+        "reads); None: none known."
+    )
+    mean_gpu_memory_pressure: float | None = Field(description="Their mean (what scale-in reads).")
+    pressure_source: str | None = Field(
+        description="node-metrics (the GPUs the replicas hold), samples (their own reports) or "
+        "mixed."
+    )
+    panic: bool = Field(description="In panic mode or just after it: no scale-in.")
+    warm_pool: list[str] = Field(description="Standby replicas placed (task ids).")
+    starting: list[str] = Field(description="Replicas asked for, not yet reporting (task ids).")
+    draining: list[str] = Field(description="Replicas draining before their release.")
+    last_sample_at: AwareDatetime | None = None
+    decisions: list[ScaleDecided] = Field(description="The latest first, with their numbers.")
+
+
+class FleetsAnswer(Contract):
+    strategy: str = Field(description="demand or rule (docs/autoscaling.md).")
+    scale_out_p95_ms: float
+    scale_out_pressure: float
+    scale_in_p95_ms: float
+    scale_in_pressure: float
+    min_replicas: int
+    max_replicas: int
+    fleets: list[FleetSummary] = Field(description="By service name.")
+
+
+WebhookDeliveryState = Literal["pending", "delivered", "dead", "skipped", "superseded"]
+
+
+class WebhookDeliveriesQuery(Contract):
+    """A task's webhook deliveries, as the callback's delivery log holds them (`crater
+    webhooks list --task`)."""
+
+    task_id: str = Field(min_length=1, max_length=256)
+    limit: int = Field(default=50, ge=1, le=1000)
+
+
+class WebhookDeliveryRecord(Contract):
+    delivery_id: int = Field(description="Its id in the log (`crater webhooks retry ID`).")
+    webhook_id: str = Field(description="The `webhook-id` header: the same on every attempt.")
+    endpoint: str = Field(description="The endpoint's name; empty: none was configured.")
+    task_status: str = Field(description="The status the webhook tells AllData.")
+    event_type: str = Field(description="The event it tells of.")
+    state: WebhookDeliveryState = Field(
+        description="pending (to send, or again), delivered, dead (gave up), skipped (no "
+        "endpoint), superseded (never sent: AllData must not hear it, docs/webhooks.md)."
+    )
+    attempts: int = Field(ge=0)
+    round: int = Field(ge=0, description="Rounds of attempts (a retry or replay starts one).")
+    last_status_code: int | None = Field(description="The endpoint's last HTTP status.")
+    last_error: str | None = Field(description="Why the last attempt failed, or was not made.")
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+    next_attempt_at: AwareDatetime | None = Field(description="When pending: the next attempt.")
+
+
+class WebhookDeliveriesAnswer(Contract):
+    task_id: str
+    deliveries: list[WebhookDeliveryRecord] = Field(description="Newest first.")

@@ -40,9 +40,12 @@ QUERY_ANSWERERS: Mapping[str, str] = {
     QuerySubjects.TASK_PLACEMENT: "scheduler",
     QuerySubjects.ALLOCATION: "scheduler",
     QuerySubjects.AUDIT_EXPLAIN: "scheduler",
+    QuerySubjects.POOLS: "scheduler",
     QuerySubjects.PREDICTION: "predictor",
     QuerySubjects.RESOLVE: "predictor",
     QuerySubjects.USAGE: "predictor",
+    QuerySubjects.FLEETS: "autoscaler",
+    QuerySubjects.WEBHOOKS: "callback",
 }
 QUERY_ASKERS = ("gateway",)
 # JetStream key-value buckets a service keeps (the gateway's accepted submission ids:
@@ -52,6 +55,24 @@ KV_BUCKETS: Mapping[str, tuple[str, ...]] = {
     # leader election (crater.runtime.leadership.LEASES_BUCKET)
     "scheduler": ("crater_leases",),
     "autoscaler": ("crater_leases",),
+}
+# What an identity watches live on core NATS (a plain subscription: no consumer, no ack, no
+# history), and the streams whose latest message on a subject it reads: the gateway's web
+# console (crater.gateway.console) refreshes its pages on these events (throttled) and reads
+# each node's latest topology, health and metrics.
+WATCHES: Mapping[str, tuple[str, ...]] = {
+    "gateway": (
+        *Streams.TASKS.subjects,
+        *Streams.ALLOCATIONS.subjects,
+        *Streams.NODE_TOPOLOGY.subjects,
+        *Streams.NODE_TELEMETRY.subjects,
+        Subjects.SCALE_DECIDED.wildcard,
+        Subjects.INFERENCE_LATENCY.wildcard,
+        *Streams.WEBHOOKS.subjects,
+    ),
+}
+READS_LATEST: Mapping[str, tuple[str, ...]] = {
+    "gateway": (Streams.NODE_TOPOLOGY.name, Streams.NODE_TELEMETRY.name),
 }
 INBOX = "_INBOX.>"
 
@@ -133,6 +154,11 @@ def _consumer_api(stream: str) -> list[str]:
     ]
 
 
+def _latest_api(stream: str) -> list[str]:
+    """Read one stored message of `stream` (the latest on a subject), nothing else."""
+    return [f"$JS.API.STREAM.MSG.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>"]
+
+
 def _kv(bucket: str) -> list[str]:
     stream = f"KV_{bucket}"
     return [
@@ -205,11 +231,13 @@ def permissions_for(identity: str) -> Permissions:
         *(api for s in streams for api in _stream_api(s)),
         *(api for s in consumed_streams for api in _consumer_api(s)),
         *(api for b in buckets for api in _kv(b)),
+        *(api for s in READS_LATEST.get(identity, ()) for api in _latest_api(s)),
     ]
     subscribe = [
         *(c.wildcard for c in consumed),
         *answers,
         *(f"$KV.{b}.>" for b in buckets),
+        *WATCHES.get(identity, ()),
         INBOX,
     ]
     return Permissions(_unique(publish), _unique(subscribe), allow_responses=bool(answers))

@@ -9,7 +9,8 @@ Beside the samples it consumes `allocation.granted`/`allocation.released` (which
 replica's task holds, and when a requested standby is placed), `node.metrics.*` (those GPUs'
 memory pressure) and `scale.replica_drained` (a scale-in's drain finished). A timer releases
 replicas whose drain timed out. It publishes `scale.decided`, `scale.replicas_requested`
-and `scale.release_requested`.
+and `scale.release_requested`, and the leader answers `crater.v1.query.fleets` (each fleet's
+figures and latest decisions, from its memory).
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
     Event,
+    FleetsAnswer,
+    FleetsQuery,
     LatencySamplesReported,
     NodeMetricsReported,
+    QuerySubjects,
     ReplicaDrained,
     Subjects,
 )
@@ -109,6 +113,10 @@ def build(settings: AutoscalerSettings | None = None) -> tuple[Service, AsgiFast
     async def on_replica_drained(event: ReplicaDrained) -> None:
         await handlers.replica_drained(event)
 
+    @leader.subscriber(QuerySubjects.FLEETS, title="autoscaler-query-fleets")
+    async def on_fleets_query(event: FleetsQuery) -> FleetsAnswer:
+        return fleets_answer(autoscaler, event)
+
     ticker: list[asyncio.Task[None]] = []
 
     async def lead(epoch: int) -> None:
@@ -144,6 +152,21 @@ def build(settings: AutoscalerSettings | None = None) -> tuple[Service, AsgiFast
     service.after_startup.append(elect)
     service.on_shutdown.append(resign)
     return service, service.asgi()
+
+
+def fleets_answer(autoscaler: Autoscaler, query: FleetsQuery) -> FleetsAnswer:
+    """The leader's answer to `crater.v1.query.fleets`: the policy's lines and each fleet."""
+    policy = autoscaler.policy
+    return FleetsAnswer(
+        strategy=policy.strategy,
+        scale_out_p95_ms=policy.scale_out_p95_ms,
+        scale_out_pressure=policy.scale_out_pressure,
+        scale_in_p95_ms=policy.scale_in_p95_ms,
+        scale_in_pressure=policy.scale_in_pressure,
+        min_replicas=policy.min_replicas,
+        max_replicas=policy.max_replicas,
+        fleets=autoscaler.fleets(query.service, query.decisions),
+    )
 
 
 def create_app() -> AsgiFastStream:

@@ -44,7 +44,12 @@ from crater.callback.service_layer.recorder import (
     delivery_turn,
     order_of,
 )
-from crater.contracts import Streams
+from crater.contracts import (
+    QuerySubjects,
+    Streams,
+    WebhookDeliveriesAnswer,
+    WebhookDeliveriesQuery,
+)
 from crater.runtime.bus import durable_stream
 from crater.runtime.outbox import OutboxRelay
 from crater.runtime.service import Service, create_service, serve
@@ -249,6 +254,11 @@ def build(settings: CallbackSettings | None = None) -> tuple[Service, AsgiFastSt
     @durable_stream(broker, Streams.ALLOCATIONS, name, batch=batch)
     async def on_allocation_event(message: NatsMessage) -> None:
         await recorder.on_message(message)
+
+    # Any replica answers from the shared log: the first answer is taken.
+    @broker.subscriber(QuerySubjects.WEBHOOKS, title="callback-query-webhooks")
+    async def on_webhooks_query(event: WebhookDeliveriesQuery) -> WebhookDeliveriesAnswer:
+        return await delivery_log.of_task(event)
 
     async def start_loops() -> None:
         if not endpoints:

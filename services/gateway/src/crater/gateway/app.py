@@ -20,6 +20,7 @@ from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crater.contracts import FieldError, TaskRequest, TaskUsageReported
+from crater.gateway import console
 from crater.gateway.auth import Authenticator, Denied
 from crater.gateway.bodies import request_errors
 from crater.gateway.bus import Bus
@@ -173,6 +174,8 @@ def build(settings: GatewaySettings | None = None) -> FastAPI:
     app.add_exception_handler(Denied, denied)
     for router in ROUTERS:
         app.include_router(router)
+    if settings.console:
+        console.mount(app, settings, service)
     return app
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from crater.runtime.bus import PUBLISH_GIVE_UP_SECONDS
 from crater.runtime.settings import ServiceSettings
@@ -64,6 +64,25 @@ class GatewaySettings(ServiceSettings):
         default=0.0, ge=0, description="Requests per second per credential; 0: no limit."
     )
     rate_limit_burst: int = Field(default=60, ge=1, description="Requests allowed at once.")
+    console: bool = Field(
+        default=True, description="Serve the web console at /console (docs/console.md)."
+    )
+    console_session_secret: SecretStr | None = Field(
+        default=None,
+        description="Signs the console's session cookies (or CRATER_GATEWAY_CONSOLE_SESSION_"
+        "SECRET_FILE); replicas behind one address need the same. Unset: a random one per "
+        "process, so a restart signs everyone out.",
+    )
+    console_session_seconds: int = Field(
+        default=8 * 3600, ge=60, le=30 * 86_400, description="A console sign-in lasts this long."
+    )
+    console_refresh_seconds: float = Field(
+        default=1.0,
+        ge=0.1,
+        le=60,
+        description="A console panel is refreshed live at most once per this many seconds, "
+        "however many events arrive.",
+    )
     tls_certfile: Path | None = Field(default=None, description="Serve HTTPS with this cert.")
     tls_keyfile: Path | None = None
     tls_ca_certs: Path | None = Field(

@@ -25,6 +25,8 @@ from crater.contracts import (
     NodeTopologyReported,
     PlacementAnswer,
     PlacementQuery,
+    PoolsAnswer,
+    PoolsQuery,
     QuerySubjects,
     ReplicaReleaseRequested,
     ReplicasRequested,
@@ -320,6 +322,10 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @leader.subscriber(QuerySubjects.NODES, title="scheduler-query-nodes")
     async def on_nodes_query(event: NodesQuery) -> NodesAnswer:
         return NodesAnswer(nodes=core.nodes(event.pool))
+
+    @leader.subscriber(QuerySubjects.POOLS, title="scheduler-query-pools")
+    async def on_pools_query(event: PoolsQuery) -> PoolsAnswer:
+        return core.pools(event)
 
     @leader.subscriber(QuerySubjects.PLACEMENT, title="scheduler-query-placement")
     async def on_placement_query(event: PlacementQuery) -> PlacementAnswer:

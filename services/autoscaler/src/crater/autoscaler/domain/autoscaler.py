@@ -25,6 +25,7 @@ Time is always the events' own `occurred_at` (or the `now` handed to `tick`): no
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import OrderedDict
@@ -43,6 +44,7 @@ from crater.autoscaler.domain.strategies import strategy_for
 from crater.autoscaler.domain.window import LatencyWindow
 from crater.contracts import (
     Event,
+    FleetSummary,
     LatencySamplesReported,
     ReplicaDrained,
     ReplicaReleaseRequested,
@@ -92,6 +94,31 @@ class Autoscaler:
     def draining(self, service: str) -> list[str]:
         state = self._services.get(service)
         return [] if state is None else sorted(state.draining)
+
+    def fleets(self, service: str | None = None, decisions: int = 10) -> list[FleetSummary]:
+        """Each service's figures as its latest sample batch left them, and its latest
+        `decisions` decisions (latest first): for people (`crater.v1.query.fleets`)."""
+        return [
+            FleetSummary(
+                service=name,
+                replicas=self.replicas(name),
+                p95_latency_ms=state.p95_ms,
+                samples=state.samples,
+                gpu_memory_pressure=state.pressure,
+                mean_gpu_memory_pressure=state.mean_pressure,
+                pressure_source=state.pressure_source,
+                panic=state.panic,
+                warm_pool=self.warm_pool(name),
+                starting=sorted(state.starting),
+                draining=self.draining(name),
+                last_sample_at=None
+                if state.heard_at is None
+                else datetime.fromtimestamp(state.heard_at, UTC),
+                decisions=list(itertools.islice(state.decisions, decisions)),
+            )
+            for name, state in sorted(self._services.items())
+            if service is None or name == service
+        ]
 
     # -- inputs other than samples -------------------------------------------------------
 
@@ -228,6 +255,11 @@ class Autoscaler:
                     state.panic_peak = max(state.panic_peak, decision.desired_replicas)
             assessment = replace(assessment, replicas=decision.desired_replicas)
         requests += self._fill_warm_pool(state, sample, now)
+        state.p95_ms, state.samples, state.heard_at = p95_ms, samples, now
+        state.pressure, state.mean_pressure, state.pressure_source = pressure, mean_pressure, source
+        state.panic = panicking or held
+        if decision is not None:
+            state.decisions.appendleft(decision)
         return replace(
             assessment, decision=decision, requests=tuple(requests), panic=panicking or held
         )

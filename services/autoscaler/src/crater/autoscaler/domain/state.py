@@ -9,6 +9,10 @@ from uuid import UUID
 
 from crater.autoscaler.domain.demand import SlidingMax, TimeSeries
 from crater.autoscaler.domain.window import LatencyWindow
+from crater.contracts import ScaleDecided
+
+# Decisions kept per service for people to read (`crater.v1.query.fleets`).
+RECENT_DECISIONS = 100
 
 
 @dataclass(frozen=True)
@@ -61,3 +65,13 @@ class ServiceState:
     # ends (the scheduler keeps every task's request), so a fleet whose replicas all came and
     # went still names a request to copy.
     template: str | None = None
+    # What the latest sample batch left (read by people, not by the decisions): the window's
+    # p95 and size, the pressures and their source, when it came; and the latest decisions.
+    p95_ms: float | None = None
+    samples: int = 0
+    pressure: float | None = None
+    mean_pressure: float | None = None
+    pressure_source: str | None = None
+    panic: bool = False
+    heard_at: float | None = None
+    decisions: deque[ScaleDecided] = field(default_factory=lambda: deque(maxlen=RECENT_DECISIONS))

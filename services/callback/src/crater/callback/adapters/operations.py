@@ -1,4 +1,5 @@
-"""The operators' queries on the delivery log (`crater webhooks` list, retry, replay)."""
+"""The operators' queries on the delivery log (`crater webhooks` list, retry, replay; a
+task's deliveries for the console, `crater.v1.query.webhooks`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from crater.callback.adapters import tables
 from crater.callback.adapters.log_base import LogBase
 from crater.callback.adapters.records import NO_ENDPOINT, SETTLED, DeliveryRow, d, utc
 from crater.callback.domain.retry import DeliveryState
+from crater.contracts import (
+    WebhookDeliveriesAnswer,
+    WebhookDeliveriesQuery,
+    WebhookDeliveryRecord,
+)
 
 
 class Operations(LogBase):
@@ -74,6 +80,31 @@ class Operations(LogBase):
                 values[key] = utc(values[key])
             found.append(DeliveryRow(**values))
         return found
+
+    async def of_task(self, query: WebhookDeliveriesQuery) -> WebhookDeliveriesAnswer:
+        """A task's deliveries, newest first (`crater.v1.query.webhooks`)."""
+        rows = await self.list(task_id=query.task_id, limit=query.limit)
+        return WebhookDeliveriesAnswer(
+            task_id=query.task_id,
+            deliveries=[
+                WebhookDeliveryRecord(
+                    delivery_id=r.id,
+                    webhook_id=r.webhook_id,
+                    endpoint=r.endpoint,
+                    task_status=r.task_status,
+                    event_type=r.event_type,
+                    state=DeliveryState(r.state).value,
+                    attempts=r.attempts,
+                    round=r.round,
+                    last_status_code=r.last_status_code,
+                    last_error=r.last_error,
+                    created_at=r.created_at,
+                    updated_at=r.updated_at,
+                    next_attempt_at=r.next_attempt_at,
+                )
+                for r in rows
+            ],
+        )
 
     async def retry(self, delivery_id: int, max_attempts: int) -> bool:
         """Send one delivery again now: a settled one starts a new round of `max_attempts`

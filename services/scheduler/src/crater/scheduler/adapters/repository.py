@@ -19,6 +19,7 @@ from crater.contracts import (
     NodeHealthReported,
     NodeTopology,
     NodeTopologyReported,
+    PredictedPeaks,
     Priority,
     ResourcePrediction,
     TaskEnded,
@@ -437,6 +438,14 @@ class SchedulerRepository:
             statement = statement.where(tasks.c.task_id == query.task_id)
         if query.status is not None:
             statement = statement.where(tasks.c.status == query.status.value)
+        if query.tenant is not None:
+            statement = statement.where(tasks.c.tenant == query.tenant)
+        if query.pool is not None:
+            statement = statement.where(tasks.c.pool == query.pool)
+        if query.search is not None:
+            statement = statement.where(
+                func.lower(tasks.c.task_id).contains(query.search.lower(), autoescape=True)
+            )
         rows = (await self.session.execute(statement)).all()
         one = query.task_id is not None
         return [
@@ -456,8 +465,11 @@ class SchedulerRepository:
                 attempt=r.attempt,
                 history=await self._history(r.task_id) if one else [],
                 allocations=await self._held(r.task_id) if one else [],
+                predicted=_peaks(prediction),
+                prediction=prediction if one else None,
             )
             for r in rows
+            for prediction in (_prediction(r.prediction),)
         ]
 
     async def allocation(self, allocation_id: str) -> Any | None:
@@ -581,3 +593,17 @@ def _nominated(row: Any) -> tuple[str, ...]:
 def _aware(moment: datetime) -> datetime:
     # SQLite hands back naive datetimes; they were written in UTC.
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _prediction(stored: Any) -> ResourcePrediction | None:
+    return ResourcePrediction.model_validate(stored) if stored else None
+
+
+def _peaks(prediction: ResourcePrediction | None) -> PredictedPeaks | None:
+    if prediction is None:
+        return None
+    return PredictedPeaks(
+        gpu_memory_per_gpu_mb=prediction.gpu_memory_per_gpu_mb,
+        host_memory_mb=prediction.host_memory_mb,
+        confidence=prediction.confidence,
+    )

@@ -156,3 +156,20 @@ def rate_fragmentation(c: ClusterArrays, d: Demand, idx: IntArray) -> FloatArray
     growth = fragmentation_growth(c, d, idx)
     span = float(max(int(c.gpus_total.max(initial=0)), 1) * WHOLE)
     return np.asarray(0.5 - growth / (4 * span), np.float64)
+
+
+def stranded_free(c: ClusterArrays, idx: IntArray) -> FloatArray | None:
+    """Per node of `idx` (nodes with GPUs): the free GPU thousandths the GPU requests seen so
+    far could not use there, weighed by how often each shape is asked for, with those the
+    node's free CPU or memory cannot feed; at most the node's free thousandths. None: no GPU
+    request seen yet. What a person reads as a pool's fragmentation (the console's pools)."""
+    model = c.workload
+    shapes = model.shapes()
+    weight = sum(s.popularity for s in shapes if s.gpus)
+    if not weight or not len(idx):
+        return None
+    cards = card_matrix(c, idx)
+    cpu, memory = c.cpu_free[idx], c.memory_free_mb[idx]
+    stranded = expected_fragmentation(cards, cpu, memory, _models_ok(c, idx, shapes), shapes)
+    stranded = stranded / weight + host_stranded(cards, cpu, memory, *model.host_per_gpu_milli())
+    return np.asarray(np.minimum(stranded, cards.sum(axis=1)), np.float64)

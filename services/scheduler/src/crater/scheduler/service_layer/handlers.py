@@ -33,6 +33,8 @@ from crater.contracts import (
     NodeTopologyReported,
     PlacementAnswer,
     PlacementQuery,
+    PoolsAnswer,
+    PoolsQuery,
     ReplicasRequested,
     ResourcePrediction,
     TaskPending,
@@ -69,7 +71,7 @@ from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.quotas import QUOTA_FIELDS, Usage
 from crater.scheduler.domain.tokens import token_allocation, token_refusal
-from crater.scheduler.domain.views import node_summaries
+from crater.scheduler.domain.views import node_summaries, pool_summaries
 
 log = logging.getLogger("crater.scheduler")
 
@@ -547,14 +549,20 @@ class SchedulerService:
         return staged
 
     async def tasks(self, query: TasksQuery) -> list[TaskSummary]:
-        """Stored summaries, with each waiting task's live reason: `task.pending` is sent
-        only when the kind of reason changes, the answer here is always current."""
+        """Stored summaries, with each waiting task's live reason and its reasons per filter:
+        `task.pending` is sent only when the kind of reason changes, the answer here is always
+        current."""
         async with self.sessions() as session:
             summaries = await SchedulerRepository(session).task_summaries(query)
         live = self.scheduler.pending
         return [
-            s.model_copy(update={"reason": live[s.task_id].last_summary})
-            if s.task_id in live and live[s.task_id].last_summary
+            s.model_copy(
+                update={
+                    "reason": live[s.task_id].last_summary or s.reason,
+                    "reasons": list(live[s.task_id].live_reasons),
+                }
+            )
+            if s.task_id in live
             else s
             for s in summaries
         ]
@@ -595,6 +603,9 @@ class SchedulerService:
 
     def nodes(self, pool: str | None) -> list[NodeSummary]:
         return node_summaries(self.scheduler.cluster, pool)
+
+    def pools(self, query: PoolsQuery) -> PoolsAnswer:
+        return pool_summaries(self.scheduler, query.pool, query.tenant)
 
     def reload(self) -> str | None:
         """Take the pools and quotas files again when they changed on disk (see
