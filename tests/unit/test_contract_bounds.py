@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from crater.contracts import (
+    AllocationGranted,
     LatencySamplesReported,
     NodeTopology,
     ReplicasRequested,
@@ -15,6 +16,7 @@ from crater.contracts import (
     TaskSequence,
 )
 from crater.contracts.autoscaling import MAX_LATENCY_MS
+from tests.support.lifecycle import granted
 from tests.support.topologies import node
 
 
@@ -73,3 +75,25 @@ def test_the_widest_accepted_latency_batch_keeps_the_autoscaler_finite() -> None
 
     sample = LatencySamplesReported(service="chat", latencies_ms=[MAX_LATENCY_MS] * 10_000)
     Autoscaler().observe(sample)  # would raise converting NaN before the bound
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "where"),
+    [
+        ("memory_mb", 2**64, ("memory_mb",)),
+        ("gpu_memory_mb", 2**63, ("gpu_memory_mb",)),
+        ("cpu_cores", [0, 2**64], ("cpu_cores", 1)),
+        ("gpu_ids", [2**70], ("gpu_ids", 0)),
+        ("gang_size", 2**64, ("gang_size",)),
+    ],
+)
+def test_a_grant_with_an_integer_no_database_holds_is_refused(
+    field: str, value: object, where: tuple[object, ...]
+) -> None:
+    """The fuzzer's allocation.granted crash: the predictor's SQLite refused a 64-bit
+    overflow on every delivery."""
+    body = granted().model_dump(mode="json")
+    body[field] = value
+    with pytest.raises(ValidationError) as refused:
+        AllocationGranted.model_validate(body)
+    assert refused.value.errors()[0]["loc"] == where

@@ -321,3 +321,25 @@ async def test_crater_tokens_on_the_bucket(fresh_nats: NatsServer) -> None:
     assert before.status_code == 200, before.text
     assert after.status_code == 401
     assert "revoked" in after.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("allocation_id", "token", "field"),
+    [
+        ("", "0", "allocation_id"),  # the fuzzer's 500
+        ("a" * 100, "t", "allocation_id"),  # a usage sample may carry 256, no allocation has
+        ("alloc-1", "t" * 300, "crater-reservation-token"),
+    ],
+)
+async def test_a_usage_sample_with_a_token_and_an_impossible_allocation_is_a_422(
+    fresh_nats: NatsServer, allocation_id: str, token: str, field: str
+) -> None:
+    sample = {"task_id": "t0", "attempt": 1, "interval_seconds": 5e-324}
+    async with gateway(fresh_nats.url) as http:
+        response = await http.post(
+            "/api/v1/tasks/t0/usage",
+            json={**sample, "allocation_id": allocation_id},
+            headers={"Crater-Reservation-Token": token},
+        )
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["detail"]] == [field]

@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from pydantic import AwareDatetime, Field
 
-from crater.contracts.base import MAX_ATTEMPT, Contract, TaskEvent
+from crater.contracts.base import MAX_ATTEMPT, Contract, ExactInt, TaskEvent
 from crater.contracts.tasks import TaskId
 
 # Every variable a placed task is handed (AllocationGranted.environment), with its meaning:
@@ -59,8 +59,8 @@ class AllocationGranted(TaskEvent):
     node: str
     pool: str
     tenant: str
-    gpu_ids: list[int]
-    gpu_memory_mb: int = Field(ge=0, description="Reserved per card.")
+    gpu_ids: list[ExactInt] = Field(description="The node's card indexes (its topology's).")
+    gpu_memory_mb: ExactInt = Field(ge=0, description="Reserved per card.")
     gpu_model: str | None = Field(
         default=None,
         max_length=128,
@@ -71,9 +71,9 @@ class AllocationGranted(TaskEvent):
     mig_profile: str | None = Field(
         default=None, description="The MIG slice held on gpu_ids[0] (e.g. 1g.10gb); None: none."
     )
-    cpu_cores: list[int]
-    numa_node: int | None
-    memory_mb: int = Field(ge=0)
+    cpu_cores: list[ExactInt]
+    numa_node: ExactInt | None
+    memory_mb: ExactInt = Field(ge=0)
     checkpoint_path: str | None
     reservation_token: str = Field(
         description="Confirms the allocation and signs the launcher's reports about it "
@@ -92,10 +92,12 @@ class AllocationGranted(TaskEvent):
         + "; ".join(TASK_ENVIRONMENT)
         + " (meanings: docs/task-environment.md)."
     )
-    gang_index: int = Field(
+    gang_index: ExactInt = Field(
         default=0, ge=0, description="This member of a gang (one grant per member), from 0."
     )
-    gang_size: int = Field(default=1, ge=1, description="Members granted together, all or none.")
+    gang_size: ExactInt = Field(
+        default=1, ge=1, description="Members granted together, all or none."
+    )
     borrowed_from: str | None = Field(
         default=None,
         description="The pool whose idle nodes this allocation borrows (pools of one cohort "
@@ -121,6 +123,6 @@ class AllocationReleased(TaskEvent):
     allocation_id: str
     task_id: TaskId
     node: str
-    gpu_ids: list[int]
-    cpu_cores: list[int]
+    gpu_ids: list[ExactInt]
+    cpu_cores: list[ExactInt]
     reason: ReleaseReason

@@ -25,7 +25,7 @@ from crater.gateway.auth import Authenticator, Denied
 from crater.gateway.bodies import request_errors
 from crater.gateway.bus import Bus
 from crater.gateway.deps import request_is_text
-from crater.gateway.models import TaskDryRun, field_errors_response
+from crater.gateway.models import FieldErrors, TaskDryRun, field_errors_response
 from crater.gateway.observe import ObserveRequests
 from crater.gateway.routes import ROUTERS
 from crater.gateway.settings import GatewaySettings
@@ -66,8 +66,34 @@ class GatewayApi(FastAPI):
         )
         components.update(usage_schema.pop("$defs", {}))
         components["TaskUsageReported"] = usage_schema
+        document_field_errors(schema)
         add_auth_answers(schema)
         return schema
+
+
+def document_field_errors(schema: dict[str, Any]) -> None:
+    """Every operation that takes a parameter or a body may answer 422, and always in the
+    gateway's own shape (`FieldErrors`, see `request_errors`), never FastAPI's default
+    `HTTPValidationError`: the fuzzer found a NUL in `pool` answered in a shape the document
+    did not promise."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    field_errors = FieldErrors.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(field_errors.pop("$defs", {}))
+    components["FieldErrors"] = field_errors
+    answer = {
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/FieldErrors"}}}
+    }
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            answers = operation.setdefault("responses", {})
+            if operation.get("parameters") or operation.get("requestBody") or "422" in answers:
+                described = answers.get("422", {}).get("description")
+                answers["422"] = {
+                    "description": described or "Every invalid field or parameter and why.",
+                    **answer,
+                }
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
 
 
 # What a route that needs a credential may answer with auth `required` (docs/security.md).

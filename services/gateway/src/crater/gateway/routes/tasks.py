@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
+from pydantic import ValidationError
 
 from crater.contracts import FieldError, TaskStatus, TaskStatusReported, TaskUsageReported
 from crater.contracts.queries import (
@@ -284,7 +285,15 @@ async def own_allocation(bus: Bus, sample: TaskUsageReported, token: str) -> JSO
     if sample.allocation_id is None:
         reason = "required with a reservation token: the allocation it was signed for"
         return field_errors_response(422, [FieldError(field="allocation_id", reason=reason)])
-    query = AllocationQuery(allocation_id=sample.allocation_id, reservation_token=token)
+    try:
+        query = AllocationQuery(allocation_id=sample.allocation_id, reservation_token=token)
+    except ValidationError as error:  # no allocation has such an id, no token such a form
+        names = {"reservation_token": "crater-reservation-token"}
+        refused = [
+            FieldError(field=names.get(str(e["loc"][0]), str(e["loc"][0])), reason=e["msg"])
+            for e in error.errors()
+        ]
+        return field_errors_response(422, refused)
     check = await bus.ask(QuerySubjects.ALLOCATION, query, AllocationCheck)
     if isinstance(check, JSONResponse):
         return check
