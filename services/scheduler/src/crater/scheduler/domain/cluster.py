@@ -363,6 +363,26 @@ class ClusterArrays:
     def __len__(self) -> int:
         return len(self.nodes)
 
+    # A snapshot (audit log) pickles the backing arrays only: pickle would copy each column
+    # view apart from its backing array, and the next node added would resurrect stale rows.
+    _VIEWS: tuple[str, ...] = (*_COLUMNS, "name_rank", "everywhere")
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k not in self._VIEWS}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        _read_only(self._everywhere_backing)
+        self._views()
+
+    def _views(self) -> None:
+        """The columns as views of the first len(nodes) rows of their backing arrays."""
+        rows = len(self.nodes)
+        for name, backing in self._backing.items():
+            setattr(self, name, backing[:rows])
+        self.name_rank = self._rank_backing[:rows]
+        self.everywhere = self._everywhere_backing[:rows]
+
     def get(self, name: str) -> Node | None:
         i = self.index.get(name)
         return None if i is None else self.nodes[i]
@@ -441,10 +461,7 @@ class ClusterArrays:
             rank[: len(self._rank_backing)] = self._rank_backing
             self._rank_backing = rank
             self._everywhere_backing = _read_only(np.ones(self._room, np.bool_))
-        for name, backing in self._backing.items():
-            setattr(self, name, backing[:rows])
-        self.name_rank = self._rank_backing[:rows]
-        self.everywhere = self._everywhere_backing[:rows]
+        self._views()
 
     def _rank_name(self, name: str) -> None:
         """The new last row's place in name order; the names after it move down one."""

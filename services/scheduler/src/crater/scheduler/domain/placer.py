@@ -77,6 +77,10 @@ class Placer:
         self._verdicts: dict[tuple[Demand, bytes | None], Diagnosis] = {}
         self._verdicts_for: tuple[object, object, int] | None = None
 
+    def __getstate__(self) -> dict[str, object]:
+        """A snapshot (audit log) leaves the remembered verdicts out: only a cache."""
+        return self.__dict__ | {"_verdicts": {}, "_verdicts_for": None}
+
     def diagnose(
         self, demand: Demand, free: bool = True, among: BoolArray | None = None
     ) -> Diagnosis:
