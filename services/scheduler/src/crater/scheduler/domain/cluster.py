@@ -56,6 +56,16 @@ class Node:
     cpu_taken: int = 0  # core-slots held
     cpu_cores_full: int = 0  # cores held by as many tasks as they may be
     numa_room: dict[int, int] = field(default_factory=dict)  # NUMA node -> cores with room
+    # Fixed for the Node's life (a topology report makes a new Node), read by every refresh:
+    # computed once.
+    _cpu_total: int = field(init=False, repr=False, compare=False)
+    _cpu_capacity: int = field(init=False, repr=False, compare=False)
+    _cpu_holders_max: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._cpu_total = sum(len(n.cpus) for n in self.topology.numa_nodes)
+        self._cpu_capacity = math.floor(self._cpu_total * self.overcommit.cpu)
+        self._cpu_holders_max = max(1, math.ceil(self.overcommit.cpu))
 
     @classmethod
     def empty(cls, topology: NodeTopology, overcommit: Overcommit = NO_OVERCOMMIT) -> Node:
@@ -81,12 +91,12 @@ class Node:
 
     @property
     def cpu_capacity(self) -> int:
-        return math.floor(self.cpu_total * self.overcommit.cpu)
+        return self._cpu_capacity
 
     @property
     def cpu_holders_max(self) -> int:
         """How many tasks may hold one core at once."""
-        return max(1, math.ceil(self.overcommit.cpu))
+        return self._cpu_holders_max
 
     @property
     def cpu_free(self) -> set[int]:
@@ -208,7 +218,7 @@ class Node:
 
     @property
     def cpu_total(self) -> int:
-        return sum(len(n.cpus) for n in self.topology.numa_nodes)
+        return self._cpu_total
 
     @property
     def disk_gb(self) -> int:

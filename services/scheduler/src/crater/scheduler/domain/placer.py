@@ -156,7 +156,7 @@ class Placer:
         total = np.zeros(len(idx))
         parts: list[tuple[str, npt.NDArray[np.float64]]] = []
         for score in self.state.config.pipeline_for(demand.pool).scores:
-            values = np.clip(score.rate(self.state.cluster, demand, idx), 0.0, 1.0)
+            values = score.rate(self.state.cluster, demand, idx).clip(0.0, 1.0)
             parts.append((score.name, values))
             total += score.weight * values
         total = np.round(total, 9)  # equal scores must compare equal on every machine
@@ -365,7 +365,9 @@ class Placer:
         else:
             self.state.allocations[request.task_id] = allocation
             self.ledger.count_preemptible(allocation, +1)
-        return granted(self.state, task, node, selection, allocation, score, details, cause)
+        return granted(
+            self.state, task, node, selection, allocation, score, details, cause, event_id
+        )
 
 
 def explained(f: Filter, demand: Demand, free: bool = True) -> str:
