@@ -190,6 +190,27 @@ def test_a_replay_refuses_a_snapshot_of_another_build_or_with_other_bytes() -> N
     assert "does not hash to the digest" in (replayer.report.problem or "")
 
 
+def test_a_restored_snapshot_of_another_build_is_passed_by_not_bytes_that_do_not_match() -> None:
+    """A take-over by an upgraded scheduler: a replay with this build keeps its own state
+    there (and says so); bytes that are not their record's stop it."""
+    core = Scheduler(config=SchedulerConfig())
+    entry, state = snapshot_entry(core, code="0123456789abcdef", why=audit.RESTORED)
+    row = (entry.seq, entry.source, entry.kind, entry.input, entry.decisions)
+    replayer = audit.Replayer(SchedulerConfig(), snapshots={entry.seq: state})
+    assert replayer.feed([row])
+    assert replayer.report.adopted == []
+    assert any("passed by, written by another build" in n for n in replayer.report.notes)
+
+    entry, state = snapshot_entry(core, why=audit.RESTORED)
+    row = (entry.seq, entry.source, entry.kind, entry.input, entry.decisions)
+    adopted = audit.Replayer(SchedulerConfig(), snapshots={entry.seq: state})
+    assert adopted.feed([row])
+    assert adopted.report.adopted == [entry.seq]
+    refused = audit.Replayer(SchedulerConfig(), snapshots={entry.seq: state[:-1]})
+    assert not refused.feed([row])
+    assert "does not hash to the digest" in (refused.report.problem or "")
+
+
 def test_a_replay_says_when_its_token_secret_is_not_the_recorded_one() -> None:
     core = Scheduler(config=SchedulerConfig(token_secret=b"r" * 40))
     entry, state = snapshot_entry(core)

@@ -840,21 +840,32 @@ class Replayer:
         self.report.adopted.clear()
         return True
 
-    def _adopt(self, seq: int, body: str, state: bytes | None) -> str | None:
-        """The core from snapshot record `seq`: why not, or None once it runs."""
+    def _adopt(
+        self, seq: int, body: str, state: bytes | None, *, foreign_ok: bool = False
+    ) -> str | None:
+        """The core from snapshot record `seq`: why not, or None once it runs. `foreign_ok`:
+        a snapshot of another build of the core (a take-over by an upgraded scheduler) is
+        passed by, the core keeping its own state (said in a note), rather than refused;
+        bytes that do not match their record are refused always."""
         why = snapshot_refusal(body, state)
         if why is not None:
             return why
         assert state is not None
         meta = json.loads(body)
-        if meta.get("format") != audit_state.SNAPSHOT_FORMAT:
-            return f"format {meta.get('format')!r}: this build reads {audit_state.SNAPSHOT_FORMAT}"
-        if meta.get("code") != audit_state.code_fingerprint():
-            return (
-                f"written by another build of the core (code {meta.get('code')}, this one "
-                f"{audit_state.code_fingerprint()}): replay from the log's beginning "
-                "(--from-beginning) or with the build that wrote it"
+        foreign = _foreign(meta)
+        if foreign is not None:
+            if not foreign_ok:
+                return (
+                    f"{foreign}: replay from the log's beginning (--from-beginning) or with "
+                    "the build that wrote it"
+                )
+            self.report.notes.append(
+                f"restored snapshot at record {seq} passed by, {foreign}; the core kept its "
+                "own state"
             )
+            if audit_state.config_json(self.core.config) != audit_state.config_json(self.in_force):
+                self.core.reconfigure(self.in_force)  # the one it was loaded with there
+            return None
         try:
             config = self._config(meta["config"])
             core = audit_state.load_core(state, config)
@@ -952,10 +963,22 @@ class Replayer:
                 if note not in self.report.notes:
                     self.report.notes.append(note)
                 return True
-            why = self._adopt(seq, body, self.snapshots.get(seq))
+            why = self._adopt(seq, body, self.snapshots.get(seq), foreign_ok=True)
             if why is not None:
                 return self._stop(f"restored snapshot at record {seq} refused: {why}")
         return True
+
+
+def _foreign(meta: dict[str, Any]) -> str | None:
+    """Why a snapshot record's bytes are not this build's to load (None: they are)."""
+    if meta.get("format") != audit_state.SNAPSHOT_FORMAT:
+        return f"format {meta.get('format')!r}: this build reads {audit_state.SNAPSHOT_FORMAT}"
+    if meta.get("code") != audit_state.code_fingerprint():
+        return (
+            f"written by another build of the core (code {meta.get('code')}, this one "
+            f"{audit_state.code_fingerprint()})"
+        )
+    return None
 
 
 def describe(core: Scheduler) -> str:
