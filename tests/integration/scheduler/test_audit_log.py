@@ -29,7 +29,7 @@ from crater.contracts import (
 )
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.outbox import OutboxRelay
-from crater.scheduler import audit
+from crater.scheduler import audit, audit_state
 from crater.scheduler.adapters.config_watch import ConfigWatch
 from crater.scheduler.adapters.orm import audit_checkpoints, audit_log, audit_snapshots, outbox
 from crater.scheduler.app import MIGRATIONS_DIR
@@ -321,6 +321,11 @@ async def test_the_cli_verifies_replays_explains_and_exports(
     assert from_snapshot["identical"]
     assert 15 <= from_snapshot["started_at"] <= 40
     assert from_snapshot["events"] < figures["events"]
+    parallel = await asyncio.to_thread(crater, "replay", "--jobs", "2", "--json")
+    assert parallel.exit_code == 0, parallel.output
+    in_two = json.loads(parallel.output.splitlines()[-1])
+    assert in_two["identical"]
+    assert in_two["compared"] == in_two["events"] > figures["events"] - 10
     whole = await asyncio.to_thread(crater, "replay", "--from", "40", "--from-beginning", "--json")
     from_beginning = json.loads(whole.output.splitlines()[-1])
     assert from_beginning["identical"]
@@ -645,3 +650,65 @@ async def test_after_pruning_a_replay_starts_at_a_kept_snapshot(sessions: Any) -
     gone = await replayed_log(sessions, 1, from_snapshot=False)
     assert gone.problem is not None
     assert "pruned" in gone.problem
+
+
+async def test_a_replay_in_parallel_decides_every_record_and_its_stretches_must_join(
+    sessions: Any, database_url: str
+) -> None:
+    """Stretches between periodic snapshots replayed in their own processes: every input
+    decided and compared, as by one core; and a snapshot at a seam that is not the state the
+    stretch before it ends in (a chain rewritten from there, which only signed checkpoints
+    catch) is named, where one core from the beginning would not have used it."""
+    scheduler = service(sessions, audit.AuditLog(snapshot_every=15))
+    await recorded_run(scheduler)
+    config = SchedulerConfig()
+    one = await replayed_log(sessions, from_snapshot=False)
+    three = await asyncio.to_thread(
+        audit.replay_in_parallel, database_url, config, jobs=3, from_snapshot=False
+    )
+    assert three.identical, three.problem or three.divergence
+    assert (three.events, three.compared) == (one.events, one.compared)
+    async with sessions() as session:
+        segments = await audit.plan_segments(session, 1, None, 3, from_snapshot=False)
+    assert len(segments) == 3
+    seam = segments[1].base
+
+    # The snapshot at the seam, a microsecond later: it decides the same, but is not the
+    # state the first stretch ends in. Its digest and every hash after it recomputed.
+    log = await entries(sessions)
+    state = (await snapshot_states(sessions))[seam]
+    core = audit_state.load_core(state, config)
+    assert core.clock is not None
+    core.clock += timedelta(microseconds=1)
+    forged = audit_state.dump_core(core)
+    body = json.loads(log[seam - 1].input) | {
+        "digest": audit_state.digest(forged),
+        "bytes": len(forged),
+    }
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    prev = log[seam - 2].hash
+    async with sessions() as session, session.begin():
+        await session.execute(
+            update(audit_snapshots).where(audit_snapshots.c.seq == seam).values(state=forged)
+        )
+        for e in log[seam - 1 :]:
+            given = text if e.seq == seam else e.input
+            digest = audit.entry_hash(
+                e.seq, e.epoch, e.decided_at, e.source, e.kind, given, e.decisions, prev
+            )
+            await session.execute(
+                update(audit_log)
+                .where(audit_log.c.seq == e.seq)
+                .values(input=given, prev_hash=prev, hash=digest)
+            )
+            prev = digest
+    assert (await verified(sessions)).ok  # the chain holds: no key, no checkpoint to catch it
+    parted = await asyncio.to_thread(
+        audit.replay_in_parallel, database_url, config, jobs=3, from_snapshot=False
+    )
+    assert parted.problem is not None, parted
+    assert f"snapshot at record {seam} holds" in parted.problem
+    alone = await asyncio.to_thread(
+        audit.replay_in_parallel, database_url, config, jobs=1, from_snapshot=False
+    )
+    assert alone.identical

@@ -13,6 +13,7 @@ configuration records existed.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -60,6 +61,13 @@ async def _seq(connection: AsyncConnection, text: str | None, end: bool = False)
     if end:  # the last record decided before the moment
         return (found - 1) if found else None
     return found or sys.maxsize
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _config() -> Any:
@@ -156,6 +164,15 @@ def replay(
             help="Start at the log's first record, not at the snapshot at or before --from.",
         ),
     ] = False,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            help="Processes at once, each replaying the stretch between two periodic "
+            "snapshots (the stretches must join: each ends in the state the next one's "
+            "snapshot holds); 0: one per CPU; 1: one core from start to end.",
+            min=0,
+        ),
+    ] = 0,
     as_json: JsonOption = False,
     database_url: DatabaseOption = DEFAULT_DATABASE,
 ) -> None:
@@ -178,20 +195,20 @@ def replay(
     def progress(count: int) -> None:
         print(f"replayed {count} events", file=sys.stderr)
 
-    async def work(connection: AsyncConnection) -> audit.ReplayReport:
-        first = await _seq(connection, start) or 1
-        last = await _seq(connection, end, end=True)
-        return await audit.replay_log(
-            connection,
-            config,
-            first,
-            last,
-            what_if=what_if if changes else None,
-            from_snapshot=not from_beginning,
-            progress=progress,
-        )
+    async def bounds(connection: AsyncConnection) -> tuple[int, int | None]:
+        return await _seq(connection, start) or 1, await _seq(connection, end, end=True)
 
-    report = _on_database(database_url, work)
+    first, last = _on_database(database_url, bounds)  # the database is there: checked here
+    report = audit.replay_in_parallel(
+        database_url,
+        config,
+        first,
+        last,
+        jobs=jobs or _cpus(),
+        what_if=what_if if changes else None,
+        from_snapshot=not from_beginning,
+        progress=progress,
+    )
     if as_json:
         print(
             json.dumps(

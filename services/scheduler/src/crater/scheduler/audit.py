@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -769,6 +769,8 @@ class ReplayReport:
     adopted: list[int] = field(default_factory=list)  # restored snapshots taken on the way
     problem: str | None = None  # why it could not go on (not a decision that differs)
     notes: list[str] = field(default_factory=list)
+    # the state it started from and ended in, fingerprinted (`replay_log(ends=True)`)
+    joins: tuple[str, str] = ("", "")
 
     @property
     def identical(self) -> bool:
@@ -1068,17 +1070,26 @@ async def replay_log(
     from_snapshot: bool = True,
     progress: Callable[[int], None] | None = None,
     every: int = 10_000,
+    base: int | None = None,
+    ends: bool = False,
 ) -> ReplayReport:
     """`replay` on the stored log, streamed: from the latest snapshot at or before `start`
-    (`from_snapshot`; else from the log's first record), the records read a chunk at a time
-    up to `end`. The time reported includes the reading."""
+    (`from_snapshot`; else from the log's first record), or from the snapshot at record
+    `base` (0: the log's first record), the records read a chunk at a time up to `end`. The
+    time reported includes the reading. `ends`: also fingerprint the state it started from
+    and the one it ended in (`ReplayReport.joins`)."""
     clock = time.perf_counter()
-    base = await snapshot_at_or_before(connection, start) if from_snapshot else None
-    first = base[0].seq if base is not None else 0
+    if base is None:
+        found = await snapshot_at_or_before(connection, start) if from_snapshot else None
+    else:
+        found = await snapshot_at_or_before(connection, base) if base else None
+        if found is not None and found[0].seq != base:
+            found = None
+    first = found[0].seq if found is not None else 0
     restored = await read_snapshots(connection, first + 1, end, why=RESTORED)
 
     def replayer(until: int | None, compare: bool) -> Replayer:
-        found = Replayer(
+        made = Replayer(
             config,
             start,
             until,
@@ -1088,14 +1099,19 @@ async def replay_log(
             every=every,
             compare=compare,
         )
-        if base is not None:
-            found.begin_at(*base)
-        return found
+        if base:
+            if found is None:
+                made._stop(f"no snapshot at record {base} to start from")
+            else:
+                made.begin_at(*found)
+        elif found is not None:
+            made.begin_at(*found)
+        return made
 
     async def run(replaying: Replayer) -> None:
         if replaying.finished:
             return
-        if base is None:
+        if found is None:
             oldest = await connection.scalar(select(func.min(audit_log.c.seq)))
             if oldest is not None and oldest > 1:
                 replaying._stop(
@@ -1108,14 +1124,207 @@ async def replay_log(
                 return
 
     replaying = replayer(end, True)
+    if ends and not replaying.finished:
+        replaying.report.joins = (_fingerprint(replaying.core), "")
     await run(replaying)
     report = replaying.report
+    if ends and report.identical:
+        report.joins = (report.joins[0], _fingerprint(replaying.core))
     report.seconds = time.perf_counter() - clock
     if report.divergence is not None:
         before = replayer(report.divergence.seq - 1, False)
         await run(before)
         report.divergence.state = describe(before.core)
     return report
+
+
+def _fingerprint(core: Scheduler) -> str:
+    """The state a core is in, as `describe` writes it, hashed: what two replays that meet
+    at a snapshot must agree on."""
+    return hashlib.sha256(describe(core).encode()).hexdigest()
+
+
+# -- replay in parallel -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of a replay one process runs: from the snapshot at record `base` (0: the
+    log's first record) to record `last` (None: the log's end)."""
+
+    base: int
+    last: int | None
+
+
+async def plan_segments(
+    connection: AsyncConnection | AsyncSession,
+    start: int,
+    end: int | None,
+    jobs: int,
+    from_snapshot: bool = True,
+) -> list[Segment]:
+    """The replay of `start`..`end`, from the snapshot at or before `start` (`from_snapshot`)
+    or the log's first record, cut at periodic snapshots into at most `jobs` stretches of
+    about as many records each (one when there is no snapshot to cut at)."""
+    found = await snapshot_at_or_before(connection, start) if from_snapshot else None
+    first = found[0].seq if found is not None else 0
+    if jobs <= 1:
+        return [Segment(first, end)]
+    query = select(audit_log.c.seq).where(
+        audit_log.c.seq > first,
+        audit_log.c.source == SNAPSHOT,
+        audit_log.c.input.contains(f'"why":"{PERIODIC}"'),
+    )
+    if end is not None:
+        query = query.where(audit_log.c.seq <= end)
+    cuts = [int(seq) for seq in (await connection.scalars(query.order_by(audit_log.c.seq))).all()]
+    last = end or await connection.scalar(select(func.max(audit_log.c.seq))) or first
+    bases = [first]
+    for k in range(1, jobs):
+        aim = first + (last - first) * k / jobs
+        later = [c for c in cuts if c > bases[-1]]
+        if later:
+            bases.append(min(later, key=lambda c: (abs(c - aim), c)))
+    lasts: list[int | None] = [b - 1 for b in bases[1:]]
+    return [Segment(b, e) for b, e in zip(bases, [*lasts, end], strict=True)]
+
+
+def replay_in_parallel(
+    database_url: str,
+    config: SchedulerConfig,
+    start: int = 1,
+    end: int | None = None,
+    *,
+    jobs: int = 1,
+    what_if: Callable[[SchedulerConfig], SchedulerConfig] | None = None,
+    from_snapshot: bool = True,
+    progress: Callable[[int], None] | None = None,
+    every: int = 10_000,
+) -> ReplayReport:
+    """`replay_log`, its stretch between periodic snapshots each in its own process (forked:
+    the configuration and what-if travel with it), at most `jobs` at once. Every input still
+    goes through the production core and every decision is compared; each stretch but the
+    first starts from the live core's snapshot where it begins, and must end in the state
+    that snapshot holds (clock, nodes and what is free, waiting tasks, allocations: the
+    stretches join), else the replay says so. The time reported is the wall clock of the
+    whole, planning and reading included."""
+    import asyncio
+    import multiprocessing
+    from multiprocessing.connection import Connection, wait
+
+    from crater.runtime.db import make_engine
+
+    clock = time.perf_counter()
+
+    async def on_database(work: Callable[[Any], Any]) -> Any:
+        engine = make_engine(database_url)
+        try:
+            async with engine.connect() as connection:
+                return await work(connection)
+        finally:
+            await engine.dispose()
+
+    def stretch(segment: Segment, tell: Callable[[int], None] | None) -> ReplayReport:
+        return cast(
+            ReplayReport,
+            asyncio.run(
+                on_database(
+                    lambda connection: replay_log(
+                        connection,
+                        config,
+                        start,
+                        segment.last,
+                        what_if=what_if,
+                        from_snapshot=from_snapshot,
+                        progress=tell,
+                        every=every,
+                        base=segment.base,
+                        ends=True,
+                    )
+                )
+            ),
+        )
+
+    forking = "fork" in multiprocessing.get_all_start_methods()
+    segments = asyncio.run(
+        on_database(
+            lambda connection: plan_segments(
+                connection, start, end, jobs if forking else 1, from_snapshot
+            )
+        )
+    )
+    if len(segments) == 1:
+        report = stretch(segments[0], progress)
+        report.seconds = time.perf_counter() - clock
+        return report
+    context = multiprocessing.get_context("fork")
+    counted = context.Value("q", 0)
+
+    def tell(count: int) -> None:
+        with counted.get_lock():
+            counted.value += every
+
+    def worker(pipe: Any, segment: Segment) -> None:
+        try:
+            pipe.send(stretch(segment, tell if progress is not None else None))
+        except BaseException as error:  # said to the parent, never lost with the process
+            pipe.send(ReplayReport(problem=f"the replay of {segment} failed: {error!r}"))
+        finally:
+            pipe.close()
+
+    pipes: list[Connection] = []
+    processes = []
+    for segment in segments:
+        mine, theirs = context.Pipe(duplex=False)
+        process = context.Process(target=worker, args=(theirs, segment), daemon=True)
+        process.start()
+        theirs.close()
+        pipes.append(mine)
+        processes.append(process)
+    reports: dict[int, ReplayReport] = {}
+    told = 0
+    while len(reports) < len(pipes):
+        waiting = [p for i, p in enumerate(pipes) if i not in reports]
+        for ready in wait(waiting, timeout=0.5):
+            index = next(i for i, p in enumerate(pipes) if p is ready)
+            try:
+                reports[index] = pipes[index].recv()
+            except EOFError:
+                reports[index] = ReplayReport(problem=f"the replay of {segments[index]} died")
+        if progress is not None and counted.value >= told + every:
+            told = counted.value
+            progress(told)
+    for process in processes:
+        process.join()
+    report = _joined([reports[i] for i in range(len(segments))], segments)
+    report.seconds = time.perf_counter() - clock
+    return report
+
+
+def _joined(reports: list[ReplayReport], segments: list[Segment]) -> ReplayReport:
+    """One report of the stretches, in order, up to the first that did not end identical
+    (or did not join the next one's beginning)."""
+    whole = ReplayReport(started_at=reports[0].started_at)
+    for index, part in enumerate(reports):
+        whole.events += part.events
+        whole.compared += part.compared
+        whole.restarts += part.restarts
+        whole.configs += part.configs
+        whole.adopted += part.adopted
+        whole.notes += [n for n in part.notes if n not in whole.notes]
+        if not part.identical:
+            whole.divergence, whole.problem = part.divergence, part.problem
+            return whole
+        following = reports[index + 1] if index + 1 < len(reports) else None
+        if following is not None and part.joins[1] != following.joins[0]:
+            seam = segments[index + 1].base
+            whole.problem = (
+                f"the state replayed up to record {segments[index].last} is not the one the "
+                f"snapshot at record {seam} holds (clock, nodes, waiting tasks or allocations "
+                "differ): replay it in one process (--jobs 1) to see where it parts"
+            )
+            return whole
+    return whole
 
 
 # -- explain ----------------------------------------------------------------------------------
