@@ -363,6 +363,10 @@ class ClusterArrays:
         self._sorted_names: list[str] = []
         self._everywhere_backing: BoolArray = _read_only(np.ones(0, np.bool_))
         self.everywhere: BoolArray = self._everywhere_backing  # True on every row
+        # Each node's cards, free thousandths, one row each padded with 0 (as wide as the
+        # node with most cards): what fragmentation is measured on, kept by `refresh`.
+        self._cards_backing: IntArray = np.zeros((0, 1), np.int64)
+        self.card_milli: IntArray = self._cards_backing
         # Counts node additions and topology changes: what depends on totals caches on it.
         self.topology_version = 0
         self.label_sets: list[dict[str, str]] = []
@@ -375,7 +379,7 @@ class ClusterArrays:
 
     # A snapshot (audit log) pickles the backing arrays only: pickle would copy each column
     # view apart from its backing array, and the next node added would resurrect stale rows.
-    _VIEWS: tuple[str, ...] = (*_COLUMNS, "name_rank", "everywhere")
+    _VIEWS: tuple[str, ...] = (*_COLUMNS, "name_rank", "everywhere", "card_milli")
 
     def __getstate__(self) -> dict[str, object]:
         return {k: v for k, v in self.__dict__.items() if k not in self._VIEWS}
@@ -392,6 +396,7 @@ class ClusterArrays:
             setattr(self, name, backing[:rows])
         self.name_rank = self._rank_backing[:rows]
         self.everywhere = self._everywhere_backing[:rows]
+        self.card_milli = self._cards_backing[:rows]
 
     def get(self, name: str) -> Node | None:
         i = self.index.get(name)
@@ -420,6 +425,12 @@ class ClusterArrays:
         self.cpu_free[i] = node.cpu_slots_free
         self.memory_free_mb[i] = node.memory_free_mb
         self.ready[i] = node.condition is not NodeCondition.NOT_READY
+        cards = node.gpu_milli_free
+        if len(cards) > self._cards_backing.shape[1]:
+            self._widen(len(cards))
+        row = self.card_milli[i]
+        row[: len(cards)] = cards
+        row[len(cards) :] = 0
 
     def _describe(self, i: int) -> None:
         """The row's hardware columns: they change only with the topology (an upsert)."""
@@ -471,6 +482,16 @@ class ClusterArrays:
             rank[: len(self._rank_backing)] = self._rank_backing
             self._rank_backing = rank
             self._everywhere_backing = _read_only(np.ones(self._room, np.bool_))
+            cards = np.zeros((self._room, self._cards_backing.shape[1]), np.int64)
+            cards[: len(self._cards_backing)] = self._cards_backing
+            self._cards_backing = cards
+        self._views()
+
+    def _widen(self, width: int) -> None:
+        """Room for `width` cards a node: the card matrix gets as many columns."""
+        cards = np.zeros((len(self._cards_backing), width), np.int64)
+        cards[:, : self._cards_backing.shape[1]] = self._cards_backing
+        self._cards_backing = cards
         self._views()
 
     def _rank_name(self, name: str) -> None:
