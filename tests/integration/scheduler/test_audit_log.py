@@ -656,9 +656,10 @@ async def test_a_replay_in_parallel_decides_every_record_and_its_stretches_must_
     sessions: Any, database_url: str
 ) -> None:
     """Stretches between periodic snapshots replayed in their own processes: every input
-    decided and compared, as by one core; and a snapshot at a seam that is not the state the
-    stretch before it ends in (a chain rewritten from there, which only signed checkpoints
-    catch) is named, where one core from the beginning would not have used it."""
+    decided and compared, as by one core. A snapshot at a seam forged with its digest and
+    the chain after it recomputed (which only signed checkpoints catch) is named: its bytes
+    do not hold the state its record describes; and with that changed too, the stretch
+    before it (and one core passing it) does not reach that state there."""
     scheduler = service(sessions, audit.AuditLog(snapshot_every=15))
     await recorded_run(scheduler)
     config = SchedulerConfig()
@@ -685,14 +686,42 @@ async def test_a_replay_in_parallel_decides_every_record_and_its_stretches_must_
         "digest": audit_state.digest(forged),
         "bytes": len(forged),
     }
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    prev = log[seam - 2].hash
     async with sessions() as session, session.begin():
         await session.execute(
             update(audit_snapshots).where(audit_snapshots.c.seq == seam).values(state=forged)
         )
-        for e in log[seam - 1 :]:
-            given = text if e.seq == seam else e.input
+    await rechain(sessions, log, seam, json.dumps(body, sort_keys=True, separators=(",", ":")))
+    assert (await verified(sessions)).ok  # the chain holds: no key, no checkpoint to catch it
+    parted = await asyncio.to_thread(
+        audit.replay_in_parallel, database_url, config, jobs=3, from_snapshot=False
+    )
+    assert parted.problem is not None, parted
+    assert f"snapshot at record {seam} refused" in parted.problem
+    assert "do not hold the state its record describes" in parted.problem
+
+    # Its record made to describe the forged state too: now the stretch before it does not
+    # reach it, and one core from the beginning passing it says so as well.
+    body["state"] = audit.state_fingerprint(core)
+    await rechain(sessions, log, seam, json.dumps(body, sort_keys=True, separators=(",", ":")))
+    parted = await asyncio.to_thread(
+        audit.replay_in_parallel, database_url, config, jobs=3, from_snapshot=False
+    )
+    assert parted.problem is not None, parted
+    assert f"record {seam}: the state replayed to here is not the one" in parted.problem
+    alone = await asyncio.to_thread(
+        audit.replay_in_parallel, database_url, config, jobs=1, from_snapshot=False
+    )
+    assert alone.problem is not None
+    assert f"record {seam}: the state replayed to here" in alone.problem
+
+
+async def rechain(sessions: Any, log: list[audit.Entry], seq: int, text: str) -> None:
+    """Record `seq`'s input replaced by `text`, every hash from it on recomputed (what one
+    who can write the database can do; only signed checkpoints catch it)."""
+    prev = log[seq - 2].hash
+    async with sessions() as session, session.begin():
+        for e in log[seq - 1 :]:
+            given = text if e.seq == seq else e.input
             digest = audit.entry_hash(
                 e.seq, e.epoch, e.decided_at, e.source, e.kind, given, e.decisions, prev
             )
@@ -702,13 +731,3 @@ async def test_a_replay_in_parallel_decides_every_record_and_its_stretches_must_
                 .values(input=given, prev_hash=prev, hash=digest)
             )
             prev = digest
-    assert (await verified(sessions)).ok  # the chain holds: no key, no checkpoint to catch it
-    parted = await asyncio.to_thread(
-        audit.replay_in_parallel, database_url, config, jobs=3, from_snapshot=False
-    )
-    assert parted.problem is not None, parted
-    assert f"snapshot at record {seam} holds" in parted.problem
-    alone = await asyncio.to_thread(
-        audit.replay_in_parallel, database_url, config, jobs=1, from_snapshot=False
-    )
-    assert alone.identical

@@ -159,7 +159,9 @@ def test_a_snapshot_that_would_run_code_is_refused() -> None:
 
 def snapshot_entry(core: Scheduler, seq: int = 5, **changes: Any) -> tuple[audit.Entry, bytes]:
     state = audit_state.dump_core(core)
-    body = json.loads(audit.snapshot_body(audit.PERIODIC, state, core.config)) | changes
+    fingerprint = audit.state_fingerprint(core)
+    body = json.loads(audit.snapshot_body(audit.PERIODIC, state, core.config, fingerprint))
+    body |= changes
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     decided_at = "2026-01-01T00:00:00.000000+00:00"
     digest = audit.entry_hash(
@@ -209,6 +211,25 @@ def test_a_restored_snapshot_of_another_build_is_passed_by_not_bytes_that_do_not
     refused = audit.Replayer(SchedulerConfig(), snapshots={entry.seq: state[:-1]})
     assert not refused.feed([row])
     assert "does not hash to the digest" in (refused.report.problem or "")
+
+
+def test_a_snapshot_whose_bytes_do_not_hold_the_state_its_record_describes_is_refused() -> None:
+    core = Scheduler(config=SchedulerConfig())
+    for event in events()[:10]:
+        core.handle(event)
+    entry, state = snapshot_entry(core, state="0" * 32)
+    replayer = audit.Replayer(SchedulerConfig(), 6)
+    assert not replayer.begin_at(entry, state)
+    assert "do not hold the state its record describes" in (replayer.report.problem or "")
+    # and a replay passing a periodic snapshot must have reached the state it describes
+    passing = audit.Replayer(SchedulerConfig())
+    rows = [(1, audit.CORE, type(e).__name__, e.model_dump_json(), "") for e in events()[:10]]
+    passing.compare = False  # the decisions are not the point here
+    assert passing.feed(rows)
+    passing.compare = True
+    snapshot = (entry.seq + 100, audit.SNAPSHOT, audit.SNAPSHOT_KIND, entry.input, "[]")
+    assert not passing.feed([snapshot])
+    assert "the state replayed to here is not the one" in (passing.report.problem or "")
 
 
 def test_a_replay_says_when_its_token_secret_is_not_the_recorded_one() -> None:

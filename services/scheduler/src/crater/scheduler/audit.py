@@ -211,13 +211,15 @@ class _Staged:
     state: bytes | None = None  # a snapshot's bytes
 
 
-def snapshot_body(why: str, state: bytes, config: SchedulerConfig) -> str:
+def snapshot_body(why: str, state: bytes, config: SchedulerConfig, fingerprint: str) -> str:
     """A snapshot record's input: why it was taken, the SHA-256 that binds its bytes (kept
-    in their own table) to the chain, the build of the core that wrote them, and the
-    configuration the core ran (a replay starting here runs it)."""
+    in their own table) to the chain, the build of the core that wrote them, the
+    configuration the core ran (a replay starting here runs it), and the state it was in
+    (`state_fingerprint`: what a replay passing here must have reached)."""
     return json.dumps(
         {
             "why": why,
+            "state": fingerprint,
             "digest": audit_state.digest(state),
             "bytes": len(state),
             "format": audit_state.SNAPSHOT_FORMAT,
@@ -234,7 +236,7 @@ def _snapshot(why: str, core: Scheduler, epoch: int | None) -> _Staged | None:
     snapshot only saves replay time, it never fails the decision's commit."""
     try:
         state = audit_state.dump_core(core)
-        body = snapshot_body(why, state, core.config)
+        body = snapshot_body(why, state, core.config, state_fingerprint(core))
     except Exception:
         log.exception("no %s snapshot of the core for the audit log", why)
         return None
@@ -769,8 +771,6 @@ class ReplayReport:
     adopted: list[int] = field(default_factory=list)  # restored snapshots taken on the way
     problem: str | None = None  # why it could not go on (not a decision that differs)
     notes: list[str] = field(default_factory=list)
-    # the state it started from and ended in, fingerprinted (`replay_log(ends=True)`)
-    joins: tuple[str, str] = ("", "")
 
     @property
     def identical(self) -> bool:
@@ -873,6 +873,11 @@ class Replayer:
             core = audit_state.load_core(state, config)
         except (audit_state.SnapshotError, audit_state.ConfigRecordError, KeyError) as error:
             return str(error)
+        if meta.get("state") not in (None, state_fingerprint(core)):
+            return (
+                "its bytes do not hold the state its record describes (clock, nodes and what "
+                "is free, waiting tasks, allocations)"
+            )
         if self.what_if is not None:
             core.reconfigure(config)  # a what-if: every waiting task judged again under it
         self.core, self.in_force = core, config
@@ -959,6 +964,17 @@ class Replayer:
                     return self._stop(f"record {seq}: its configuration is refused: {refused}")
             self.in_force = config
             self.report.configs.append(seq)
+        elif source == SNAPSHOT and f'"why":"{PERIODIC}"' in body:
+            # The live core's state here: the replay must have reached the same one.
+            recorded = json.loads(body).get("state")
+            checked = self.compare and seq >= self.start and recorded is not None
+            if checked and state_fingerprint(self.core) != recorded:
+                return self._stop(
+                    f"record {seq}: the state replayed to here is not the one the scheduler "
+                    "recorded in its snapshot (clock, nodes and what is free, waiting "
+                    "tasks, allocations): its core changed otherwise than by the inputs "
+                    "the log holds"
+                )
         elif source == SNAPSHOT and f'"why":"{RESTORED}"' in body:
             if self.snapshots is None:
                 note = "restored snapshots passed by (no bytes given): the core kept its own state"
@@ -1071,13 +1087,11 @@ async def replay_log(
     progress: Callable[[int], None] | None = None,
     every: int = 10_000,
     base: int | None = None,
-    ends: bool = False,
 ) -> ReplayReport:
     """`replay` on the stored log, streamed: from the latest snapshot at or before `start`
     (`from_snapshot`; else from the log's first record), or from the snapshot at record
     `base` (0: the log's first record), the records read a chunk at a time up to `end`. The
-    time reported includes the reading. `ends`: also fingerprint the state it started from
-    and the one it ended in (`ReplayReport.joins`)."""
+    time reported includes the reading."""
     clock = time.perf_counter()
     if base is None:
         found = await snapshot_at_or_before(connection, start) if from_snapshot else None
@@ -1124,12 +1138,8 @@ async def replay_log(
                 return
 
     replaying = replayer(end, True)
-    if ends and not replaying.finished:
-        replaying.report.joins = (_fingerprint(replaying.core), "")
     await run(replaying)
     report = replaying.report
-    if ends and report.identical:
-        report.joins = (report.joins[0], _fingerprint(replaying.core))
     report.seconds = time.perf_counter() - clock
     if report.divergence is not None:
         before = replayer(report.divergence.seq - 1, False)
@@ -1138,10 +1148,11 @@ async def replay_log(
     return report
 
 
-def _fingerprint(core: Scheduler) -> str:
-    """The state a core is in, as `describe` writes it, hashed: what two replays that meet
-    at a snapshot must agree on."""
-    return hashlib.sha256(describe(core).encode()).hexdigest()
+def state_fingerprint(core: Scheduler) -> str:
+    """The state a core is in, as `describe` writes it, hashed: a snapshot record holds its
+    core's, a replay passing it must have reached the same, and the bytes it holds must
+    load into the same."""
+    return hashlib.sha256(describe(core).encode()).hexdigest()[:32]
 
 
 # -- replay in parallel -------------------------------------------------------------------------
@@ -1185,8 +1196,10 @@ async def plan_segments(
         later = [c for c in cuts if c > bases[-1]]
         if later:
             bases.append(min(later, key=lambda c: (abs(c - aim), c)))
-    lasts: list[int | None] = [b - 1 for b in bases[1:]]
-    return [Segment(b, e) for b, e in zip(bases, [*lasts, end], strict=True)]
+    # each stretch ends at the next one's snapshot record, included: there it must have
+    # reached the state that record holds, which the next one starts from
+    lasts: list[int | None] = [*bases[1:], end]
+    return [Segment(b, e) for b, e in zip(bases, lasts, strict=True)]
 
 
 def replay_in_parallel(
@@ -1204,10 +1217,11 @@ def replay_in_parallel(
     """`replay_log`, its stretch between periodic snapshots each in its own process (forked:
     the configuration and what-if travel with it), at most `jobs` at once. Every input still
     goes through the production core and every decision is compared; each stretch but the
-    first starts from the live core's snapshot where it begins, and must end in the state
-    that snapshot holds (clock, nodes and what is free, waiting tasks, allocations: the
-    stretches join), else the replay says so. The time reported is the wall clock of the
-    whole, planning and reading included."""
+    first starts from the live core's snapshot where it begins, whose bytes must load into
+    the state its record describes, and the stretch before it must have reached that same
+    state there (clock, nodes and what is free, waiting tasks, allocations: the stretches
+    join), else the replay says so. The time reported is the wall clock of the whole,
+    planning and reading included."""
     import asyncio
     import multiprocessing
     from multiprocessing.connection import Connection, wait
@@ -1239,7 +1253,6 @@ def replay_in_parallel(
                         progress=tell,
                         every=every,
                         base=segment.base,
-                        ends=True,
                     )
                 )
             ),
@@ -1296,16 +1309,15 @@ def replay_in_parallel(
             progress(told)
     for process in processes:
         process.join()
-    report = _joined([reports[i] for i in range(len(segments))], segments)
+    report = _joined([reports[i] for i in range(len(segments))])
     report.seconds = time.perf_counter() - clock
     return report
 
 
-def _joined(reports: list[ReplayReport], segments: list[Segment]) -> ReplayReport:
-    """One report of the stretches, in order, up to the first that did not end identical
-    (or did not join the next one's beginning)."""
+def _joined(reports: list[ReplayReport]) -> ReplayReport:
+    """One report of the stretches, in order, up to the first that did not end identical."""
     whole = ReplayReport(started_at=reports[0].started_at)
-    for index, part in enumerate(reports):
+    for part in reports:
         whole.events += part.events
         whole.compared += part.compared
         whole.restarts += part.restarts
@@ -1314,15 +1326,6 @@ def _joined(reports: list[ReplayReport], segments: list[Segment]) -> ReplayRepor
         whole.notes += [n for n in part.notes if n not in whole.notes]
         if not part.identical:
             whole.divergence, whole.problem = part.divergence, part.problem
-            return whole
-        following = reports[index + 1] if index + 1 < len(reports) else None
-        if following is not None and part.joins[1] != following.joins[0]:
-            seam = segments[index + 1].base
-            whole.problem = (
-                f"the state replayed up to record {segments[index].last} is not the one the "
-                f"snapshot at record {seam} holds (clock, nodes, waiting tasks or allocations "
-                "differ): replay it in one process (--jobs 1) to see where it parts"
-            )
             return whole
     return whole
 
