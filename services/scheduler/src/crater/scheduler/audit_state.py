@@ -204,6 +204,9 @@ def _config_parts(config: SchedulerConfig) -> list[tuple[tuple[str, ...], Any]]:
     return parts
 
 
+_CONFIG_TYPES = frozenset({Filter, SchedulerConfig, Pipeline, Score})
+
+
 class _Pickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO, config: SchedulerConfig) -> None:
         super().__init__(file, protocol=5)
@@ -213,14 +216,16 @@ class _Pickler(pickle.Pickler):
 
     def persistent_id(self, obj: Any) -> Any:
         # The configuration stays out (records hold it); filters by their registry name.
-        if isinstance(obj, Filter):
+        # Called for every object pickled: an exact type look-up, not isinstance chains.
+        kind = type(obj)
+        if kind not in _CONFIG_TYPES:
+            return None
+        if kind is Filter:
             return ("filter", obj.name)
-        if isinstance(obj, SchedulerConfig | Pipeline | Score):
-            found = self.names.get(id(obj))
-            if found is None:
-                raise SnapshotError(f"the core holds a {type(obj).__name__} not its own")
-            return found
-        return None
+        found = self.names.get(id(obj))
+        if found is None:
+            raise SnapshotError(f"the core holds a {kind.__name__} not its own")
+        return found
 
 
 # What a core's state holds, beyond the crater classes: a snapshot naming anything else is not
