@@ -169,10 +169,10 @@ def replay(
         typer.Option(
             help="Processes at once, each replaying the stretch between two periodic "
             "snapshots (the stretches must join: each ends in the state the next one's "
-            "snapshot holds); 0: one per CPU; 1: one core from start to end.",
+            "snapshot holds); 0: one per CPU. Pays on idle cores only.",
             min=0,
         ),
-    ] = 0,
+    ] = 1,
     as_json: JsonOption = False,
     database_url: DatabaseOption = DEFAULT_DATABASE,
 ) -> None:
