@@ -42,7 +42,7 @@ pools:
     args: {FGD: {workload: [{gpus: 1, gpu_milli: 1000, cpu_cores: 4, popularity: 0.6}]}}
     overcommit: {cpu: 2.0}
     cohort: shared
-    lend: {limit: {gpus: 4}, keep_idle: {gpus: 1}}
+    lend: {limit: {gpus: 4}, keep_idle: {gpus: 1}, prewarm: {lead_seconds: 120}}
     reservation_timeout_ms: 15000
 """
 
@@ -69,6 +69,10 @@ def test_a_configuration_record_rebuilds_the_same_configuration() -> None:
     assert rebuilt.token_secret == b"s" * 40
     assert rebuilt.pools["research"].cohort == "shared"
     assert rebuilt.pools["research"].keep_idle_gpus == 1
+    research, recorded = rebuilt.pools["research"], config.pools["research"]
+    assert research.prewarm is not None
+    assert research.prewarm == recorded.prewarm  # a field added later is recorded too
+    assert (research.lend_limit, research.overcommit) == (recorded.lend_limit, recorded.overcommit)
     assert rebuilt.pools["default"].restart.max_attempts == 2
     assert rebuilt.quotas["research"] == Quota(gpus=8, memory_mb=100_000)
     assert [s.weight for s in rebuilt.pools["default"].pipeline.scores] == [0.7, 0.3]

@@ -23,16 +23,15 @@ import zlib
 from dataclasses import asdict, fields, is_dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from crater.contracts import RestartPolicy
-from crater.scheduler.domain.cluster import Overcommit
+from pydantic import BaseModel
+
 from crater.scheduler.domain.config import SchedulerConfig
 from crater.scheduler.domain.core import Scheduler
 from crater.scheduler.domain.plugins import Pipeline
 from crater.scheduler.domain.plugins.framework import Filter, Score
-from crater.scheduler.domain.pools import PoolPolicy
-from crater.scheduler.domain.quotas import Quota
 
 CONFIG_FORMAT = "crater-scheduler-config/1"
 SNAPSHOT_FORMAT = "crater-core-pickle5-zlib/1"
@@ -76,17 +75,25 @@ def _pipeline(pipeline: Pipeline) -> dict[str, Any]:
     }
 
 
-def _pool(policy: PoolPolicy) -> dict[str, Any]:
-    return {
-        "pipeline": _pipeline(policy.pipeline),
-        "overcommit": asdict(policy.overcommit),
-        "restart": policy.restart.model_dump(mode="json"),
-        "reservation_timeout_ms": policy.reservation_timeout_ms,
-        "cohort": policy.cohort,
-        "lend_limit": asdict(policy.lend_limit),
-        "borrow_limit": asdict(policy.borrow_limit),
-        "keep_idle_gpus": policy.keep_idle_gpus,
-    }
+def _encode(value: Any, where: str) -> Any:
+    """A configuration value as JSON holds it, by its type, so that a field added to the
+    configuration (or to a pool's policy) is recorded without this module knowing it: a
+    pipeline by its plugins, a pydantic model as its JSON, a dataclass field by field."""
+    if isinstance(value, Pipeline):
+        return _pipeline(value)
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _encode(getattr(value, f.name), f"{where}.{f.name}")
+            for f in fields(value)
+            if f.init
+        }
+    if isinstance(value, dict):
+        return {str(k): _encode(v, f"{where}.{k}") for k, v in value.items()}
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise TypeError(f"{where}: no record form for {type(value).__name__}")
 
 
 def config_json(config: SchedulerConfig) -> str:
@@ -102,16 +109,8 @@ def config_dict(config: SchedulerConfig) -> dict[str, Any]:
         value = getattr(config, spec.name)
         if spec.name == "token_secret":
             body["token_secret_fingerprint"] = secret_fingerprint(value)
-        elif spec.name == "pipeline":
-            body["pipeline"] = _pipeline(value)
-        elif spec.name == "pools":
-            body["pools"] = {name: _pool(policy) for name, policy in value.items()}
-        elif spec.name == "quotas":
-            body["quotas"] = {tenant: asdict(quota) for tenant, quota in value.items()}
-        elif value is None or isinstance(value, bool | int | float | str):
-            body[spec.name] = value
         else:
-            raise TypeError(f"SchedulerConfig.{spec.name}: no record form for {type(value)}")
+            body[spec.name] = _encode(value, spec.name)
     return body
 
 
@@ -153,27 +152,33 @@ def config_from_dict(body: dict[str, Any], token_secret: bytes) -> SchedulerConf
     return SchedulerConfig(**values)
 
 
+def _decode(hint: Any, value: Any, where: str) -> Any:
+    """`_encode`'s inverse, by the field's type."""
+    if hint is Pipeline:
+        return _rebuilt_pipeline(value, where)
+    origin = get_origin(hint)
+    if origin in (Union, UnionType):
+        if value is None:
+            return None
+        kinds = [k for k in get_args(hint) if k is not type(None)]
+        return _decode(kinds[0], value, where) if len(kinds) == 1 else value
+    if origin is dict:
+        _, kind = get_args(hint)
+        return {k: _decode(kind, v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(hint, type) and issubclass(hint, BaseModel):
+        return hint.model_validate(value)
+    if isinstance(hint, type) and is_dataclass(hint):
+        hints = get_type_hints(hint)
+        unknown = sorted(set(value) - set(hints))
+        if unknown:
+            raise ConfigRecordError(f"{where}.{unknown[0]}: a setting this build lacks")
+        return hint(**{k: _decode(hints[k], v, f"{where}.{k}") for k, v in value.items()})
+    return value
+
+
 def _field(name: str, value: Any) -> Any:
     """One field of `SchedulerConfig` from its record form."""
-    if name == "pipeline":
-        return _rebuilt_pipeline(value, "pipeline")
-    if name == "pools":
-        return {
-            pool: PoolPolicy(
-                pipeline=_rebuilt_pipeline(spec["pipeline"], f"pools.{pool}.pipeline"),
-                overcommit=Overcommit(**spec["overcommit"]),
-                restart=RestartPolicy.model_validate(spec["restart"]),
-                reservation_timeout_ms=spec["reservation_timeout_ms"],
-                cohort=spec["cohort"],
-                lend_limit=Quota(**spec["lend_limit"]),
-                borrow_limit=Quota(**spec["borrow_limit"]),
-                keep_idle_gpus=spec["keep_idle_gpus"],
-            )
-            for pool, spec in value.items()
-        }
-    if name == "quotas":
-        return {tenant: Quota(**quota) for tenant, quota in value.items()}
-    return value
+    return _decode(get_type_hints(SchedulerConfig)[name], value, name)
 
 
 # -- snapshots --------------------------------------------------------------------------------
