@@ -263,3 +263,12 @@ def test_a_replay_decodes_inputs_with_the_models_own_validators() -> None:
     event: TaskProfiled = small_training("t", 1, T0)
     decode = audit._parsers()["TaskProfiled"]
     assert decode(event.model_dump_json()) == event
+
+
+def test_a_record_whose_input_does_not_decode_stops_the_replay_with_the_reason() -> None:
+    replayer = audit.Replayer(SchedulerConfig())
+    assert not replayer.feed([(7, audit.CORE, "NodeHealthReported", '{"node_id": 3}', "[]")])
+    assert (replayer.report.problem or "").startswith("record 7: its input does not decode")
+    unknown = audit.Replayer(SchedulerConfig())
+    assert not unknown.feed([(8, audit.CORE, "Teleported", "{}", "[]")])
+    assert "input kind 'Teleported' unknown to this build" in (unknown.report.problem or "")

@@ -926,7 +926,11 @@ class Replayer:
                         return self._stop(
                             f"record {seq}: input kind {kind!r} unknown to this build"
                         )
-                    decided = decisions_json(core.handle(decode(body)))
+                    try:
+                        event = decode(body)
+                    except ValueError as error:  # altered, or another build's contract
+                        return self._stop(f"record {seq}: its input does not decode: {error}")
+                    decided = decisions_json(core.handle(event))
                     events += 1
                     if compare and seq >= start:
                         compared += 1
