@@ -731,3 +731,42 @@ async def rechain(sessions: Any, log: list[audit.Entry], seq: int, text: str) ->
                 .values(input=given, prev_hash=prev, hash=digest)
             )
             prev = digest
+
+
+class FailsOnPoison(SchedulerService):
+    """Fault injection: the database write of one task's event fails after the core decided
+    (its commit is rolled back, the core reloaded from the tables)."""
+
+    async def _decide(self, repository: Any, event: Any, known: dict[str, str]) -> Any:
+        decisions = await super()._decide(repository, event, known)
+        if isinstance(event, TaskProfiled) and event.task.task_id == "poison":
+            raise RuntimeError("the disk is full")
+        return decisions
+
+
+async def test_after_a_failed_commit_the_reloaded_state_is_recorded_and_replayed(
+    sessions: Any,
+) -> None:
+    """A commit that fails takes back what the core decided and reloads the core from the
+    tables: the next commit records that state (and the configuration it runs), and a replay
+    goes on from it, deciding every record as the live core did."""
+    relay = OutboxRelay(sessions, outbox, NatsBroker("nats://127.0.0.1:1"))
+    scheduler = FailsOnPoison(
+        sessions, relay, SchedulerConfig(), SchedulerMetrics(CollectorRegistry())
+    )
+    await recorded_run(scheduler)
+    at = T0 + timedelta(minutes=2)
+    with pytest.raises(RuntimeError, match="disk is full"):
+        await scheduler.handle(profiled("poison", at), "task-profiled")
+    for i in range(3):
+        await scheduler.handle(profiled(f"after-{i}", at + timedelta(seconds=i)), "task-profiled")
+    log = await entries(sessions)
+    assert all("poison" not in e.input for e in log)  # rolled back, not in the log
+    restored = [e.seq for e in log if e.source == audit.SNAPSHOT and '"restored"' in e.input]
+    loaded = [e.seq for e in log if e.kind == audit.CONFIG_LOADED]
+    assert len(restored) == len(loaded) == 2  # the take-over's, and the failed commit's
+    assert loaded[1] + 1 == restored[1]
+    assert log[restored[1]].kind == "TaskProfiled"  # before the first decision after it
+    report = await replayed_log(sessions)
+    assert report.identical, report.problem or report.divergence
+    assert report.adopted == restored
