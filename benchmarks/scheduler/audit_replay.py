@@ -1,10 +1,14 @@
 """Audit replay speed: record a run through the scheduler's real service layer into a SQLite
 file (nodes heartbeating every 10 s, tasks arriving, running and ending, as `make up` does),
-then verify the log and replay it through the production core, timed.
+with the configuration and audit settings the service ships with (`SchedulerSettings()`:
+snapshots every 10,000 records), then verify the log and replay it through the production
+core, timed as `crater audit replay` runs it (`audit.replay_log`: the records read from the
+database, decoded, decided and compared; the reading counts in the time): once from the log's
+beginning, once from --from in the second half, which starts at the snapshot before it.
 
     uv run --frozen python -m benchmarks.scheduler.audit_replay [--nodes 40] [--minutes 60]
 
-Writes benchmarks/results/audit_replay.json."""
+Prints the events/s and writes benchmarks/results/audit_replay.json."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, cast
 
 from faststream.nats import NatsBroker
 from prometheus_client import CollectorRegistry
@@ -33,8 +38,7 @@ from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head
 from crater.runtime.outbox import OutboxRelay
 from crater.scheduler import audit
 from crater.scheduler.adapters.orm import outbox
-from crater.scheduler.app import MIGRATIONS_DIR
-from crater.scheduler.domain.core import SchedulerConfig
+from crater.scheduler.app import MIGRATIONS_DIR, SchedulerSettings, audit_log, scheduler_config
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
 from tests.support.profiles import small_training
 from tests.support.topologies import node
@@ -46,13 +50,23 @@ def request(task_id: str, gpus: int, at: datetime) -> TaskProfiled:
     return small_training(task_id, gpus, at)
 
 
+def shipped() -> SchedulerSettings:
+    """The scheduler's settings as it ships (the development token secret allowed here)."""
+    return SchedulerSettings(environment="development")
+
+
 async def record(url: str, nodes: int, minutes: int, tasks_per_minute: int) -> None:
     await upgrade_to_head_async(url, MIGRATIONS_DIR)
     engine = make_engine(url)
     sessions = make_session_factory(engine)
     relay = OutboxRelay(sessions, outbox, NatsBroker("nats://127.0.0.1:1"))
+    settings = shipped()
     service = SchedulerService(
-        sessions, relay, SchedulerConfig(), SchedulerMetrics(CollectorRegistry())
+        sessions,
+        relay,
+        scheduler_config(settings),
+        SchedulerMetrics(CollectorRegistry()),
+        audit=audit_log(settings),
     )
     await service.take_over(1, "bench")
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=minutes + 1)
@@ -112,7 +126,6 @@ async def measure(url: str) -> dict[str, object]:
         verified = await audit.verify(connection)
         verify_s = time.perf_counter() - clock
     await engine.dispose()
-    replayed = audit.replay(entries, SchedulerConfig())
     kinds: dict[str, int] = {}
     for entry in entries:
         kinds[entry.kind] = kinds.get(entry.kind, 0) + 1
@@ -122,11 +135,45 @@ async def measure(url: str) -> dict[str, object]:
         "read_seconds": round(read_s, 3),
         "verify_ok": verified.ok,
         "verify_seconds": round(verify_s, 3),
-        "replay_identical": replayed.divergence is None,
-        "replay_events": replayed.events,
-        "replay_seconds": round(replayed.seconds, 3),
-        "replay_events_per_second": round(replayed.rate),
+        "snapshots": verified.snapshots,
     }
+
+
+def replays(url: str, records: int) -> dict[str, object]:
+    """`crater audit replay` as it runs (`audit.replay_in_parallel`, the records read from
+    the database included): from the beginning and from --from in the last quarter, in one
+    process (--jobs 1, the CLI's default) and one per CPU."""
+    config = scheduler_config(shipped())
+    cpus = len(os.sched_getaffinity(0))
+    middle = records * 3 // 4
+    # the machine is shared: its load as the replays begin, for reading the rates
+    figures: dict[str, object] = {"cpus": cpus, "load_average_1m": round(os.getloadavg()[0], 2)}
+    for name, start, from_snapshot in (("whole", 1, False), ("ranged", middle, True)):
+        for jobs in (1, cpus):
+            cpu = time.process_time()  # one process: its CPU time, what load cannot inflate
+            report = audit.replay_in_parallel(
+                url, config, start, jobs=jobs, from_snapshot=from_snapshot
+            )
+            cpu = time.process_time() - cpu
+            figures[f"{name}_jobs_{jobs}"] = {
+                "command": f"crater audit replay --jobs {jobs} "
+                + ("--from-beginning" if name == "whole" else f"--from {start}"),
+                "identical": report.identical,
+                "started_at_snapshot": report.started_at,
+                "events": report.events,
+                "compared": report.compared,
+                "seconds": round(report.seconds, 3),
+                "events_per_second": round(report.rate),
+                **(
+                    {
+                        "cpu_seconds": round(cpu, 3),
+                        "events_per_cpu_second": round(report.events / cpu),
+                    }
+                    if jobs == 1
+                    else {}
+                ),
+            }
+    return figures
 
 
 def main() -> None:
@@ -141,6 +188,9 @@ def main() -> None:
         asyncio.run(record(url, args.nodes, args.minutes, args.tasks_per_minute))
         recorded_s = time.perf_counter() - clock
         figures = asyncio.run(measure(url))
+        figures["replays"] = timed = replays(url, cast(int, figures["records"]))
+    whole = cast(dict[str, Any], timed["whole_jobs_1"])  # the CLI's default, one process
+    spread = cast(dict[str, Any], timed[f"whole_jobs_{timed['cpus']}"])
     result = {
         "what": "audit log of a simulated hour through the real service layer (SQLite), "
         "verified and replayed through the production core",
@@ -149,6 +199,12 @@ def main() -> None:
         "tasks_per_minute": args.tasks_per_minute,
         "record_seconds": round(recorded_s, 1),
         **figures,
+        # the headline, as before: the whole log replayed, now as the CLI does by default
+        "replay_identical": whole["identical"],
+        "replay_events": whole["events"],
+        "replay_seconds": whole["seconds"],
+        "replay_events_per_second": whole["events_per_second"],
+        "replay_events_per_second_one_per_cpu": spread["events_per_second"],
         "machine": f"{platform.machine()} {platform.python_version()}, {os.cpu_count()} cores",
         # the machine is shared: its load when measured, for reading the rate
         "load_average_1m": round(os.getloadavg()[0], 2),
@@ -156,6 +212,14 @@ def main() -> None:
     }
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    for run in timed.values():
+        if isinstance(run, dict):
+            cpu = run.get("events_per_cpu_second")
+            print(
+                f"{run['command']}: {run['events_per_second']:,} events/s "
+                f"({run['events']} events in {run['seconds']} s, identical: {run['identical']})"
+                + (f"; {cpu:,} events per CPU-second" if cpu else "")
+            )
 
 
 if __name__ == "__main__":

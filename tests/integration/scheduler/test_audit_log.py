@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,7 +17,7 @@ import pandas as pd
 import pytest
 from faststream.nats import NatsBroker
 from prometheus_client import CollectorRegistry
-from sqlalchemy import delete, update
+from sqlalchemy import delete, insert, update
 
 from crater.contracts import (
     NodeCondition,
@@ -28,8 +29,9 @@ from crater.contracts import (
 )
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.outbox import OutboxRelay
-from crater.scheduler import audit
-from crater.scheduler.adapters.orm import audit_checkpoints, audit_log, outbox
+from crater.scheduler import audit, audit_state
+from crater.scheduler.adapters.config_watch import ConfigWatch
+from crater.scheduler.adapters.orm import audit_checkpoints, audit_log, audit_snapshots, outbox
 from crater.scheduler.app import MIGRATIONS_DIR
 from crater.scheduler.domain.core import SchedulerConfig
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
@@ -137,12 +139,17 @@ async def test_the_log_verifies_and_replays_identically(sessions: Any) -> None:
 async def test_a_changed_weight_diverges_at_the_first_decision_it_changes(sessions: Any) -> None:
     await recorded_run(service(sessions))
     log = await entries(sessions)
-    spread = audit.with_weight(SchedulerConfig(), "GpuBinPack", -1000.0)
-    replayed = audit.replay(log, spread)
+
+    def spread(config: SchedulerConfig) -> SchedulerConfig:  # over every recorded config
+        return audit.with_weight(config, "GpuBinPack", -1000.0)
+
+    replayed = audit.replay(log, SchedulerConfig(), what_if=spread)
     divergence = replayed.divergence
     assert divergence is not None
     # every record before it decided the same; this one is the first that does not
-    same = audit.replay([e for e in log if e.seq < divergence.seq], spread)
+    same = audit.replay(
+        [e for e in log if e.seq < divergence.seq], SchedulerConfig(), what_if=spread
+    )
     assert same.divergence is None
     assert divergence.kind == "TaskProfiled"
     diff = divergence.diff()
@@ -291,7 +298,7 @@ async def test_the_cli_verifies_replays_explains_and_exports(
 
     from crater.cli.main import app
 
-    tasks = await recorded_run(service(sessions))
+    tasks = await recorded_run(service(sessions, audit.AuditLog(snapshot_every=15)))
     monkeypatch.setenv("CRATER_DATABASE_URL", database_url)
     runner = CliRunner()
 
@@ -306,6 +313,25 @@ async def test_the_cli_verifies_replays_explains_and_exports(
     figures = json.loads(replayed.output.splitlines()[-1])
     assert figures["identical"]
     assert 0 < figures["compared"] < figures["events"]
+    # the only snapshot at or before record 10: the state as the leader loaded it
+    assert figures["started_at"] == 3
+    late = await asyncio.to_thread(crater, "replay", "--from", "40", "--json")
+    assert late.exit_code == 0, late.output
+    from_snapshot = json.loads(late.output.splitlines()[-1])
+    assert from_snapshot["identical"]
+    assert 15 <= from_snapshot["started_at"] <= 40
+    assert from_snapshot["events"] < figures["events"]
+    parallel = await asyncio.to_thread(crater, "replay", "--jobs", "2", "--json")
+    assert parallel.exit_code == 0, parallel.output
+    in_two = json.loads(parallel.output.splitlines()[-1])
+    assert in_two["identical"]
+    assert in_two["compared"] == in_two["events"] > figures["events"] - 10
+    whole = await asyncio.to_thread(crater, "replay", "--from", "40", "--from-beginning", "--json")
+    from_beginning = json.loads(whole.output.splitlines()[-1])
+    assert from_beginning["identical"]
+    assert from_beginning["started_at"] == 0
+    assert from_beginning["adopted"] == [3]  # the state loaded there, as the leader did
+    assert from_beginning["compared"] == from_snapshot["compared"]
     what_if = await asyncio.to_thread(crater, "replay", "--weight", "GpuBinPack=-1000")
     assert what_if.exit_code == 1
     assert "recorded decisions of record" in what_if.output
@@ -422,3 +448,325 @@ async def test_pruned_records_leave_a_log_that_still_verifies(sessions: Any) -> 
     finding = (await verified(sessions)).finding
     assert finding is not None
     assert (finding.seq, finding.what) == (target, "altered")
+
+
+async def snapshot_states(sessions: Any, **kwargs: Any) -> dict[int, bytes]:
+    async with sessions() as session:
+        return await audit.read_snapshots(session, **kwargs)
+
+
+async def replayed_log(sessions: Any, start: int = 1, **kwargs: Any) -> audit.ReplayReport:
+    async with sessions() as session:
+        return await audit.replay_log(session, SchedulerConfig(), start, **kwargs)
+
+
+def write_pools(path: Path, text: str, bump: int) -> None:
+    """A pools file changed on disk: its modification time moves, as an edit's would."""
+    path.write_text(text)
+    stamp = 1_700_000_000_000_000_000 + bump * 1_000_000_000
+    os.utime(path, ns=(stamp, stamp))
+
+
+async def test_a_reload_mid_log_is_recorded_and_replays_identically(
+    sessions: Any, tmp_path: Path
+) -> None:
+    """The pools file changes while the scheduler runs: the reload is a record, in force from
+    the event it first decided; a replay with the settings' configuration (the first one)
+    still decides every record the same, and one that passed the record by would not."""
+    pools = tmp_path / "pools.yaml"
+    write_pools(pools, "pools: {}\n", 0)
+    now = [0.0]
+    relay = OutboxRelay(sessions, outbox, NatsBroker("nats://127.0.0.1:1"))
+    scheduler = SchedulerService(
+        sessions,
+        relay,
+        SchedulerConfig(),
+        SchedulerMetrics(CollectorRegistry()),
+        watch=ConfigWatch(pools, None, interval=1, clock=lambda: now[0]),
+    )
+    await recorded_run(scheduler)
+    write_pools(pools, "pools: [not, a, mapping]\n", 1)  # refused: said in the log
+    now[0] = 10.0
+    await scheduler.handle(profiled("refused-reload", T0 + timedelta(minutes=2)), "task-profiled")
+    # every score but bin packing weighed to nothing: the next grants decide otherwise
+    write_pools(pools, "pools: {default: {scores: {GpuBinPack: 1.0}}}\n", 2)
+    now[0] = 20.0
+    for i in range(2):  # room for what comes next
+        topology = NodeTopologyReported(
+            node=node(f"big{i}", gpus=8), occurred_at=T0 + timedelta(minutes=3)
+        )
+        await scheduler.handle(topology, "node-topology")
+    for i in range(4):
+        at = T0 + timedelta(minutes=3, seconds=i)
+        await scheduler.handle(profiled(f"after-reload-{i}", at, gpus=1 + i % 2), "task-profiled")
+    log = await entries(sessions)
+    reloaded = [e for e in log if e.kind == audit.CONFIG_RELOADED]
+    assert len(reloaded) == 1
+    assert reloaded[0].source == audit.CONFIG
+    assert '"GpuBinPack"' in reloaded[0].input
+    refused = [e for e in log if e.kind == audit.CONFIG_REFUSED]
+    assert [e.source for e in refused] == [audit.SERVICE]
+    assert "pools" in json.loads(refused[0].input)["reason"]
+    assert "token_secret" not in reloaded[0].input.replace("token_secret_fingerprint", "")
+
+    replayed = audit.replay(log, SchedulerConfig(), snapshots=await snapshot_states(sessions))
+    assert replayed.divergence is None, replayed.divergence and replayed.divergence.render()
+    assert reloaded[0].seq in replayed.configs
+    stored = await replayed_log(sessions)
+    assert stored.identical, stored.problem or (stored.divergence and stored.divergence.render())
+
+    # Without the record, the first grants after the reload decide otherwise.
+    blind = audit.replay([e for e in log if e.kind != audit.CONFIG_RELOADED], SchedulerConfig())
+    assert blind.divergence is not None
+    assert blind.divergence.seq > reloaded[0].seq
+    assert '"kind":"AllocationGranted"' in blind.divergence.recorded
+
+    # A what-if over every configuration in force still names the first decision it changes.
+    def spread(config: SchedulerConfig) -> SchedulerConfig:
+        return audit.with_weight(config, "GpuBinPack", -1000.0)
+
+    what_if = audit.replay(log, SchedulerConfig(), what_if=spread)
+    assert what_if.divergence is not None
+    assert "recorded decisions of record" in what_if.divergence.diff()
+
+
+async def test_a_replay_from_a_snapshot_decides_as_one_from_the_beginning(sessions: Any) -> None:
+    """Periodic snapshots of the core: a replay from --from starts at the one at or before it
+    and decides every record from --from on as the replay from the log's beginning does (a
+    node joins after the snapshots, so the state's arrays must grow on from a loaded one)."""
+    scheduler = service(sessions, audit.AuditLog(snapshot_every=15))
+    await recorded_run(scheduler)
+    at = T0 + timedelta(minutes=2)
+    await scheduler.handle(
+        NodeTopologyReported(node=node("late", gpus=8), occurred_at=at), "node-topology"
+    )
+    for i in range(6):
+        event = profiled(f"late-{i}", at + timedelta(seconds=i + 1), gpus=2 + i % 3)
+        await scheduler.handle(event, "task-profiled")
+    log = await entries(sessions)
+    states = await snapshot_states(sessions)
+    periodic = [e.seq for e in log if e.source == audit.SNAPSHOT and '"periodic"' in e.input]
+    assert len(periodic) >= 3
+    assert set(periodic) <= set(states)
+    assert (await verified(sessions)).snapshots == len(states)
+
+    whole = audit.replay(log, SchedulerConfig(), snapshots=states)
+    assert whole.divergence is None
+    for start in (periodic[0], periodic[1] + 3, log[-1].seq - 2):
+        from_snapshot = audit.replay(
+            log, SchedulerConfig(), start, snapshots=states, from_snapshot=True
+        )
+        assert from_snapshot.divergence is None, from_snapshot.divergence.render()
+        assert 0 < from_snapshot.started_at <= start
+        assert from_snapshot.events < whole.events
+        beginning = audit.replay(log, SchedulerConfig(), start, snapshots=states)
+        assert beginning.compared == from_snapshot.compared > 0
+        stored = await replayed_log(sessions, start)
+        assert stored.identical, stored.problem
+        assert stored.started_at == from_snapshot.started_at
+        assert stored.compared == from_snapshot.compared
+
+
+async def test_a_snapshot_that_does_not_hash_as_recorded_is_refused(sessions: Any) -> None:
+    """The bytes of a snapshot are bound to the chain by the digest in its record: changed,
+    missing, or with a record altered, the replay refuses to start from it (saying why) and
+    verify names it."""
+    await recorded_run(service(sessions, audit.AuditLog(snapshot_every=15)))
+    log = await entries(sessions)
+    target = next(e.seq for e in log if e.source == audit.SNAPSHOT and '"periodic"' in e.input)
+    good = (await snapshot_states(sessions))[target]
+    forged = bytearray(good)
+    forged[len(forged) // 2] ^= 0xFF
+    async with sessions() as session, session.begin():
+        await session.execute(
+            update(audit_snapshots)
+            .where(audit_snapshots.c.seq == target)
+            .values(state=bytes(forged))
+        )
+    refused = await replayed_log(sessions, target + 1)
+    assert not refused.identical
+    assert refused.events == 0
+    assert refused.problem is not None
+    assert f"snapshot at record {target} refused" in refused.problem
+    assert "does not hash to the digest" in refused.problem
+    report = await verified(sessions)
+    assert report.finding is not None
+    assert (report.finding.seq, report.finding.what) == (target, "snapshot")
+    # from the beginning the replay does not need it, and decides every record the same
+    assert (await replayed_log(sessions, target + 1, from_snapshot=False)).identical
+
+    async with sessions() as session, session.begin():
+        await session.execute(delete(audit_snapshots).where(audit_snapshots.c.seq == target))
+    missing = await replayed_log(sessions, target + 1)
+    assert missing.problem is not None
+    assert "missing" in missing.problem
+
+    async with sessions() as session, session.begin():
+        await session.execute(insert(audit_snapshots).values(seq=target, state=good))
+        await session.execute(
+            update(audit_log)
+            .where(audit_log.c.seq == target)
+            .values(decided_at="2020-01-01T00:00:00.000000+00:00")
+        )
+    altered = await replayed_log(sessions, target + 1)
+    assert altered.problem is not None
+    assert "no longer hashes" in altered.problem
+
+
+async def test_a_replay_across_a_take_over_starts_the_new_leader_from_its_loaded_state(
+    sessions: Any,
+) -> None:
+    """Each leader records the state it loaded: the replay goes on from it there, as the
+    new leader did, rather than from its own."""
+    await recorded_run(service(sessions))
+    second = service(sessions)
+    await second.take_over(2, "second")
+    at = T0 + timedelta(minutes=2)
+    for i in range(4):
+        await second.handle(profiled(f"after-{i}", at + timedelta(seconds=i)), "task-profiled")
+    log = await entries(sessions)
+    restored = [e.seq for e in log if e.source == audit.SNAPSHOT and '"restored"' in e.input]
+    loaded = [e.seq for e in log if e.kind == audit.CONFIG_LOADED]
+    assert len(restored) == len(loaded) == 2
+    assert all(c + 1 == s for c, s in zip(loaded, restored, strict=True))
+    report = await replayed_log(sessions)
+    assert report.identical, report.problem or report.divergence
+    assert report.adopted == restored
+    assert report.restarts == [e.seq for e in log if e.source == audit.LEADER]
+
+
+async def test_after_pruning_a_replay_starts_at_a_kept_snapshot(sessions: Any) -> None:
+    await recorded_run(service(sessions, audit.AuditLog(snapshot_every=15)))
+    log = await entries(sessions)
+    periodic = [e for e in log if e.source == audit.SNAPSHOT and '"periodic"' in e.input]
+    cut = log[periodic[0].seq - 3].decided_at  # the first periodic snapshot is kept
+    async with sessions() as session, session.begin():
+        await audit.prune(session, datetime.fromisoformat(cut))
+    states = await snapshot_states(sessions)
+    assert min(states) >= periodic[0].seq
+    kept = await replayed_log(sessions, periodic[0].seq + 1)
+    assert kept.identical, kept.problem
+    assert kept.started_at == periodic[0].seq
+    gone = await replayed_log(sessions, 1, from_snapshot=False)
+    assert gone.problem is not None
+    assert "pruned" in gone.problem
+
+
+async def test_a_replay_in_parallel_decides_every_record_and_its_stretches_must_join(
+    sessions: Any, database_url: str
+) -> None:
+    """Stretches between periodic snapshots replayed in their own processes: every input
+    decided and compared, as by one core. A snapshot at a seam forged with its digest and
+    the chain after it recomputed (which only signed checkpoints catch) is named: its bytes
+    do not hold the state its record describes; and with that changed too, the stretch
+    before it (and one core passing it) does not reach that state there."""
+    scheduler = service(sessions, audit.AuditLog(snapshot_every=15))
+    await recorded_run(scheduler)
+    config = SchedulerConfig()
+    one = await replayed_log(sessions, from_snapshot=False)
+    three = await asyncio.to_thread(
+        audit.replay_in_parallel, database_url, config, jobs=3, from_snapshot=False
+    )
+    assert three.identical, three.problem or three.divergence
+    assert (three.events, three.compared) == (one.events, one.compared)
+    async with sessions() as session:
+        segments = await audit.plan_segments(session, 1, None, 3, from_snapshot=False)
+    assert len(segments) == 3
+    seam = segments[1].base
+
+    # The snapshot at the seam, a microsecond later: it decides the same, but is not the
+    # state the first stretch ends in. Its digest and every hash after it recomputed.
+    log = await entries(sessions)
+    state = (await snapshot_states(sessions))[seam]
+    core = audit_state.load_core(state, config)
+    assert core.clock is not None
+    core.clock += timedelta(microseconds=1)
+    forged = audit_state.dump_core(core)
+    body = json.loads(log[seam - 1].input) | {
+        "digest": audit_state.digest(forged),
+        "bytes": len(forged),
+    }
+    async with sessions() as session, session.begin():
+        await session.execute(
+            update(audit_snapshots).where(audit_snapshots.c.seq == seam).values(state=forged)
+        )
+    await rechain(sessions, log, seam, json.dumps(body, sort_keys=True, separators=(",", ":")))
+    assert (await verified(sessions)).ok  # the chain holds: no key, no checkpoint to catch it
+    parted = await asyncio.to_thread(
+        audit.replay_in_parallel, database_url, config, jobs=3, from_snapshot=False
+    )
+    assert parted.problem is not None, parted
+    assert f"snapshot at record {seam} refused" in parted.problem
+    assert "do not hold the state its record describes" in parted.problem
+
+    # Its record made to describe the forged state too: now the stretch before it does not
+    # reach it, and one core from the beginning passing it says so as well.
+    body["state"] = audit.state_fingerprint(core)
+    await rechain(sessions, log, seam, json.dumps(body, sort_keys=True, separators=(",", ":")))
+    parted = await asyncio.to_thread(
+        audit.replay_in_parallel, database_url, config, jobs=3, from_snapshot=False
+    )
+    assert parted.problem is not None, parted
+    assert f"record {seam}: the state replayed to here is not the one" in parted.problem
+    alone = await asyncio.to_thread(
+        audit.replay_in_parallel, database_url, config, jobs=1, from_snapshot=False
+    )
+    assert alone.problem is not None
+    assert f"record {seam}: the state replayed to here" in alone.problem
+
+
+async def rechain(sessions: Any, log: list[audit.Entry], seq: int, text: str) -> None:
+    """Record `seq`'s input replaced by `text`, every hash from it on recomputed (what one
+    who can write the database can do; only signed checkpoints catch it)."""
+    prev = log[seq - 2].hash
+    async with sessions() as session, session.begin():
+        for e in log[seq - 1 :]:
+            given = text if e.seq == seq else e.input
+            digest = audit.entry_hash(
+                e.seq, e.epoch, e.decided_at, e.source, e.kind, given, e.decisions, prev
+            )
+            await session.execute(
+                update(audit_log)
+                .where(audit_log.c.seq == e.seq)
+                .values(input=given, prev_hash=prev, hash=digest)
+            )
+            prev = digest
+
+
+class FailsOnPoison(SchedulerService):
+    """Fault injection: the database write of one task's event fails after the core decided
+    (its commit is rolled back, the core reloaded from the tables)."""
+
+    async def _decide(self, repository: Any, event: Any, known: dict[str, str]) -> Any:
+        decisions = await super()._decide(repository, event, known)
+        if isinstance(event, TaskProfiled) and event.task.task_id == "poison":
+            raise RuntimeError("the disk is full")
+        return decisions
+
+
+async def test_after_a_failed_commit_the_reloaded_state_is_recorded_and_replayed(
+    sessions: Any,
+) -> None:
+    """A commit that fails takes back what the core decided and reloads the core from the
+    tables: the next commit records that state (and the configuration it runs), and a replay
+    goes on from it, deciding every record as the live core did."""
+    relay = OutboxRelay(sessions, outbox, NatsBroker("nats://127.0.0.1:1"))
+    scheduler = FailsOnPoison(
+        sessions, relay, SchedulerConfig(), SchedulerMetrics(CollectorRegistry())
+    )
+    await recorded_run(scheduler)
+    at = T0 + timedelta(minutes=2)
+    with pytest.raises(RuntimeError, match="disk is full"):
+        await scheduler.handle(profiled("poison", at), "task-profiled")
+    for i in range(3):
+        await scheduler.handle(profiled(f"after-{i}", at + timedelta(seconds=i)), "task-profiled")
+    log = await entries(sessions)
+    assert all("poison" not in e.input for e in log)  # rolled back, not in the log
+    restored = [e.seq for e in log if e.source == audit.SNAPSHOT and '"restored"' in e.input]
+    loaded = [e.seq for e in log if e.kind == audit.CONFIG_LOADED]
+    assert len(restored) == len(loaded) == 2  # the take-over's, and the failed commit's
+    assert loaded[1] + 1 == restored[1]
+    assert log[restored[1]].kind == "TaskProfiled"  # before the first decision after it
+    report = await replayed_log(sessions)
+    assert report.identical, report.problem or report.divergence
+    assert report.adopted == restored

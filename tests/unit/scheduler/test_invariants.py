@@ -167,5 +167,8 @@ def test_no_resource_is_ever_held_twice_beyond_capacity_or_beyond_quota(
             assert cluster.gpus_free[row] == n.whole_gpus_free
             assert all(0 <= m <= 1000 for m in n.gpu_milli_free), "a card over-committed"
             assert cluster.cpu_free[row] == len(n.cpu_free)
+            cards = cluster.card_milli[row]  # the matrix fragmentation reads
+            assert cards[: len(n.gpu_milli_free)].tolist() == n.gpu_milli_free
+            assert not cards[len(n.gpu_milli_free) :].any()
             for g in (g for g in granted.values() if g.node == n.name):
                 assert all(n.gpu_milli_free[i] <= 1000 - g.gpu_milli for i in g.gpu_ids)

@@ -3,13 +3,17 @@ its chain and signed checkpoints, replay it through the production core, explain
 export the decisions, drop what is past retention.
 
 `--from`/`--to` take a record number or an ISO time (the first record decided at or after it).
-The core's configuration for replay and explain is the scheduler's, from the same settings
-(CRATER_SCHEDULER_*): replay with the settings the recorded run had.
+Replay and explain run the configuration the log recorded in force at each point (the
+scheduler writes it when it loads its state and at every reload of the pools and quotas
+files); the token secret, never recorded, comes from the same settings as the scheduler's
+(CRATER_SCHEDULER_TOKEN_SECRET), and so does the configuration of a log recorded before
+configuration records existed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -59,6 +63,13 @@ async def _seq(connection: AsyncConnection, text: str | None, end: bool = False)
     return found or sys.maxsize
 
 
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _config() -> Any:
     from crater.scheduler.app import SchedulerSettings, scheduler_config
 
@@ -91,8 +102,8 @@ def verify(
     as_json: JsonOption = False,
     database_url: DatabaseOption = DEFAULT_DATABASE,
 ) -> None:
-    """Check the hash chain and the signed checkpoints; name the first record altered,
-    removed or inserted. Exit 1 if one is found."""
+    """Check the hash chain, the signed checkpoints and the snapshots' bytes; name the first
+    record altered, removed or inserted, or snapshot damaged. Exit 1 if one is found."""
     from crater.scheduler import audit
 
     key = audit.load_public_key(public_key.read_bytes()) if public_key else None
@@ -112,6 +123,7 @@ def verify(
                     "first": report.first,
                     "last": report.last,
                     "checkpoints": report.checkpoints,
+                    "snapshots": report.snapshots,
                     "finding": None
                     if report.finding is None
                     else {
@@ -128,7 +140,9 @@ def verify(
             console.print(f"note: {note}")
         span = f"records {report.first}..{report.last}" if report.records else "no records"
         if report.finding is None:
-            console.print(f"ok: {span}, {report.checkpoints} checkpoints")
+            console.print(
+                f"ok: {span}, {report.checkpoints} checkpoints, {report.snapshots} snapshots"
+            )
         else:
             console.print(f"[red]TAMPERED[/red] {report.finding} ({span})")
     if report.finding is not None:
@@ -143,54 +157,99 @@ def replay(
         list[str] | None,
         typer.Option(help="PLUGIN=WEIGHT: replay with a score's weight changed (what-if)."),
     ] = None,
+    from_beginning: Annotated[
+        bool,
+        typer.Option(
+            "--from-beginning",
+            help="Start at the log's first record, not at the snapshot at or before --from.",
+        ),
+    ] = False,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            help="Processes at once, each replaying the stretch between two periodic "
+            "snapshots (the stretches must join: each ends in the state the next one's "
+            "snapshot holds); 0: one per CPU. Pays on idle cores only.",
+            min=0,
+        ),
+    ] = 1,
     as_json: JsonOption = False,
     database_url: DatabaseOption = DEFAULT_DATABASE,
 ) -> None:
-    """Feed the recorded inputs from the log's beginning through the production core and
-    check every decision from --from to --to byte for byte. On a difference: stop, show the
-    input, the state that led to it and a diff; exit 1."""
+    """Feed the recorded inputs through the production core, from the snapshot at or before
+    --from (or the log's beginning), with the configuration recorded in force at each point,
+    and check every decision from --from to --to byte for byte. On a difference: stop, show
+    the input, the state that led to it and a diff; exit 1."""
     from crater.scheduler import audit
 
     config = _config()
-    for change in weight or []:
-        plugin, _, value = change.partition("=")
-        config = audit.with_weight(config, plugin, float(value))
+    changes = [
+        (plugin, float(value)) for plugin, _, value in (c.partition("=") for c in weight or [])
+    ]
 
-    async def work(connection: AsyncConnection) -> tuple[int, int | None, list[audit.Entry]]:
-        first = await _seq(connection, start) or 1
-        last = await _seq(connection, end, end=True)
-        return first, last, await audit.all_entries(connection, 1, last)
-
-    first, last, entries = _on_database(database_url, work)
+    def what_if(recorded: Any) -> Any:
+        for plugin, value in changes:
+            recorded = audit.with_weight(recorded, plugin, value)
+        return recorded
 
     def progress(count: int) -> None:
         print(f"replayed {count} events", file=sys.stderr)
 
-    report = audit.replay(entries, config, first, last, progress=progress)
+    async def bounds(connection: AsyncConnection) -> tuple[int, int | None]:
+        return await _seq(connection, start) or 1, await _seq(connection, end, end=True)
+
+    first, last = _on_database(database_url, bounds)  # the database is there: checked here
+    report = audit.replay_in_parallel(
+        database_url,
+        config,
+        first,
+        last,
+        jobs=jobs or _cpus(),
+        what_if=what_if if changes else None,
+        from_snapshot=not from_beginning,
+        progress=progress,
+    )
     if as_json:
         print(
             json.dumps(
                 {
-                    "identical": report.divergence is None,
+                    "identical": report.identical,
                     "events": report.events,
                     "compared": report.compared,
                     "seconds": round(report.seconds, 3),
                     "events_per_second": round(report.rate),
+                    "started_at": report.started_at,
                     "restarts": report.restarts,
+                    "configs": report.configs,
+                    "adopted": report.adopted,
                     "diverged_at": None if report.divergence is None else report.divergence.seq,
+                    "problem": report.problem,
+                    "notes": report.notes,
                 }
             )
         )
     else:
+        begun = (
+            f"from the snapshot at record {report.started_at}"
+            if report.started_at
+            else "from the log's beginning"
+        )
         console.print(
-            f"replayed {report.events} events in {report.seconds:.2f} s "
+            f"replayed {report.events} events {begun} in {report.seconds:.2f} s "
             f"({report.rate:,.0f} events/s), compared {report.compared}"
         )
+        if report.configs:
+            console.print(f"configuration records applied: {report.configs}")
         if report.restarts:
             console.print(
-                f"leader take-overs at records {report.restarts}: the live core was loaded from "
-                "the tables there"
+                f"leader take-overs at records {report.restarts}; the state each loaded was "
+                f"taken from its snapshot at records {report.adopted or 'none'}"
             )
+        for note in report.notes:
+            console.print(f"note: {note}")
+    if report.problem is not None:
+        print(f"replay stopped: {report.problem}")
+        raise typer.Exit(1)
     if report.divergence is not None:
         print(report.divergence.render())
         raise typer.Exit(1)
@@ -212,8 +271,12 @@ def explain(
     filters that removed which nodes and the scores of the nodes that remained."""
     from crater.scheduler import audit
 
-    entries = _on_database(database_url, lambda c: audit.all_entries(c))
-    steps = audit.explain(entries, task_id, _config() if placements else None)
+    async def work(connection: AsyncConnection) -> tuple[list[audit.Entry], dict[int, bytes]]:
+        restored = await audit.read_snapshots(connection, why=audit.RESTORED)
+        return await audit.all_entries(connection), restored
+
+    entries, restored = _on_database(database_url, work)
+    steps = audit.explain(entries, task_id, _config() if placements else None, restored)
     if not steps:
         console.print(f"the log says nothing of {task_id!r}")
         raise typer.Exit(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from enum import StrEnum
+from functools import cache
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -75,13 +76,19 @@ def _accepted(own: type[StrEnum], aliases: Mapping[str, StrEnum]) -> str:
     return ", ".join([*(m.value for m in own), *aliases])
 
 
+@cache
+def _values(own: type[StrEnum]) -> frozenset[str]:
+    """An enum's own names, once (every task request is checked against them)."""
+    return frozenset(m.value for m in own)
+
+
 def _one_of(own: type[StrEnum], aliases: Mapping[str, StrEnum], value: object) -> object:
     """Crater's own name, or one of AllData's turned into Crater's; else ValueError listing
     every accepted name (never a guess)."""
     if isinstance(value, own):
         return value
     if isinstance(value, str):
-        if value in {m.value for m in own}:
+        if value in _values(own):
             return own(value)
         if value in aliases:
             return aliases[value]

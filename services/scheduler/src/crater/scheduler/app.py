@@ -55,7 +55,7 @@ from crater.scheduler.adapters.config_watch import ConfigWatch
 from crater.scheduler.adapters.orm import outbox
 from crater.scheduler.adapters.pools_file import load_pools
 from crater.scheduler.adapters.quotas_file import load_quotas
-from crater.scheduler.audit import AuditLog, load_private_key
+from crater.scheduler.audit import SNAPSHOT_EVERY, AuditLog, load_private_key
 from crater.scheduler.domain.core import NODE_LOST_SECONDS, SchedulerConfig
 from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
@@ -194,6 +194,14 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         le=10_000_000,
         description="A signed checkpoint of the audit log every this many records.",
     )
+    audit_snapshot_every: int = Field(
+        default=SNAPSHOT_EVERY,
+        ge=0,
+        le=10_000_000,
+        description="A snapshot of the scheduling core's whole state in the audit log every "
+        "this many records (a replay from --from starts at the one before it instead of the "
+        "log's beginning); 0: none but those taken when the state is loaded.",
+    )
     audit_retention_days: float | None = Field(
         default=None,
         gt=0,
@@ -257,6 +265,7 @@ def audit_log(settings: SchedulerSettings) -> AuditLog:
     return AuditLog(
         signing_key=load_private_key(key.get_secret_value()) if key is not None else None,
         checkpoint_every=settings.audit_checkpoint_every,
+        snapshot_every=settings.audit_snapshot_every or None,
     )
 
 

@@ -5,7 +5,10 @@ verify, replay, explain, export (docs/audit.md).
 A record holds one input and the decisions it caused, as the JSON the core's events dump to.
 `source` says who decided: `core` (fed to `Scheduler.handle`; replay feeds these again),
 `service` (decided in the service layer, never by the core: a duplicate submission, a refused
-report) and `leader` (this process took over with this epoch and loaded the state as stored).
+report), `leader` (this process took over with this epoch and loaded the state as stored),
+`config` (the core's configuration from here on: loaded with the state, or reloaded from the
+pools and quotas files) and `snapshot` (the core's whole state here, `restored`: loaded from
+the tables, or `periodic`; its bytes in their own table, their SHA-256 in the record).
 Each record's `hash` is SHA-256 over its fields and the previous record's hash, so altering,
 removing or inserting one breaks the chain at that record.
 """
@@ -15,17 +18,18 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from crater.contracts import (
@@ -37,15 +41,25 @@ from crater.contracts import (
     TaskProfiled,
     TaskStatusReported,
 )
-from crater.scheduler.adapters.orm import audit_checkpoints, audit_log
+from crater.scheduler import audit_state
+from crater.scheduler.adapters.orm import audit_checkpoints, audit_log, audit_snapshots
 from crater.scheduler.domain.config import SchedulerConfig
 from crater.scheduler.domain.core import Scheduler
 from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.plugins import Pipeline
 from crater.scheduler.domain.views import node_summaries
 
+log = logging.getLogger("crater.scheduler.audit")
+
 GENESIS = "0" * 64
-CORE, SERVICE, LEADER = "core", "service", "leader"
+CORE, SERVICE, LEADER, CONFIG, SNAPSHOT = "core", "service", "leader", "config", "snapshot"
+# A configuration record's kind: in force from a restored state on (the core was built with
+# it), or reloaded into the running core (`Scheduler.reconfigure`); a reload refused is a
+# `service` record of kind CONFIG_REFUSED.
+CONFIG_LOADED, CONFIG_RELOADED, CONFIG_REFUSED = "ConfigLoaded", "ConfigReloaded", "ConfigRefused"
+SNAPSHOT_KIND = "CoreSnapshot"
+RESTORED, PERIODIC = "restored", "periodic"  # why a snapshot was taken
+SNAPSHOT_EVERY = 10_000  # records between periodic snapshots, by default
 # Every kind of input the core takes, by the name a record stores.
 INPUTS: dict[str, type[Event]] = {
     kind.__name__: kind
@@ -68,6 +82,8 @@ def now_text() -> str:
 def decisions_json(decisions: Sequence[Event]) -> str:
     """The decisions as a record stores them, and as replay compares them: byte for byte.
     Each is its kind and the event as the bus carries it."""
+    if not decisions:
+        return "[]"  # most inputs (heartbeats) decide nothing
     return (
         "["
         + ",".join(
@@ -185,13 +201,58 @@ def generate_key_pair() -> tuple[bytes, bytes]:
 
 
 @dataclass
+class _Staged:
+    epoch: int | None
+    decided_at: str
+    source: str
+    kind: str
+    body: str
+    decisions: str
+    state: bytes | None = None  # a snapshot's bytes
+
+
+def snapshot_body(why: str, state: bytes, config: SchedulerConfig, fingerprint: str) -> str:
+    """A snapshot record's input: why it was taken, the SHA-256 that binds its bytes (kept
+    in their own table) to the chain, the build of the core that wrote them, the
+    configuration the core ran (a replay starting here runs it), and the state it was in
+    (`state_fingerprint`: what a replay passing here must have reached)."""
+    return json.dumps(
+        {
+            "why": why,
+            "state": fingerprint,
+            "digest": audit_state.digest(state),
+            "bytes": len(state),
+            "format": audit_state.SNAPSHOT_FORMAT,
+            "code": audit_state.code_fingerprint(),
+            "config": audit_state.config_dict(config),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def _snapshot(why: str, core: Scheduler, epoch: int | None) -> _Staged | None:
+    """A snapshot record of `core` as it is now; None (logged) if it cannot be taken: a
+    snapshot only saves replay time, it never fails the decision's commit."""
+    try:
+        state = audit_state.dump_core(core)
+        body = snapshot_body(why, state, core.config, state_fingerprint(core))
+    except Exception:
+        log.exception("no %s snapshot of the core for the audit log", why)
+        return None
+    return _Staged(epoch, now_text(), SNAPSHOT, SNAPSHOT_KIND, body, "[]", state)
+
+
+@dataclass
 class AuditLog:
     """The writer: records gathered while a batch is decided, chained and inserted in the
-    batch's own transaction (`flush`), so the log holds exactly what committed."""
+    batch's own transaction (`flush`), so the log holds exactly what committed. Every
+    `snapshot_every` records (None: never) the core's state is recorded too."""
 
     signing_key: Ed25519PrivateKey | None = None
     checkpoint_every: int = 1_000
-    staged: list[tuple[int | None, str, str, str, str, str]] = field(default_factory=list)
+    snapshot_every: int | None = SNAPSHOT_EVERY
+    staged: list[_Staged] = field(default_factory=list)
 
     def begin(self) -> None:
         self.staged = []
@@ -209,9 +270,26 @@ class AuditLog:
         """One record: the decision's own time is now, when the core has just decided."""
         kind = kind or type(event).__name__
         body = body if body is not None else event.model_dump_json() if event else "{}"
-        self.staged.append((epoch, now_text(), source, kind, body, decisions_json(decisions)))
+        self.staged.append(
+            _Staged(epoch, now_text(), source, kind, body, decisions_json(decisions))
+        )
 
-    async def flush(self, connection: AsyncConnection | AsyncSession) -> list[Entry]:
+    def add_config(self, kind: str, config: SchedulerConfig, epoch: int | None) -> None:
+        """The configuration the core runs from here on (CONFIG_LOADED, CONFIG_RELOADED)."""
+        self.add(CONFIG, None, [], epoch, kind=kind, body=audit_state.config_json(config))
+
+    def add_snapshot(self, why: str, core: Scheduler, epoch: int | None) -> None:
+        """The core's whole state as it is here (`audit_state.dump_core`)."""
+        staged = _snapshot(why, core, epoch)
+        if staged is not None:
+            self.staged.append(staged)
+
+    async def flush(
+        self, connection: AsyncConnection | AsyncSession, core: Scheduler | None = None
+    ) -> list[Entry]:
+        """Chain and insert what was staged; with `core` (as it is after every staged
+        decision), a periodic snapshot of it follows when these records crossed a multiple of
+        `snapshot_every`."""
         staged, self.staged = self.staged, []
         if not staged:
             return []
@@ -221,15 +299,44 @@ class AuditLog:
             )
         ).first()
         seq, prev = (int(last[0]), str(last[1])) if last is not None else (0, GENESIS)
+        every = self.snapshot_every
+        if core is not None and every and (seq + len(staged)) // every > seq // every:
+            periodic = _snapshot(PERIODIC, core, staged[-1].epoch)
+            if periodic is not None:
+                staged.append(periodic)
         entries = []
-        for epoch, decided_at, source, kind, body, decisions in staged:
+        states = []
+        for item in staged:
             seq += 1
-            digest = entry_hash(seq, epoch, decided_at, source, kind, body, decisions, prev)
-            entries.append(
-                Entry(seq, epoch, decided_at, source, kind, body, decisions, prev, digest)
+            digest = entry_hash(
+                seq,
+                item.epoch,
+                item.decided_at,
+                item.source,
+                item.kind,
+                item.body,
+                item.decisions,
+                prev,
             )
+            entries.append(
+                Entry(
+                    seq,
+                    item.epoch,
+                    item.decided_at,
+                    item.source,
+                    item.kind,
+                    item.body,
+                    item.decisions,
+                    prev,
+                    digest,
+                )
+            )
+            if item.state is not None:
+                states.append({"seq": seq, "state": item.state})
             prev = digest
         await connection.execute(insert(audit_log), [e.as_row() for e in entries])
+        if states:
+            await connection.execute(insert(audit_snapshots), states)
         if self.signing_key is not None:
             for entry in entries:
                 if entry.seq % self.checkpoint_every == 0:
@@ -289,6 +396,81 @@ async def all_entries(
     return [e async for e in read_entries(connection, start, end)]
 
 
+# What a replay reads of a record: (seq, source, kind, input, decisions); a plain row, not an
+# Entry (a replay reads hundreds of thousands).
+Row = tuple[int, str, str, str, str]
+REPLAY_CHUNK = 20_000
+
+
+async def read_rows(
+    connection: AsyncConnection | AsyncSession,
+    start: int = 1,
+    end: int | None = None,
+    chunk: int = REPLAY_CHUNK,
+) -> AsyncIterator[Sequence[Row]]:
+    """The replay's columns of records `start`..`end`, in order, a chunk at a time: one
+    indexed range query per chunk, rows as the driver gives them."""
+    after = start - 1
+    columns = (
+        audit_log.c.seq,
+        audit_log.c.source,
+        audit_log.c.kind,
+        audit_log.c.input,
+        audit_log.c.decisions,
+    )
+    while True:
+        query = select(*columns).where(audit_log.c.seq > after)
+        if end is not None:
+            query = query.where(audit_log.c.seq <= end)
+        rows = (await connection.execute(query.order_by(audit_log.c.seq).limit(chunk))).all()
+        if rows:
+            yield rows  # type: ignore[misc]  # SQLAlchemy's Row is the tuple above
+        if len(rows) < chunk:
+            return
+        after = int(rows[-1][0])
+
+
+async def read_snapshots(
+    connection: AsyncConnection | AsyncSession,
+    start: int = 1,
+    end: int | None = None,
+    why: str | None = None,
+) -> dict[int, bytes]:
+    """The snapshots' bytes by record, from `start` to `end`; `why`: only those taken for it
+    (RESTORED, PERIODIC)."""
+    query = select(audit_snapshots.c.seq, audit_snapshots.c.state).where(
+        audit_snapshots.c.seq >= start
+    )
+    if end is not None:
+        query = query.where(audit_snapshots.c.seq <= end)
+    if why is not None:
+        query = query.join(audit_log, audit_log.c.seq == audit_snapshots.c.seq).where(
+            audit_log.c.input.contains(f'"why":"{why}"')
+        )
+    rows = (await connection.execute(query)).all()
+    return {int(seq): bytes(state) for seq, state in rows}
+
+
+async def snapshot_at_or_before(
+    connection: AsyncConnection | AsyncSession, seq: int
+) -> tuple[Entry, bytes | None] | None:
+    """The latest snapshot record at or before record `seq`, with its bytes (None: they are
+    missing); None when there is none."""
+    found = await connection.scalar(
+        select(audit_log.c.seq)
+        .where(audit_log.c.seq <= seq, audit_log.c.source == SNAPSHOT)
+        .order_by(audit_log.c.seq.desc())
+        .limit(1)
+    )
+    if found is None:
+        return None
+    row = (await connection.execute(select(audit_log).where(audit_log.c.seq == found))).one()
+    state = await connection.scalar(
+        select(audit_snapshots.c.state).where(audit_snapshots.c.seq == found)
+    )
+    return _entry(row), None if state is None else bytes(state)
+
+
 async def seq_at(connection: AsyncConnection | AsyncSession, moment: datetime) -> int:
     """The first record decided at or after `moment` (times are UTC ISO strings)."""
     text = moment.astimezone(UTC).isoformat(timespec="microseconds")
@@ -306,6 +488,12 @@ async def prune(connection: AsyncConnection | AsyncSession, before: datetime) ->
     verify from the first kept record starts at its stored `prev_hash`."""
     text = before.astimezone(UTC).isoformat(timespec="microseconds")
     result = await connection.execute(delete(audit_log).where(audit_log.c.decided_at < text))
+    # the snapshots of dropped records go with them: a replay starts at a kept one
+    first = await connection.scalar(select(audit_log.c.seq).order_by(audit_log.c.seq).limit(1))
+    dropped = delete(audit_snapshots)
+    if first is not None:
+        dropped = dropped.where(audit_snapshots.c.seq < first)
+    await connection.execute(dropped)
     return int(getattr(result, "rowcount", 0) or 0)
 
 
@@ -315,7 +503,7 @@ async def prune(connection: AsyncConnection | AsyncSession, before: datetime) ->
 @dataclass(frozen=True)
 class Finding:
     seq: int
-    what: str  # altered | removed | inserted | signature | rewritten
+    what: str  # altered | removed | inserted | signature | rewritten | snapshot
     detail: str
 
     def __str__(self) -> str:
@@ -328,6 +516,7 @@ class VerifyReport:
     first: int | None = None
     last: int | None = None
     checkpoints: int = 0
+    snapshots: int = 0
     finding: Finding | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -485,9 +674,49 @@ async def verify(
     report.checkpoints, signed = verify_checkpoints(rows, hashes, public_key)
     if public_key is None and rows:
         report.notes.append("checkpoint signatures not checked: no public key given")
-    if signed is not None and (report.finding is None or signed.seq < report.finding.seq):
-        report.finding = signed
+    states = await read_snapshots(connection, start, end)
+    report.snapshots, damaged = verify_snapshots(entries, states)
+    for found in (signed, damaged):
+        if found is not None and (report.finding is None or found.seq < report.finding.seq):
+            report.finding = found
     return report
+
+
+def snapshot_refusal(body: str, state: bytes | None) -> str | None:
+    """Why a snapshot record's bytes cannot be trusted (None: they can): missing, or not the
+    bytes whose SHA-256 its chained record (`body`: its input) holds."""
+    try:
+        recorded = json.loads(body)["digest"]
+    except (ValueError, KeyError, TypeError):
+        return "its record holds no digest"
+    if state is None:
+        return "its state is missing from scheduler_audit_snapshots"
+    if audit_state.digest(state) != recorded:
+        return (
+            f"its state does not hash to the digest its chained record holds "
+            f"({audit_state.digest(state)[:16]}… is not {str(recorded)[:16]}…)"
+        )
+    return None
+
+
+def verify_snapshots(
+    entries: Iterable[Entry], states: dict[int, bytes]
+) -> tuple[int, Finding | None]:
+    """Each snapshot record's bytes against the digest it holds; a stored state no snapshot
+    record names is named too."""
+    count = 0
+    named: set[int] = set()
+    for entry in entries:
+        if entry.source != SNAPSHOT:
+            continue
+        count += 1
+        named.add(entry.seq)
+        why = snapshot_refusal(entry.input, states.get(entry.seq))
+        if why is not None:
+            return count, Finding(entry.seq, "snapshot", why)
+    for seq in sorted(set(states) - named):
+        return count, Finding(seq, "snapshot", "a stored state that no snapshot record names")
+    return count, None
 
 
 # -- replay -----------------------------------------------------------------------------------
@@ -534,73 +763,249 @@ def _pretty(decisions: str) -> list[str]:
 class ReplayReport:
     events: int = 0  # inputs fed to the core
     compared: int = 0  # of them, decisions compared (inside --from..--to)
-    seconds: float = 0.0
+    seconds: float = 0.0  # reading the records included
     divergence: Divergence | None = None
     restarts: list[int] = field(default_factory=list)  # `leader` records passed
+    started_at: int = 0  # the snapshot record it started from; 0: the log's beginning
+    configs: list[int] = field(default_factory=list)  # configuration records applied
+    adopted: list[int] = field(default_factory=list)  # restored snapshots taken on the way
+    problem: str | None = None  # why it could not go on (not a decision that differs)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return self.divergence is None and self.problem is None
 
     @property
     def rate(self) -> float:
         return self.events / self.seconds if self.seconds > 0 else 0.0
 
 
-def replay(
-    entries: Iterable[Entry],
-    config: SchedulerConfig,
-    start: int = 1,
-    end: int | None = None,
-    progress: Callable[[int], None] | None = None,
-    every: int = 10_000,
-) -> ReplayReport:
-    """Feed the recorded core inputs, from the log's beginning, through a fresh production
-    core with `config`; from record `start` on, each decision list must equal the recorded
-    one byte for byte. Stops at the first difference (with the state that led to it)."""
-    report = ReplayReport()
-    core = Scheduler(config=config)
-    clock = time.perf_counter()
-    fed: list[Entry] = []
-    for entry in entries:
-        if end is not None and entry.seq > end:
-            break
-        if entry.source == LEADER:
-            report.restarts.append(entry.seq)
-            continue
-        if entry.source != CORE:
-            continue
-        fed.append(entry)
-        decided = decisions_json(core.handle(entry.event()))
-        report.events += 1
-        if entry.seq >= start:
-            report.compared += 1
-            if decided != entry.decisions:
-                report.seconds = time.perf_counter() - clock
-                report.divergence = Divergence(
-                    entry.seq,
-                    entry.kind,
-                    entry.input,
-                    entry.decisions,
-                    decided,
-                    state_before(fed[:-1], config),
+def _parsers() -> dict[str, Callable[[str], Event]]:
+    """Each input kind's JSON decoder: the model's own validator, called without the
+    classmethod around it (a replay decodes every record)."""
+    return {name: kind.__pydantic_validator__.validate_json for name, kind in INPUTS.items()}
+
+
+class Replayer:
+    """One replay: the production core fed the recorded `core` inputs in order, from a fresh
+    core or a snapshot, the configuration records applied where they were, the restored
+    snapshots (a take-over, a failed commit) adopted where the live core was reloaded; from
+    `start` to `end` every decision list compared with the record, byte for byte.
+
+    `config`: the replay's own settings; they give the token secret (never recorded) and the
+    configuration until a record gives one. `what_if`: applied to every configuration in
+    force (a what-if replay, whose decisions are expected to differ). `snapshots`: the
+    restored snapshots' bytes by record; None: they are passed by, the core carrying its own
+    state (said in a note)."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        start: int = 1,
+        end: int | None = None,
+        *,
+        what_if: Callable[[SchedulerConfig], SchedulerConfig] | None = None,
+        snapshots: Mapping[int, bytes] | None = None,
+        progress: Callable[[int], None] | None = None,
+        every: int = 10_000,
+        compare: bool = True,
+    ) -> None:
+        self.settings = config
+        self.what_if = what_if
+        self.in_force = what_if(config) if what_if is not None else config
+        self.core = Scheduler(config=self.in_force)
+        self.start, self.end = start, end
+        self.snapshots = snapshots
+        self.progress, self.every = progress, every
+        self.compare = compare
+        self.report = ReplayReport()
+        self.finished = False
+        self.parse = _parsers()
+
+    # -- where it starts --------------------------------------------------------------------
+
+    def begin_at(self, entry: Entry, state: bytes | None) -> bool:
+        """Start from snapshot record `entry` (the core as it was there) instead of a fresh
+        core. False, with the reason in `report.problem`, when its record or bytes cannot be
+        trusted or loaded: a replay never goes on from a state it cannot vouch for."""
+        why = None
+        if entry.source != SNAPSHOT:
+            why = f"record {entry.seq} is not a snapshot record"
+        elif entry.computed_hash() != entry.hash:
+            why = "its record no longer hashes to its stored hash (crater audit verify)"
+        else:
+            why = self._adopt(entry.seq, entry.input, state)
+        if why is not None:
+            return self._stop(f"snapshot at record {entry.seq} refused: {why}")
+        self.report.started_at = entry.seq
+        self.report.adopted.clear()
+        return True
+
+    def _adopt(
+        self, seq: int, body: str, state: bytes | None, *, foreign_ok: bool = False
+    ) -> str | None:
+        """The core from snapshot record `seq`: why not, or None once it runs. `foreign_ok`:
+        a snapshot of another build of the core (a take-over by an upgraded scheduler) is
+        passed by, the core keeping its own state (said in a note), rather than refused;
+        bytes that do not match their record are refused always."""
+        why = snapshot_refusal(body, state)
+        if why is not None:
+            return why
+        assert state is not None
+        meta = json.loads(body)
+        foreign = _foreign(meta)
+        if foreign is not None:
+            if not foreign_ok:
+                return (
+                    f"{foreign}: replay from the log's beginning (--from-beginning) or with "
+                    "the build that wrote it"
                 )
-                return report
-        if progress is not None and report.events % every == 0:
-            progress(report.events)
-    report.seconds = time.perf_counter() - clock
-    return report
+            self.report.notes.append(
+                f"restored snapshot at record {seq} passed by, {foreign}; the core kept its "
+                "own state"
+            )
+            if audit_state.config_json(self.core.config) != audit_state.config_json(self.in_force):
+                self.core.reconfigure(self.in_force)  # the one it was loaded with there
+            return None
+        try:
+            config = self._config(meta["config"])
+            core = audit_state.load_core(state, config)
+        except (audit_state.SnapshotError, audit_state.ConfigRecordError, KeyError) as error:
+            return str(error)
+        if meta.get("state") not in (None, state_fingerprint(core)):
+            return (
+                "its bytes do not hold the state its record describes (clock, nodes and what "
+                "is free, waiting tasks, allocations)"
+            )
+        if self.what_if is not None:
+            core.reconfigure(config)  # a what-if: every waiting task judged again under it
+        self.core, self.in_force = core, config
+        self.report.adopted.append(seq)
+        return None
+
+    def _config(self, recorded: dict[str, Any]) -> SchedulerConfig:
+        """A recorded configuration, with the replay's secret and what-if."""
+        theirs = recorded.get("token_secret_fingerprint")
+        ours = audit_state.secret_fingerprint(self.settings.token_secret)
+        if theirs is not None and theirs != ours:
+            note = (
+                "the token secret is not the recorded run's (fingerprint "
+                f"{theirs}, this one {ours}): every grant's token will differ; set "
+                "CRATER_SCHEDULER_TOKEN_SECRET as the scheduler had it"
+            )
+            if note not in self.report.notes:
+                self.report.notes.append(note)
+        config = audit_state.config_from_dict(recorded, self.settings.token_secret)
+        return self.what_if(config) if self.what_if is not None else config
+
+    def _stop(self, problem: str) -> bool:
+        self.report.problem = problem
+        self.finished = True
+        return False
+
+    # -- the records --------------------------------------------------------------------------
+
+    def feed(self, rows: Iterable[Row]) -> bool:
+        """Replay `rows` (the records after the last one fed, in order). False once it ended:
+        past `end`, at a difference, or stopped by a problem."""
+        if self.finished:
+            return False
+        report, core, parse = self.report, self.core, self.parse
+        start, end, compare = self.start, self.end, self.compare
+        progress, every = self.progress, self.every
+        events, compared = report.events, report.compared
+        try:
+            for seq, source, kind, body, recorded in rows:
+                if end is not None and seq > end:
+                    self.finished = True
+                    return False
+                if source == CORE:
+                    decode = parse.get(kind)
+                    if decode is None:
+                        return self._stop(
+                            f"record {seq}: input kind {kind!r} unknown to this build"
+                        )
+                    try:
+                        event = decode(body)
+                    except ValueError as error:  # altered, or another build's contract
+                        return self._stop(f"record {seq}: its input does not decode: {error}")
+                    decided = decisions_json(core.handle(event))
+                    events += 1
+                    if compare and seq >= start:
+                        compared += 1
+                        if decided != recorded:
+                            report.divergence = Divergence(seq, kind, body, recorded, decided, "")
+                            self.finished = True
+                            return False
+                    if progress is not None and events % every == 0:
+                        progress(events)
+                elif source != SERVICE:
+                    if not self._apply(seq, source, kind, body):
+                        return False
+                    core = self.core
+        finally:
+            report.events, report.compared = events, compared
+        return True
+
+    def _apply(self, seq: int, source: str, kind: str, body: str) -> bool:
+        """A record other than an input: a take-over, a configuration, a snapshot."""
+        if source == LEADER:
+            self.report.restarts.append(seq)
+        elif source == CONFIG:
+            try:
+                config = self._config(json.loads(body))
+            except audit_state.ConfigRecordError as error:
+                return self._stop(f"record {seq}: its configuration cannot be rebuilt: {error}")
+            if kind == CONFIG_RELOADED or (
+                self.snapshots is None
+                and audit_state.config_json(config) != audit_state.config_json(self.in_force)
+            ):
+                # A reload, as the live core took it; or, with no restored snapshot to take
+                # the core from, the configuration it was built with at a restart.
+                refused = self.core.reconfigure(config)
+                if refused is not None:
+                    return self._stop(f"record {seq}: its configuration is refused: {refused}")
+            self.in_force = config
+            self.report.configs.append(seq)
+        elif source == SNAPSHOT and f'"why":"{PERIODIC}"' in body:
+            # The live core's state here: the replay must have reached the same one.
+            recorded = json.loads(body).get("state")
+            checked = self.compare and seq >= self.start and recorded is not None
+            if checked and state_fingerprint(self.core) != recorded:
+                return self._stop(
+                    f"record {seq}: the state replayed to here is not the one the scheduler "
+                    "recorded in its snapshot (clock, nodes and what is free, waiting "
+                    "tasks, allocations): its core changed otherwise than by the inputs "
+                    "the log holds"
+                )
+        elif source == SNAPSHOT and f'"why":"{RESTORED}"' in body:
+            if self.snapshots is None:
+                note = "restored snapshots passed by (no bytes given): the core kept its own state"
+                if note not in self.report.notes:
+                    self.report.notes.append(note)
+                return True
+            why = self._adopt(seq, body, self.snapshots.get(seq), foreign_ok=True)
+            if why is not None:
+                return self._stop(f"restored snapshot at record {seq} refused: {why}")
+        return True
 
 
-def core_before(entries: Iterable[Entry], config: SchedulerConfig) -> Scheduler:
-    """A fresh core fed `entries` (the core's records): the state they led to."""
-    core = Scheduler(config=config)
-    for entry in entries:
-        if entry.source == CORE:
-            core.handle(entry.event())
-    return core
+def _foreign(meta: dict[str, Any]) -> str | None:
+    """Why a snapshot record's bytes are not this build's to load (None: they are)."""
+    if meta.get("format") != audit_state.SNAPSHOT_FORMAT:
+        return f"format {meta.get('format')!r}: this build reads {audit_state.SNAPSHOT_FORMAT}"
+    if meta.get("code") != audit_state.code_fingerprint():
+        return (
+            f"written by another build of the core (code {meta.get('code')}, this one "
+            f"{audit_state.code_fingerprint()})"
+        )
+    return None
 
 
-def state_before(entries: Sequence[Entry], config: SchedulerConfig) -> str:
-    """The state the recorded inputs led to, readable: clock, nodes and what is free on
-    them, the waiting tasks, the allocations."""
-    core = core_before(entries, config)
+def describe(core: Scheduler) -> str:
+    """The state a core is in, readable: clock, nodes and what is free on them, the waiting
+    tasks, the allocations."""
     lines = [f"clock {core.clock.isoformat() if core.clock else '-'}"]
     for node in node_summaries(core.cluster):
         lines.append(f"  node {node.model_dump_json()}")
@@ -610,6 +1015,323 @@ def state_before(entries: Sequence[Entry], config: SchedulerConfig) -> str:
         nodes = sorted({m.node for m in allocation.members()})
         lines.append(f"  holds {task_id} on {', '.join(nodes)}")
     return "\n".join(lines)
+
+
+def _rows(entries: Iterable[Entry], after: int = 0) -> Iterator[Row]:
+    return ((e.seq, e.source, e.kind, e.input, e.decisions) for e in entries if e.seq > after)
+
+
+def replay(
+    entries: Iterable[Entry],
+    config: SchedulerConfig,
+    start: int = 1,
+    end: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    every: int = 10_000,
+    *,
+    what_if: Callable[[SchedulerConfig], SchedulerConfig] | None = None,
+    snapshots: Mapping[int, bytes] | None = None,
+    from_snapshot: bool = False,
+) -> ReplayReport:
+    """Replay `entries` (records in order, from the log's beginning) through the production
+    core; from record `start` on, each decision list must equal the recorded one byte for
+    byte. Stops at the first difference, with the state that led to it. With `snapshots`
+    (record -> bytes, `read_snapshots`), restored ones are adopted where the live core was
+    reloaded, and with `from_snapshot` the replay starts at the latest snapshot at or before
+    `start` rather than at the beginning."""
+    listed = list(entries)
+    clock = time.perf_counter()
+    base = _base(listed, start, snapshots) if from_snapshot and snapshots else None
+
+    def replayer(until: int | None = end, compare: bool = True) -> Replayer:
+        found = Replayer(
+            config,
+            start,
+            until,
+            what_if=what_if,
+            snapshots=snapshots,
+            progress=progress if compare else None,
+            every=every,
+            compare=compare,
+        )
+        if base is not None and snapshots is not None:
+            found.begin_at(base, snapshots.get(base.seq))
+        return found
+
+    run = replayer()
+    run.feed(_rows(listed, run.report.started_at))
+    report = run.report
+    report.seconds = time.perf_counter() - clock
+    if report.divergence is not None:  # the state before it: the same replay, one short
+        before = replayer(report.divergence.seq - 1, compare=False)
+        before.feed(_rows(listed, before.report.started_at))
+        report.divergence.state = describe(before.core)
+    return report
+
+
+def _base(entries: Sequence[Entry], start: int, snapshots: Mapping[int, bytes]) -> Entry | None:
+    """The latest snapshot record at or before `start` whose bytes are at hand."""
+    found = None
+    for entry in entries:
+        if entry.seq > start:
+            break
+        if entry.source == SNAPSHOT and entry.seq in snapshots:
+            found = entry
+    return found
+
+
+async def replay_log(
+    connection: AsyncConnection | AsyncSession,
+    config: SchedulerConfig,
+    start: int = 1,
+    end: int | None = None,
+    *,
+    what_if: Callable[[SchedulerConfig], SchedulerConfig] | None = None,
+    from_snapshot: bool = True,
+    progress: Callable[[int], None] | None = None,
+    every: int = 10_000,
+    base: int | None = None,
+) -> ReplayReport:
+    """`replay` on the stored log, streamed: from the latest snapshot at or before `start`
+    (`from_snapshot`; else from the log's first record), or from the snapshot at record
+    `base` (0: the log's first record), the records read a chunk at a time up to `end`. The
+    time reported includes the reading."""
+    clock = time.perf_counter()
+    if base is None:
+        found = await snapshot_at_or_before(connection, start) if from_snapshot else None
+    else:
+        found = await snapshot_at_or_before(connection, base) if base else None
+        if found is not None and found[0].seq != base:
+            found = None
+    first = found[0].seq if found is not None else 0
+    restored = await read_snapshots(connection, first + 1, end, why=RESTORED)
+
+    def replayer(until: int | None, compare: bool) -> Replayer:
+        made = Replayer(
+            config,
+            start,
+            until,
+            what_if=what_if,
+            snapshots=restored,
+            progress=progress if compare else None,
+            every=every,
+            compare=compare,
+        )
+        if base:
+            if found is None:
+                made._stop(f"no snapshot at record {base} to start from")
+            else:
+                made.begin_at(*found)
+        elif found is not None:
+            made.begin_at(*found)
+        return made
+
+    async def run(replaying: Replayer) -> None:
+        if replaying.finished:
+            return
+        if found is None:
+            oldest = await connection.scalar(select(func.min(audit_log.c.seq)))
+            if oldest is not None and oldest > 1:
+                replaying._stop(
+                    f"the log begins at record {oldest} (the records before it were pruned) "
+                    "and no snapshot at or before --from is left to start from"
+                )
+                return
+        async for chunk in read_rows(connection, first + 1, end):
+            if not replaying.feed(chunk):
+                return
+
+    replaying = replayer(end, True)
+    await run(replaying)
+    report = replaying.report
+    report.seconds = time.perf_counter() - clock
+    if report.divergence is not None:
+        before = replayer(report.divergence.seq - 1, False)
+        await run(before)
+        report.divergence.state = describe(before.core)
+    return report
+
+
+def state_fingerprint(core: Scheduler) -> str:
+    """The state a core is in, as `describe` writes it, hashed: a snapshot record holds its
+    core's, a replay passing it must have reached the same, and the bytes it holds must
+    load into the same."""
+    return hashlib.sha256(describe(core).encode()).hexdigest()[:32]
+
+
+# -- replay in parallel -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of a replay one process runs: from the snapshot at record `base` (0: the
+    log's first record) to record `last` (None: the log's end)."""
+
+    base: int
+    last: int | None
+
+
+async def plan_segments(
+    connection: AsyncConnection | AsyncSession,
+    start: int,
+    end: int | None,
+    jobs: int,
+    from_snapshot: bool = True,
+) -> list[Segment]:
+    """The replay of `start`..`end`, from the snapshot at or before `start` (`from_snapshot`)
+    or the log's first record, cut at periodic snapshots into at most `jobs` stretches of
+    about as many records each (one when there is no snapshot to cut at)."""
+    found = await snapshot_at_or_before(connection, start) if from_snapshot else None
+    first = found[0].seq if found is not None else 0
+    if jobs <= 1:
+        return [Segment(first, end)]
+    query = select(audit_log.c.seq).where(
+        audit_log.c.seq > first,
+        audit_log.c.source == SNAPSHOT,
+        audit_log.c.input.contains(f'"why":"{PERIODIC}"'),
+    )
+    if end is not None:
+        query = query.where(audit_log.c.seq <= end)
+    cuts = [int(seq) for seq in (await connection.scalars(query.order_by(audit_log.c.seq))).all()]
+    last = end or await connection.scalar(select(func.max(audit_log.c.seq))) or first
+    bases = [first]
+    for k in range(1, jobs):
+        aim = first + (last - first) * k / jobs
+        later = [c for c in cuts if c > bases[-1]]
+        if later:
+            bases.append(min(later, key=lambda c: (abs(c - aim), c)))
+    # each stretch ends at the next one's snapshot record, included: there it must have
+    # reached the state that record holds, which the next one starts from
+    lasts: list[int | None] = [*bases[1:], end]
+    return [Segment(b, e) for b, e in zip(bases, lasts, strict=True)]
+
+
+def replay_in_parallel(
+    database_url: str,
+    config: SchedulerConfig,
+    start: int = 1,
+    end: int | None = None,
+    *,
+    jobs: int = 1,
+    what_if: Callable[[SchedulerConfig], SchedulerConfig] | None = None,
+    from_snapshot: bool = True,
+    progress: Callable[[int], None] | None = None,
+    every: int = 10_000,
+) -> ReplayReport:
+    """`replay_log`, its stretch between periodic snapshots each in its own process (forked:
+    the configuration and what-if travel with it), at most `jobs` at once. Every input still
+    goes through the production core and every decision is compared; each stretch but the
+    first starts from the live core's snapshot where it begins, whose bytes must load into
+    the state its record describes, and the stretch before it must have reached that same
+    state there (clock, nodes and what is free, waiting tasks, allocations: the stretches
+    join), else the replay says so. The time reported is the wall clock of the whole,
+    planning and reading included."""
+    import asyncio
+    import multiprocessing
+    from multiprocessing.connection import Connection, wait
+
+    from crater.runtime.db import make_engine
+
+    clock = time.perf_counter()
+
+    async def on_database(work: Callable[[Any], Any]) -> Any:
+        engine = make_engine(database_url)
+        try:
+            async with engine.connect() as connection:
+                return await work(connection)
+        finally:
+            await engine.dispose()
+
+    def stretch(segment: Segment, tell: Callable[[int], None] | None) -> ReplayReport:
+        return cast(
+            ReplayReport,
+            asyncio.run(
+                on_database(
+                    lambda connection: replay_log(
+                        connection,
+                        config,
+                        start,
+                        segment.last,
+                        what_if=what_if,
+                        from_snapshot=from_snapshot,
+                        progress=tell,
+                        every=every,
+                        base=segment.base,
+                    )
+                )
+            ),
+        )
+
+    forking = "fork" in multiprocessing.get_all_start_methods()
+    segments = asyncio.run(
+        on_database(
+            lambda connection: plan_segments(
+                connection, start, end, jobs if forking else 1, from_snapshot
+            )
+        )
+    )
+    if len(segments) == 1:
+        report = stretch(segments[0], progress)
+        report.seconds = time.perf_counter() - clock
+        return report
+    context = multiprocessing.get_context("fork")
+    counted = context.Value("q", 0)
+
+    def tell(count: int) -> None:
+        with counted.get_lock():
+            counted.value += every
+
+    def worker(pipe: Any, segment: Segment) -> None:
+        try:
+            pipe.send(stretch(segment, tell if progress is not None else None))
+        except BaseException as error:  # said to the parent, never lost with the process
+            pipe.send(ReplayReport(problem=f"the replay of {segment} failed: {error!r}"))
+        finally:
+            pipe.close()
+
+    pipes: list[Connection] = []
+    processes = []
+    for segment in segments:
+        mine, theirs = context.Pipe(duplex=False)
+        process = context.Process(target=worker, args=(theirs, segment), daemon=True)
+        process.start()
+        theirs.close()
+        pipes.append(mine)
+        processes.append(process)
+    reports: dict[int, ReplayReport] = {}
+    told = 0
+    while len(reports) < len(pipes):
+        waiting = [p for i, p in enumerate(pipes) if i not in reports]
+        for ready in wait(waiting, timeout=0.5):
+            index = next(i for i, p in enumerate(pipes) if p is ready)
+            try:
+                reports[index] = pipes[index].recv()
+            except EOFError:
+                reports[index] = ReplayReport(problem=f"the replay of {segments[index]} died")
+        if progress is not None and counted.value >= told + every:
+            told = counted.value
+            progress(told)
+    for process in processes:
+        process.join()
+    report = _joined([reports[i] for i in range(len(segments))])
+    report.seconds = time.perf_counter() - clock
+    return report
+
+
+def _joined(reports: list[ReplayReport]) -> ReplayReport:
+    """One report of the stretches, in order, up to the first that did not end identical."""
+    whole = ReplayReport(started_at=reports[0].started_at)
+    for part in reports:
+        whole.events += part.events
+        whole.compared += part.compared
+        whole.restarts += part.restarts
+        whole.configs += part.configs
+        whole.adopted += part.adopted
+        whole.notes += [n for n in part.notes if n not in whole.notes]
+        if not part.identical:
+            whole.divergence, whole.problem = part.divergence, part.problem
+            return whole
+    return whole
 
 
 # -- explain ----------------------------------------------------------------------------------
@@ -649,14 +1371,19 @@ class Step:
 
 
 def explain(
-    entries: Sequence[Entry], task_id: str, config: SchedulerConfig | None = None
+    entries: Sequence[Entry],
+    task_id: str,
+    config: SchedulerConfig | None = None,
+    snapshots: Mapping[int, bytes] | None = None,
 ) -> list[Step]:
     """The task's story from the log alone: every input naming it and every decision about
-    it, in order. With `config`, each placement also gets the filters and scores as they
-    were: the recorded inputs before it fed to the core, then the task dry-run there."""
+    it, in order. With `config` (the settings: the token secret, the configuration until a
+    record gives one), each placement also gets the filters and scores as they were: the
+    recorded inputs before it replayed (`Replayer`, the configuration records applied, the
+    restored `snapshots` adopted), then the task dry-run there."""
     steps: list[Step] = []
     request: TaskProfiled | None = None
-    core: Scheduler | None = Scheduler(config=config) if config is not None else None
+    walk = Replayer(config, compare=False, snapshots=snapshots) if config is not None else None
     for entry in entries:
         if _mentions(entry, task_id):
             source_event = json.loads(entry.input)
@@ -689,15 +1416,15 @@ def explain(
                     decision,
                 )
                 if (
-                    core is not None
+                    walk is not None
                     and request is not None
                     and decision["kind"] == AllocationGranted.__name__
                 ):
-                    answer = core.dry_run_task(request.task, request.prediction)
+                    answer = walk.core.dry_run_task(request.task, request.prediction)
                     step.placement = answer.model_dump(mode="json")
                 steps.append(step)
-        if core is not None and entry.source == CORE:
-            core.handle(entry.event())
+        if walk is not None:
+            walk.feed(_rows([entry]))
     return steps
 
 

@@ -10,6 +10,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -144,6 +145,18 @@ audit_checkpoints = Table(
     Column("signed_at", String(40), nullable=False),
     Column("key_id", String(32), nullable=False),
     Column("signature", String(128), nullable=False),
+)
+
+# Snapshots of the core's whole state (crater.scheduler.audit_state), by the seq of the
+# audit record that holds their SHA-256: the record is chained like any other, the bytes are
+# kept apart so that reading the log does not read them.
+audit_snapshots = Table(
+    "scheduler_audit_snapshots",
+    metadata,
+    Column(
+        "seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
+    ),
+    Column("state", LargeBinary, nullable=False),
 )
 
 outbox = outbox_table(metadata, "scheduler")

@@ -56,6 +56,16 @@ class Node:
     cpu_taken: int = 0  # core-slots held
     cpu_cores_full: int = 0  # cores held by as many tasks as they may be
     numa_room: dict[int, int] = field(default_factory=dict)  # NUMA node -> cores with room
+    # Fixed for the Node's life (a topology report makes a new Node), read by every refresh:
+    # computed once.
+    _cpu_total: int = field(init=False, repr=False, compare=False)
+    _cpu_capacity: int = field(init=False, repr=False, compare=False)
+    _cpu_holders_max: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._cpu_total = sum(len(n.cpus) for n in self.topology.numa_nodes)
+        self._cpu_capacity = math.floor(self._cpu_total * self.overcommit.cpu)
+        self._cpu_holders_max = max(1, math.ceil(self.overcommit.cpu))
 
     @classmethod
     def empty(cls, topology: NodeTopology, overcommit: Overcommit = NO_OVERCOMMIT) -> Node:
@@ -81,12 +91,12 @@ class Node:
 
     @property
     def cpu_capacity(self) -> int:
-        return math.floor(self.cpu_total * self.overcommit.cpu)
+        return self._cpu_capacity
 
     @property
     def cpu_holders_max(self) -> int:
         """How many tasks may hold one core at once."""
-        return max(1, math.ceil(self.overcommit.cpu))
+        return self._cpu_holders_max
 
     @property
     def cpu_free(self) -> set[int]:
@@ -208,7 +218,7 @@ class Node:
 
     @property
     def cpu_total(self) -> int:
-        return sum(len(n.cpus) for n in self.topology.numa_nodes)
+        return self._cpu_total
 
     @property
     def disk_gb(self) -> int:
@@ -353,6 +363,10 @@ class ClusterArrays:
         self._sorted_names: list[str] = []
         self._everywhere_backing: BoolArray = _read_only(np.ones(0, np.bool_))
         self.everywhere: BoolArray = self._everywhere_backing  # True on every row
+        # Each node's cards, free thousandths, one row each padded with 0 (as wide as the
+        # node with most cards): what fragmentation is measured on, kept by `refresh`.
+        self._cards_backing: IntArray = np.zeros((0, 1), np.int64)
+        self.card_milli: IntArray = self._cards_backing
         # Counts node additions and topology changes: what depends on totals caches on it.
         self.topology_version = 0
         self.label_sets: list[dict[str, str]] = []
@@ -362,6 +376,27 @@ class ClusterArrays:
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    # A snapshot (audit log) pickles the backing arrays only: pickle would copy each column
+    # view apart from its backing array, and the next node added would resurrect stale rows.
+    _VIEWS: tuple[str, ...] = (*_COLUMNS, "name_rank", "everywhere", "card_milli")
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k not in self._VIEWS}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        _read_only(self._everywhere_backing)
+        self._views()
+
+    def _views(self) -> None:
+        """The columns as views of the first len(nodes) rows of their backing arrays."""
+        rows = len(self.nodes)
+        for name, backing in self._backing.items():
+            setattr(self, name, backing[:rows])
+        self.name_rank = self._rank_backing[:rows]
+        self.everywhere = self._everywhere_backing[:rows]
+        self.card_milli = self._cards_backing[:rows]
 
     def get(self, name: str) -> Node | None:
         i = self.index.get(name)
@@ -390,6 +425,12 @@ class ClusterArrays:
         self.cpu_free[i] = node.cpu_slots_free
         self.memory_free_mb[i] = node.memory_free_mb
         self.ready[i] = node.condition is not NodeCondition.NOT_READY
+        cards = node.gpu_milli_free
+        if len(cards) > self._cards_backing.shape[1]:
+            self._widen(len(cards))
+        row = self.card_milli[i]
+        row[: len(cards)] = cards
+        row[len(cards) :] = 0
 
     def _describe(self, i: int) -> None:
         """The row's hardware columns: they change only with the topology (an upsert)."""
@@ -441,10 +482,17 @@ class ClusterArrays:
             rank[: len(self._rank_backing)] = self._rank_backing
             self._rank_backing = rank
             self._everywhere_backing = _read_only(np.ones(self._room, np.bool_))
-        for name, backing in self._backing.items():
-            setattr(self, name, backing[:rows])
-        self.name_rank = self._rank_backing[:rows]
-        self.everywhere = self._everywhere_backing[:rows]
+            cards = np.zeros((self._room, self._cards_backing.shape[1]), np.int64)
+            cards[: len(self._cards_backing)] = self._cards_backing
+            self._cards_backing = cards
+        self._views()
+
+    def _widen(self, width: int) -> None:
+        """Room for `width` cards a node: the card matrix gets as many columns."""
+        cards = np.zeros((len(self._cards_backing), width), np.int64)
+        cards[:, : self._cards_backing.shape[1]] = self._cards_backing
+        self._cards_backing = cards
+        self._views()
 
     def _rank_name(self, name: str) -> None:
         """The new last row's place in name order; the names after it move down one."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from crater.contracts import (
     Affinity,
@@ -71,7 +71,7 @@ class Demand:
         prediction: ResourcePrediction | None,
         margin: float = PREDICTION_MARGIN,
     ) -> Demand:
-        demand = cls.of_resources(
+        return cls.of_resources(
             request.resource_requirements,
             request.pool,
             request.affinity,
@@ -79,8 +79,8 @@ class Demand:
             margin,
             node_selector=request.node_selector,
             tolerations=request.tolerations,
+            anti_affinity_group=request.anti_affinity.group,
         )
-        return replace(demand, anti_affinity_group=request.anti_affinity.group)
 
     @classmethod
     def of_query(cls, query: PlacementQuery) -> Demand:
@@ -104,6 +104,7 @@ class Demand:
         *,
         node_selector: Mapping[str, str] | None = None,
         tolerations: Sequence[Toleration] = (),
+        anti_affinity_group: str | None = None,
     ) -> Demand:
         gpu_memory, source = needs.gpu.memory_mb, "requested"
         # A trusted prediction above the request wins: placing on the request alone would
@@ -136,4 +137,5 @@ class Demand:
             mig_profile=mig.name if mig else None,
             node_selector=tuple(sorted((node_selector or {}).items())),
             tolerations=tuple(tolerations),
+            anti_affinity_group=anti_affinity_group,
         )

@@ -3,6 +3,8 @@ rejections, and the ids every derived event takes from its cause."""
 
 from __future__ import annotations
 
+from uuid import UUID
+
 from crater.contracts import (
     AllocationGranted,
     Disk,
@@ -66,15 +68,17 @@ def granted(
     score: float,
     details: list[ScoreDetail],
     cause: Event,
+    event_id: UUID | None = None,
 ) -> AllocationGranted:
     """The grant of `allocation` (one gang member): where, what, the task's environment and
-    its reservation token, and why this node."""
+    its reservation token, and why this node. `event_id`: the grant's, when the caller has
+    derived it already (the allocation's id comes from it)."""
     request = task.request
     size = task.gang_size
     member = allocation.gang_index
     allocation_id = allocation.allocation_id
     expires = allocation.expires_at
-    event_id = derived_event_id(
+    event_id = event_id or derived_event_id(
         cause.event_id,
         f"granted:{request.task_id}" + (f":{member}" if member else "") + attempt_key(task.attempt),
     )

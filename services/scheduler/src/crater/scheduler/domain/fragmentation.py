@@ -20,8 +20,6 @@ core, once per task it accepts; ranking, retries and dry runs only read it.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import numpy.typing as npt
 
@@ -35,17 +33,10 @@ IntArray = npt.NDArray[np.int64]
 
 
 def card_matrix(c: ClusterArrays, idx: IntArray) -> IntArray:
-    """Free thousandths of every card of nodes `idx`, one row each, padded with 0."""
-    counts = c.gpus_total[idx]
-    width = max(int(counts.max(initial=0)), 1)
-    flat = np.fromiter(
-        itertools.chain.from_iterable(c.nodes[i].gpu_milli_free for i in idx.tolist()),
-        np.int64,
-        int(counts.sum()),
-    )
-    out = np.zeros((len(idx), width), np.int64)
-    out[np.arange(width) < counts[:, None]] = flat
-    return out
+    """Free thousandths of every card of nodes `idx`, one row each, padded with 0 (as many
+    columns as the most cards among them): a copy of the cluster's own card matrix."""
+    width = max(int(c.gpus_total[idx].max(initial=0)), 1)
+    return c.card_milli[idx, :width]
 
 
 def cards_after(cards: IntArray, d: Demand) -> IntArray:
@@ -102,11 +93,15 @@ def host_stranded(
 ) -> FloatArray:
     """Free GPU thousandths the node's free CPU or memory cannot feed, at the CPU and memory
     per GPU thousandth the workload asks: GPUs stranded by the host."""
-    feedable = np.full(len(cards), np.inf)
+    # min(inf, x) is x (NaN too): the first bound stands alone, no array of inf to fold in
+    feedable: FloatArray | None = None
     if cpu_per_milli > 0:
-        feedable = np.minimum(feedable, np.maximum(cpu_free, 0) / cpu_per_milli)
+        feedable = np.maximum(cpu_free, 0) / cpu_per_milli
     if memory_per_milli > 0:
-        feedable = np.minimum(feedable, np.maximum(memory_free, 0) / memory_per_milli)
+        by_memory = np.maximum(memory_free, 0) / memory_per_milli
+        feedable = by_memory if feedable is None else np.minimum(feedable, by_memory)
+    if feedable is None:
+        feedable = np.full(len(cards), np.inf)
     return np.asarray(np.maximum(cards.sum(axis=1) - feedable, 0.0), np.float64)
 
 

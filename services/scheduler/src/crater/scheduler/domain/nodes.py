@@ -90,11 +90,11 @@ class NodeWatch:
             return False  # health before topology: wait for the topology
         node.last_heartbeat_at = event.occurred_at.timestamp()
         was = node.condition
-        node.condition = event.condition
-        self.state.cluster.refresh(node.name)
         self.heard_from(node)
         if was is event.condition:
-            return False
+            return False  # the row holds nothing a heartbeat's time changes: no refresh
+        node.condition = event.condition
+        self.state.cluster.refresh(node.name)
         self.state.stale_pools = None  # readiness is judged first, for every pool's tasks
         return True
 

@@ -42,6 +42,8 @@ from crater.scheduler.domain.state import (
 )
 from crater.scheduler.domain.wording import for_nodes
 
+# Capacity verdicts remembered at most (distinct demands since the topology last changed).
+VERDICTS_KEPT = 1024
 # (node row, total score, per-plugin scores)
 Ranked = tuple[int, float, list[ScoreDetail]]
 # (nodes that pass every filter, why the others do not)
@@ -69,6 +71,15 @@ class Placer:
         # Every collaborator runs the filters through `diagnose`: `run_filters` itself, or the
         # owner's `diagnose` (the scheduler's, which a caller may wrap) when there is one.
         self.owner = owner
+        # The filters' verdicts on capacity alone (free=False) by demand and node subset:
+        # they change only with the topology or the configuration, and every arriving task
+        # asks them (can it ever fit?). Valid for `_verdicts_for` only.
+        self._verdicts: dict[tuple[Demand, bytes | None], Diagnosis] = {}
+        self._verdicts_for: tuple[object, object, int] | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        """A snapshot (audit log) leaves the remembered verdicts out: only a cache."""
+        return self.__dict__ | {"_verdicts": {}, "_verdicts_for": None}
 
     def diagnose(
         self, demand: Demand, free: bool = True, among: BoolArray | None = None
@@ -84,10 +95,13 @@ class Placer:
         """Run the pool's filters in order (the framework's run-filters): the nodes that pass
         every one, and each filter that excludes some, with the nodes it is the first to
         exclude and how many. `diagnose` and `dry_run` both read this one walk."""
-        alive = np.ones(len(self.state.cluster), np.bool_) if among is None else among.copy()
+        cluster = self.state.cluster
+        alive = np.ones(len(cluster), np.bool_) if among is None else among.copy()
         excluded: list[tuple[Filter, BoolArray, int]] = []
         for f in self.state.config.pipeline_for(demand.pool).filters:
-            passes = f.passes(self.state.cluster, demand, free)
+            passes = f.passes(cluster, demand, free)
+            if passes is cluster.everywhere:
+                continue  # a filter that asks nothing excludes no node: skip the array work
             out = alive & ~passes
             count = int(np.count_nonzero(out))
             if count:
@@ -99,6 +113,30 @@ class Placer:
         self, demand: Demand, free: bool = True, among: BoolArray | None = None
     ) -> Diagnosis:
         """Run the filters; each node is charged to the first filter that excludes it."""
+        if not free:
+            return self._capacity_verdict(demand, among)
+        return self._run_filters(demand, free, among)
+
+    def _capacity_verdict(self, demand: Demand, among: BoolArray | None) -> Diagnosis:
+        """`_run_filters(free=False)`, remembered: without free amounts every filter reads
+        only the nodes' hardware, pool, labels and taints, which change with an upsert
+        (`topology_version`), and the pipelines, which change with the configuration."""
+        cluster = self.state.cluster
+        valid = (cluster, self.state.config, cluster.topology_version)
+        if self._verdicts_for != valid or len(self._verdicts) >= VERDICTS_KEPT:
+            self._verdicts, self._verdicts_for = {}, valid
+        try:
+            key = (demand, None if among is None else among.tobytes())
+            found = self._verdicts.get(key)
+        except TypeError:  # a demand that does not hash (never in practice): no memory
+            return self._run_filters(demand, False, among)
+        if found is None:
+            found = self._verdicts[key] = self._run_filters(demand, False, among)
+        return found[0].copy(), list(found[1])  # the caller may change its own copy
+
+    def _run_filters(
+        self, demand: Demand, free: bool = True, among: BoolArray | None = None
+    ) -> Diagnosis:
         alive, excluded = self.walk_filters(demand, free, among)
         reasons = [
             FilterReason(
@@ -118,7 +156,7 @@ class Placer:
         total = np.zeros(len(idx))
         parts: list[tuple[str, npt.NDArray[np.float64]]] = []
         for score in self.state.config.pipeline_for(demand.pool).scores:
-            values = np.clip(score.rate(self.state.cluster, demand, idx), 0.0, 1.0)
+            values = score.rate(self.state.cluster, demand, idx).clip(0.0, 1.0)
             parts.append((score.name, values))
             total += score.weight * values
         total = np.round(total, 9)  # equal scores must compare equal on every machine
@@ -327,7 +365,9 @@ class Placer:
         else:
             self.state.allocations[request.task_id] = allocation
             self.ledger.count_preemptible(allocation, +1)
-        return granted(self.state, task, node, selection, allocation, score, details, cause)
+        return granted(
+            self.state, task, node, selection, allocation, score, details, cause, event_id
+        )
 
 
 def explained(f: Filter, demand: Demand, free: bool = True) -> str:

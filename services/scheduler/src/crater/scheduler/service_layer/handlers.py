@@ -195,10 +195,14 @@ class SchedulerService:
         # Every input the core decides on and every decision, in the core's order, written in
         # the decision's transaction (crater.scheduler.audit).
         self.audit = audit or AuditLog()
+        # The core was (re)loaded from the tables: the next commit records the configuration
+        # it runs and a snapshot of it, so a replay goes on from the state it really had.
+        self.reset_due = False
 
     async def load(self) -> None:
         async with self.sessions() as session:
             self.scheduler = await SchedulerRepository(session).load(self.config)
+        self.reset_due = True
         self.sequencer.reset()
         self._observe()
         log.info(
@@ -264,6 +268,7 @@ class SchedulerService:
             for waiting in batch:  # each alone, so only a message to blame is redelivered
                 await self._commit([waiting])
         else:
+            self.reset_due = False  # the restored state is in the log now
             for waiting, decisions in zip(batch, outcomes, strict=True):
                 waiting.outcome.set_result(decisions)
             refused, self.refused = self.refused, []
@@ -287,6 +292,9 @@ class SchedulerService:
             connection = await session.connection()
             await fence.check(connection, self.epoch)  # first: a deposed leader writes nothing
             self.audit.begin()
+            if self.reset_due:  # before any decision: the state as it was loaded
+                self.audit.add_config(audit.CONFIG_LOADED, self.config, self.epoch)
+                self.audit.add_snapshot(audit.RESTORED, self.scheduler, self.epoch)
             repository = SchedulerRepository(connection)
             checked = [
                 i for i, w in enumerate(batch) if not isinstance(w.event, IDEMPOTENT_BY_NATURE)
@@ -315,7 +323,7 @@ class SchedulerService:
                 )
             stamped = await self.sequencer.stamp(connection, [d for o in outcomes for d in o])
             await stage(connection, outbox, *stamped)
-            await self.audit.flush(connection)
+            await self.audit.flush(connection, self.scheduler)  # a periodic snapshot when due
             numbered = iter(stamped)
             return [[next(numbered) for _ in decisions] for decisions in outcomes]
 
@@ -572,8 +580,9 @@ class SchedulerService:
         placement runs on a fresh core in a thread: the live core is not touched."""
         async with self.sessions() as session:
             entries = await audit.all_entries(session)
+            restored = await audit.read_snapshots(session, why=audit.RESTORED)
         config = self.config if query.placements else None
-        steps = await asyncio.to_thread(audit.explain, entries, query.task_id, config)
+        steps = await asyncio.to_thread(audit.explain, entries, query.task_id, config, restored)
         return AuditExplainAnswer(
             task_id=query.task_id,
             steps=[
@@ -621,6 +630,8 @@ class SchedulerService:
             why = self.scheduler.reconfigure(found.config)
             if why is None:
                 self.config = found.config  # a reload of the state (take-over) keeps it
+                # in the log before the event it first decides: a replay reloads it there
+                self.audit.add_config(audit.CONFIG_RELOADED, found.config, self.epoch)
                 self.metrics.config_reloads.labels(outcome="applied").inc()
                 log.info(
                     "pools and quotas reloaded: %d pools, %d tenant quotas",
@@ -630,6 +641,8 @@ class SchedulerService:
                 return None
         self.metrics.config_reloads.labels(outcome="refused").inc()
         log.warning("pools/quotas file refused, the running configuration kept: %s", why)
+        body = json.dumps({"reason": why})
+        self.audit.add(SERVICE, None, [], self.epoch, kind=audit.CONFIG_REFUSED, body=body)
         return why
 
     def _observe(self) -> None:

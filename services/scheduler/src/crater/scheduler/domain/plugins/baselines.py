@@ -5,7 +5,9 @@ candidate rows."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -120,13 +122,15 @@ def _place_on_cards(cards: npt.NDArray[np.int64], d: Demand) -> npt.NDArray[np.i
     return after
 
 
-def fgd_score(weight: float, workload: tuple[TaskShape, ...]) -> Score:
+def fgd_score(weight: float, workload: Sequence[TaskShape | Mapping[str, Any]]) -> Score:
     """Fragmentation gradient descent: the node whose expected fragmentation, measured
-    against the target workload, grows least (or shrinks most) when the task lands on it."""
-    total = sum(s.popularity for s in workload) or 1.0
+    against the target workload, grows least (or shrinks most) when the task lands on it.
+    Shapes may come as mappings of TaskShape's fields (a pools file, an audit record)."""
+    given = tuple(s if isinstance(s, TaskShape) else TaskShape(**s) for s in workload)
+    total = sum(s.popularity for s in given) or 1.0
     shapes = tuple(
         TaskShape(s.gpus, s.gpu_milli, s.cpu_cores, s.popularity / total, s.gpu_model)
-        for s in workload
+        for s in given
     )
 
     def rate(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:

@@ -6,7 +6,7 @@ field it judges; a score rates the nodes that passed. Pipelines of them are comp
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,9 @@ class Score:
     weight: float
     # (cluster, demand, candidate indexes) -> score in [0, 1] per candidate
     rate: Callable[[ClusterArrays, Demand, IntArray], FloatArray]
+    # the plugin's arguments it was made with (`ScorePlugin`): the audit log records them,
+    # so that a replay makes the same score again
+    args: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,8 @@ class ScorePlugin:
     args: tuple[str, ...] = ()
 
     def __call__(self, weight: float, **args: Any) -> Score:
-        return self.make(weight, **args)
+        score = self.make(weight, **args)
+        return replace(score, args=tuple(args.items())) if args else score
 
 
 def plain_score(
