@@ -343,3 +343,19 @@ async def test_a_usage_sample_with_a_token_and_an_impossible_allocation_is_a_422
         )
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["detail"]] == [field]
+
+
+async def test_an_array_element_for_another_tenant_is_refused_alone_and_counted(
+    fresh_nats: NatsServer,
+) -> None:
+    async with gateway(fresh_nats.url) as http:
+        key = await store_key(fresh_nats.url, "a", Scope.SUBMIT)
+        burst = [task(task_id="a-own"), task(task_id="b-theirs", tenant="b")]
+        response = await http.post("/api/v1/schedule", json=burst, headers=bearer(key))
+        metrics = (await http.get("/metrics")).text
+    assert response.status_code == 207, response.text
+    own, theirs = response.json()["results"]
+    assert own["status"] == 202
+    assert theirs["status"] == 403
+    assert "not 'b'" in theirs["body"]["detail"][0]["reason"]
+    assert denials(metrics, "tenant") == 1

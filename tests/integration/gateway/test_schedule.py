@@ -57,7 +57,9 @@ async def test_valid_task_is_accepted_and_published_in_the_callers_trace(
 
 BAD_BODIES = [
     pytest.param(b'{"task_id": "t", oops', {"body"}, "Invalid JSON", id="malformed-json"),
-    pytest.param(b"[]", {"body"}, "object", id="not-an-object"),
+    pytest.param(b'"a task"', {"body"}, "object", id="not-an-object"),
+    pytest.param(b"[]", {"body"}, "empty array", id="an-empty-array"),
+    pytest.param(b'[{"task_id": "t"}', {"body"}, "not a JSON array", id="a-broken-array"),
     pytest.param(
         task(resource_requirements={"gpu": {"count": "two"}}),
         {"resource_requirements.gpu.count"},
@@ -151,3 +153,49 @@ async def test_nats_gone_gives_503_and_an_unhealthy_health_check(
     assert response.status_code == 503
     assert "NATS unavailable" in response.json()["detail"]
     assert (await client.get("/healthz")).status_code == 503
+
+
+async def test_an_array_is_a_burst_each_element_with_its_own_outcome(
+    client: httpx.AsyncClient, tap: EventTap
+) -> None:
+    burst = [
+        task(task_id="burst-0"),
+        task(task_id="burst-1", task_type="quantum"),  # refused alone, naming its field
+        task(task_id="burst-2"),
+        task(task_id="burst-0"),  # the same id twice in one array
+        "not a task",
+    ]
+    response = await client.post("/api/v1/schedule", json=burst)
+    assert response.status_code == 207, response.text
+    answer = response.json()
+    assert (answer["accepted"], answer["refused"]) == (2, 3)
+    results = answer["results"]
+    assert [r["index"] for r in results] == [0, 1, 2, 3, 4]
+    assert [r["status"] for r in results] == [202, 422, 202, 422, 422]
+    assert results[1]["body"]["detail"][0]["field"] == "task_type"
+    assert "repeats element 0" in results[3]["body"]["detail"][0]["reason"]
+    assert results[4]["task_id"] is None
+    # Accepted means on the stream: both are there, nothing refused is.
+    await tap.wait_for(TaskSubmitted, lambda e: e.task_id == "burst-2")
+    await tap.wait_for(TaskSubmitted, lambda e: e.task_id == "burst-0")
+    assert sorted(e.task_id for e in tap.of(TaskSubmitted)) == ["burst-0", "burst-2"]
+    for r in (results[0], results[2]):
+        [event] = [e for e in tap.of(TaskSubmitted) if e.task_id == r["task_id"]]
+        assert str(event.event_id) == r["body"]["event_id"]
+    # Sent again: the known ids are 409 each, as a single body would be.
+    again = (await client.post("/api/v1/schedule", json=burst[:1])).json()["results"]
+    assert again[0]["status"] == 409
+
+
+async def test_an_array_too_long_or_dry_run_is_refused_whole(client: httpx.AsyncClient) -> None:
+    many = [task(task_id=f"t{i}") for i in range(501)]
+    content = json.dumps(many, separators=(",", ":")).encode()
+    assert len(content) < 256 * 1024
+    too_long = await client.post(
+        "/api/v1/schedule", content=content, headers={"content-type": "application/json"}
+    )
+    assert too_long.status_code == 422, too_long.text
+    assert "at most 500 (max_batch_tasks)" in too_long.json()["detail"][0]["reason"]
+    dry = await client.post("/api/v1/schedule?dry_run=true", json=[task()])
+    assert dry.status_code == 422
+    assert dry.json()["detail"][0]["field"] == "dry_run"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -27,6 +28,40 @@ class ScheduleAccepted(BaseModel):
     task_id: str
     event_id: UUID
     status: Literal["submitted"] = "submitted"
+
+
+class BatchResult(BaseModel):
+    """One element of an array submission: the status and the answer a single body with
+    this element would have had."""
+
+    index: int = Field(ge=0, description="The element's place in the array, from 0.")
+    task_id: str | None = Field(description="Its task id; None when it could not be read.")
+    status: int = Field(description="202 accepted, or the refusal's status (409, 422, 403, 503).")
+    body: dict[str, Any] = Field(
+        description="The answer: ScheduleAccepted for 202, else FieldErrors, TaskKnown or "
+        "Problem, as for a single body."
+    )
+
+    @classmethod
+    def of(
+        cls, index: int, task_id: str | None, answer: ScheduleAccepted | JSONResponse
+    ) -> BatchResult:
+        if isinstance(answer, JSONResponse):
+            return cls(
+                index=index,
+                task_id=task_id,
+                status=answer.status_code,
+                body=json.loads(bytes(answer.body)),
+            )
+        return cls(index=index, task_id=task_id, status=202, body=answer.model_dump(mode="json"))
+
+
+class ScheduleBatchAnswer(BaseModel):
+    """The array form's answer (207): every element's outcome, in order."""
+
+    accepted: int = Field(ge=0, description="Elements accepted (202).")
+    refused: int = Field(ge=0, description="Elements refused, each with its reason.")
+    results: list[BatchResult]
 
 
 class CancelAccepted(BaseModel):

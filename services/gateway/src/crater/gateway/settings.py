@@ -21,6 +21,19 @@ class GatewaySettings(ServiceSettings):
     max_body_bytes: int = Field(
         default=256 * 1024, ge=1024, le=16 * 1024 * 1024, description="Largest accepted body."
     )
+    max_batch_tasks: int = Field(
+        default=500,
+        ge=1,
+        le=10_000,
+        description="Most tasks in one POST /api/v1/schedule array (the body still within "
+        "max_body_bytes).",
+    )
+    batch_concurrency: int = Field(
+        default=64,
+        ge=1,
+        le=1024,
+        description="Tasks of one array submitted at once (claim, publish, confirm each).",
+    )
     query_timeout_seconds: float = Field(
         default=2.0, gt=0, le=60, description="How long to wait for the scheduler's answer."
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Annotated
 
@@ -21,23 +22,35 @@ from crater.contracts.queries import (
     TaskPlacementAnswer,
     TaskPlacementQuery,
 )
-from crater.gateway.auth import submitted_as
-from crater.gateway.bodies import BodyTooLarge, parse_task_request, read_limited, submission_id
+from crater.gateway.auth import Authenticator, Denied, Principal, submitted_as
+from crater.gateway.bodies import (
+    ArrayUnreadable,
+    BodyTooLarge,
+    is_array,
+    parse_task_batch,
+    parse_task_request,
+    read_limited,
+    submission_id,
+)
 from crater.gateway.bus import Bus
 from crater.gateway.claims import body_digest
 from crater.gateway.deps import BusDep, Reader, SettingsDep, SubmissionsDep, Submitter
 from crater.gateway.models import (
     ANSWERS,
     PREDICTOR_NOT_ANSWERING,
+    BatchResult,
     FieldErrors,
     Problem,
     ResolvedJob,
     ScheduleAccepted,
+    ScheduleBatchAnswer,
     TaskDryRun,
     TaskKnown,
     field_errors_response,
     nats_unavailable,
 )
+from crater.gateway.settings import GatewaySettings
+from crater.gateway.submissions import Submissions
 from crater.runtime.service import BUS_ERRORS
 
 log = logging.getLogger("crater.gateway")
@@ -71,6 +84,10 @@ async def dry_run_task(bus: Bus, request: TaskRequest) -> TaskDryRun | JSONRespo
             "model": TaskDryRun,
             "description": "dry_run=true: what a submission would do; nothing submitted.",
         },
+        207: {
+            "model": ScheduleBatchAnswer,
+            "description": "The array form: each element's own status and answer, in order.",
+        },
         503: {
             "model": Problem,
             "description": "NATS unavailable, or the task id is being submitted by another "
@@ -89,7 +106,20 @@ async def dry_run_task(bus: Bus, request: TaskRequest) -> TaskDryRun | JSONRespo
         "requestBody": {
             "required": True,
             "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/TaskRequest"}}
+                "application/json": {
+                    "schema": {
+                        "oneOf": [
+                            {"$ref": "#/components/schemas/TaskRequest"},
+                            {
+                                "type": "array",
+                                "items": {"$ref": "#/components/schemas/TaskRequest"},
+                                "minItems": 1,
+                                "description": "A burst: up to max_batch_tasks tasks, "
+                                "answered 207 with each one's outcome.",
+                            },
+                        ]
+                    }
+                }
             },
         }
     },
@@ -119,6 +149,11 @@ async def schedule(
         )
     except BodyTooLarge as error:
         return field_errors_response(413, [FieldError(field="body", reason=str(error))])
+    if is_array(body):
+        if dry_run:
+            reason = "a dry run takes one task, not an array"
+            return field_errors_response(422, [FieldError(field="dry_run", reason=reason)])
+        return await submit_batch(request, body, principal, settings, submissions, idempotency_key)
     parsed = parse_task_request(body, settings.max_json_depth)
     if not isinstance(parsed, TaskRequest):
         return field_errors_response(422, parsed)
@@ -139,6 +174,60 @@ async def schedule(
     except BUS_ERRORS as error:
         log.warning("could not submit task %s: %r", parsed.task_id, error)
         return nats_unavailable(error)
+
+
+async def submit_batch(
+    request: Request,
+    body: bytes,
+    principal: Principal,
+    settings: GatewaySettings,
+    submissions: Submissions,
+    idempotency_key: str | None,
+) -> JSONResponse:
+    """The array form: each element judged and submitted as a single body would be, up to
+    `batch_concurrency` at once (claims, publishes and their acks overlap instead of one
+    after the other); 207 with each element's own status and answer, in order. An element is
+    never 202 before JetStream has its message."""
+    try:
+        parsed = parse_task_batch(body, settings.max_json_depth, settings.max_batch_tasks)
+    except ArrayUnreadable as error:
+        return field_errors_response(422, error.errors)
+    authenticator: Authenticator = request.app.state.auth
+    limit = asyncio.Semaphore(settings.batch_concurrency)
+    first_of: dict[str, int] = {}
+
+    async def one(index: int, item: TaskRequest | list[FieldError]) -> BatchResult:
+        if isinstance(item, list):
+            return BatchResult.of(index, None, field_errors_response(422, item))
+        try:
+            task = submitted_as(principal, item)
+        except Denied as error:  # counted and logged as every denial
+            return BatchResult.of(index, item.task_id, authenticator.answer(request, error))
+        earlier = first_of.setdefault(task.task_id, index)
+        if earlier != index:
+            reason = f"repeats element {earlier}'s task id: a task id is used once"
+            refused = field_errors_response(422, [FieldError(field="task_id", reason=reason)])
+            return BatchResult.of(index, task.task_id, refused)
+        event = TaskSubmitted.from_request(task)
+        if idempotency_key:  # each element its own key: a retried array submits each once
+            event_id = submission_id(task, f"{idempotency_key}#{index}")
+            event = event.model_copy(update={"event_id": event_id})
+        async with limit:
+            try:
+                answer = await submissions.submit(event, body_digest(task))
+            except BUS_ERRORS as error:
+                log.warning("could not submit task %s: %r", task.task_id, error)
+                answer = nats_unavailable(error)
+        return BatchResult.of(index, task.task_id, answer)
+
+    results = await asyncio.gather(*(one(i, item) for i, item in enumerate(parsed)))
+    trace.get_current_span().set_attribute("crater.batch_size", len(results))
+    answer = ScheduleBatchAnswer(
+        accepted=sum(r.status == 202 for r in results),
+        refused=sum(r.status != 202 for r in results),
+        results=results,
+    )
+    return JSONResponse(status_code=207, content=answer.model_dump(mode="json"))
 
 
 @router.post(
