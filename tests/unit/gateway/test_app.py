@@ -33,10 +33,12 @@ def test_openapi_documents_the_task_request_and_every_reference_resolves() -> No
     schema = build(GatewaySettings()).openapi()
     operation = schema["paths"]["/api/v1/schedule"]["post"]
     body = operation["requestBody"]["content"]["application/json"]["schema"]
-    assert body == {"$ref": "#/components/schemas/TaskRequest"}
+    one, burst = body["oneOf"]  # one task, or an array of them
+    assert one == {"$ref": "#/components/schemas/TaskRequest"}
+    assert burst["items"] == one
     components = schema["components"]["schemas"]
     assert "model_config" in components["TaskRequest"]["properties"]
-    assert {"202", "409", "413", "422", "503"} <= set(operation["responses"])
+    assert {"202", "207", "409", "413", "422", "503"} <= set(operation["responses"])
     missing = {r for r in refs(schema) if r.removeprefix("#/components/schemas/") not in components}
     assert missing == set()
     assert {"/api/v1/nodes", "/api/v1/tasks", "/api/v1/tasks/{task_id}", "/healthz"} <= set(
