@@ -262,17 +262,17 @@ DASHBOARDS: tuple[Dashboard, ...] = (
                 (
                     Panel(
                         "GPU utilisation",
-                        (q("crater_probe_gpu_utilization_percent", "{{instance}} {{gpu}}"),),
+                        (q("crater_gpu_utilization_percent", "{{node}} {{gpu}}"),),
                         unit="percent",
                     ),
                     Panel(
                         "GPU memory used",
-                        (q("crater_probe_gpu_memory_usage_rate", "{{instance}} {{gpu}}"),),
+                        (q("crater_gpu_memory_usage_rate", "{{node}} {{gpu}}"),),
                         unit="percentunit",
                     ),
                     Panel(
                         "GPU temperature",
-                        (q("crater_probe_gpu_temperature_celsius", "{{instance}} {{gpu}}"),),
+                        (q("crater_gpu_temperature_celsius", "{{node}} {{gpu}}"),),
                         unit="celsius",
                     ),
                     Panel(
