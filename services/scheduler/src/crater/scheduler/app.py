@@ -56,6 +56,7 @@ from crater.scheduler.adapters.quotas_file import load_quotas
 from crater.scheduler.audit import AuditLog, load_private_key
 from crater.scheduler.domain.core import NODE_LOST_SECONDS, SchedulerConfig
 from crater.scheduler.domain.inputs import ReservationArmed
+from crater.scheduler.service_layer.cluster_metrics import ClusterSeries
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
 
 MIGRATIONS_DIR = Path(__file__).parent / "adapters" / "migrations"
@@ -171,6 +172,14 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         "capacity goes first to the cohort mate that borrowed least lately, its dominant share "
         "integrated over time and halved every this many seconds; unset: the queue order.",
     )
+    task_metrics_limit: int = Field(
+        default=1000,
+        ge=0,
+        le=1_000_000,
+        description="/metrics has a crater_task_wait_seconds series for at most this many "
+        "waiting tasks (the longest waiting); the rest are counted in "
+        "crater_scheduler_waiting_tasks_not_exported.",
+    )
     config_reload_seconds: float = Field(
         default=5.0,
         gt=0,
@@ -273,6 +282,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
         audit_log(settings),
         ConfigWatch(settings.pools_file, settings.quotas_file, settings.config_reload_seconds),
     )
+    service.registry.register(ClusterSeries(lambda: core.scheduler, settings.task_metrics_limit))
     broker, name, batch = service.broker, service.name, settings.consumer_batch
     # Only the leader consumes and answers: a standby binds nothing (leadership, below).
     gate = LeaderGate(broker)
