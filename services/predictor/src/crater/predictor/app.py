@@ -57,7 +57,7 @@ from crater.predictor.domain.learning import Rule
 from crater.predictor.domain.sla import SlaRule
 from crater.predictor.domain.usage import load_prices
 from crater.predictor.service_layer.handlers import PredictorHandlers, PredictorMetrics
-from crater.predictor.service_layer.usage import TenantMetrics, UsageReporter
+from crater.predictor.service_layer.usage import TaskMetrics, TenantMetrics, UsageReporter
 from crater.runtime.bus import durable, publish
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -127,7 +127,16 @@ class PredictorSettings(ServiceSettings):
         default=60.0,
         ge=1,
         le=3600,
-        description="How often the crater_tenant_* gauges and budgets are refreshed.",
+        description="How often the crater_tenant_* and crater_task_* gauges and budgets are "
+        "refreshed.",
+    )
+    task_metrics_limit: int = Field(
+        default=1000,
+        ge=0,
+        le=1_000_000,
+        description="/metrics has crater_task_* series for at most this many allocations held "
+        "(the longest held); the rest are counted in "
+        "crater_predictor_allocations_not_exported.",
     )
     usage_export_dir: Path | None = Field(
         default=None,
@@ -180,6 +189,8 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         load_prices(settings.price_file),
         settings.usage_refresh_seconds,
         settings.usage_export_dir,
+        TaskMetrics(service.registry),
+        settings.task_metrics_limit,
     )
 
     # Handlers name their message `event` (rejections report field paths below it).

@@ -116,6 +116,46 @@ class UsageRecord:
         return self.task_id
 
 
+@dataclass(frozen=True)
+class HeldTask:
+    """An allocation held now, with the latest readings of what its task really uses: the
+    per-task metrics compare them with what it asked for."""
+
+    record: UsageRecord
+    running_at: datetime | None
+    gpu_memory_used_mb: int | None  # on its fullest card, the latest reading
+    gpu_memory_card_mb: int | None  # that card's size
+    host_memory_used_mb: int | None
+    cpu_utilization_percent: float | None  # of the cores granted
+
+    def run_seconds(self, now: datetime) -> float | None:
+        """Since its node (or launcher) said it runs; None before."""
+        if self.running_at is None:
+            return None
+        return max(0.0, (now - self.running_at).total_seconds())
+
+    @property
+    def gpu_memory_request_usage(self) -> float | None:
+        """GPU memory in use on its fullest card over what it reserved per card."""
+        reserved = self.record.gpu_memory_mb
+        if self.gpu_memory_used_mb is None or not reserved:
+            return None
+        return self.gpu_memory_used_mb / reserved
+
+    @property
+    def gpu_memory_card_usage(self) -> float | None:
+        """GPU memory in use on its fullest card over that card's size."""
+        if self.gpu_memory_used_mb is None or not self.gpu_memory_card_mb:
+            return None
+        return self.gpu_memory_used_mb / self.gpu_memory_card_mb
+
+    @property
+    def cpu_cores_used(self) -> float | None:
+        if self.cpu_utilization_percent is None:
+            return None
+        return self.record.cpu_cores * self.cpu_utilization_percent / 100
+
+
 @dataclass
 class _Sums:
     """Exact integer sums: milli-GPU-ms, MiB-ms, core-ms; idle as a Decimal of GPU-ms."""

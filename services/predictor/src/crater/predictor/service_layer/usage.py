@@ -1,5 +1,7 @@
 """Usage and chargeback, served: the usage query (priced), the `crater_tenant_*` gauges
-refreshed from the usage records, and the hourly CSV export (domain/usage.py has the rules)."""
+refreshed from the usage records, the per-task `crater_task_*` gauges (what each allocation
+held now asked for against what its task really uses), and the hourly CSV export
+(domain/usage.py has the rules)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from crater.contracts import UsageAnswer, UsageQuery
 from crater.predictor.adapters.store import LearningStore
 from crater.predictor.domain.usage import (
     HOUR,
+    HeldTask,
     Prices,
     csv_rows,
     month_start,
@@ -74,6 +77,102 @@ class TenantMetrics:
         )
 
 
+MIB = 1024 * 1024
+
+
+class TaskMetrics:
+    """Per allocation held now: what it asked for against what its task really uses. Set
+    afresh at every refresh from the database (every replica alike), so a released
+    allocation's series are gone at the next one."""
+
+    LABELS = ("task_id", "allocation_id", "tenant", "pool")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, list(self.LABELS), registry=registry)
+
+        self.gpus = gauge(
+            "crater_task_gpus_requested", "GPUs the allocation holds (a shared card: its share)."
+        )
+        self.gpu_utilization = gauge(
+            "crater_task_gpu_utilization_percent",
+            "The task's own mean GPU utilisation since its grant (its usage samples); no "
+            "series while it sent none.",
+        )
+        self.gpu_memory_requested = gauge(
+            "crater_task_gpu_memory_requested_bytes", "GPU memory reserved on each of its cards."
+        )
+        self.gpu_memory_used = gauge(
+            "crater_task_gpu_memory_used_bytes",
+            "GPU memory in use on its fullest card, latest reading: its own usage sample, "
+            "else (cards held whole and alone) the node's.",
+        )
+        self.gpu_memory_request_usage = gauge(
+            "crater_task_gpu_memory_request_usage_ratio",
+            "GPU memory in use on its fullest card as a share of what the task reserved per "
+            "card (above 1: more than it asked for).",
+        )
+        self.gpu_memory_card_usage = gauge(
+            "crater_task_gpu_memory_card_usage_ratio",
+            "GPU memory in use on its fullest card as a share of that physical card (per "
+            "card and node: crater_gpu_memory_usage_rate).",
+        )
+        self.cpu_requested = gauge("crater_task_cpu_cores_requested", "CPU cores granted.")
+        self.cpu_used = gauge(
+            "crater_task_cpu_cores_used",
+            "CPU cores busy, by its latest usage sample (cores granted x their use).",
+        )
+        self.memory_requested = gauge("crater_task_memory_requested_bytes", "Host memory granted.")
+        self.memory_used = gauge(
+            "crater_task_memory_used_bytes",
+            "Host memory resident in its process tree, latest usage sample (its peak).",
+        )
+        self.run_seconds = gauge(
+            "crater_task_run_seconds",
+            "Seconds since it started running (its node's or launcher's first running "
+            "report); no series before.",
+        )
+        self.not_exported = Gauge(
+            "crater_predictor_allocations_not_exported",
+            "Allocations held past CRATER_PREDICTOR_TASK_METRICS_LIMIT: no crater_task_* "
+            "series of their own.",
+            registry=registry,
+        )
+
+    def all(self) -> list[Gauge]:
+        return [
+            g for g in vars(self).values() if isinstance(g, Gauge) and g is not self.not_exported
+        ]
+
+    def show(self, held: list[HeldTask], now: datetime, limit: int) -> None:
+        for gauge in self.all():
+            gauge.clear()
+        ordered = sorted(held, key=lambda h: (h.record.granted_at, h.record.allocation_id))
+        self.not_exported.set(max(0, len(ordered) - limit))
+        for task in ordered[:limit]:
+            r = task.record
+            labels = (r.task_id, r.allocation_id, r.tenant, r.pool)
+            self.gpus.labels(*labels).set(r.gpus * r.gpu_milli / 1000)
+            if r.utilization is not None:
+                self.gpu_utilization.labels(*labels).set(r.utilization * 100)
+            if r.gpus:
+                self.gpu_memory_requested.labels(*labels).set(r.gpu_memory_mb * MIB)
+            if task.gpu_memory_used_mb is not None:
+                self.gpu_memory_used.labels(*labels).set(task.gpu_memory_used_mb * MIB)
+            if (share := task.gpu_memory_request_usage) is not None:
+                self.gpu_memory_request_usage.labels(*labels).set(share)
+            if (share := task.gpu_memory_card_usage) is not None:
+                self.gpu_memory_card_usage.labels(*labels).set(share)
+            self.cpu_requested.labels(*labels).set(r.cpu_cores)
+            if (cores := task.cpu_cores_used) is not None:
+                self.cpu_used.labels(*labels).set(cores)
+            self.memory_requested.labels(*labels).set(r.memory_mb * MIB)
+            if task.host_memory_used_mb is not None:
+                self.memory_used.labels(*labels).set(task.host_memory_used_mb * MIB)
+            if (seconds := task.run_seconds(now)) is not None:
+                self.run_seconds.labels(*labels).set(seconds)
+
+
 class UsageReporter:
     """Answers usage queries, refreshes the tenant gauges every `refresh_seconds`, and writes
     each finished UTC hour's usage by tenant to `export_dir` (usage-YYYYMMDDTHH.csv)."""
@@ -85,9 +184,13 @@ class UsageReporter:
         prices: Prices | None,
         refresh_seconds: float = 60.0,
         export_dir: Path | None = None,
+        tasks: TaskMetrics | None = None,
+        task_limit: int = 1000,
     ) -> None:
         self.store = store
         self.metrics = metrics
+        self.tasks = tasks
+        self.task_limit = task_limit
         self.prices = prices
         self.refresh_seconds = refresh_seconds
         self.export_dir = export_dir
@@ -125,6 +228,8 @@ class UsageReporter:
                 m.budget.labels(tenant=tenant, limit=limit).set(float(amount))
                 over = spent.get(tenant, Decimal(0)) > amount
                 m.budget_exceeded.labels(tenant=tenant, limit=limit).set(1 if over else 0)
+        if self.tasks is not None:
+            self.tasks.show(await self.store.held(), now, self.task_limit)
         return month
 
     def export_path(self, hour: datetime) -> Path | None:
