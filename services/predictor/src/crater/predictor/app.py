@@ -57,7 +57,12 @@ from crater.predictor.domain.learning import Rule
 from crater.predictor.domain.sla import SlaRule
 from crater.predictor.domain.usage import load_prices
 from crater.predictor.service_layer.handlers import PredictorHandlers, PredictorMetrics
-from crater.predictor.service_layer.usage import TaskMetrics, TenantMetrics, UsageReporter
+from crater.predictor.service_layer.usage import (
+    PriceWatch,
+    TaskMetrics,
+    TenantMetrics,
+    UsageReporter,
+)
 from crater.runtime.bus import durable, publish
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -121,7 +126,9 @@ class PredictorSettings(ServiceSettings):
     price_file: Path | None = Field(
         default=None,
         description="Prices and tenant budgets (YAML or JSON; docs/operations.md, Usage and "
-        "cost): usage is priced with them; unset, usage is answered unpriced.",
+        "cost): usage is priced with them; unset, usage is answered unpriced. Read again when "
+        "it changes (checked every usage refresh); an invalid change is refused, the running "
+        "one kept.",
     )
     usage_refresh_seconds: float = Field(
         default=60.0,
@@ -191,6 +198,7 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         settings.usage_export_dir,
         TaskMetrics(service.registry),
         settings.task_metrics_limit,
+        PriceWatch(settings.price_file),
     )
 
     # Handlers name their message `event` (rejections report field paths below it).

@@ -13,16 +13,21 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from crater.contracts import UsageAnswer, UsageQuery
 from crater.predictor.adapters.store import LearningStore
 from crater.predictor.domain.usage import (
     HOUR,
+    BudgetPeriod,
     HeldTask,
+    PriceFileError,
     Prices,
     csv_rows,
     month_start,
+    parse_prices,
+    period_bounds,
+    standings,
     usage,
 )
 
@@ -65,14 +70,28 @@ class TenantMetrics:
         )
         self.budget = Gauge(
             "crater_tenant_budget",
-            "The tenant's monthly budget (price file), by limit (soft, hard).",
+            "The tenant's budget per period (price file), by limit (soft, hard).",
             ["tenant", "limit"],
             registry=registry,
         )
         self.budget_exceeded = Gauge(
             "crater_tenant_budget_exceeded",
-            "1 while the tenant's cost this month is above its budget's limit (soft, hard).",
+            "1 while the tenant's cost in its budget period is above the limit (soft, hard).",
             ["tenant", "limit"],
+            registry=registry,
+        )
+        self.budget_cost = Gauge(
+            "crater_tenant_budget_cost",
+            "The tenant's cost in its budget's current period (this month or today, UTC), so "
+            "far: what crater_tenant_budget is compared with.",
+            ["tenant", "period"],
+            registry=registry,
+        )
+        self.config_reloads = Counter(
+            "crater_predictor_config_reloads",
+            "The price file changed on disk and was read again: applied, or refused (invalid; "
+            "the running prices and budgets kept, the field and reason logged).",
+            ["outcome"],
             registry=registry,
         )
 
@@ -173,9 +192,47 @@ class TaskMetrics:
                 self.run_seconds.labels(*labels).set(seconds)
 
 
+class PriceWatch:
+    """Notices a change of the price file (modification time and size, looked at on each
+    refresh) and reads it again, as the scheduler watches its pools and quotas files."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.stamp = _stamp(path)
+
+    def poll(self) -> Prices | PriceFileError | None:
+        """The file read again when it changed: new prices, or why they are refused (also
+        when it disappeared: the running ones are kept rather than dropped); None when it
+        did not change."""
+        if self.path is None:
+            return None
+        stamp = _stamp(self.path)
+        if stamp == self.stamp:
+            return None
+        self.stamp = stamp  # a refused version is said once, not on every look
+        try:
+            return parse_prices(self.path.read_text(), str(self.path))
+        except PriceFileError as refused:
+            return refused
+        except OSError as error:
+            return PriceFileError(str(self.path), "file", f"cannot be read: {error.strerror}")
+
+
+def _stamp(path: Path | None) -> tuple[int, int] | None:
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
 class UsageReporter:
-    """Answers usage queries, refreshes the tenant gauges every `refresh_seconds`, and writes
-    each finished UTC hour's usage by tenant to `export_dir` (usage-YYYYMMDDTHH.csv)."""
+    """Answers usage queries, refreshes the tenant gauges every `refresh_seconds`, compares
+    each tenant's cost in its budget period with its budget, and writes each finished UTC
+    hour's usage by tenant to `export_dir` (usage-YYYYMMDDTHH.csv). The price file is read
+    again when it changes."""
 
     def __init__(
         self,
@@ -186,6 +243,7 @@ class UsageReporter:
         export_dir: Path | None = None,
         tasks: TaskMetrics | None = None,
         task_limit: int = 1000,
+        watch: PriceWatch | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics
@@ -194,22 +252,38 @@ class UsageReporter:
         self.prices = prices
         self.refresh_seconds = refresh_seconds
         self.export_dir = export_dir
+        self.watch = watch
         self._task: asyncio.Task[None] | None = None
 
     async def answer(self, query: UsageQuery) -> UsageAnswer:
         records = await self.store.usage_records(query.since, query.until, query.tenant)
         return usage(records, query.since, query.until, query.by, self.prices, query.hourly)
 
+    def reload(self) -> PriceFileError | None:
+        """Take the price file again if it changed: applied from this refresh on, or refused
+        naming the field and the reason (the running prices and budgets kept)."""
+        found = self.watch.poll() if self.watch is not None else None
+        if found is None:
+            return None
+        if isinstance(found, PriceFileError):
+            self.metrics.config_reloads.labels(outcome="refused").inc()
+            log.warning("price file refused, the running prices and budgets kept: %s", found)
+            return found
+        self.prices = found
+        self.metrics.config_reloads.labels(outcome="applied").inc()
+        log.info("price file reloaded: %d budgets", len(found.budgets))
+        return None
+
     async def refresh(self, now: datetime | None = None) -> UsageAnswer:
-        """Set the tenant gauges from this month's usage so far; returns it."""
+        """Set the tenant gauges from this month's usage so far and judge the budgets;
+        returns this month's usage."""
         now = now or datetime.now(UTC)
+        self.reload()
         month = await self.answer(UsageQuery(since=month_start(now), until=now))
         held = await self.store.usage_records(now, now + timedelta(microseconds=1))
         m = self.metrics
         for gauge in (m.gpus, m.gpu_hours, m.idle_gpu_hours, m.unmeasured_gpu_hours, m.cost):
             gauge.clear()
-        m.budget.clear()
-        m.budget_exceeded.clear()
         for record in held:
             m.gpus.labels(tenant=record.tenant).inc(record.gpus * record.gpu_milli / 1000)
         for line in month.lines:
@@ -220,17 +294,29 @@ class UsageReporter:
             )
             if line.cost is not None:
                 m.cost.labels(tenant=line.key).set(float(line.cost))
-        spent = {line.key: line.cost or Decimal(0) for line in month.lines}
-        for tenant, budget in (self.prices.budgets if self.prices else {}).items():
-            for limit, amount in (("soft", budget.soft), ("hard", budget.hard)):
-                if amount is None:
-                    continue
-                m.budget.labels(tenant=tenant, limit=limit).set(float(amount))
-                over = spent.get(tenant, Decimal(0)) > amount
-                m.budget_exceeded.labels(tenant=tenant, limit=limit).set(1 if over else 0)
+        await self._budgets(month, now)
         if self.tasks is not None:
             self.tasks.show(await self.store.held(), now, self.task_limit)
         return month
+
+    async def _budgets(self, month: UsageAnswer, now: datetime) -> None:
+        """Each budgeted tenant's standing: the gauges."""
+        m = self.metrics
+        budgets = self.prices.budgets if self.prices else {}
+        spent: dict[BudgetPeriod, dict[str, Decimal]] = {
+            "monthly": {line.key: line.cost or Decimal(0) for line in month.lines}
+        }
+        if any(b.period == "daily" for b in budgets.values()):
+            day = await self.answer(UsageQuery(since=period_bounds("daily", now)[0], until=now))
+            spent["daily"] = {line.key: line.cost or Decimal(0) for line in day.lines}
+        found = standings(budgets, spent, now)
+        m.budget.clear()
+        m.budget_exceeded.clear()
+        m.budget_cost.clear()
+        for s in found:
+            m.budget.labels(tenant=s.tenant, limit=s.limit).set(float(s.amount))
+            m.budget_exceeded.labels(tenant=s.tenant, limit=s.limit).set(1 if s.exceeded else 0)
+            m.budget_cost.labels(tenant=s.tenant, period=s.period).set(float(s.cost))
 
     def export_path(self, hour: datetime) -> Path | None:
         if self.export_dir is None:

@@ -1,0 +1,126 @@
+"""Budgets per tenant: the price file's budgets read (every refusal names the field and the
+reason), each tenant's standing in its period, the file read again when it changes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from crater.predictor.domain.usage import (
+    Budget,
+    PriceFileError,
+    parse_prices,
+    period_bounds,
+    standings,
+)
+from crater.predictor.service_layer.usage import PriceWatch, TenantMetrics, UsageReporter
+
+NOW = datetime(2026, 12, 15, 9, 30, tzinfo=UTC)
+
+FILE = """
+currency: EUR
+gpu_hour: {A100: 2.50}
+tenants: [physics, vision]
+budgets:
+  physics: {soft: 5000}
+  vision: {soft: 800, hard: 1000, period: daily}
+"""
+
+
+def test_a_budget_file_with_periods() -> None:
+    prices = parse_prices(FILE)
+    assert prices.budgets["physics"] == Budget(soft=Decimal(5000))  # monthly by default
+    assert prices.budgets["physics"].period == "monthly"
+    assert prices.budgets["vision"].period == "daily"
+    assert prices.budgets["vision"].limits() == [("soft", Decimal(800)), ("hard", Decimal(1000))]
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "reason"),
+    [
+        (
+            "tenants: [physics]\nbudgets: {phyiscs: {soft: 10}}",
+            "budgets.phyiscs",
+            "unknown tenant 'phyiscs': the file's tenants are physics",
+        ),
+        ("budgets: {Physics: {soft: 10}}", "budgets.Physics", "is not a tenant name"),
+        ("tenants: [Physics]\nbudgets: {}", "tenants", "is not a tenant name"),
+        ("budgets: {physics: {}}", "budgets.physics", "no limit: set soft, hard or both"),
+        ("budgets: {physics: {soft: 20, hard: 10}}", "budgets.physics", "soft (20) is above"),
+        ("budgets: {physics: {hard: -1}}", "budgets.physics.hard", "greater than or equal to 0"),
+        ("budgets: {physics: {hard: lots}}", "budgets.physics.hard", "decimal"),
+        (
+            "budgets: {physics: {soft: 1, period: weekly}}",
+            "budgets.physics.period",
+            "'monthly' or 'daily'",
+        ),
+        ("budgets: {physics: {soft: 1, limit: 3}}", "budgets.physics.limit", "Extra inputs"),
+        ("currency: EUR\nbudget: {}", "budget", "Extra inputs"),
+        ("budgets: [physics", "body", "not valid YAML"),
+    ],
+)
+def test_a_refused_budget_file_names_the_field_and_the_reason(
+    text: str, field: str, reason: str
+) -> None:
+    with pytest.raises(PriceFileError) as refused:
+        parse_prices(text, "prices.yaml")
+    assert refused.value.field == field
+    assert reason in refused.value.reason
+    assert str(refused.value).startswith(f"prices.yaml: {field}: ")
+
+
+def test_periods_are_utc_calendar_months_and_days() -> None:
+    assert period_bounds("monthly", NOW) == (
+        datetime(2026, 12, 1, tzinfo=UTC),
+        datetime(2027, 1, 1, tzinfo=UTC),
+    )
+    assert period_bounds("daily", NOW) == (
+        datetime(2026, 12, 15, tzinfo=UTC),
+        datetime(2026, 12, 16, tzinfo=UTC),
+    )
+
+
+def test_each_tenant_stands_against_its_own_period() -> None:
+    prices = parse_prices(FILE)
+    spent = {"monthly": {"physics": Decimal(6000), "vision": Decimal(900)}, "daily": {}}
+    found = standings(prices.budgets, spent, NOW)  # type: ignore[arg-type]
+    assert [(s.tenant, s.limit, s.exceeded) for s in found] == [
+        ("physics", "soft", True),
+        ("vision", "soft", False),  # its day: nothing spent today
+        ("vision", "hard", False),
+    ]
+
+
+def test_the_price_file_is_read_again_when_it_changes_and_a_bad_change_refused(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "prices.yaml"
+    path.write_text(FILE)
+    registry = CollectorRegistry()
+    usage = UsageReporter(
+        None,  # type: ignore[arg-type]
+        TenantMetrics(registry),
+        parse_prices(FILE),
+        watch=PriceWatch(path),
+    )
+    assert usage.reload() is None  # unchanged
+    path.write_text(FILE.replace("hard: 1000", "hard: 3000"))
+    assert usage.reload() is None
+    assert usage.prices is not None
+    assert usage.prices.budgets["vision"].hard == Decimal(3000)
+    path.write_text(FILE.replace("physics: {soft: 5000}", "phyiscs: {soft: 5000}"))
+    refused = usage.reload()
+    assert refused is not None
+    assert refused.field == "budgets.phyiscs"
+    assert usage.prices.budgets["vision"].hard == Decimal(3000)  # the running one kept
+    path.unlink()
+    gone = usage.reload()
+    assert gone is not None
+    assert (gone.field, gone.reason) == ("file", "cannot be read: No such file or directory")
+    value = registry.get_sample_value
+    assert value("crater_predictor_config_reloads_total", {"outcome": "applied"}) == 1
+    assert value("crater_predictor_config_reloads_total", {"outcome": "refused"}) == 2
