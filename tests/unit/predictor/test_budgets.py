@@ -1,18 +1,21 @@
 """Budgets per tenant: the price file's budgets read (every refusal names the field and the
-reason), each tenant's standing in its period, the file read again when it changes."""
+reason), each tenant's standing in its period, and what is said when it changes."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from crater.contracts import Event, TenantBudgetExceeded, TenantBudgetRestored
 from crater.predictor.domain.usage import (
     Budget,
     PriceFileError,
+    Prices,
     parse_prices,
     period_bounds,
     standings,
@@ -93,6 +96,101 @@ def test_each_tenant_stands_against_its_own_period() -> None:
         ("vision", "soft", False),  # its day: nothing spent today
         ("vision", "hard", False),
     ]
+
+
+class Said:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+    def take(self) -> list[tuple[str, str, str]]:
+        out = [(type(e).__name__, e.tenant, e.limit) for e in self.events]  # type: ignore[attr-defined]
+        self.events.clear()
+        return out
+
+
+def reporter(prices: Prices, said: Said) -> UsageReporter:
+    return UsageReporter(None, TenantMetrics(CollectorRegistry()), prices, publish=said)  # type: ignore[arg-type]
+
+
+def standing(prices: Prices, spent: dict[str, int], now: datetime = NOW) -> Any:
+    costs = {t: Decimal(v) for t, v in spent.items()}
+    return standings(prices.budgets, {"monthly": costs, "daily": costs}, now)
+
+
+async def test_a_limit_passed_is_said_once_and_a_hard_one_lifted_when_raised() -> None:
+    said = Said()
+    prices = parse_prices(FILE)
+    usage = reporter(prices, said)
+    # At start: every tenant within its hard limit is said to be (it may have been raised).
+    await usage._tell(standing(prices, {"physics": 100, "vision": 10}), NOW)
+    assert said.take() == [("TenantBudgetRestored", "vision", "hard")]
+    await usage._tell(standing(prices, {"physics": 5001, "vision": 1200}), NOW)
+    assert said.take() == [
+        ("TenantBudgetExceeded", "physics", "soft"),
+        ("TenantBudgetExceeded", "vision", "soft"),
+        ("TenantBudgetExceeded", "vision", "hard"),
+    ]
+    await usage._tell(standing(prices, {"physics": 5200, "vision": 1300}), NOW)
+    assert said.take() == []  # said already
+    # The hard budget raised (the file reloaded): within it again.
+    raised = parse_prices(FILE.replace("hard: 1000", "hard: 2000"))
+    usage.prices = raised
+    await usage._tell(standing(raised, {"physics": 5200, "vision": 1300}), NOW)
+    [restored] = said.events
+    assert isinstance(restored, TenantBudgetRestored)
+    assert restored.why == "its hard budget was raised from 1000 to 2000"
+    assert said.take() == [("TenantBudgetRestored", "vision", "hard")]
+
+
+async def test_the_same_standing_is_the_same_event_everywhere() -> None:
+    """Replicas and a restarted predictor publish the same ids: said once on the bus."""
+    prices = parse_prices(FILE)
+    one, two = Said(), Said()
+    for said in (one, two):
+        await reporter(prices, said)._tell(standing(prices, {"vision": 1200}), NOW)
+    assert [e.event_id for e in one.events] == [e.event_id for e in two.events]
+    exceeded = [e for e in one.events if isinstance(e, TenantBudgetExceeded)]
+    hard = next(e for e in exceeded if e.limit == "hard")
+    assert (hard.period, hard.period_end) == ("daily", datetime(2026, 12, 16, tzinfo=UTC))
+    assert (hard.budget, hard.cost, hard.currency) == (Decimal(1000), Decimal(1200), "EUR")
+    assert "waits until the period ends at 2026-12-16T00:00:00Z or the budget is raised" in (
+        hard.reason
+    )
+
+
+async def test_a_new_period_and_a_removed_budget_lift_a_hard_hold() -> None:
+    said = Said()
+    prices = parse_prices(FILE)
+    usage = reporter(prices, said)
+    await usage._tell(standing(prices, {"vision": 1200}), NOW)
+    said.take()
+    tomorrow = datetime(2026, 12, 16, 0, 1, tzinfo=UTC)
+    await usage._tell(standing(prices, {"vision": 0}, tomorrow), tomorrow)
+    [restored] = said.events
+    assert isinstance(restored, TenantBudgetRestored)
+    assert restored.why == "a new budget period began"
+    said.take()
+    await usage._tell(standing(prices, {"vision": 1500}, tomorrow), tomorrow)
+    assert said.take() == [
+        ("TenantBudgetExceeded", "vision", "soft"),
+        ("TenantBudgetExceeded", "vision", "hard"),
+    ]
+    without = parse_prices("tenants: [physics, vision]\nbudgets: {physics: {soft: 5000}}")
+    usage.prices = without
+    await usage._tell(standing(without, {"vision": 1500}, tomorrow), tomorrow)
+    [removed] = said.events
+    assert isinstance(removed, TenantBudgetRestored)
+    assert removed.why == "its hard budget was removed"
+
+
+async def test_nothing_is_said_without_a_publisher_or_prices() -> None:
+    prices = parse_prices(FILE)
+    quiet = UsageReporter(None, TenantMetrics(CollectorRegistry()), prices)  # type: ignore[arg-type]
+    await quiet._tell(standing(prices, {"vision": 5000}), NOW)
+    assert quiet.said == {}
 
 
 def test_the_price_file_is_read_again_when_it_changes_and_a_bad_change_refused(

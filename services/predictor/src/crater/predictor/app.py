@@ -198,6 +198,7 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         settings.usage_export_dir,
         TaskMetrics(service.registry),
         settings.task_metrics_limit,
+        publish_event,
         PriceWatch(settings.price_file),
     )
 
@@ -241,7 +242,8 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         await handlers.allocation_released(event)
 
     service.on_startup.append(handlers.show_learned)  # after the migrations (service.database)
-    service.on_startup.append(reporter.start)
+    # After the broker connects: a refresh may publish (a budget passed).
+    service.after_startup.append(reporter.start)
     service.on_shutdown.insert(0, reporter.stop)
     app = service.asgi()
     return service, app

@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from crater.contracts import BudgetLimit, BudgetPeriod
+from crater.contracts.budgets import MAX_AMOUNT
 from crater.contracts.queries import UsageAnswer, UsageGrouping, UsageLine
 
 MILLI = 1000
@@ -39,9 +41,6 @@ MS_PER_HOUR = 3_600_000
 MIB_PER_GIB = 1024
 SIX_PLACES = Decimal("0.000001")
 HOUR = timedelta(hours=1)
-BudgetLimit = Literal["soft", "hard"]
-BudgetPeriod = Literal["monthly", "daily"]
-MAX_AMOUNT = Decimal(10) ** 15  # well inside what a database and a JSON parser hold exactly
 # A tenant's name as a task carries it (TaskRequest.tenant).
 TENANT_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 NAMING = "lower-case letters, digits and '-', at most 63, starting and ending alphanumeric"

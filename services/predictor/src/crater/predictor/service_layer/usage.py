@@ -8,21 +8,30 @@ from __future__ import annotations
 import asyncio
 import csv
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from uuid import UUID, uuid5
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from crater.contracts import UsageAnswer, UsageQuery
+from crater.contracts import (
+    BudgetPeriod,
+    Event,
+    TenantBudgetExceeded,
+    TenantBudgetRestored,
+    UsageAnswer,
+    UsageQuery,
+)
 from crater.predictor.adapters.store import LearningStore
 from crater.predictor.domain.usage import (
     HOUR,
-    BudgetPeriod,
     HeldTask,
     PriceFileError,
     Prices,
+    Standing,
     csv_rows,
     month_start,
     parse_prices,
@@ -85,6 +94,13 @@ class TenantMetrics:
             "The tenant's cost in its budget's current period (this month or today, UTC), so "
             "far: what crater_tenant_budget is compared with.",
             ["tenant", "period"],
+            registry=registry,
+        )
+        self.budget_events = Counter(
+            "crater_tenant_budget_events",
+            "tenant.budget_exceeded and tenant.budget_restored events published, by kind "
+            "(exceeded, restored) and limit.",
+            ["kind", "limit"],
             registry=registry,
         )
         self.config_reloads = Counter(
@@ -228,11 +244,23 @@ def _stamp(path: Path | None) -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_size)
 
 
+_BUDGET_NAMESPACE = UUID("9a3f4c1e-2b7d-4e0a-8c5f-1d6e2a7b9c30")
+
+
+def budget_event_id(kind: str, tenant: str, limit: str, start: datetime, amount: str) -> UUID:
+    """The same for every replica and after a restart, so the event is said once per tenant,
+    limit, period and amount (JetStream's duplicate window, then the consumers' inboxes)."""
+    return uuid5(_BUDGET_NAMESPACE, f"{kind}:{tenant}:{limit}:{start.isoformat()}:{amount}")
+
+
+Publish = Callable[[Event], Awaitable[None]]
+
+
 class UsageReporter:
     """Answers usage queries, refreshes the tenant gauges every `refresh_seconds`, compares
-    each tenant's cost in its budget period with its budget, and writes each finished UTC
-    hour's usage by tenant to `export_dir` (usage-YYYYMMDDTHH.csv). The price file is read
-    again when it changes."""
+    each tenant's cost with its budget and says when a limit is passed (and, for a hard one,
+    when the tenant is within it again), and writes each finished UTC hour's usage by tenant
+    to `export_dir` (usage-YYYYMMDDTHH.csv). The price file is read again when it changes."""
 
     def __init__(
         self,
@@ -243,6 +271,7 @@ class UsageReporter:
         export_dir: Path | None = None,
         tasks: TaskMetrics | None = None,
         task_limit: int = 1000,
+        publish: Publish | None = None,
         watch: PriceWatch | None = None,
     ) -> None:
         self.store = store
@@ -252,7 +281,10 @@ class UsageReporter:
         self.prices = prices
         self.refresh_seconds = refresh_seconds
         self.export_dir = export_dir
+        self.publish = publish
         self.watch = watch
+        # (tenant, limit) -> the standing last said (None: nothing said since start)
+        self.said: dict[tuple[str, str], Standing] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def answer(self, query: UsageQuery) -> UsageAnswer:
@@ -300,7 +332,7 @@ class UsageReporter:
         return month
 
     async def _budgets(self, month: UsageAnswer, now: datetime) -> None:
-        """Each budgeted tenant's standing: the gauges."""
+        """Each budgeted tenant's standing: the gauges, and the events on a change."""
         m = self.metrics
         budgets = self.prices.budgets if self.prices else {}
         spent: dict[BudgetPeriod, dict[str, Decimal]] = {
@@ -317,6 +349,80 @@ class UsageReporter:
             m.budget.labels(tenant=s.tenant, limit=s.limit).set(float(s.amount))
             m.budget_exceeded.labels(tenant=s.tenant, limit=s.limit).set(1 if s.exceeded else 0)
             m.budget_cost.labels(tenant=s.tenant, period=s.period).set(float(s.cost))
+        await self._tell(found, now)
+
+    async def _tell(self, found: list[Standing], now: datetime) -> None:
+        """Publish what changed since last said: a limit passed (`budget_exceeded`, soft and
+        hard); a hard limit held no more (`budget_restored`: raised, a new period, the budget
+        removed; and at start, every tenant within its hard limit, since it may have been
+        raised while this predictor was away). Said only once published: a failed publish is
+        tried again at the next refresh."""
+        if self.publish is None or self.prices is None:
+            return
+        currency = self.prices.currency
+        current = {(s.tenant, s.limit): s for s in found}
+        for key, last in list(self.said.items()):
+            if key in current:
+                continue
+            if last.exceeded and last.limit == "hard":
+                await self._restored(last, currency, now, "its hard budget was removed", "none")
+            del self.said[key]
+        for key, s in current.items():
+            before = self.said.get(key)
+            if s.exceeded:
+                if before is None or not before.exceeded or before.start != s.start:
+                    await self._exceeded(s, currency, now)
+            elif s.limit == "hard" and (before is None or before.exceeded):
+                if before is None:
+                    why = "within its hard budget when the predictor started"
+                elif before.start != s.start:
+                    why = "a new budget period began"
+                else:
+                    why = f"its hard budget was raised from {before.amount} to {s.amount}"
+                await self._restored(s, currency, now, why, str(s.amount))
+            self.said[key] = s
+
+    async def _exceeded(self, s: Standing, currency: str, now: datetime) -> None:
+        assert self.publish is not None
+        await self.publish(
+            TenantBudgetExceeded(
+                event_id=budget_event_id("exceeded", s.tenant, s.limit, s.start, str(s.amount)),
+                occurred_at=now,
+                tenant=s.tenant,
+                limit=s.limit,
+                period=s.period,
+                period_start=s.start,
+                period_end=s.end,
+                budget=s.amount,
+                cost=s.cost,
+                currency=currency,
+            )
+        )
+        self.metrics.budget_events.labels(kind="exceeded", limit=s.limit).inc()
+        log.warning(
+            "tenant %s passed its %s budget: %s over %s", s.tenant, s.limit, s.cost, s.amount
+        )
+
+    async def _restored(
+        self, s: Standing, currency: str, now: datetime, why: str, amount: str
+    ) -> None:
+        assert self.publish is not None
+        await self.publish(
+            TenantBudgetRestored(
+                event_id=budget_event_id("restored", s.tenant, s.limit, s.start, amount),
+                occurred_at=now,
+                tenant=s.tenant,
+                limit=s.limit,
+                period=s.period,
+                period_start=s.start,
+                period_end=s.end,
+                budget=s.amount,
+                cost=s.cost,
+                currency=currency,
+                why=why,
+            )
+        )
+        self.metrics.budget_events.labels(kind="restored", limit=s.limit).inc()
 
     def export_path(self, hour: datetime) -> Path | None:
         if self.export_dir is None:
