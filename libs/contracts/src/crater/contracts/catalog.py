@@ -337,7 +337,7 @@ class Subjects:
         "A tenant's cost in its budget period passed its soft or hard limit (price file); "
         "a hard one holds its work not yet placed.",
         producers=("predictor",),
-        consumers=("callback",),
+        consumers=("scheduler", "callback"),
     )
     TENANT_BUDGET_RESTORED = Channel(
         f"{PREFIX}.tenant.budget_restored",
@@ -346,6 +346,7 @@ class Subjects:
         "A tenant is within its hard budget again (raised, or a new period): its work is "
         "placed again.",
         producers=("predictor",),
+        consumers=("scheduler",),
     )
     WEBHOOK_DELIVERED = Channel(
         f"{PREFIX}.webhook.delivered",

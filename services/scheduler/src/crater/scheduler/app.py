@@ -35,6 +35,8 @@ from crater.contracts import (
     TasksAnswer,
     TasksQuery,
     TaskStatusReported,
+    TenantBudgetExceeded,
+    TenantBudgetRestored,
 )
 from crater.runtime.bus import durable
 from crater.runtime.leadership import (
@@ -326,6 +328,15 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @durable(broker, Subjects.SCALE_RELEASE_REQUESTED, name, batch=batch, router=leader)
     async def on_release_requested(event: ReplicaReleaseRequested) -> None:
         await core.handle(event, "release-requested")
+
+    # A tenant's hard budget passed holds its work not yet placed; within it again, it goes.
+    @durable(broker, Subjects.TENANT_BUDGET_EXCEEDED, name, batch=batch, router=leader)
+    async def on_budget_exceeded(event: TenantBudgetExceeded) -> None:
+        await core.handle(event, "budget-exceeded")
+
+    @durable(broker, Subjects.TENANT_BUDGET_RESTORED, name, batch=batch, router=leader)
+    async def on_budget_restored(event: TenantBudgetRestored) -> None:
+        await core.handle(event, "budget-restored")
 
     @leader.subscriber(QuerySubjects.NODES, title="scheduler-query-nodes")
     async def on_nodes_query(event: NodesQuery) -> NodesAnswer:

@@ -36,6 +36,8 @@ from crater.contracts import (
     ReplicaReleaseRequested,
     TaskProfiled,
     TaskStatusReported,
+    TenantBudgetExceeded,
+    TenantBudgetRestored,
 )
 from crater.scheduler.adapters.orm import audit_checkpoints, audit_log
 from crater.scheduler.domain.config import SchedulerConfig
@@ -56,6 +58,8 @@ INPUTS: dict[str, type[Event]] = {
         NodeHealthReported,
         ReservationArmed,
         ReplicaReleaseRequested,
+        TenantBudgetExceeded,
+        TenantBudgetRestored,
     )
 }
 READ_CHUNK = 5_000

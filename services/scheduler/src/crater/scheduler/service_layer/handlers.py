@@ -127,6 +127,13 @@ class SchedulerMetrics:
             ["tenant", "resource"],
             registry=registry,
         )
+        self.budget_held = Gauge(
+            "crater_tenant_budget_held",
+            "1 while a tenant's hard budget holds its work not yet placed (tenant.budget_"
+            "exceeded), until its period ends or the budget is raised; no series otherwise.",
+            ["tenant"],
+            registry=registry,
+        )
         self.from_the_future = Counter(
             "crater_scheduler_events_from_the_future",
             "Events dated further ahead of this scheduler's clock than the allowed skew: "
@@ -626,6 +633,9 @@ class SchedulerService:
         self.metrics.allocations.set(len(self.scheduler.allocations))
         self.metrics.nodes.set(len(self.scheduler.cluster))
         quotas = self.scheduler.quotas
+        self.metrics.budget_held.clear()
+        for tenant in quotas.holds:
+            self.metrics.budget_held.labels(tenant=tenant).set(1)
         for tenant, quota in quotas.limits.items():
             used = quotas.used.get(tenant, Usage())
             for resource in QUOTA_FIELDS:
