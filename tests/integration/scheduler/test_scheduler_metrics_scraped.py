@@ -59,3 +59,6 @@ async def test_pool_capacity_allocation_and_waits_after_real_decisions(
         is None
     )
     assert value(samples, "crater_scheduler_pending_tasks") == 1
+    # train-1's wait before its placement: one observation, under a minute
+    assert value(samples, "crater_task_placement_wait_seconds_count", **pool) == 1
+    assert value(samples, "crater_task_placement_wait_seconds_bucket", **pool, le="60.0") == 1
