@@ -222,3 +222,39 @@ def test_the_price_file_is_read_again_when_it_changes_and_a_bad_change_refused(
     value = registry.get_sample_value
     assert value("crater_predictor_config_reloads_total", {"outcome": "applied"}) == 1
     assert value("crater_predictor_config_reloads_total", {"outcome": "refused"}) == 2
+
+
+async def test_a_failed_publish_is_said_again_at_the_next_refresh() -> None:
+    prices = parse_prices(FILE)
+    sent: list[Event] = []
+    failing = [True]
+
+    async def publish(event: Event) -> None:
+        if failing[0]:
+            raise ConnectionError("NATS away")
+        sent.append(event)
+
+    usage = UsageReporter(None, TenantMetrics(CollectorRegistry()), prices, publish=publish)  # type: ignore[arg-type]
+    with pytest.raises(ConnectionError):
+        await usage._tell(standing(prices, {"physics": 6000}), NOW)
+    assert usage.said == {}  # nothing counts as said
+    failing[0] = False
+    await usage._tell(standing(prices, {"physics": 6000}), NOW)
+    assert [(type(e).__name__, e.tenant) for e in sent] == [  # type: ignore[attr-defined]
+        ("TenantBudgetExceeded", "physics"),
+        ("TenantBudgetRestored", "vision"),
+    ]
+
+
+def test_a_budget_event_whose_period_ends_before_it_starts_is_refused() -> None:
+    with pytest.raises(ValueError, match="period_end must come after period_start"):
+        TenantBudgetExceeded(
+            tenant="vision",
+            limit="hard",
+            period="daily",
+            period_start=NOW,
+            period_end=NOW,
+            budget=Decimal(1),
+            cost=Decimal(2),
+            currency="EUR",
+        )
