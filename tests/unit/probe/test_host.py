@@ -51,3 +51,47 @@ def test_host_sampler_on_this_machine() -> None:
     disks = sampler.disks([*names, "not-a-disk"])
     assert [d.name for d in disks] == names
     assert all(d.read_mb_s >= 0 and d.write_iops >= 0 for d in disks)
+
+
+Timed = namedtuple("Timed", "read_count write_count read_bytes write_bytes read_time write_time")
+
+
+def test_disk_wait_is_the_ms_each_completed_io_spent_queued_and_served() -> None:
+    """iostat's await: the data transfer wait (crater_data_transfer_wait_time_ms)."""
+    before = Timed(100, 50, 0, 0, 1_000, 500)
+    after = Timed(300, 150, 0, 0, 1_600, 900)  # 300 I/Os done, 1000 ms spent on them
+    assert disk_rates(before, after, 2.0, "nvme0n1", 0).wait_ms == round(1000 / 300, 3)
+    assert disk_rates(before, before, 2.0, "nvme0n1", 0).wait_ms is None  # none completed
+    assert disk_rates(Io(1, 1, 0, 0), Io(2, 2, 0, 0), 1.0, "sda", 0).wait_ms == 0.0  # no times
+
+
+def _traffic(root: Path, counts: dict[int, str]) -> None:
+    for domain, text in counts.items():
+        where = root / "sys" / "fs" / "resctrl" / "mon_data" / f"mon_L3_{domain:02d}"
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "mbm_total_bytes").write_text(text)
+
+
+def test_memory_bandwidth_per_numa_node_from_resctrl(tmp_path: Path) -> None:
+    nodes = [NumaNode(id=0, cpus=[0], memory_mb=1), NumaNode(id=1, cpus=[1], memory_mb=1)]
+    _traffic(tmp_path, {0: "1000000000\n", 1: "0\n"})
+    ticks = iter([10.0, 12.0, 14.0])
+    sampler = HostSampler(tmp_path, clock=lambda: next(ticks))
+    _traffic(tmp_path, {0: "21000000000\n", 1: "4000000000\n"})
+    assert sampler.memory_bandwidth(nodes) == {0: 10.0, 1: 2.0}  # GB/s over the 2 s
+    # A domain whose counter cannot be read ("Unavailable"): not measured, never a guess.
+    _traffic(tmp_path, {1: "Unavailable\n"})
+    assert sampler.memory_bandwidth(nodes) == {}
+
+
+def test_memory_bandwidth_is_not_attributed_when_domains_and_numa_nodes_differ(
+    tmp_path: Path,
+) -> None:
+    """Two NUMA nodes per socket (sub-NUMA clustering) share one L3 domain: not split."""
+    nodes = [NumaNode(id=i, cpus=[i], memory_mb=1) for i in range(4)]
+    _traffic(tmp_path, {0: "0", 1: "0"})
+    ticks = iter([0.0, 1.0])
+    sampler = HostSampler(tmp_path, clock=lambda: next(ticks))
+    assert sampler.memory_bandwidth(nodes) == {}
+    # No resctrl at all: nothing measured.
+    assert HostSampler(tmp_path / "none", clock=lambda: 0.0).memory_bandwidth(nodes) == {}

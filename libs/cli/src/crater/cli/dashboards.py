@@ -49,24 +49,95 @@ DASHBOARDS: tuple[Dashboard, ...] = (
     Dashboard(
         "crater-cluster",
         "Crater / Cluster and pools",
-        "Are the GPUs we bought used? Allocated vs idle, nodes by condition, queue.",
+        "Each pool at a glance (capacity, allocated, free, fragmented), whether the GPUs are "
+        "used, the queue and how long tasks wait.",
         (
             (
                 "Capacity",
                 (
                     Panel("Nodes known", (q("max(crater_scheduler_nodes)", "nodes"),), kind="stat"),
                     Panel(
-                        "Nodes by condition",
-                        (q("sum by (condition) (crater_probe_node_condition)", "{{condition}}"),),
+                        "Nodes by pool and condition (scheduler)",
+                        (
+                            q(
+                                "max by (pool, condition) (crater_pool_nodes)",
+                                "{{pool}} {{condition}}",
+                            ),
+                        ),
                         kind="bargauge",
+                    ),
+                    Panel(
+                        "GPUs by pool: capacity, allocated, free",
+                        (
+                            q(
+                                'max by (pool, state) (crater_pool_gpus{state=~"capacity|'
+                                'allocated|free|unavailable"})',
+                                "{{pool}} {{state}}",
+                            ),
+                        ),
+                        kind="table",
+                    ),
+                    Panel(
+                        "GPU fragmentation by pool (free share the workload cannot use)",
+                        (q("max by (pool) (crater_pool_gpu_fragmentation_ratio)", "{{pool}}"),),
+                        unit="percentunit",
+                    ),
+                    Panel(
+                        "Cluster: GPUs allocated and free",
+                        (
+                            q(
+                                'sum(max by (pool) (crater_pool_gpus{state="allocated"}))',
+                                "allocated",
+                            ),
+                            q('sum(max by (pool) (crater_pool_gpus{state="free"}))', "free"),
+                            q(
+                                'sum(max by (pool) (crater_pool_gpus{state="fragmented"}))',
+                                "fragmented",
+                            ),
+                        ),
+                    ),
+                    Panel(
+                        "Cluster fragmentation",
+                        (
+                            q(
+                                'sum(max by (pool) (crater_pool_gpus{state="fragmented"})) / '
+                                'sum(max by (pool) (crater_pool_gpus{state="free"}))',
+                                "fragmented / free",
+                            ),
+                        ),
+                        unit="percentunit",
+                        kind="stat",
+                    ),
+                    Panel(
+                        "CPU cores by pool",
+                        (
+                            q(
+                                'max by (pool, state) (crater_pool_cpu_cores{state=~"capacity|'
+                                'allocated|free"})',
+                                "{{pool}} {{state}}",
+                            ),
+                        ),
+                        kind="table",
+                    ),
+                    Panel(
+                        "Memory and GPU memory allocated share by pool",
+                        (
+                            q(
+                                'max by (pool) (crater_pool_memory_bytes{state="allocated"}) / '
+                                'max by (pool) (crater_pool_memory_bytes{state="capacity"})',
+                                "{{pool}} memory",
+                            ),
+                            q(
+                                'max by (pool) (crater_pool_gpu_memory_bytes{state="allocated"})'
+                                ' / max by (pool) (crater_pool_gpu_memory_bytes{state="capacity"})',
+                                "{{pool}} GPU memory",
+                            ),
+                        ),
+                        unit="percentunit",
                     ),
                     Panel(
                         "GPUs busy / idle (probe, utilisation >= 50%)",
                         (q("sum by (state) (crater_probe_gpus)", "{{state}}"),),
-                    ),
-                    Panel(
-                        "GPUs allocated, by tenant",
-                        (q("sum by (tenant) (crater_tenant_gpus_allocated)", "{{tenant}}"),),
                     ),
                 ),
             ),
@@ -78,6 +149,34 @@ DASHBOARDS: tuple[Dashboard, ...] = (
                         (q("max(crater_scheduler_active_allocations)", "allocations"),),
                     ),
                     Panel("Tasks waiting", (q("max(crater_scheduler_pending_tasks)", "pending"),)),
+                    Panel(
+                        "Longest waits now (top 10)",
+                        (
+                            q(
+                                "topk(10, max by (task_id, tenant, pool) "
+                                "(crater_task_wait_seconds))",
+                                "{{task_id}} ({{tenant}}, {{pool}})",
+                            ),
+                        ),
+                        unit="s",
+                        kind="table",
+                    ),
+                    Panel(
+                        "GPUs allocated, by tenant",
+                        (q("sum by (tenant) (crater_tenant_gpus_allocated)", "{{tenant}}"),),
+                    ),
+                    Panel(
+                        "GPU memory used over reserved, per task (top 10)",
+                        (
+                            q(
+                                "topk(10, max by (task_id, tenant) "
+                                "(crater_task_gpu_memory_request_usage_ratio))",
+                                "{{task_id}} ({{tenant}})",
+                            ),
+                        ),
+                        unit="percentunit",
+                        kind="table",
+                    ),
                     Panel(
                         "Idle share of measured allocated GPU time (month)",
                         (
@@ -187,8 +286,11 @@ DASHBOARDS: tuple[Dashboard, ...] = (
                     Panel("Replicas", (q("crater_autoscaler_replicas", "{{service}}"),)),
                     Panel("Latency p95", (q("crater_inference_latency_p95", "{{service}}"),), "s"),
                     Panel(
-                        "GPU memory pressure",
-                        (q("crater_gpu_memory_pressure", "{{service}}"),),
+                        "GPU memory pressure: highest replica, and mean (HPA/KEDA)",
+                        (
+                            q("crater_gpu_memory_pressure", "{{service}} highest"),
+                            q("crater_inference_gpu_memory_usage_ratio", "{{service}} mean"),
+                        ),
                         "percentunit",
                     ),
                     Panel(
@@ -255,26 +357,130 @@ DASHBOARDS: tuple[Dashboard, ...] = (
     Dashboard(
         "crater-nodes",
         "Crater / Nodes",
-        "What the probes report: conditions, GPU utilisation, memory, temperature.",
+        "What the probes report per node and card: GPU utilisation, memory, temperature, "
+        "power, clocks, ECC errors; CPU per NUMA node, memory, memory bandwidth, disk IO.",
         (
             (
                 "GPUs",
                 (
                     Panel(
                         "GPU utilisation",
-                        (q("crater_probe_gpu_utilization_percent", "{{instance}} {{gpu}}"),),
+                        (q("crater_gpu_utilization_percent", "{{node}} {{gpu}}"),),
                         unit="percent",
                     ),
                     Panel(
-                        "GPU memory used",
-                        (q("crater_probe_gpu_memory_usage_rate", "{{instance}} {{gpu}}"),),
+                        "GPU memory used (share of the card)",
+                        (q("crater_gpu_memory_usage_rate", "{{node}} {{gpu}}"),),
                         unit="percentunit",
                     ),
                     Panel(
-                        "GPU temperature",
-                        (q("crater_probe_gpu_temperature_celsius", "{{instance}} {{gpu}}"),),
+                        "GPU temperature (hottest 10 cards)",
+                        (
+                            q(
+                                "topk(10, crater_gpu_temperature_celsius)",
+                                "{{node}} {{gpu}}",
+                            ),
+                        ),
                         unit="celsius",
                     ),
+                    Panel(
+                        "GPU power",
+                        (q("sum by (node) (crater_gpu_power_watts)", "{{node}}"),),
+                        unit="watt",
+                    ),
+                    Panel(
+                        "SM clock",
+                        (q("crater_gpu_sm_clock_hertz", "{{node}} {{gpu}}"),),
+                        unit="hertz",
+                    ),
+                    Panel(
+                        "SM utilisation variance across a node's cards",
+                        (q("crater_gpu_sm_utilization_variance", "{{node}}"),),
+                    ),
+                    Panel(
+                        "ECC errors, corrected (per hour)",
+                        (
+                            q(
+                                "sum by (node, gpu) (increase(crater_gpu_ecc_errors_total{kind="
+                                '"corrected"}[1h]))',
+                                "{{node}} {{gpu}}",
+                            ),
+                        ),
+                    ),
+                    Panel(
+                        "Cards with uncorrected ECC errors",
+                        (
+                            q(
+                                'max by (node, gpu) (crater_gpu_ecc_errors_total{kind="'
+                                'uncorrected"}) > 0',
+                                "{{node}} {{gpu}}",
+                            ),
+                        ),
+                        kind="table",
+                    ),
+                ),
+            ),
+            (
+                "Hosts",
+                (
+                    Panel(
+                        "CPU per NUMA node",
+                        (
+                            q(
+                                "crater_node_numa_cpu_utilization_percent",
+                                "{{node}} numa {{numa}}",
+                            ),
+                        ),
+                        unit="percent",
+                    ),
+                    Panel(
+                        "Host memory used",
+                        (
+                            q(
+                                "crater_node_memory_used_bytes / crater_node_memory_total_bytes",
+                                "{{node}}",
+                            ),
+                        ),
+                        unit="percentunit",
+                    ),
+                    Panel(
+                        "Memory bandwidth per NUMA node",
+                        (
+                            q(
+                                "crater_node_numa_memory_bandwidth_bytes_per_second",
+                                "{{node}} numa {{numa}}",
+                            ),
+                        ),
+                        unit="Bps",
+                    ),
+                    Panel(
+                        "Disk read and write",
+                        (
+                            q(
+                                "sum by (node) (crater_node_disk_read_bytes_per_second)",
+                                "{{node}} read",
+                            ),
+                            q(
+                                "sum by (node) (crater_node_disk_write_bytes_per_second)",
+                                "{{node}} write",
+                            ),
+                        ),
+                        unit="Bps",
+                    ),
+                    Panel(
+                        "Disk queue depth",
+                        (q("crater_node_disk_io_in_flight", "{{node}} {{disk}}"),),
+                    ),
+                    Panel(
+                        "Data transfer wait (disk await)",
+                        (q("crater_data_transfer_wait_time_ms", "{{node}} {{disk}}"),),
+                        unit="ms",
+                    ),
+                ),
+            ),
+            (
+                "Probes",
+                (
                     Panel(
                         "Nodes by condition",
                         (q("sum by (condition) (crater_probe_node_condition)", "{{condition}}"),),
@@ -284,6 +490,11 @@ DASHBOARDS: tuple[Dashboard, ...] = (
                         (q(f"sum(rate(crater_probe_publish_failures_total{RATE}))", "failures"),),
                         unit="ops",
                     ),
+                    Panel(
+                        "Nodes left out of /metrics (over the limit)",
+                        (q("sum(crater_probe_nodes_not_exported)", "not exported"),),
+                        kind="stat",
+                    ),
                 ),
             ),
         ),
@@ -292,7 +503,8 @@ DASHBOARDS: tuple[Dashboard, ...] = (
         "crater-tenants",
         "Crater / Tenants (usage, quota, cost)",
         "What each department spends: GPUs held, GPU-hours and idle GPU-hours this month, "
-        "cost against budget (crater cost has the exact bill).",
+        "cost in each budget's period against it, work held by a hard budget (crater cost "
+        "has the exact bill).",
         (
             (
                 "Now",
@@ -324,6 +536,11 @@ DASHBOARDS: tuple[Dashboard, ...] = (
                         ),
                         kind="table",
                     ),
+                    Panel(
+                        "Work held by a hard budget (scheduler)",
+                        (q("max by (tenant) (crater_tenant_budget_held)", "{{tenant}}"),),
+                        kind="table",
+                    ),
                 ),
             ),
             (
@@ -345,9 +562,12 @@ DASHBOARDS: tuple[Dashboard, ...] = (
                         kind="bargauge",
                     ),
                     Panel(
-                        "Cost vs budget",
+                        "Cost in the budget period vs budget",
                         (
-                            q("max by (tenant) (crater_tenant_cost)", "{{tenant}} cost"),
+                            q(
+                                "max by (tenant) (crater_tenant_budget_cost)",
+                                "{{tenant}} cost",
+                            ),
                             q(
                                 'max by (tenant) (crater_tenant_budget{limit="soft"})',
                                 "{{tenant}} soft budget",

@@ -25,6 +25,13 @@ from crater.contracts.base import (
     derived_event_id,
     utc_now,
 )
+from crater.contracts.budgets import (
+    BudgetLimit,
+    BudgetPeriod,
+    TenantBudgetEvent,
+    TenantBudgetExceeded,
+    TenantBudgetRestored,
+)
 from crater.contracts.catalog import Channel, Retention, Streams, StreamSpec, Subjects, channel_for
 from crater.contracts.jobs import Framework, JobDescription
 from crater.contracts.nodes import (
@@ -138,6 +145,7 @@ from crater.contracts.tasks import (
 from crater.contracts.usage import GpuUsage, TaskUnderutilized, TaskUsageReported
 from crater.contracts.webhooks import (
     AllocatedResources,
+    TenantBudgetWebhookBody,
     WebhookBody,
     WebhookDeadLettered,
     WebhookDelivered,
@@ -165,6 +173,8 @@ __all__ = [
     "AuditExplainAnswer",
     "AuditExplainQuery",
     "AuditStep",
+    "BudgetLimit",
+    "BudgetPeriod",
     "Capacity",
     "Channel",
     "Confidence",
@@ -262,6 +272,10 @@ __all__ = [
     "TaskUsageReported",
     "TasksAnswer",
     "TasksQuery",
+    "TenantBudgetEvent",
+    "TenantBudgetExceeded",
+    "TenantBudgetRestored",
+    "TenantBudgetWebhookBody",
     "TenantHolding",
     "TenantQuota",
     "Toleration",

@@ -15,6 +15,7 @@ from crater.contracts.autoscaling import (
     ScaleDecided,
 )
 from crater.contracts.base import Event
+from crater.contracts.budgets import TenantBudgetExceeded, TenantBudgetRestored
 from crater.contracts.nodes import NodeHealthReported, NodeMetricsReported, NodeTopologyReported
 from crater.contracts.rejections import MessageDeadLettered, MessageRejected, MessageReplayed
 from crater.contracts.tasks import (
@@ -117,6 +118,12 @@ class Streams:
         "Inference latency samples and the scale decisions taken on them.",
         max_age_seconds=7 * 86_400,
     )
+    TENANTS = StreamSpec(
+        "CRATER_TENANTS",
+        (f"{PREFIX}.tenant.>",),
+        "What is said of a tenant as a whole: its budget passed, or within it again.",
+        max_age_seconds=90 * 86_400,
+    )
     WEBHOOKS = StreamSpec(
         "CRATER_WEBHOOKS",
         (f"{PREFIX}.webhook.>",),
@@ -143,6 +150,7 @@ class Streams:
         NODE_TELEMETRY,
         TASK_USAGE,
         AUTOSCALING,
+        TENANTS,
         WEBHOOKS,
         REJECTIONS,
         DEAD_LETTERS,
@@ -322,6 +330,24 @@ class Subjects:
         producers=("autoscaler",),
         consumers=("scheduler",),
     )
+    TENANT_BUDGET_EXCEEDED = Channel(
+        f"{PREFIX}.tenant.budget_exceeded",
+        TenantBudgetExceeded,
+        Streams.TENANTS,
+        "A tenant's cost in its budget period passed its soft or hard limit (price file); "
+        "a hard one holds its work not yet placed.",
+        producers=("predictor",),
+        consumers=("scheduler", "callback"),
+    )
+    TENANT_BUDGET_RESTORED = Channel(
+        f"{PREFIX}.tenant.budget_restored",
+        TenantBudgetRestored,
+        Streams.TENANTS,
+        "A tenant is within its hard budget again (raised, or a new period): its work is "
+        "placed again.",
+        producers=("predictor",),
+        consumers=("scheduler",),
+    )
     WEBHOOK_DELIVERED = Channel(
         f"{PREFIX}.webhook.delivered",
         WebhookDelivered,
@@ -383,6 +409,8 @@ class Subjects:
         SCALE_REPLICAS_REQUESTED,
         SCALE_REPLICA_DRAINED,
         SCALE_RELEASE_REQUESTED,
+        TENANT_BUDGET_EXCEEDED,
+        TENANT_BUDGET_RESTORED,
         WEBHOOK_DELIVERED,
         WEBHOOK_DEAD_LETTERED,
         MESSAGE_REJECTED,

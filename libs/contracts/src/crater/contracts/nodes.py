@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -219,6 +219,14 @@ class DiskMetrics(Contract):
     in_flight: ExactInt | None = Field(
         default=None, ge=0, description="I/Os in flight (queue depth) when sampled; None: unknown."
     )
+    wait_ms: float | None = Field(
+        default=None,
+        ge=0,
+        le=3_600_000,
+        description="Mean time an I/O completed in the interval spent queued and being served, "
+        "in ms (iostat's await): how long a data transfer waits on this disk; None: unknown, "
+        "or no I/O completed.",
+    )
 
 
 class NodeMetricsReported(Event):
@@ -233,6 +241,11 @@ class NodeMetricsReported(Event):
     )
     disks: list[DiskMetrics] = Field(
         default_factory=list, description="IO per local disk; empty: not reported."
+    )
+    numa_memory_bandwidth_gbps: dict[ExactInt, Annotated[float, Field(ge=0, le=1_000_000)]] = Field(
+        default_factory=dict,
+        description="Memory bandwidth in use (GB/s, reads and writes) per NUMA node id, over "
+        "the interval; empty: not measured (it needs memory bandwidth monitoring, resctrl).",
     )
 
 

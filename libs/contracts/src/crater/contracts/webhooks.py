@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from enum import StrEnum
+from typing import Literal
 from uuid import UUID
 
 from pydantic import AwareDatetime, Field
@@ -130,6 +132,29 @@ class WebhookBody(Contract):
         le=100,
         description="With gpu_utilization_percent: the task's sla.min_gpu_utilization_percent.",
     )
+
+    def encode(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+class TenantBudgetWebhookBody(Contract):
+    """The JSON body POSTed for `tenant.budget_exceeded`: about a tenant, not a task, so the
+    same in both formats (AllData's task webhook has no place for it). Told once per tenant,
+    limit, period and budget amount; the `webhook-id` header is `event_id`."""
+
+    event: Literal["tenant.budget_exceeded"] = "tenant.budget_exceeded"
+    tenant: str
+    limit: Literal["soft", "hard"]
+    period: Literal["monthly", "daily"]
+    period_start: AwareDatetime
+    period_end: AwareDatetime
+    budget: Decimal = Field(description="The limit passed, in `currency` (a JSON string).")
+    cost: Decimal = Field(description="Spent in the period so far (a JSON string).")
+    currency: str
+    held: bool = Field(description="True for a hard limit: the tenant's new work waits.")
+    event_id: UUID
+    occurred_at: AwareDatetime
+    reason: str
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

@@ -24,7 +24,11 @@ from pydantic import Field
 
 from crater.autoscaler.domain import Autoscaler, ScalingPolicy
 from crater.autoscaler.domain.scaling_policy import policy_annotations
-from crater.autoscaler.service_layer.handlers import AutoscalerHandlers, AutoscalerMetrics
+from crater.autoscaler.service_layer.handlers import (
+    AutoscalerHandlers,
+    AutoscalerMetrics,
+    ServiceMemorySeries,
+)
 from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
@@ -75,6 +79,7 @@ def build(settings: AutoscalerSettings | None = None) -> tuple[Service, AsgiFast
     service = create_service("autoscaler", settings)
     autoscaler = Autoscaler(settings.policy())
     service.state = autoscaler
+    service.registry.register(ServiceMemorySeries(autoscaler))
     broker, name, batch = service.broker, service.name, settings.consumer_batch
 
     # One autoscaler decides (docs/operations.md, high availability): a standby binds no

@@ -15,6 +15,9 @@ end per task (`task.ended`, or `task.rejected`), nothing after it and nothing ou
 what would break that is recorded superseded, never sent (domain/lifecycle.py). Subjects
 with no webhook (task.submitted, task.profiled, ...) are acked and skipped; numbered ones
 with none (allocation.released) are recorded as links of their task's chain.
+
+A tenant's budget passed (`crater.v1.tenant.budget_exceeded`, from the predictor) is a
+webhook too, on a consumer of its own: queued per tenant, outside any task's order.
 """
 
 from __future__ import annotations
@@ -47,10 +50,12 @@ from crater.callback.service_layer.recorder import (
 from crater.contracts import (
     QuerySubjects,
     Streams,
+    Subjects,
+    TenantBudgetExceeded,
     WebhookDeliveriesAnswer,
     WebhookDeliveriesQuery,
 )
-from crater.runtime.bus import durable_stream
+from crater.runtime.bus import durable, durable_stream
 from crater.runtime.outbox import OutboxRelay
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -259,6 +264,11 @@ def build(settings: CallbackSettings | None = None) -> tuple[Service, AsgiFastSt
     @broker.subscriber(QuerySubjects.WEBHOOKS, title="callback-query-webhooks")
     async def on_webhooks_query(event: WebhookDeliveriesQuery) -> WebhookDeliveriesAnswer:
         return await delivery_log.of_task(event)
+
+    # A tenant's budget passed: a webhook of its own (queued per tenant, not per task).
+    @durable(broker, Subjects.TENANT_BUDGET_EXCEEDED, name, batch=batch)
+    async def on_budget_exceeded(event: TenantBudgetExceeded) -> None:
+        await recorder.record_budget(event)
 
     async def start_loops() -> None:
         if not endpoints:

@@ -57,7 +57,12 @@ from crater.predictor.domain.learning import Rule
 from crater.predictor.domain.sla import SlaRule
 from crater.predictor.domain.usage import load_prices
 from crater.predictor.service_layer.handlers import PredictorHandlers, PredictorMetrics
-from crater.predictor.service_layer.usage import TenantMetrics, UsageReporter
+from crater.predictor.service_layer.usage import (
+    PriceWatch,
+    TaskMetrics,
+    TenantMetrics,
+    UsageReporter,
+)
 from crater.runtime.bus import durable, publish
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -121,13 +126,24 @@ class PredictorSettings(ServiceSettings):
     price_file: Path | None = Field(
         default=None,
         description="Prices and tenant budgets (YAML or JSON; docs/operations.md, Usage and "
-        "cost): usage is priced with them; unset, usage is answered unpriced.",
+        "cost): usage is priced with them; unset, usage is answered unpriced. Read again when "
+        "it changes (checked every usage refresh); an invalid change is refused, the running "
+        "one kept.",
     )
     usage_refresh_seconds: float = Field(
         default=60.0,
         ge=1,
         le=3600,
-        description="How often the crater_tenant_* gauges and budgets are refreshed.",
+        description="How often the crater_tenant_* and crater_task_* gauges and budgets are "
+        "refreshed.",
+    )
+    task_metrics_limit: int = Field(
+        default=1000,
+        ge=0,
+        le=1_000_000,
+        description="/metrics has crater_task_* series for at most this many allocations held "
+        "(the longest held); the rest are counted in "
+        "crater_predictor_allocations_not_exported.",
     )
     usage_export_dir: Path | None = Field(
         default=None,
@@ -180,6 +196,10 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         load_prices(settings.price_file),
         settings.usage_refresh_seconds,
         settings.usage_export_dir,
+        TaskMetrics(service.registry),
+        settings.task_metrics_limit,
+        publish_event,
+        PriceWatch(settings.price_file),
     )
 
     # Handlers name their message `event` (rejections report field paths below it).
@@ -222,7 +242,8 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         await handlers.allocation_released(event)
 
     service.on_startup.append(handlers.show_learned)  # after the migrations (service.database)
-    service.on_startup.append(reporter.start)
+    # After the broker connects: a refresh may publish (a budget passed).
+    service.after_startup.append(reporter.start)
     service.on_shutdown.insert(0, reporter.stop)
     app = service.asgi()
     return service, app

@@ -36,7 +36,7 @@ log = logging.getLogger("crater.probe")
 def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStream]:
     settings = settings or ProbeSettings()
     service = create_service("probe", settings)
-    metrics = ProbeMetrics(service.registry)
+    metrics = ProbeMetrics(service.registry, settings.metrics_max_nodes)
     publisher = Publisher(service.broker, metrics)
 
     nodes: Nodes

@@ -62,6 +62,15 @@ class ProbeSettings(ServiceSettings):
     health_interval_seconds: float = Field(
         default=5.0, gt=0, description="Seconds between health reports (the heartbeat)."
     )
+    metrics_max_nodes: int = Field(
+        default=5000,
+        ge=0,
+        le=1_000_000,
+        description="The per node and card series of /metrics (crater_gpu_*, crater_node_*, "
+        "crater_data_transfer_wait_time_ms) cover at most this many nodes, the first by node "
+        "id (a simulated fleet's; a local probe has one); the rest are counted in "
+        "crater_probe_nodes_not_exported. Their metrics still go on the bus.",
+    )
     topology_interval_seconds: float = Field(
         default=300.0, gt=0, description="Seconds between topology re-publications."
     )

@@ -37,6 +37,8 @@ from crater.contracts import (
     TasksAnswer,
     TasksQuery,
     TaskStatusReported,
+    TenantBudgetExceeded,
+    TenantBudgetRestored,
 )
 from crater.runtime.bus import durable
 from crater.runtime.leadership import (
@@ -58,6 +60,7 @@ from crater.scheduler.adapters.quotas_file import load_quotas
 from crater.scheduler.audit import SNAPSHOT_EVERY, AuditLog, load_private_key
 from crater.scheduler.domain.core import NODE_LOST_SECONDS, SchedulerConfig
 from crater.scheduler.domain.inputs import ReservationArmed
+from crater.scheduler.service_layer.cluster_metrics import ClusterSeries
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
 
 MIGRATIONS_DIR = Path(__file__).parent / "adapters" / "migrations"
@@ -173,6 +176,14 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         "capacity goes first to the cohort mate that borrowed least lately, its dominant share "
         "integrated over time and halved every this many seconds; unset: the queue order.",
     )
+    task_metrics_limit: int = Field(
+        default=1000,
+        ge=0,
+        le=1_000_000,
+        description="/metrics has a crater_task_wait_seconds series for at most this many "
+        "waiting tasks (the longest waiting); the rest are counted in "
+        "crater_scheduler_waiting_tasks_not_exported.",
+    )
     config_reload_seconds: float = Field(
         default=5.0,
         gt=0,
@@ -284,6 +295,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
         audit_log(settings),
         ConfigWatch(settings.pools_file, settings.quotas_file, settings.config_reload_seconds),
     )
+    service.registry.register(ClusterSeries(lambda: core.scheduler, settings.task_metrics_limit))
     broker, name, batch = service.broker, service.name, settings.consumer_batch
     # Only the leader consumes and answers: a standby binds nothing (leadership, below).
     gate = LeaderGate(broker)
@@ -327,6 +339,15 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @durable(broker, Subjects.SCALE_RELEASE_REQUESTED, name, batch=batch, router=leader)
     async def on_release_requested(event: ReplicaReleaseRequested) -> None:
         await core.handle(event, "release-requested")
+
+    # A tenant's hard budget passed holds its work not yet placed; within it again, it goes.
+    @durable(broker, Subjects.TENANT_BUDGET_EXCEEDED, name, batch=batch, router=leader)
+    async def on_budget_exceeded(event: TenantBudgetExceeded) -> None:
+        await core.handle(event, "budget-exceeded")
+
+    @durable(broker, Subjects.TENANT_BUDGET_RESTORED, name, batch=batch, router=leader)
+    async def on_budget_restored(event: TenantBudgetRestored) -> None:
+        await core.handle(event, "budget-restored")
 
     @leader.subscriber(QuerySubjects.NODES, title="scheduler-query-nodes")
     async def on_nodes_query(event: NodesQuery) -> NodesAnswer:

@@ -40,6 +40,8 @@ from crater.contracts import (
     ReplicaReleaseRequested,
     TaskProfiled,
     TaskStatusReported,
+    TenantBudgetExceeded,
+    TenantBudgetRestored,
 )
 from crater.scheduler import audit_state
 from crater.scheduler.adapters.orm import audit_checkpoints, audit_log, audit_snapshots
@@ -70,6 +72,8 @@ INPUTS: dict[str, type[Event]] = {
         NodeHealthReported,
         ReservationArmed,
         ReplicaReleaseRequested,
+        TenantBudgetExceeded,
+        TenantBudgetRestored,
     )
 }
 READ_CHUNK = 5_000

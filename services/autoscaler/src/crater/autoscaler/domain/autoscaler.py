@@ -91,6 +91,23 @@ class Autoscaler:
         """The highest memory pressure among the GPUs a task holds, by the latest metrics."""
         return self._gpus_pressure(task_id, -math.inf)
 
+    def services(self) -> list[str]:
+        """The services heard of, by name."""
+        return sorted(self._services)
+
+    def memory_pressure(self, service: str) -> tuple[float | None, float | None]:
+        """(highest, mean) GPU memory pressure of the service's replicas as the scaling rule
+        would see it now: their cards by the latest node metrics (their own reports as the
+        fallback), within the window ending at the service's latest sample. Read only: a
+        metrics scrape changes nothing the decisions read."""
+        state = self._services.get(service)
+        if state is None:
+            return None, None
+        highest, mean, _ = self._pressure_now(
+            state, state.window.latest - self.policy.window_seconds
+        )
+        return highest, mean
+
     def draining(self, service: str) -> list[str]:
         state = self._services.get(service)
         return [] if state is None else sorted(state.draining)
@@ -298,6 +315,12 @@ class Autoscaler:
         its allocation and the node's metrics) come first; its own report is the fallback."""
         for replica in [r for r, (at, _) in state.pressures.items() if at <= cutoff]:
             del state.pressures[replica]
+        return self._pressure_now(state, cutoff)
+
+    def _pressure_now(
+        self, state: ServiceState, cutoff: float
+    ) -> tuple[float | None, float | None, str | None]:
+        """`_pressure` without forgetting anything: what is older than `cutoff` is skipped."""
         values: list[float] = []
         sources: set[str] = set()
         measured: set[str] = set()
@@ -307,8 +330,8 @@ class Autoscaler:
                 values.append(gpus)
                 sources.add("node-metrics")
                 measured.add(replica)
-        for replica, (_, reported) in state.pressures.items():
-            if replica not in measured:
+        for replica, (at, reported) in state.pressures.items():
+            if replica not in measured and at > cutoff:
                 values.append(reported)
                 sources.add("samples")
         if not values:

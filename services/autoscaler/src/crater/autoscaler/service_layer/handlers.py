@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from crater.autoscaler.domain import Autoscaler
 from crater.contracts import (
@@ -63,6 +65,37 @@ class AutoscalerMetrics:
             "Replica placements and releases asked of the scheduler, by kind.",
             ["service", "kind"],
             registry=registry,
+        )
+
+
+class ServiceMemorySeries(Collector):
+    """`crater_inference_gpu_memory_usage_ratio{service}`: each inference service's mean GPU
+    memory pressure, read off the autoscaler at scrape time (so it follows every node
+    metrics report, with or without latency samples): what an HPA or KEDA scales on."""
+
+    def __init__(self, autoscaler: Autoscaler) -> None:
+        self.autoscaler = autoscaler
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for service in self.autoscaler.services():
+            _, mean = self.autoscaler.memory_pressure(service)
+            if mean is not None:
+                family.add_metric([service], mean)
+        return [family]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "crater_inference_gpu_memory_usage_ratio",
+            "Mean GPU memory pressure (used/total, 0..1) of an inference service's replicas: "
+            "each replica's fullest card by the latest node metrics, else its own report, "
+            "within the autoscaler's window. For an HPA (External metric, target type Value) "
+            "or KEDA (prometheus trigger); crater_gpu_memory_pressure is the highest replica's.",
+            labels=["service"],
         )
 
 

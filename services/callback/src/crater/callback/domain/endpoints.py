@@ -25,6 +25,7 @@ EVENT_TYPES = frozenset(
         "TaskEnded",
         "TaskStatusReported",
         "TaskUnderutilized",
+        "TenantBudgetExceeded",
     }
 )
 # Event types that were webhooks once, and what tells AllData the same now.

@@ -26,6 +26,8 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
     TaskUnderutilized,
+    TenantBudgetExceeded,
+    TenantBudgetWebhookBody,
     WebhookBody,
     WebhookStatus,
 )
@@ -141,6 +143,30 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
     )
 
 
+# A tenant's webhooks are queued under this key, which no task id can be (a task id starts
+# with a letter or digit), so they are ordered among themselves and never among a task's.
+TENANT_KEY = "@tenant/"
+BUDGET_EXCEEDED = "budget_exceeded"  # its delivery's status in the log (not a task status)
+
+
+def budget_body(event: TenantBudgetExceeded) -> TenantBudgetWebhookBody:
+    """The body for a tenant's budget passed; deterministic, like a task's."""
+    return TenantBudgetWebhookBody(
+        tenant=event.tenant,
+        limit=event.limit,
+        period=event.period,
+        period_start=event.period_start,
+        period_end=event.period_end,
+        budget=event.budget,
+        cost=event.cost,
+        currency=event.currency,
+        held=event.limit == "hard",
+        event_id=event.event_id,
+        occurred_at=event.occurred_at,
+        reason=event.reason,
+    )
+
+
 def with_attempt(payload: str, attempt: int) -> str:
     """A recorded body told the attempt it belongs to (before it is first sent: a repeat
     sends these bytes again)."""
@@ -159,8 +185,20 @@ class Rendered:
 def render(payload: str, format: WebhookFormat | str) -> Rendered:
     """The bytes and headers POSTed to an endpoint of `format` for a recorded body. The
     `crater` format sends the recorded bytes as they are (a body recorded before formats
-    existed goes out exactly as it did)."""
-    body = WebhookBody.model_validate_json(payload)
+    existed goes out exactly as it did); a tenant's body (`tenant.budget_exceeded`) goes as
+    recorded in every format, with `crater-event` naming it."""
+    recorded = json.loads(payload)
+    if str(recorded.get("event", "")).startswith("tenant."):  # a tenant's: the same shape
+        tenant = TenantBudgetWebhookBody.model_validate(recorded)
+        return Rendered(
+            payload.encode(),
+            {
+                "crater-format": WebhookFormat(format).value,
+                "crater-event": tenant.event,
+                "crater-occurred-at": tenant.model_dump(mode="json")["occurred_at"],
+            },
+        )
+    body = WebhookBody.model_validate(recorded)
     headers = crater_headers(body, WebhookFormat(format))
     if format == WebhookFormat.CRATER:
         return Rendered(payload.encode(), headers)

@@ -14,7 +14,10 @@ from crater.callback.domain.endpoints import Endpoint
 from crater.callback.domain.lifecycle import ends_task, in_lifecycle
 from crater.callback.domain.ordering import Recorded
 from crater.callback.domain.payload import (
+    BUDGET_EXCEEDED,
+    TENANT_KEY,
     LifecycleEvent,
+    budget_body,
     has_webhook,
     webhook_body,
 )
@@ -26,6 +29,7 @@ from crater.contracts import (
     TaskEvent,
     TaskStatusReported,
     TaskUnderutilized,
+    TenantBudgetExceeded,
 )
 
 log = logging.getLogger("crater.callback")
@@ -100,6 +104,28 @@ class Recorder:
         if not has_webhook(event):
             return 0
         return await self._committed(self._queue(self._enqueued(event)))
+
+    async def record_budget(self, event: TenantBudgetExceeded) -> int | None:
+        """Record a tenant's budget passed: one delivery per endpoint that wants it, queued
+        under the tenant (`@tenant/<name>`), outside any task's lifecycle and order. How many
+        were recorded, or None if it was recorded before."""
+        body = budget_body(event)
+        event_type = type(event).__name__
+        return await self._committed(
+            self._queue(
+                Enqueued(
+                    source_event_id=event.event_id,
+                    endpoints=[e.name for e in self.endpoints if e.wants(event_type, "")],
+                    formats={e.name: e.format for e in self.endpoints},
+                    task_id=f"{TENANT_KEY}{event.tenant}",
+                    task_status=BUDGET_EXCEEDED,
+                    event_type=event_type,
+                    payload=body.encode().decode(),
+                    configured=bool(self.endpoints),
+                    lifecycle=False,
+                )
+            )
+        )
 
     async def _committed(self, committed: asyncio.Future[int | None]) -> int | None:
         created = await asyncio.shield(committed)

@@ -216,6 +216,8 @@ class Receiver:
 def describe(webhook: ReceivedWebhook) -> str:
     """One readable line: `task t-1 -> scheduled on gpu-01 gpus 0,1 cores 0-7 numa 0`."""
     body = webhook.body
+    if str(body.get("event", "")).startswith("tenant."):  # about a tenant, not a task
+        return f"tenant {body.get('tenant')} -> {body.get('event')}: {body.get('reason')}"
     line = f"task {body.get('task_id')} -> {body.get('status')}"
     resources = body.get("allocated_resources")
     if isinstance(resources, dict):

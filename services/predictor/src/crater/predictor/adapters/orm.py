@@ -112,6 +112,10 @@ usage_records = Table(
     Column("released_at", DateTime(timezone=True), nullable=True, index=True),
     Column("sampled_seconds", Float, nullable=False, default=0.0),
     Column("busy_seconds", Float, nullable=False, default=0.0),
+    # Revision 0005: the latest host memory (MiB, peak of its interval) and CPU use (percent
+    # of the cores granted) the task reported of itself; None: it sent none.
+    Column("host_memory_used_mb", Integer, nullable=True),
+    Column("cpu_utilization_percent", Float, nullable=True),
 )
 
 # A `running` report that arrived before its grant (another consumer, lagging).

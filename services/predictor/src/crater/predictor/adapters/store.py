@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid5
 
-from sqlalchemy import delete, insert, or_, select, update
+from sqlalchemy import delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crater.contracts import (
@@ -51,7 +51,7 @@ from crater.predictor.domain.learning import (
     overlaps,
 )
 from crater.predictor.domain.sla import SlaRule, Window, fold
-from crater.predictor.domain.usage import UsageRecord
+from crater.predictor.domain.usage import HeldTask, UsageRecord
 from crater.runtime.unit_of_work import unit_of_work
 
 Key = tuple[str, str]  # (model family, task type)
@@ -305,6 +305,21 @@ class LearningStore:
                         + event.interval_seconds * utilization / 100,
                     )
                 )
+            host, cpu = event.host_memory_used_mb, event.cpu_utilization_percent
+            if allocation_id and (host is not None or cpu is not None):
+                latest: dict[str, Any] = {}
+                if host is not None:
+                    latest["host_memory_used_mb"] = host
+                if cpu is not None:
+                    latest["cpu_utilization_percent"] = cpu
+                await session.execute(
+                    update(usage_records)
+                    .where(
+                        usage_records.c.allocation_id == allocation_id,
+                        usage_records.c.released_at.is_(None),
+                    )
+                    .values(**latest)
+                )
             if allocation_id and event.gpus:
                 top = max(event.gpus, key=lambda g: g.memory_used_mb)
                 known = await session.scalar(
@@ -458,25 +473,84 @@ class LearningStore:
             where.append(table.tenant == tenant)
         async with self.sessions() as session:
             rows = (await session.execute(select(usage_records).where(*where))).all()
-        return [
-            UsageRecord(
-                allocation_id=r.allocation_id,
-                task_id=r.task_id,
-                tenant=r.tenant,
-                pool=r.pool,
-                gpu_model=r.gpu_model,
-                gpus=r.gpus,
-                gpu_milli=r.gpu_milli,
-                gpu_memory_mb=r.gpu_memory_mb,
-                cpu_cores=r.cpu_cores,
-                memory_mb=r.memory_mb,
-                granted_at=_aware(r.granted_at),
-                released_at=_aware(r.released_at) if r.released_at else None,
-                sampled_seconds=r.sampled_seconds,
-                busy_seconds=r.busy_seconds,
+        return [_record(r) for r in rows]
+
+    async def held(self) -> list[HeldTask]:
+        """Every allocation held now, with when it started running and the latest readings
+        of its use: its own sample's fullest card, else (cards held whole and alone) the
+        node's reading on them; its own latest host memory and CPU use."""
+        records = await self.usage_records_held()
+        if not records:
+            return []
+        ids = [r.allocation_id for r, _, _ in records]
+        latest: dict[str, dict[str, tuple[int, int]]] = {}
+        async with self.sessions() as session:
+            # A running report that raced its grant (the two consumers commit concurrently)
+            # can be left in early_running: it still says when the task started.
+            early = {
+                r.allocation_id: r.running_at
+                for r in await session.execute(
+                    select(early_running).where(early_running.c.allocation_id.in_(ids))
+                )
+            }
+            running = {
+                r.allocation_id: (
+                    _aware(started)
+                    if (started := r.running_at or early.get(r.allocation_id))
+                    else None,
+                    r.exclusive,
+                )
+                for r in await session.execute(
+                    select(
+                        allocations.c.allocation_id,
+                        allocations.c.running_at,
+                        allocations.c.exclusive,
+                    ).where(allocations.c.allocation_id.in_(ids))
+                )
+            }
+            for source, table in (("own", usage_samples), ("node", samples)):
+                newest = (
+                    select(table.c.allocation_id, func.max(table.c.sampled_at).label("at"))
+                    .where(table.c.allocation_id.in_(ids))
+                    .group_by(table.c.allocation_id)
+                    .subquery()
+                )
+                rows = await session.execute(
+                    select(table.c.allocation_id, table.c.used_mb, table.c.total_mb).join(
+                        newest,
+                        (table.c.allocation_id == newest.c.allocation_id)
+                        & (table.c.sampled_at == newest.c.at),
+                    )
+                )
+                for r in rows:
+                    latest.setdefault(r.allocation_id, {})[source] = (r.used_mb, r.total_mb)
+        held = []
+        for record, host, cpu in records:
+            started, alone = running.get(record.allocation_id, (None, False))
+            readings = latest.get(record.allocation_id, {})
+            reading = readings.get("own") or (readings.get("node") if alone else None)
+            held.append(
+                HeldTask(
+                    record=record,
+                    running_at=started,
+                    gpu_memory_used_mb=reading[0] if reading else None,
+                    gpu_memory_card_mb=reading[1] if reading and reading[1] else None,
+                    host_memory_used_mb=host,
+                    cpu_utilization_percent=cpu,
+                )
             )
-            for r in rows
-        ]
+        return held
+
+    async def usage_records_held(self) -> list[tuple[UsageRecord, int | None, float | None]]:
+        """The records of the allocations held now, each with its task's latest host memory
+        and CPU use."""
+        async with self.sessions() as session:
+            rows = (
+                await session.execute(
+                    select(usage_records).where(usage_records.c.released_at.is_(None))
+                )
+            ).all()
+        return [(_record(r), r.host_memory_used_mb, r.cpu_utilization_percent) for r in rows]
 
     async def _judge(
         self,
@@ -538,6 +612,25 @@ class LearningStore:
         else:
             await session.execute(update(corrections).where(*where).values(**values))
         return track
+
+
+def _record(r: Any) -> UsageRecord:
+    return UsageRecord(
+        allocation_id=r.allocation_id,
+        task_id=r.task_id,
+        tenant=r.tenant,
+        pool=r.pool,
+        gpu_model=r.gpu_model,
+        gpus=r.gpus,
+        gpu_milli=r.gpu_milli,
+        gpu_memory_mb=r.gpu_memory_mb,
+        cpu_cores=r.cpu_cores,
+        memory_mb=r.memory_mb,
+        granted_at=_aware(r.granted_at),
+        released_at=_aware(r.released_at) if r.released_at else None,
+        sampled_seconds=r.sampled_seconds,
+        busy_seconds=r.busy_seconds,
+    )
 
 
 def _aware(moment: datetime) -> datetime:

@@ -14,11 +14,13 @@ allocation whose task sent none is counted as unmeasured, not as busy nor idle.
 Prices (a YAML or JSON file, CRATER_PREDICTOR_PRICE_FILE): per GPU model per hour (the
 longest key contained in the grant's model, case-insensitive, else `default_gpu_hour`), per
 GiB-hour of GPU memory reserved, per core-hour, per GiB-hour of host memory; and each
-tenant's monthly budget (soft: warn; hard: hold its new work).
+tenant's budget per month or day (soft: warn; hard: hold its new work), naming only the
+tenants the file lists under `tenants` when it lists them.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -28,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from crater.contracts import BudgetLimit, BudgetPeriod
+from crater.contracts.budgets import MAX_AMOUNT
 from crater.contracts.queries import UsageAnswer, UsageGrouping, UsageLine
 
 MILLI = 1000
@@ -37,26 +41,58 @@ MS_PER_HOUR = 3_600_000
 MIB_PER_GIB = 1024
 SIX_PLACES = Decimal("0.000001")
 HOUR = timedelta(hours=1)
+# A tenant's name as a task carries it (TaskRequest.tenant).
+TENANT_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
+NAMING = "lower-case letters, digits and '-', at most 63, starting and ending alphanumeric"
 
 
 class Budget(BaseModel):
-    """A tenant's spend per calendar month (UTC), in the price file's currency."""
+    """A tenant's spend per period (a UTC calendar month or day), in the price file's
+    currency: above `soft` it is warned of, above `hard` its work not yet placed waits."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    soft: Decimal | None = Field(default=None, ge=0, description="Warn above it.")
-    hard: Decimal | None = Field(default=None, ge=0, description="Hold new work above it.")
+    soft: Decimal | None = Field(default=None, ge=0, le=MAX_AMOUNT, description="Warn above it.")
+    hard: Decimal | None = Field(
+        default=None, ge=0, le=MAX_AMOUNT, description="Hold new work above it."
+    )
+    period: BudgetPeriod = Field(default="monthly", description="monthly or daily (UTC).")
+
+    @model_validator(mode="after")
+    def _limits(self) -> Budget:
+        if self.soft is None and self.hard is None:
+            raise ValueError("no limit: set soft, hard or both")
+        if self.soft is not None and self.hard is not None and self.soft > self.hard:
+            raise ValueError(
+                f"soft ({self.soft}) is above hard ({self.hard}): the warning would come after "
+                "the hold"
+            )
+        return self
+
+    def limits(self) -> list[tuple[BudgetLimit, Decimal]]:
+        """(limit, amount) of the limits set, soft first."""
+        found: list[tuple[BudgetLimit, Decimal]] = []
+        if self.soft is not None:
+            found.append(("soft", self.soft))
+        if self.hard is not None:
+            found.append(("hard", self.hard))
+        return found
 
 
 class Prices(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    currency: str = "EUR"
+    currency: str = Field(default="EUR", min_length=1, max_length=16)
     gpu_hour: dict[str, Decimal] = Field(default_factory=dict)
     default_gpu_hour: Decimal = Field(default=Decimal(0), ge=0)
     gpu_memory_gib_hour: Decimal = Field(default=Decimal(0), ge=0)
     cpu_core_hour: Decimal = Field(default=Decimal(0), ge=0)
     memory_gib_hour: Decimal = Field(default=Decimal(0), ge=0)
+    tenants: tuple[str, ...] | None = Field(
+        default=None,
+        description="Every tenant a budget may name; a budget naming another is refused "
+        "(a typo budgets nobody). Unset: budgets are checked only for a valid tenant name.",
+    )
     budgets: dict[str, Budget] = Field(default_factory=dict)
 
     def per_gpu_hour(self, model: str | None) -> Decimal:
@@ -67,11 +103,65 @@ class Prices(BaseModel):
         return self.default_gpu_hour
 
 
+class PriceFileError(ValueError):
+    """A price file that cannot be used: the field (`budgets.physics.hard`) and the reason."""
+
+    def __init__(self, origin: str, field: str, reason: str) -> None:
+        super().__init__(f"{origin}: {field}: {reason}")
+        self.origin, self.field, self.reason = origin, field, reason
+
+
+def parse_prices(text: str, origin: str = "price file") -> Prices:
+    """The price file's YAML (or JSON) as `Prices`, or `PriceFileError` naming the first
+    field at fault and why: not YAML, a wrong type or bound, a budget of an unknown tenant."""
+    try:
+        raw: Any = yaml.safe_load(text) or {}
+    except yaml.YAMLError as fault:
+        raise PriceFileError(origin, "body", f"not valid YAML: {fault}") from fault
+    try:
+        prices = Prices.model_validate(raw)
+    except ValidationError as invalid:
+        first = invalid.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise PriceFileError(origin, where, first["msg"]) from invalid
+    for name in prices.tenants or ():
+        if not is_tenant_name(name):
+            raise PriceFileError(origin, "tenants", f"{name!r} is not a tenant name ({NAMING})")
+    known = set(prices.tenants) if prices.tenants is not None else None
+    for tenant in prices.budgets:
+        if not is_tenant_name(tenant):
+            raise PriceFileError(
+                origin, f"budgets.{tenant}", f"{tenant!r} is not a tenant name ({NAMING})"
+            )
+        if known is not None and tenant not in known:
+            listed = ", ".join(sorted(known)) or "none"
+            raise PriceFileError(
+                origin,
+                f"budgets.{tenant}",
+                f"unknown tenant {tenant!r}: the file's tenants are {listed}; add it to "
+                "tenants (or correct the name)",
+            )
+    return prices
+
+
+def is_tenant_name(name: str) -> bool:
+    return len(name) <= 63 and TENANT_NAME.fullmatch(name) is not None
+
+
 def load_prices(path: Path | None) -> Prices | None:
     if path is None:
         return None
-    raw: Any = yaml.safe_load(path.read_text()) or {}
-    return Prices.model_validate(raw)
+    return parse_prices(path.read_text(), str(path))
+
+
+def period_bounds(period: BudgetPeriod, moment: datetime) -> tuple[datetime, datetime]:
+    """The UTC calendar month (or day) `moment` is in: [start, end)."""
+    if period == "daily":
+        start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+        return start, start + timedelta(days=1)
+    start = month_start(moment)
+    end = (start + timedelta(days=32)).replace(day=1)
+    return start, end
 
 
 @dataclass(frozen=True)
@@ -114,6 +204,46 @@ class UsageRecord:
         if by == "model":
             return self.gpu_model or "-"
         return self.task_id
+
+
+@dataclass(frozen=True)
+class HeldTask:
+    """An allocation held now, with the latest readings of what its task really uses: the
+    per-task metrics compare them with what it asked for."""
+
+    record: UsageRecord
+    running_at: datetime | None
+    gpu_memory_used_mb: int | None  # on its fullest card, the latest reading
+    gpu_memory_card_mb: int | None  # that card's size
+    host_memory_used_mb: int | None
+    cpu_utilization_percent: float | None  # of the cores granted
+
+    def run_seconds(self, now: datetime) -> float | None:
+        """Since its node (or launcher) said it runs; None before."""
+        if self.running_at is None:
+            return None
+        return max(0.0, (now - self.running_at).total_seconds())
+
+    @property
+    def gpu_memory_request_usage(self) -> float | None:
+        """GPU memory in use on its fullest card over what it reserved per card."""
+        reserved = self.record.gpu_memory_mb
+        if self.gpu_memory_used_mb is None or not reserved:
+            return None
+        return self.gpu_memory_used_mb / reserved
+
+    @property
+    def gpu_memory_card_usage(self) -> float | None:
+        """GPU memory in use on its fullest card over that card's size."""
+        if self.gpu_memory_used_mb is None or not self.gpu_memory_card_mb:
+            return None
+        return self.gpu_memory_used_mb / self.gpu_memory_card_mb
+
+    @property
+    def cpu_cores_used(self) -> float | None:
+        if self.cpu_utilization_percent is None:
+            return None
+        return self.record.cpu_cores * self.cpu_utilization_percent / 100
 
 
 @dataclass
@@ -272,3 +402,35 @@ def csv_rows(answer: UsageAnswer) -> list[dict[str, str]]:
         row = {f: "" if data[f] is None else str(data[f]) for f in CSV_FIELDS}
         rows.append({"by": answer.by, **row, "currency": answer.currency or ""})
     return rows
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where a tenant stands against one limit of its budget, this period."""
+
+    tenant: str
+    limit: BudgetLimit
+    period: BudgetPeriod
+    start: datetime
+    end: datetime
+    amount: Decimal
+    cost: Decimal
+
+    @property
+    def exceeded(self) -> bool:
+        return self.cost > self.amount
+
+
+def standings(
+    budgets: dict[str, Budget], spent: dict[BudgetPeriod, dict[str, Decimal]], now: datetime
+) -> list[Standing]:
+    """Every budgeted tenant's standing against each of its limits, by tenant then limit;
+    `spent` holds each tenant's cost in the current month and day."""
+    out = []
+    for tenant in sorted(budgets):
+        budget = budgets[tenant]
+        start, end = period_bounds(budget.period, now)
+        cost = spent.get(budget.period, {}).get(tenant, Decimal(0))
+        for limit, amount in budget.limits():
+            out.append(Standing(tenant, limit, budget.period, start, end, amount, cost))
+    return out

@@ -117,6 +117,7 @@ class LocalNode:
             gpus=self._gpus.sample(),
             numa_cpu_utilization_percent=self._host.numa_cpu(self.topology.numa_nodes),
             disks=self._host.disks([d.name for d in self.topology.disks]),
+            numa_memory_bandwidth_gbps=self._host.memory_bandwidth(self.topology.numa_nodes),
         )
 
     async def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]:

@@ -23,7 +23,6 @@ from faststream.nats import NatsBroker
 from crater.contracts import (
     Event,
     NodeCondition,
-    NodeMetricsReported,
     NodeTopologyReported,
 )
 from crater.probe.service_layer.metrics import ProbeMetrics
@@ -139,14 +138,18 @@ class Reporting:
     async def publish_metrics(self) -> bool:
         failed = 0
         busy = total = 0
-        with self.metrics.round_seconds.labels(kind="metrics").time():
-            async for batch in self.nodes.metrics(self.chunk):
-                failed += await self.publisher.chunk("metrics", batch)
-                for report in batch:
-                    total += len(report.gpus)
-                    busy += sum(g.utilization_percent >= 50 for g in report.gpus)
-                    if self.settings.mode == "local":  # per-card series only for one node
-                        _local_gpu_gauges(self.metrics, report)
+        complete = False
+        try:
+            with self.metrics.round_seconds.labels(kind="metrics").time():
+                async for batch in self.nodes.metrics(self.chunk):
+                    failed += await self.publisher.chunk("metrics", batch)
+                    for report in batch:
+                        total += len(report.gpus)
+                        busy += sum(g.utilization_percent >= 50 for g in report.gpus)
+                        self.metrics.series.add(report)
+            complete = True
+        finally:
+            self.metrics.series.end_round(complete)
         self.metrics.gpus.labels(state="busy").set(busy)
         self.metrics.gpus.labels(state="idle").set(total - busy)
         if self.runner is not None:
@@ -203,12 +206,3 @@ class Reporting:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.background.clear()
-
-
-def _local_gpu_gauges(metrics: ProbeMetrics, report: NodeMetricsReported) -> None:
-    for gpu in report.gpus:
-        label = str(gpu.index)
-        metrics.gpu_utilization.labels(gpu=label).set(gpu.utilization_percent)
-        metrics.gpu_memory_usage.labels(gpu=label).set(gpu.memory_pressure)
-        if gpu.temperature_c is not None:
-            metrics.gpu_temperature.labels(gpu=label).set(gpu.temperature_c)

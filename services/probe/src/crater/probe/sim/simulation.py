@@ -52,6 +52,12 @@ DISK_IDLE_SHARE = 0.002
 DISK_NVME = (2000.0, 128.0, 0.0002)
 DISK_SSD = (450.0, 64.0, 0.0005)
 DISK_HDD = (180.0, 256.0, 0.008)
+# SM clock: idle, and boosted once the card has work (MHz).
+SM_CLOCK_MHZ = (210.0, 1410.0)
+# Memory bandwidth in use: a NUMA node's busy CPUs copy at this share of its aggregate (its
+# measured all-cores figure, else the default below, GB/s).
+MEMORY_BANDWIDTH_SHARE = 0.6
+DEFAULT_NUMA_BANDWIDTH_GBPS = 100.0
 # gpu-failing: degrees per second on top of the load, corrected ECC errors per second, and
 # when the first uncorrectable one comes.
 FAILING_DEGREES_PER_SECOND = 0.5
@@ -328,6 +334,8 @@ class FleetSimulator:
             gpu.temperature_c += TEMPERATURE_RESPONSE * (heat - gpu.temperature_c)
             gpu.temperature_c += rng.gauss(0.0, 0.4)
             power = idle_w + (max_w - idle_w) * gpu.utilization / 100 * rng.uniform(0.93, 1.0)
+            low, high = SM_CLOCK_MHZ
+            clock = low + (high - low) * min(1.0, max(gpu.utilization, 0.0) / 50.0)
             readings.append(
                 GpuMetrics(
                     index=index,
@@ -336,6 +344,7 @@ class FleetSimulator:
                     memory_total_mb=gpu.total_mb,
                     temperature_c=round(gpu.temperature_c, 1),
                     power_w=round(power, 1),
+                    sm_clock_mhz=round(clock),
                     pcie_generation=generation,
                     pcie_width=width,
                     ecc_errors_corrected=corrected,
@@ -354,6 +363,12 @@ class FleetSimulator:
         numa = {
             n: round(min(cpu * s / mean, 100.0), 1) for n, s in zip(state.numa, shares, strict=True)
         }
+        # Memory traffic follows each NUMA node's CPU load (no draw: the load's numbers stay).
+        peaks = {
+            n.id: n.memory_bandwidth_gbps_all_cores or DEFAULT_NUMA_BANDWIDTH_GBPS
+            for n in topology.numa_nodes
+        }
+        bandwidth = {n: round(peaks[n] * MEMORY_BANDWIDTH_SHARE * numa[n] / 100, 2) for n in numa}
         # Disk IO follows the share of the node's CPUs busy with tasks (data loading).
         activity = DISK_IDLE_SHARE + (1.0 - DISK_IDLE_SHARE) * cores_busy / threads
         disks = []
@@ -362,6 +377,8 @@ class FleetSimulator:
             write = read * rng.uniform(0.05, 0.4)
             read_iops = read * 1024 / disk.request_kib
             write_iops = write * 1024 / disk.request_kib
+            # Queued behind the others in flight (M/M/1): the wait a data transfer sees.
+            occupied = min((read_iops + write_iops) * disk.service_s, 0.95)
             disks.append(
                 DiskMetrics(
                     name=disk.name,
@@ -371,6 +388,7 @@ class FleetSimulator:
                     write_iops=round(write_iops, 1),
                     # Little's law: requests in flight = arrival rate x service time.
                     in_flight=int((read_iops + write_iops) * disk.service_s),
+                    wait_ms=round(disk.service_s * 1000 / (1 - occupied), 3),
                 )
             )
         state.last = NodeMetricsReported(
@@ -381,6 +399,7 @@ class FleetSimulator:
             gpus=readings,
             numa_cpu_utilization_percent=numa,
             disks=disks,
+            numa_memory_bandwidth_gbps=bandwidth,
         )
         return state.last
 

@@ -103,6 +103,16 @@ early_cancels = Table(
     Column("cancelled_at", DateTime(timezone=True), nullable=False),
 )
 
+# Tenants their hard budget holds (revision 0009): the tenant.budget_exceeded in force, as
+# JSON; the row goes when the hold does (a hold whose period ended goes at the next event).
+budget_holds = Table(
+    "scheduler_budget_holds",
+    metadata,
+    Column("tenant", String(63), primary_key=True),
+    Column("event", JSON, nullable=False),
+    Column("held_at", DateTime(timezone=True), nullable=False),
+)
+
 # The fence (crater.scheduler.adapters.fence): the epoch of the leader allowed to commit.
 leadership = Table(
     "scheduler_leadership",

@@ -33,9 +33,11 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
     TaskSummary,
+    TenantBudgetExceeded,
+    TenantBudgetRestored,
 )
 from crater.runtime.outbox import IN_LIST_LIMIT
-from crater.scheduler.adapters.orm import allocations, early_cancels, nodes, tasks
+from crater.scheduler.adapters.orm import allocations, budget_holds, early_cancels, nodes, tasks
 from crater.scheduler.domain.core import (
     Allocation,
     PendingTask,
@@ -130,8 +132,20 @@ class SchedulerRepository:
                     "updated_at": now,
                 },
             )
+        elif isinstance(event, TenantBudgetExceeded | TenantBudgetRestored) and core is not None:
+            await self._hold(event.tenant, core.quotas.holds.get(event.tenant), now)
         for decision in decisions:
             await self._apply(decision, now, core)
+
+    async def _hold(self, tenant: str, hold: TenantBudgetExceeded | None, now: datetime) -> None:
+        """The tenant's hold as the core has it now: stored, replaced or gone."""
+        await self.session.execute(delete(budget_holds).where(budget_holds.c.tenant == tenant))
+        if hold is not None:
+            await self.session.execute(
+                insert(budget_holds).values(
+                    tenant=tenant, event=hold.model_dump(mode="json"), held_at=now
+                )
+            )
 
     async def _held_to_heartbeats(self, event: TaskStatusReported, core: Scheduler) -> None:
         """A launcher's `running`: its allocation's grace, as the core holds it now."""
@@ -389,6 +403,7 @@ class SchedulerRepository:
         ).all()
         max_seq = await self.session.scalar(select(func.max(tasks.c.seq)))
         waiting_cancels = (await self.session.scalars(select(early_cancels.c.task_id))).all()
+        holds = (await self.session.scalars(select(budget_holds.c.event))).all()
         scheduler.restore(
             nodes=[
                 (
@@ -429,6 +444,7 @@ class SchedulerRepository:
             pending=[_pending(r, config.prediction_margin) for r in pending_rows],
             next_seq=(max_seq or 0) + 1,
             early_cancels=sorted(waiting_cancels),
+            budget_holds=[TenantBudgetExceeded.model_validate(h) for h in holds],
         )
         return scheduler
 

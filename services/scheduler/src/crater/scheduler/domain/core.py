@@ -34,6 +34,8 @@ from crater.contracts import (
     TaskRequest,
     TaskStatus,
     TaskStatusReported,
+    TenantBudgetExceeded,
+    TenantBudgetRestored,
 )
 from crater.scheduler.domain.admission import Admission
 from crater.scheduler.domain.cluster import (
@@ -50,6 +52,7 @@ from crater.scheduler.domain.lifecycle import END_REASON, END_STATUS, RESTART_ON
 from crater.scheduler.domain.nodes import NODE_LOST_SCAN_SECONDS, NodeWatch
 from crater.scheduler.domain.placer import Diagnosis, Pick, Placer, Ranked
 from crater.scheduler.domain.preemptor import Preemptor
+from crater.scheduler.domain.quotas import Over
 from crater.scheduler.domain.reasons import TRANSIENT_FILTERS, Reasons
 from crater.scheduler.domain.reservations import NEVER, Reservations
 from crater.scheduler.domain.retries import RetryIndex, pool_filtered_first
@@ -166,11 +169,14 @@ class Scheduler(SchedulerState):
         pending: list[PendingTask],
         next_seq: int,
         early_cancels: list[str] | None = None,
+        budget_holds: list[TenantBudgetExceeded] | None = None,
     ) -> None:
         """Load persisted state (service start): nodes, their live allocations (a gang's
-        members each one, in any order), the queue with its escalations and nominations, and
-        the cancels waiting for their task to be profiled."""
+        members each one, in any order), the queue with its escalations and nominations, the
+        cancels waiting for their task to be profiled, and the tenants their hard budget
+        holds."""
         self.early_cancels = dict.fromkeys(early_cancels or (), False)
+        self.quotas.holds = {hold.tenant: hold for hold in budget_holds or ()}
         for topology, condition, heartbeat in nodes:
             node = Node.empty(topology, self.config.overcommit_for(topology.pool))
             node.condition = condition
@@ -245,6 +251,7 @@ class Scheduler(SchedulerState):
         changed = self.nodes.expire_heartbeats(self.nodes.heard_until(now)) or bool(decisions)
         changed = self.retries.end_backoffs(now) or changed
         changed = self.retries.announcements_due(now) or changed
+        changed = self._budget_periods_over(now) or changed
         if self.reconfigured:
             self.reconfigured, changed = False, True
         if isinstance(event, ReservationArmed):
@@ -267,6 +274,8 @@ class Scheduler(SchedulerState):
         elif isinstance(event, ReplicaReleaseRequested):
             decisions += self.lifecycle.on_release_requested(event)
             changed = changed or bool(decisions)
+        elif isinstance(event, TenantBudgetExceeded | TenantBudgetRestored):
+            changed = self._on_budget(event, now) or changed
         # After the event: a node's own heartbeat shows it is not lost.
         lost = self.nodes.release_lost_nodes(now, event)
         decisions += lost
@@ -277,6 +286,41 @@ class Scheduler(SchedulerState):
         if self.lending.forecasts:
             decisions += self.preemptor.reclaim_ahead(self.lending, event)
         return decisions
+
+    def _on_budget(self, event: TenantBudgetExceeded | TenantBudgetRestored, now: datetime) -> bool:
+        """A hard budget passed holds its tenant's work not yet placed; within it again (or
+        its period over) lets it go. A soft limit only warns: nothing changes here. Returns
+        whether the tenant's waiting tasks may now decide otherwise."""
+        if event.limit != "hard":
+            return False
+        tenant = event.tenant
+        held = self.quotas.holds.get(tenant)
+        if isinstance(event, TenantBudgetExceeded):
+            if event.period_end <= now or (
+                held is not None and held.period_start > event.period_start
+            ):
+                return False  # a period over already, or older than the hold in force
+            self.quotas.holds[tenant] = event
+        else:
+            if held is None or event.period_start < held.period_start:
+                return False  # nothing held, or about an earlier period than the hold
+            del self.quotas.holds[tenant]
+        self._tenant_stale(tenant)
+        return held is None or isinstance(event, TenantBudgetRestored)
+
+    def _budget_periods_over(self, now: datetime) -> bool:
+        """Holds whose budget period has ended let their tenants' work go."""
+        over = [t for t, hold in self.quotas.holds.items() if hold.period_end <= now]
+        for tenant in over:
+            del self.quotas.holds[tenant]
+            self._tenant_stale(tenant)
+        return bool(over)
+
+    def _tenant_stale(self, tenant: str) -> None:
+        """The tenant's waiting tasks, in every pool, may decide otherwise now."""
+        for task in self.pending.values():
+            if task.request.tenant == tenant:
+                self.retries.stale(task.request.pool)
 
     def _resume(self, now: datetime) -> None:
         """The first event after a restore. Heartbeats are not stored one by one (most change
@@ -349,7 +393,7 @@ class Scheduler(SchedulerState):
         self,
         task: PendingTask,
         avoid: BoolArray | None,
-        over: list[tuple[str, float, int]],
+        over: list[Over],
         found: Diagnosis | None,
     ) -> tuple[list[FilterReason], str]:
         return self.reasons.why_waiting(task, avoid, over, found)

@@ -17,6 +17,7 @@ from crater.scheduler.domain.preemptor import Preemptor
 from crater.scheduler.domain.queue import (
     Backfill,
 )
+from crater.scheduler.domain.quotas import Over
 from crater.scheduler.domain.reasons import Reasons
 from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import (
@@ -27,7 +28,7 @@ from crater.scheduler.domain.waitlist import Waitlist
 
 # A task that did not fit its own pool, kept to borrow after the pass (fair share): its
 # reserved nodes, the quota it is over, its filters' diagnosis.
-Deferred = tuple[PendingTask, BoolArray | None, list[tuple[str, float, int]], Diagnosis | None]
+Deferred = tuple[PendingTask, BoolArray | None, list[Over], Diagnosis | None]
 
 
 class Cycle:

@@ -105,7 +105,7 @@ def host_stranded(
     return np.asarray(np.maximum(cards.sum(axis=1) - feedable, 0.0), np.float64)
 
 
-def _models_ok(c: ClusterArrays, idx: IntArray, shapes: tuple[LearnedShape, ...]) -> BoolArray:
+def models_ok(c: ClusterArrays, idx: IntArray, shapes: tuple[LearnedShape, ...]) -> BoolArray:
     gpu_shapes = [s for s in shapes if s.gpus]
     ok = np.ones((len(gpu_shapes), len(idx)), np.bool_)
     for row, shape in enumerate(gpu_shapes):
@@ -128,7 +128,7 @@ def fragmentation_growth(c: ClusterArrays, d: Demand, idx: IntArray) -> FloatArr
         return growth
     nodes = idx[gpu_rows]
     cards = card_matrix(c, nodes)
-    ok = _models_ok(c, nodes, shapes)
+    ok = models_ok(c, nodes, shapes)
     cpu, memory = c.cpu_free[nodes], c.memory_free_mb[nodes]
     # before and after in one pass: rows [0, n) before, [n, 2n) after
     all_cards = np.concatenate([cards, cards_after(cards, d)])
@@ -165,6 +165,6 @@ def stranded_free(c: ClusterArrays, idx: IntArray) -> FloatArray | None:
         return None
     cards = card_matrix(c, idx)
     cpu, memory = c.cpu_free[idx], c.memory_free_mb[idx]
-    stranded = expected_fragmentation(cards, cpu, memory, _models_ok(c, idx, shapes), shapes)
+    stranded = expected_fragmentation(cards, cpu, memory, models_ok(c, idx, shapes), shapes)
     stranded = stranded / weight + host_stranded(cards, cpu, memory, *model.host_per_gpu_milli())
     return np.asarray(np.minimum(stranded, cards.sum(axis=1)), np.float64)

@@ -26,13 +26,13 @@ import numpy.typing as npt
 from crater.contracts import AllocationGranted, Event
 from crater.scheduler.domain.placer import Placer
 from crater.scheduler.domain.prewarm import Forecast
-from crater.scheduler.domain.quotas import Usage
+from crater.scheduler.domain.quotas import Over, Usage
 from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import PendingTask, SchedulerState
 
 
-def limits_text(over: list[tuple[str, float, int]]) -> str:
-    return ", ".join(f"{resource} {wanted:g} > {limit}" for resource, wanted, limit in over)
+def limits_text(over: list[Over]) -> str:
+    return ", ".join(f"{resource} {wanted:g} > {limit:g}" for resource, wanted, limit in over)
 
 
 class Lending:

@@ -1,10 +1,17 @@
-"""Tenant quotas: how much of the cluster a tenant may hold at once, across its tasks."""
+"""Tenant quotas: how much of the cluster a tenant may hold at once, across its tasks; and
+the tenants held by their hard budget (`budget_exceeded`), whose new work waits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from crater.contracts import TenantBudgetExceeded
 from crater.scheduler.domain.demand import Demand
+
+# What stops a tenant taking more now: (resource, wanted, limit) for each limit passed; the
+# resource "budget" (its cost, its hard budget) when its budget holds it.
+Over = tuple[str, float, float]
+BUDGET = "budget"
 
 
 @dataclass(frozen=True)
@@ -75,9 +82,9 @@ class Quota:
     cpu_cores: int | None = None
     memory_mb: int | None = None
 
-    def excess(self, usage: Usage) -> list[tuple[str, float, int]]:
+    def excess(self, usage: Usage) -> list[Over]:
         """(resource, wanted, limit) for every limit `usage` would pass."""
-        over = []
+        over: list[Over] = []
         for resource in QUOTA_FIELDS:
             limit = getattr(self, resource)
             wanted = getattr(usage, resource)
@@ -90,18 +97,22 @@ class Quota:
 class Quotas:
     limits: dict[str, Quota] = field(default_factory=dict)
     used: dict[str, Usage] = field(default_factory=dict)
+    # Tenants over their hard budget, each with what said so: until its period ends or the
+    # budget is raised (`budget_restored`), their work not yet placed waits.
+    holds: dict[str, TenantBudgetExceeded] = field(default_factory=dict)
 
-    def blocking(
-        self, tenant: str, demand: Demand, copies: int = 1
-    ) -> list[tuple[str, float, int]]:
+    def blocking(self, tenant: str, demand: Demand, copies: int = 1) -> list[Over]:
         """What stops `tenant` taking `copies` of `demand` (a gang's members) now, given
-        what it holds."""
+        what it holds: its hard budget alone when that holds it, else its quota's limits."""
+        hold = self.holds.get(tenant)
+        if hold is not None:
+            return [(BUDGET, float(hold.cost), float(hold.budget))]
         quota = self.limits.get(tenant)
         if quota is None:
             return []
         return quota.excess(self.used.get(tenant, Usage()) + Usage.of(demand).times(copies))
 
-    def never(self, tenant: str, demand: Demand, copies: int = 1) -> list[tuple[str, float, int]]:
+    def never(self, tenant: str, demand: Demand, copies: int = 1) -> list[Over]:
         """What `copies` of `demand` alone exceed: it could never run for this tenant."""
         quota = self.limits.get(tenant)
         return [] if quota is None else quota.excess(Usage.of(demand).times(copies))

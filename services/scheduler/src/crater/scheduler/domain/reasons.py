@@ -21,6 +21,7 @@ from crater.scheduler.domain.events import (
     attempt_key,
 )
 from crater.scheduler.domain.placer import Diagnosis, Placer
+from crater.scheduler.domain.quotas import BUDGET, Over
 from crater.scheduler.domain.wording import for_nodes, sentence
 
 __all__ = ["Reasons", "for_nodes", "kind_of", "sentence"]
@@ -45,7 +46,7 @@ class Reasons:
         self,
         task: PendingTask,
         avoid: BoolArray | None,
-        over: list[tuple[str, float, int]],
+        over: list[Over],
         found: Diagnosis | None,
     ) -> tuple[list[FilterReason], str]:
         """Why `task` waits, per filter, and the one-line summary. `over`: the quota limits
@@ -53,7 +54,17 @@ class Reasons:
         the quota is the reason then)."""
         total = len(self.state.cluster)
         fits: BoolArray | None = None
-        if over:
+        hold = self.state.quotas.holds.get(task.request.tenant)
+        if over and over[0][0] == BUDGET and hold is not None:
+            reasons = [
+                FilterReason(
+                    filter="TenantBudget",
+                    code="BudgetExceeded",
+                    nodes=total,
+                    message=hold.reason,
+                )
+            ]
+        elif over:
             reasons = [
                 FilterReason(
                     filter="TenantQuota",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from crater.contracts import FilterReason
 
 # Reasons about the task, not about nodes: their message is the whole sentence.
-NODELESS_FILTERS = frozenset({"TenantQuota", "Borrow", "RestartBackoff"})
+NODELESS_FILTERS = frozenset({"TenantQuota", "TenantBudget", "Borrow", "RestartBackoff"})
 PLURAL_VERBS = {"has": "have", "is": "are", "does": "do", "lacks": "lack", "runs": "run"}
 
 

@@ -129,6 +129,21 @@ class SchedulerMetrics:
             ["tenant", "resource"],
             registry=registry,
         )
+        self.placement_wait = Histogram(
+            "crater_task_placement_wait_seconds",
+            "How long tasks waited from reaching the scheduler to their (first attempt's) "
+            "placement, by pool; a gang once.",
+            ["pool"],
+            buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
+            registry=registry,
+        )
+        self.budget_held = Gauge(
+            "crater_tenant_budget_held",
+            "1 while a tenant's hard budget holds its work not yet placed (tenant.budget_"
+            "exceeded), until its period ends or the budget is raised; no series otherwise.",
+            ["tenant"],
+            registry=registry,
+        )
         self.from_the_future = Counter(
             "crater_scheduler_events_from_the_future",
             "Events dated further ahead of this scheduler's clock than the allowed skew: "
@@ -650,6 +665,9 @@ class SchedulerService:
         self.metrics.allocations.set(len(self.scheduler.allocations))
         self.metrics.nodes.set(len(self.scheduler.cluster))
         quotas = self.scheduler.quotas
+        self.metrics.budget_held.clear()
+        for tenant in quotas.holds:
+            self.metrics.budget_held.labels(tenant=tenant).set(1)
         for tenant, quota in quotas.limits.items():
             used = quotas.used.get(tenant, Usage())
             for resource in QUOTA_FIELDS:
@@ -665,6 +683,13 @@ class SchedulerService:
         update per kind, and the messages are formatted only if INFO is on (lazy %-args)."""
         for kind, count in collections.Counter(type(d).__name__ for d in decisions).items():
             self.metrics.decisions.labels(kind=kind).inc(count)
+        for d in decisions:
+            if isinstance(d, AllocationGranted) and d.attempt == 1 and d.gang_index == 0:
+                held = self.scheduler.allocations.get(d.task_id)
+                waiting = held.task if held is not None else None
+                if waiting is not None and waiting.submitted_at is not None:
+                    seconds = (d.occurred_at - waiting.submitted_at).total_seconds()
+                    self.metrics.placement_wait.labels(pool=d.pool).observe(max(0.0, seconds))
         if not log.isEnabledFor(logging.INFO):
             return
         for d in decisions:
