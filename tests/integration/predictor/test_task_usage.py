@@ -85,10 +85,16 @@ async def test_a_task_below_its_sla_is_said_once_and_it_survives_a_restart(
         async def breaches_counted() -> bool:  # counted after the commit, the breach before it
             return counted(service, "crater_predictor_tasks_underutilized_total") == 1
 
+        def taken() -> float:
+            return counted(service, "crater_predictor_usage_samples_total", {"gpus": "yes"})
+
+        async def all_taken() -> bool:  # the gauge moves at the first "fine" sample, not the last
+            return taken() >= len(first) + 5
+
         await until(gauged)
         await until(breaches_counted)
-        taken = counted(service, "crater_predictor_usage_samples_total", {"gpus": "yes"})
-        assert taken == len(first) + 5  # every sample of both tasks, once
+        await until(all_taken)
+        assert taken() == len(first) + 5  # every sample of both tasks, once
         store: LearningStore = service.state
         # a redelivered sample (same event id) counts nothing twice
         assert await store.usage(first[-1], publish_nothing) is None
