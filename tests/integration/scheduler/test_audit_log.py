@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from faststream.nats import NatsBroker
 from prometheus_client import CollectorRegistry
-from sqlalchemy import delete, insert, update
+from sqlalchemy import delete, func, insert, select, update
 
 from crater.contracts import (
     NodeCondition,
@@ -31,7 +31,13 @@ from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head
 from crater.runtime.outbox import OutboxRelay
 from crater.scheduler import audit, audit_state
 from crater.scheduler.adapters.config_watch import ConfigWatch
-from crater.scheduler.adapters.orm import audit_checkpoints, audit_log, audit_snapshots, outbox
+from crater.scheduler.adapters.orm import (
+    audit_checkpoints,
+    audit_log,
+    audit_snapshots,
+    audit_tasks,
+    outbox,
+)
 from crater.scheduler.app import MIGRATIONS_DIR
 from crater.scheduler.domain.core import SchedulerConfig
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
@@ -770,3 +776,31 @@ async def test_after_a_failed_commit_the_reloaded_state_is_recorded_and_replayed
     report = await replayed_log(sessions)
     assert report.identical, report.problem or report.divergence
     assert report.adopted == restored
+
+
+async def test_pruning_drops_the_index_of_dropped_records(sessions: Any) -> None:
+    await recorded_run(service(sessions))
+    log = await entries(sessions)
+    cut = log[30].decided_at
+    async with sessions() as session, session.begin():
+        await audit.prune(session, datetime.fromisoformat(cut))
+    async with sessions() as session:
+        first = await session.scalar(select(func.min(audit_log.c.seq)))
+        kept = (await session.scalars(select(audit_tasks.c.seq))).all()
+    assert kept
+    assert min(kept) >= first
+
+
+def test_the_index_holds_the_tasks_explain_reads() -> None:
+    """A record's tasks: its input's (`task.task_id` or `task_id`) and its decisions'; an id
+    the index cannot hold (too long, a NUL) is left to the scan; a non-ASCII one is held."""
+    granted = '[{"kind":"AllocationGranted","event":{"task_id":"a"}},{"kind":"X","event":{}}]'
+    assert audit.task_ids('{"task":{"task_id":"b"}}', granted) == {"a", "b"}
+    assert audit.task_ids('{"task_id":"c","node_id":"n"}', "[]") == {"c"}
+    assert audit.task_ids('{"node_id":"n"}', "[]") == set()
+    assert audit.task_ids('{"task_id":"' + "x" * 257 + '"}', "[]") == set()
+    assert audit.task_ids('{"task_id":"a\\u0000b"}', "[]") == set()
+    assert not audit.indexable("")
+    wide = "tâche-ü"
+    body = json.dumps({"task_id": wide}, ensure_ascii=False)
+    assert audit.task_ids(body, "[]") == {wide}

@@ -313,6 +313,22 @@ def _said(event: dict[str, Any]) -> list[str]:
 
 
 @app.command()
+def index(database_url: DatabaseOption = DEFAULT_DATABASE) -> None:
+    """Fill in the task index (explain's way to a task's records) for the records written
+    without it: before migration 0010, or by an older scheduler since. A few thousand records
+    per transaction, committed as it goes: run it with the scheduler running."""
+    from crater.scheduler import audit
+
+    async def work(connection: AsyncConnection) -> int:
+        return await audit.index_tasks(
+            connection, progress=lambda done: print(f"{done} records indexed", file=sys.stderr)
+        )
+
+    count = _on_database(database_url, work)
+    console.print(f"indexed {count} records: every record's tasks are in the index")
+
+
+@app.command()
 def export(
     out: Annotated[Path, typer.Option(help="The file to write.")],
     fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet")] = "parquet",

@@ -29,7 +29,7 @@ from typing import Any, cast
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from crater.contracts import (
@@ -42,7 +42,12 @@ from crater.contracts import (
     TaskStatusReported,
 )
 from crater.scheduler import audit_state
-from crater.scheduler.adapters.orm import audit_checkpoints, audit_log, audit_snapshots
+from crater.scheduler.adapters.orm import (
+    audit_checkpoints,
+    audit_log,
+    audit_snapshots,
+    audit_tasks,
+)
 from crater.scheduler.domain.config import SchedulerConfig
 from crater.scheduler.domain.core import Scheduler
 from crater.scheduler.domain.inputs import ReservationArmed
@@ -156,6 +161,62 @@ class Entry:
         }
 
 
+# -- the task index -------------------------------------------------------------------------
+# Which tasks a record is about, kept beside the log (`scheduler_audit_tasks`, not part of the
+# chain: derived from the records) so that explain reads a task's records, not the whole log.
+
+TASK_ID_MAX = 256  # the longest id the index holds: a query's task_id is at most this long
+
+
+def indexable(task_id: str) -> bool:
+    """Whether the index can hold `task_id`; a record about another (too long, a NUL, not
+    encodable) is found by scanning the log."""
+    if not task_id or len(task_id) > TASK_ID_MAX or "\x00" in task_id:
+        return False
+    try:
+        task_id.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def task_ids(input_json: str, decisions: str) -> set[str]:
+    """The tasks a stored record is about, as explain reads them: its input's task
+    (`task.task_id`, or `task_id`) and each decision's `task_id`."""
+    ids: set[str] = set()
+    if '"task_id"' in input_json:
+        try:
+            event = json.loads(input_json)
+        except ValueError:
+            event = None
+        if isinstance(event, dict):
+            task = event.get("task")
+            if isinstance(task, dict) and isinstance(task.get("task_id"), str):
+                ids.add(task["task_id"])
+            if isinstance(event.get("task_id"), str):
+                ids.add(event["task_id"])
+    if decisions != "[]":
+        for decided in json.loads(decisions):
+            decision = decided.get("event") if isinstance(decided, dict) else None
+            if isinstance(decision, dict) and isinstance(decision.get("task_id"), str):
+                ids.add(decision["task_id"])
+    return {i for i in ids if indexable(i)}
+
+
+def _event_task_ids(event: Event, decisions: Sequence[Event]) -> set[str]:
+    """`task_ids` of the record `event` and `decisions` make, from the objects (the JSON
+    they dump to has the same fields): no parsing in the decision's commit."""
+    ids: set[str] = set()
+    task_id = getattr(getattr(event, "task", None), "task_id", None)
+    if isinstance(task_id, str):
+        ids.add(task_id)
+    for item in (event, *decisions):
+        task_id = getattr(item, "task_id", None)
+        if isinstance(task_id, str):
+            ids.add(task_id)
+    return {i for i in ids if indexable(i)}
+
+
 # -- signing ----------------------------------------------------------------------------------
 
 
@@ -209,6 +270,7 @@ class _Staged:
     body: str
     decisions: str
     state: bytes | None = None  # a snapshot's bytes
+    tasks: set[str] | None = None  # the tasks it is about (None: `task_ids` of its JSON)
 
 
 def snapshot_body(why: str, state: bytes, config: SchedulerConfig, fingerprint: str) -> str:
@@ -240,7 +302,7 @@ def _snapshot(why: str, core: Scheduler, epoch: int | None) -> _Staged | None:
     except Exception:
         log.exception("no %s snapshot of the core for the audit log", why)
         return None
-    return _Staged(epoch, now_text(), SNAPSHOT, SNAPSHOT_KIND, body, "[]", state)
+    return _Staged(epoch, now_text(), SNAPSHOT, SNAPSHOT_KIND, body, "[]", state, set())
 
 
 @dataclass
@@ -269,9 +331,10 @@ class AuditLog:
     ) -> None:
         """One record: the decision's own time is now, when the core has just decided."""
         kind = kind or type(event).__name__
+        tasks = _event_task_ids(event, decisions) if event is not None and body is None else None
         body = body if body is not None else event.model_dump_json() if event else "{}"
         self.staged.append(
-            _Staged(epoch, now_text(), source, kind, body, decisions_json(decisions))
+            _Staged(epoch, now_text(), source, kind, body, decisions_json(decisions), None, tasks)
         )
 
     def add_config(self, kind: str, config: SchedulerConfig, epoch: int | None) -> None:
@@ -306,6 +369,7 @@ class AuditLog:
                 staged.append(periodic)
         entries = []
         states = []
+        about = []
         for item in staged:
             seq += 1
             digest = entry_hash(
@@ -333,8 +397,14 @@ class AuditLog:
             )
             if item.state is not None:
                 states.append({"seq": seq, "state": item.state})
+            tasks = item.tasks if item.tasks is not None else task_ids(item.body, item.decisions)
+            about += [{"task_id": task_id, "seq": seq} for task_id in sorted(tasks)]
             prev = digest
-        await connection.execute(insert(audit_log), [e.as_row() for e in entries])
+        await connection.execute(
+            insert(audit_log), [{**e.as_row(), "tasks_indexed": True} for e in entries]
+        )
+        if about:
+            await connection.execute(insert(audit_tasks), about)
         if states:
             await connection.execute(insert(audit_snapshots), states)
         if self.signing_key is not None:
@@ -490,11 +560,54 @@ async def prune(connection: AsyncConnection | AsyncSession, before: datetime) ->
     result = await connection.execute(delete(audit_log).where(audit_log.c.decided_at < text))
     # the snapshots of dropped records go with them: a replay starts at a kept one
     first = await connection.scalar(select(audit_log.c.seq).order_by(audit_log.c.seq).limit(1))
-    dropped = delete(audit_snapshots)
-    if first is not None:
-        dropped = dropped.where(audit_snapshots.c.seq < first)
-    await connection.execute(dropped)
+    for table in (audit_snapshots, audit_tasks):
+        dropped = delete(table)
+        if first is not None:
+            dropped = dropped.where(table.c.seq < first)
+        await connection.execute(dropped)
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+INDEX_CHUNK = 5_000
+
+
+async def index_tasks(
+    connection: AsyncConnection,
+    chunk: int = INDEX_CHUNK,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Fill in the task index for the records written without it (before migration 0010, or
+    by an older build since), `chunk` records per transaction, committed as it goes (a
+    running scheduler goes on writing meanwhile). Returns how many records it indexed."""
+    done = 0
+    while True:
+        rows = (
+            await connection.execute(
+                select(audit_log.c.seq, audit_log.c.input, audit_log.c.decisions)
+                .where(audit_log.c.tasks_indexed.is_(None))
+                .order_by(audit_log.c.seq)
+                .limit(chunk)
+            )
+        ).all()
+        if not rows:
+            return done
+        seqs = [int(row.seq) for row in rows]
+        about = [
+            {"task_id": task_id, "seq": int(row.seq)}
+            for row in rows
+            for task_id in sorted(task_ids(row.input, row.decisions))
+        ]
+        # what a run cut short left, and the records' flags, in one transaction
+        await connection.execute(delete(audit_tasks).where(audit_tasks.c.seq.in_(seqs)))
+        if about:
+            await connection.execute(insert(audit_tasks), about)
+        await connection.execute(
+            update(audit_log).where(audit_log.c.seq.in_(seqs)).values(tasks_indexed=True)
+        )
+        await connection.commit()
+        done += len(rows)
+        if progress is not None:
+            progress(done)
 
 
 # -- verify -----------------------------------------------------------------------------------
