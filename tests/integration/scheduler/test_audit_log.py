@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,9 +18,10 @@ import pandas as pd
 import pytest
 from faststream.nats import NatsBroker
 from prometheus_client import CollectorRegistry
-from sqlalchemy import delete, insert, update
+from sqlalchemy import delete, func, insert, select, update
 
 from crater.contracts import (
+    AuditExplainQuery,
     NodeCondition,
     NodeHealthReported,
     NodeTopologyReported,
@@ -31,7 +33,13 @@ from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head
 from crater.runtime.outbox import OutboxRelay
 from crater.scheduler import audit, audit_state
 from crater.scheduler.adapters.config_watch import ConfigWatch
-from crater.scheduler.adapters.orm import audit_checkpoints, audit_log, audit_snapshots, outbox
+from crater.scheduler.adapters.orm import (
+    audit_checkpoints,
+    audit_log,
+    audit_snapshots,
+    audit_tasks,
+    outbox,
+)
 from crater.scheduler.app import MIGRATIONS_DIR
 from crater.scheduler.domain.core import SchedulerConfig
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
@@ -339,6 +347,13 @@ async def test_the_cli_verifies_replays_explains_and_exports(
     assert story.exit_code == 0
     assert "AllocationGranted" in story.output
     assert "fits n" in story.output
+    fast = await asyncio.to_thread(crater, "explain", tasks[4], "--json")
+    scan = await asyncio.to_thread(crater, "explain", tasks[4], "--json", "--scan")
+    assert json.loads(fast.stdout) == json.loads(scan.stdout)
+    assert any(s["placement"] for s in json.loads(fast.stdout))
+    indexed = await asyncio.to_thread(crater, "index")
+    assert indexed.exit_code == 0, indexed.output
+    assert "indexed 0 records" in indexed.stdout  # the scheduler indexes as it records
     out = tmp_path / "decisions.parquet"
     exported = await asyncio.to_thread(crater, "export", "--out", str(out))
     assert exported.exit_code == 0, exported.output
@@ -357,7 +372,7 @@ async def test_explain_on_the_rest_api(sessions: Any, fresh_nats: Any) -> None:
     import nats
     from nats.aio.msg import Msg
 
-    from crater.contracts import AuditExplainQuery, Priority, TaskType
+    from crater.contracts import Priority, TaskType
     from crater.contracts.queries import QuerySubjects, TasksAnswer, TaskSummary
     from crater.gateway.app import GatewaySettings, build
 
@@ -380,8 +395,11 @@ async def test_explain_on_the_rest_api(sessions: Any, fresh_nats: Any) -> None:
     async def on_tasks(msg: Msg) -> None:
         await msg.respond(TasksAnswer(tasks=[summary]).model_dump_json().encode())
 
+    asked: list[AuditExplainQuery] = []
+
     async def on_explain(msg: Msg) -> None:
-        answer = await scheduler.explain(AuditExplainQuery.model_validate_json(msg.data))
+        asked.append(AuditExplainQuery.model_validate_json(msg.data))
+        answer = await scheduler.explain(asked[-1])
         await msg.respond(answer.model_dump_json().encode())
 
     await connection.subscribe(QuerySubjects.TASKS, cb=on_tasks)
@@ -403,6 +421,10 @@ async def test_explain_on_the_rest_api(sessions: Any, fresh_nats: Any) -> None:
     assert "TaskEnded" in kinds or "AllocationReleased" in kinds
     assert steps[0]["placement"]["fits"][0]["node_id"] == steps[0]["decision"]["node"]
     assert all(s["epoch"] == 1 for s in steps)
+    # the scheduler is given half the gateway's timeout, and says it told the whole story
+    assert asked[0].budget_seconds == 5
+    assert response.json()["truncated"] is False
+    assert response.json()["records_read"] == len({s["seq"] for s in steps})
 
 
 async def test_a_replay_crosses_a_leader_take_over(sessions: Any) -> None:
@@ -770,3 +792,280 @@ async def test_after_a_failed_commit_the_reloaded_state_is_recorded_and_replayed
     report = await replayed_log(sessions)
     assert report.identical, report.problem or report.divergence
     assert report.adopted == restored
+
+
+# -- explain through the task index and the snapshots -------------------------------------------
+
+
+def told(steps: list[audit.Step]) -> list[dict[str, Any]]:
+    return [s.as_dict() for s in steps]
+
+
+async def whole_log_story(
+    sessions: Any, task_id: str, config: SchedulerConfig | None
+) -> list[dict[str, Any]]:
+    """What `crater audit explain --scan` tells: the whole log read, replayed from record 1."""
+    async with sessions() as session:
+        restored = await audit.read_snapshots(session, why=audit.RESTORED)
+        log = await audit.all_entries(session)
+    return told(audit.explain(log, task_id, config, restored))
+
+
+async def indexed_story(sessions: Any, task_id: str, **kwargs: Any) -> audit.Explained:
+    async with sessions() as session:
+        return await audit.explain_log(session, task_id, **kwargs)
+
+
+async def mixed_run(sessions: Any) -> list[str]:
+    """Tasks placed at once and later (resources back), periodic snapshots every 15 records,
+    a second leader taking over (a restored snapshot), a task reported by both."""
+    tasks = await recorded_run(service(sessions, audit.AuditLog(snapshot_every=15)))
+    second = service(sessions, audit.AuditLog(snapshot_every=15))
+    await second.take_over(2, "second")
+    at = T0 + timedelta(minutes=2)
+    for i in range(5):
+        event = profiled(f"after-{i}", at + timedelta(seconds=i), gpus=1 + i % 3)
+        await second.handle(event, "task-profiled")
+        tasks.append(event.task.task_id)
+    return tasks
+
+
+async def test_explain_through_the_index_tells_what_the_whole_log_tells(sessions: Any) -> None:
+    """Every task's story, placements replayed from the nearest snapshot, is the story the
+    whole log replayed from record 1 tells; only the task's records are read."""
+    tasks = await mixed_run(sessions)
+    log = await entries(sessions)
+    periodic = [e.seq for e in log if e.source == audit.SNAPSHOT and '"periodic"' in e.input]
+    assert len(periodic) >= 4
+    config = SchedulerConfig()
+    later = 0
+    for task_id in [*tasks, "never-seen"]:
+        for placements in (config, None):
+            found = await indexed_story(sessions, task_id, config=placements)
+            assert told(found.steps) == await whole_log_story(sessions, task_id, placements)
+            assert not found.truncated, found.notes
+            about = [e for e in log if audit._mentions(e, task_id)]
+            assert found.records_read == len(about) < len(log)
+        grants = [
+            s for s in found.steps if s.decision and s.decision["kind"] == "AllocationGranted"
+        ]
+        replayed = await indexed_story(sessions, task_id, config=config)
+        # a replay per placement at most (one goes on to the next when no snapshot is
+        # nearer), each from a snapshot before it, never from record 1
+        assert len(replayed.replayed_from) <= len({s.seq for s in grants})
+        assert all(0 < base < grants[-1].seq for base in replayed.replayed_from)
+        later += any(base in periodic for base in replayed.replayed_from)
+    assert later > 0  # some from a periodic snapshot, not only the take-overs' restored ones
+
+
+async def test_explain_of_a_long_log_reads_the_task_records_and_replays_from_a_snapshot(
+    sessions: Any,
+) -> None:
+    """A log of about 20,000 records (heartbeats many per commit, as a cluster sends them):
+    the story of a task placed near the end reads its own records, and its placement is
+    replayed from the snapshot before it (the snapshot interval at most), not from record 1;
+    the answer is the one the whole log replayed gives."""
+    scheduler = service(sessions)  # the shipped snapshot interval: 10,000 records
+    await scheduler.take_over(1, "test")
+    await asyncio.gather(
+        *(
+            scheduler.handle(
+                NodeTopologyReported(node=node(f"n{i}", gpus=4), occurred_at=T0), "node-topology"
+            )
+            for i in range(3)
+        )
+    )
+    await scheduler.handle(profiled("early", T0 + timedelta(seconds=1)), "task-profiled")
+    at = T0 + timedelta(seconds=2)
+    for batch in range(65):
+        at += timedelta(milliseconds=200)
+        beats = [
+            NodeHealthReported(
+                node_id=f"n{i % 3}", condition=NodeCondition.READY, score=100, occurred_at=at
+            )
+            for i in range(300)
+        ]
+        await asyncio.gather(*(scheduler.handle(b, "node-health") for b in beats))
+        if batch == 50:
+            late = profiled("late", at + timedelta(milliseconds=100), gpus=2)
+            await scheduler.handle(late, "task-profiled")
+    async with sessions() as session:
+        records = await session.scalar(select(func.max(audit_log.c.seq)))
+        periodic = (
+            await session.scalars(
+                select(audit_log.c.seq)
+                .where(audit_log.c.source == audit.SNAPSHOT)
+                .where(audit_log.c.input.contains('"periodic"'))
+            )
+        ).all()
+        placed = await session.scalar(
+            select(audit_log.c.seq).where(audit_log.c.input.contains('"task_id":"late"'))
+        )
+    assert records > 19_500
+    assert len(periodic) == 1
+    assert periodic[0] < placed
+    config = SchedulerConfig()
+
+    found = await indexed_story(sessions, "late", config=config)
+    assert found.records_read == 1  # of ~19,500: its submission, which placed it
+    assert [s.decision and s.decision["kind"] for s in found.steps] == ["AllocationGranted"]
+    assert found.steps[0].placement is not None
+    assert found.replayed_from == [periodic[0]]
+    assert found.events_replayed == placed - 1 - periodic[0] < audit.SNAPSHOT_EVERY
+    assert told(found.steps) == await whole_log_story(sessions, "late", config)
+
+    early = await indexed_story(sessions, "early", config=config)
+    assert early.records_read == 1
+    assert early.replayed_from == [3]  # the state the leader loaded, not record 1
+    assert early.events_replayed == 3  # the nodes' topologies
+    assert early.steps[0].placement is not None
+
+    # out of time: the story still, its placement left out and said so
+    late_now = await indexed_story(sessions, "late", config=config, deadline=time.monotonic())
+    assert late_now.truncated
+    assert late_now.steps[0].placement is None
+    assert late_now.events_replayed == 0
+    assert "crater audit explain late" in late_now.notes[0]
+    assert told(late_now.steps) == await whole_log_story(sessions, "late", None)
+
+    # through the scheduler's query: bounded the same way
+    answer = await scheduler.explain(AuditExplainQuery(task_id="late", budget_seconds=60))
+    assert not answer.truncated
+    assert answer.records_read == 1
+    assert answer.replayed_from == [periodic[0]]
+    assert answer.steps[0].placement is not None
+    none = await scheduler.explain(AuditExplainQuery(task_id="late", max_placements=0))
+    assert none.truncated
+    assert none.events_replayed == 0
+    assert none.steps[0].placement is None
+    assert "first 0 of 1" in none.notes[0]
+
+
+async def test_an_old_log_without_the_index_still_explains(
+    sessions: Any, database_url: str
+) -> None:
+    """A log recorded before the task index (migration 0010 applied to it afterwards: every
+    record's `tasks_indexed` NULL), or partly by an older build since: explain finds the
+    task's records by a scan and tells the same story; `crater audit index` fills the index
+    in, with exactly what the scheduler writes as it records."""
+    from alembic import command
+
+    from crater.runtime.db import alembic_config
+
+    tasks = await mixed_run(sessions)
+    config = SchedulerConfig()
+    stories = {t: await whole_log_story(sessions, t, config) for t in tasks}
+    async with sessions() as session:
+        written = (
+            await session.execute(
+                select(audit_tasks).order_by(audit_tasks.c.seq, audit_tasks.c.task_id)
+            )
+        ).all()
+    assert written  # the live writer's index
+
+    alembic = alembic_config(database_url, MIGRATIONS_DIR)
+    await asyncio.to_thread(command.downgrade, alembic, "0009")
+    await asyncio.to_thread(command.upgrade, alembic, "head")
+    async with sessions() as session:
+        unindexed = await session.scalar(
+            select(func.count()).where(audit_log.c.tasks_indexed.is_(None))
+        )
+        assert unindexed == len(await audit.all_entries(session))
+        assert not (await session.execute(select(audit_tasks))).all()
+    for task_id in tasks:
+        found = await indexed_story(sessions, task_id, config=config)
+        assert told(found.steps) == stories[task_id]
+        assert found.records_read < unindexed  # the database scanned, not us
+
+    engine = make_engine(database_url)
+    async with engine.connect() as connection:
+        assert await audit.index_tasks(connection, chunk=7) == unindexed
+        assert await audit.index_tasks(connection) == 0
+    await engine.dispose()
+    async with sessions() as session:
+        backfilled = (
+            await session.execute(
+                select(audit_tasks).order_by(audit_tasks.c.seq, audit_tasks.c.task_id)
+            )
+        ).all()
+    assert backfilled == written
+
+    # an older build writing after the migration: its records unindexed among indexed ones
+    async with sessions() as session, session.begin():
+        middle = audit_log.c.seq.between(20, 60)
+        await session.execute(update(audit_log).where(middle).values(tasks_indexed=None))
+        await session.execute(delete(audit_tasks).where(audit_tasks.c.seq.between(20, 60)))
+    for task_id in tasks:
+        found = await indexed_story(sessions, task_id, config=config)
+        assert told(found.steps) == stories[task_id]
+    assert (await verified(sessions)).ok  # the index is not in the chain
+
+
+async def test_pruning_drops_the_index_of_dropped_records(sessions: Any) -> None:
+    await recorded_run(service(sessions))
+    log = await entries(sessions)
+    cut = log[30].decided_at
+    async with sessions() as session, session.begin():
+        await audit.prune(session, datetime.fromisoformat(cut))
+    async with sessions() as session:
+        first = await session.scalar(select(func.min(audit_log.c.seq)))
+        kept = (await session.scalars(select(audit_tasks.c.seq))).all()
+    assert kept
+    assert min(kept) >= first
+
+
+def test_the_index_holds_the_tasks_explain_reads() -> None:
+    """A record's tasks: its input's (`task.task_id` or `task_id`) and its decisions'; an id
+    the index cannot hold (too long, a NUL) is left to the scan; a non-ASCII id, as the
+    events' JSON holds it, is found."""
+    granted = '[{"kind":"AllocationGranted","event":{"task_id":"a"}},{"kind":"X","event":{}}]'
+    assert audit.task_ids('{"task":{"task_id":"b"}}', granted) == {"a", "b"}
+    assert audit.task_ids('{"task_id":"c","node_id":"n"}', "[]") == {"c"}
+    assert audit.task_ids('{"node_id":"n"}', "[]") == set()
+    assert audit.task_ids('{"task_id":"' + "x" * 257 + '"}', "[]") == set()
+    assert audit.task_ids('{"task_id":"a\\u0000b"}', "[]") == set()
+    assert not audit.indexable("")
+    wide = "tâche-ü"
+    body = json.dumps({"task_id": wide}, ensure_ascii=False)
+    entry = audit.Entry(1, 1, "t", audit.SERVICE, "X", body, "[]", audit.GENESIS, "h")
+    assert audit._mentions(entry, wide)
+    assert audit.task_ids(body, "[]") == {wide}
+
+
+async def test_placements_one_after_another_go_on_or_start_again_as_near_as_they_can(
+    sessions: Any,
+) -> None:
+    """Many placements (every task's grant), in the log's order: each replayed to the state
+    just before its record, going on with the replay under way where no snapshot is nearer,
+    starting again from a nearer snapshot where there is one; each as the whole log tells."""
+    tasks = await mixed_run(sessions)
+    config = SchedulerConfig()
+    expected: dict[tuple[int, str], Any] = {}
+    wanted = []
+    for task_id in tasks:
+        whole = await whole_log_story(sessions, task_id, config)
+        found = await indexed_story(sessions, task_id)  # no placements: the steps to fill
+        story = audit._Story(task_id)
+        async with sessions() as session:
+            about, _, _ = await audit.entries_about(session, task_id)
+        for entry in about:
+            for step, request in story.take(entry):
+                if request is not None:
+                    wanted.append((step, request))
+                    expected[(step.seq, task_id)] = next(
+                        s["placement"] for s in whole if s["seq"] == step.seq
+                    )
+        assert told(found.steps) == told(story.steps)
+    wanted.sort(key=lambda w: w[0].seq)
+    assert len({s.seq for s, _ in wanted}) > 5
+    result = audit.Explained()
+    async with sessions() as session:
+        await audit._placements(session, config, "all", wanted, result, None, audit._inline)
+    for step, request in wanted:
+        assert step.placement == expected[(step.seq, request.task.task_id)]
+    log = await entries(sessions)
+    snapshots = [e.seq for e in log if e.source == audit.SNAPSHOT]
+    assert 1 < len(result.replayed_from) < len({s.seq for s, _ in wanted})  # went on, too
+    assert set(result.replayed_from) <= set(snapshots)
+    assert result.events_replayed < sum(e.source == audit.CORE for e in log)
+    assert not result.notes

@@ -264,19 +264,35 @@ def explain(
         bool,
         typer.Option(help="Replay to each placement: filters per node and scores as then."),
     ] = True,
+    scan: Annotated[
+        bool,
+        typer.Option(
+            help="Read the whole log and replay it from record 1, not the task index and the "
+            "snapshots (slow: what the fast way must equal)."
+        ),
+    ] = False,
     as_json: JsonOption = False,
     database_url: DatabaseOption = DEFAULT_DATABASE,
 ) -> None:
     """A task's whole story from the log: every decision about it, and for a placement the
-    filters that removed which nodes and the scores of the nodes that remained."""
+    filters that removed which nodes and the scores of the nodes that remained. Its records
+    are found through the task index (and, among records written before it, by a scan), and
+    each placement is replayed from the nearest snapshot before it; nothing is left out."""
     from crater.scheduler import audit
 
-    async def work(connection: AsyncConnection) -> tuple[list[audit.Entry], dict[int, bytes]]:
-        restored = await audit.read_snapshots(connection, why=audit.RESTORED)
-        return await audit.all_entries(connection), restored
+    config = _config() if placements else None
 
-    entries, restored = _on_database(database_url, work)
-    steps = audit.explain(entries, task_id, _config() if placements else None, restored)
+    async def work(connection: AsyncConnection) -> audit.Explained:
+        if not scan:
+            return await audit.explain_log(connection, task_id, config)
+        restored = await audit.read_snapshots(connection, why=audit.RESTORED)
+        entries = await audit.all_entries(connection)
+        return audit.Explained(audit.explain(entries, task_id, config, restored), len(entries))
+
+    told = _on_database(database_url, work)
+    steps = told.steps
+    for note in told.notes:
+        print(f"note: {note}", file=sys.stderr)
     if not steps:
         console.print(f"the log says nothing of {task_id!r}")
         raise typer.Exit(1)
@@ -310,6 +326,22 @@ def _said(event: dict[str, Any]) -> list[str]:
     for error in event.get("errors", []):
         lines.append(f"error {error.get('field')}: {error.get('reason')}")
     return lines
+
+
+@app.command()
+def index(database_url: DatabaseOption = DEFAULT_DATABASE) -> None:
+    """Fill in the task index (explain's way to a task's records) for the records written
+    without it: before migration 0010, or by an older scheduler since. A few thousand records
+    per transaction, committed as it goes: run it with the scheduler running."""
+    from crater.scheduler import audit
+
+    async def work(connection: AsyncConnection) -> int:
+        return await audit.index_tasks(
+            connection, progress=lambda done: print(f"{done} records indexed", file=sys.stderr)
+        )
+
+    count = _on_database(database_url, work)
+    console.print(f"indexed {count} records: every record's tasks are in the index")
 
 
 @app.command()

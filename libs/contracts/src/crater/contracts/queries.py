@@ -362,6 +362,20 @@ class AuditExplainQuery(Contract):
         description="Replay the log to each placement: the nodes each filter removed and the "
         "scores of those that remained, as they were then.",
     )
+    max_placements: int = Field(
+        default=5,
+        ge=0,
+        le=100,
+        description="Replay the first this many placements only; the answer says when there "
+        "were more (truncated). `crater audit explain` replays them all.",
+    )
+    budget_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="How long the scheduler may spend; what it could not do in time is left "
+        "out and said (truncated), rather than the answer coming too late.",
+    )
 
 
 class AuditStep(Contract):
@@ -376,13 +390,31 @@ class AuditStep(Contract):
     decision_kind: str | None = Field(description="None: an input naming the task.")
     decision: dict[str, Any] | None = Field(description="The decision as it was published.")
     placement: TaskPlacementAnswer | None = Field(
-        default=None, description="For a placement: the dry run of the task as things were."
+        default=None,
+        description="For a placement: the dry run of the task as things were; None when not "
+        "asked, or not replayed (the answer is then truncated, its notes say why).",
     )
 
 
 class AuditExplainAnswer(Contract):
     task_id: str
     steps: list[AuditStep] = Field(description="In the log's order; empty: never seen.")
+    truncated: bool = Field(
+        default=False,
+        description="Not the whole story: records or placements left out to answer in time "
+        "(notes say which); `crater audit explain TASK_ID` tells it all.",
+    )
+    notes: list[str] = Field(default_factory=list, description="What was left out, and why.")
+    records_read: int = Field(
+        default=0, ge=0, description="Log records read to find the task's story."
+    )
+    events_replayed: int = Field(
+        default=0, ge=0, description="Inputs replayed to reach the placements."
+    )
+    replayed_from: list[int] = Field(
+        default_factory=list,
+        description="The snapshot record each replay started from (0: the log's first record).",
+    )
 
 
 class PredictionQuery(Contract):

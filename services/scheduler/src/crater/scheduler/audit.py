@@ -20,7 +20,15 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +37,7 @@ from typing import Any, cast
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from crater.contracts import (
@@ -44,7 +52,12 @@ from crater.contracts import (
     TenantBudgetRestored,
 )
 from crater.scheduler import audit_state
-from crater.scheduler.adapters.orm import audit_checkpoints, audit_log, audit_snapshots
+from crater.scheduler.adapters.orm import (
+    audit_checkpoints,
+    audit_log,
+    audit_snapshots,
+    audit_tasks,
+)
 from crater.scheduler.domain.config import SchedulerConfig
 from crater.scheduler.domain.core import Scheduler
 from crater.scheduler.domain.inputs import ReservationArmed
@@ -160,6 +173,62 @@ class Entry:
         }
 
 
+# -- the task index -------------------------------------------------------------------------
+# Which tasks a record is about, kept beside the log (`scheduler_audit_tasks`, not part of the
+# chain: derived from the records) so that explain reads a task's records, not the whole log.
+
+TASK_ID_MAX = 256  # the longest id the index holds: a query's task_id is at most this long
+
+
+def indexable(task_id: str) -> bool:
+    """Whether the index can hold `task_id`; a record about another (too long, a NUL, not
+    encodable) is found by scanning the log."""
+    if not task_id or len(task_id) > TASK_ID_MAX or "\x00" in task_id:
+        return False
+    try:
+        task_id.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def task_ids(input_json: str, decisions: str) -> set[str]:
+    """The tasks a stored record is about, as explain reads them: its input's task
+    (`task.task_id`, or `task_id`) and each decision's `task_id`."""
+    ids: set[str] = set()
+    if '"task_id"' in input_json:
+        try:
+            event = json.loads(input_json)
+        except ValueError:
+            event = None
+        if isinstance(event, dict):
+            task = event.get("task")
+            if isinstance(task, dict) and isinstance(task.get("task_id"), str):
+                ids.add(task["task_id"])
+            if isinstance(event.get("task_id"), str):
+                ids.add(event["task_id"])
+    if decisions != "[]":
+        for decided in json.loads(decisions):
+            decision = decided.get("event") if isinstance(decided, dict) else None
+            if isinstance(decision, dict) and isinstance(decision.get("task_id"), str):
+                ids.add(decision["task_id"])
+    return {i for i in ids if indexable(i)}
+
+
+def _event_task_ids(event: Event, decisions: Sequence[Event]) -> set[str]:
+    """`task_ids` of the record `event` and `decisions` make, from the objects (the JSON
+    they dump to has the same fields): no parsing in the decision's commit."""
+    ids: set[str] = set()
+    task_id = getattr(getattr(event, "task", None), "task_id", None)
+    if isinstance(task_id, str):
+        ids.add(task_id)
+    for item in (event, *decisions):
+        task_id = getattr(item, "task_id", None)
+        if isinstance(task_id, str):
+            ids.add(task_id)
+    return {i for i in ids if indexable(i)}
+
+
 # -- signing ----------------------------------------------------------------------------------
 
 
@@ -213,6 +282,7 @@ class _Staged:
     body: str
     decisions: str
     state: bytes | None = None  # a snapshot's bytes
+    tasks: set[str] | None = None  # the tasks it is about (None: `task_ids` of its JSON)
 
 
 def snapshot_body(why: str, state: bytes, config: SchedulerConfig, fingerprint: str) -> str:
@@ -244,7 +314,7 @@ def _snapshot(why: str, core: Scheduler, epoch: int | None) -> _Staged | None:
     except Exception:
         log.exception("no %s snapshot of the core for the audit log", why)
         return None
-    return _Staged(epoch, now_text(), SNAPSHOT, SNAPSHOT_KIND, body, "[]", state)
+    return _Staged(epoch, now_text(), SNAPSHOT, SNAPSHOT_KIND, body, "[]", state, set())
 
 
 @dataclass
@@ -273,9 +343,10 @@ class AuditLog:
     ) -> None:
         """One record: the decision's own time is now, when the core has just decided."""
         kind = kind or type(event).__name__
+        tasks = _event_task_ids(event, decisions) if event is not None and body is None else None
         body = body if body is not None else event.model_dump_json() if event else "{}"
         self.staged.append(
-            _Staged(epoch, now_text(), source, kind, body, decisions_json(decisions))
+            _Staged(epoch, now_text(), source, kind, body, decisions_json(decisions), None, tasks)
         )
 
     def add_config(self, kind: str, config: SchedulerConfig, epoch: int | None) -> None:
@@ -310,6 +381,7 @@ class AuditLog:
                 staged.append(periodic)
         entries = []
         states = []
+        about = []
         for item in staged:
             seq += 1
             digest = entry_hash(
@@ -337,8 +409,14 @@ class AuditLog:
             )
             if item.state is not None:
                 states.append({"seq": seq, "state": item.state})
+            tasks = item.tasks if item.tasks is not None else task_ids(item.body, item.decisions)
+            about += [{"task_id": task_id, "seq": seq} for task_id in sorted(tasks)]
             prev = digest
-        await connection.execute(insert(audit_log), [e.as_row() for e in entries])
+        await connection.execute(
+            insert(audit_log), [{**e.as_row(), "tasks_indexed": True} for e in entries]
+        )
+        if about:
+            await connection.execute(insert(audit_tasks), about)
         if states:
             await connection.execute(insert(audit_snapshots), states)
         if self.signing_key is not None:
@@ -456,16 +534,19 @@ async def read_snapshots(
 
 
 async def snapshot_at_or_before(
-    connection: AsyncConnection | AsyncSession, seq: int
+    connection: AsyncConnection | AsyncSession, seq: int, *, this_build: bool = False
 ) -> tuple[Entry, bytes | None] | None:
     """The latest snapshot record at or before record `seq`, with its bytes (None: they are
-    missing); None when there is none."""
-    found = await connection.scalar(
-        select(audit_log.c.seq)
-        .where(audit_log.c.seq <= seq, audit_log.c.source == SNAPSHOT)
-        .order_by(audit_log.c.seq.desc())
-        .limit(1)
-    )
+    missing); None when there is none. `this_build`: only one this build of the core can
+    load (its record names this format and code)."""
+    query = select(audit_log.c.seq).where(audit_log.c.seq <= seq, audit_log.c.source == SNAPSHOT)
+    if this_build:
+        for said in (
+            f'"code":"{audit_state.code_fingerprint()}"',
+            f'"format":"{audit_state.SNAPSHOT_FORMAT}"',
+        ):
+            query = query.where(audit_log.c.input.contains(said, autoescape=True))
+    found = await connection.scalar(query.order_by(audit_log.c.seq.desc()).limit(1))
     if found is None:
         return None
     row = (await connection.execute(select(audit_log).where(audit_log.c.seq == found))).one()
@@ -494,11 +575,54 @@ async def prune(connection: AsyncConnection | AsyncSession, before: datetime) ->
     result = await connection.execute(delete(audit_log).where(audit_log.c.decided_at < text))
     # the snapshots of dropped records go with them: a replay starts at a kept one
     first = await connection.scalar(select(audit_log.c.seq).order_by(audit_log.c.seq).limit(1))
-    dropped = delete(audit_snapshots)
-    if first is not None:
-        dropped = dropped.where(audit_snapshots.c.seq < first)
-    await connection.execute(dropped)
+    for table in (audit_snapshots, audit_tasks):
+        dropped = delete(table)
+        if first is not None:
+            dropped = dropped.where(table.c.seq < first)
+        await connection.execute(dropped)
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+INDEX_CHUNK = 5_000
+
+
+async def index_tasks(
+    connection: AsyncConnection,
+    chunk: int = INDEX_CHUNK,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Fill in the task index for the records written without it (before migration 0010, or
+    by an older build since), `chunk` records per transaction, committed as it goes (a
+    running scheduler goes on writing meanwhile). Returns how many records it indexed."""
+    done = 0
+    while True:
+        rows = (
+            await connection.execute(
+                select(audit_log.c.seq, audit_log.c.input, audit_log.c.decisions)
+                .where(audit_log.c.tasks_indexed.is_(None))
+                .order_by(audit_log.c.seq)
+                .limit(chunk)
+            )
+        ).all()
+        if not rows:
+            return done
+        seqs = [int(row.seq) for row in rows]
+        about = [
+            {"task_id": task_id, "seq": int(row.seq)}
+            for row in rows
+            for task_id in sorted(task_ids(row.input, row.decisions))
+        ]
+        # what a run cut short left, and the records' flags, in one transaction
+        await connection.execute(delete(audit_tasks).where(audit_tasks.c.seq.in_(seqs)))
+        if about:
+            await connection.execute(insert(audit_tasks), about)
+        await connection.execute(
+            update(audit_log).where(audit_log.c.seq.in_(seqs)).values(tasks_indexed=True)
+        )
+        await connection.commit()
+        done += len(rows)
+        if progress is not None:
+            progress(done)
 
 
 # -- verify -----------------------------------------------------------------------------------
@@ -934,9 +1058,10 @@ class Replayer:
                         event = decode(body)
                     except ValueError as error:  # altered, or another build's contract
                         return self._stop(f"record {seq}: its input does not decode: {error}")
-                    decided = decisions_json(core.handle(event))
+                    decisions = core.handle(event)
                     events += 1
                     if compare and seq >= start:
+                        decided = decisions_json(decisions)  # serialised to compare only
                         compared += 1
                         if decided != recorded:
                             report.divergence = Divergence(seq, kind, body, recorded, decided, "")
@@ -1341,9 +1466,22 @@ def _joined(reports: list[ReplayReport]) -> ReplayReport:
 # -- explain ----------------------------------------------------------------------------------
 
 
-def _mentions(entry: Entry, task_id: str) -> bool:
-    needle = json.dumps(task_id)
-    return needle in entry.decisions or needle in entry.input
+def _needles(task_id: str) -> list[str]:
+    """`task_id` as a record's JSON holds it: as Python's json writes it (non-ASCII escaped),
+    and as pydantic writes it (non-ASCII as it is)."""
+    needles: list[str] = []
+    for needle in (json.dumps(task_id), json.dumps(task_id, ensure_ascii=False)):
+        try:
+            needle.encode()
+        except UnicodeEncodeError:  # a lone surrogate: no record holds it so
+            continue
+        if needle not in needles:
+            needles.append(needle)
+    return needles
+
+
+def _mentions(entry: Entry, task_id: str, needles: Sequence[str] | None = None) -> bool:
+    return any(n in entry.decisions or n in entry.input for n in needles or _needles(task_id))
 
 
 def _about(decision: dict[str, Any], task_id: str) -> bool:
@@ -1374,62 +1512,75 @@ class Step:
         }
 
 
+class _Story:
+    """A task's story, told a record at a time in the log's order: every input naming it and
+    every decision about it. The records that say nothing of it add nothing, so telling it
+    from the task's records alone (the index) tells the same story as from the whole log."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        self.needles = _needles(task_id)
+        self.steps: list[Step] = []
+        self.request: TaskProfiled | None = None  # the task as last submitted
+
+    def take(self, entry: Entry) -> list[tuple[Step, TaskProfiled | None]]:
+        """The steps `entry` adds, each placement with the request to dry-run for it (None:
+        not a placement, or the task's request is not in the log)."""
+        task_id = self.task_id
+        if not _mentions(entry, task_id, self.needles):
+            return []
+        source_event = json.loads(entry.input)
+        if entry.kind == TaskProfiled.__name__ and entry.source == CORE:
+            candidate = TaskProfiled.model_validate_json(entry.input)
+            if candidate.task.task_id == task_id:
+                self.request = candidate
+        about = [d for d in entry.decision_list() if _about(d["event"], task_id)]
+        occurred = source_event.get("occurred_at")
+        said: list[tuple[Step, TaskProfiled | None]] = []
+        if not about and _about_input(source_event, task_id):
+            step = Step(
+                entry.seq, entry.decided_at, entry.epoch, entry.source, entry.kind, occurred, None
+            )
+            said.append((step, None))
+        for decision in about:
+            step = Step(
+                entry.seq,
+                entry.decided_at,
+                entry.epoch,
+                entry.source,
+                entry.kind,
+                occurred,
+                decision,
+            )
+            placed = decision["kind"] == AllocationGranted.__name__
+            said.append((step, self.request if placed else None))
+        self.steps += [step for step, _ in said]
+        return said
+
+
 def explain(
     entries: Sequence[Entry],
     task_id: str,
     config: SchedulerConfig | None = None,
     snapshots: Mapping[int, bytes] | None = None,
 ) -> list[Step]:
-    """The task's story from the log alone: every input naming it and every decision about
-    it, in order. With `config` (the settings: the token secret, the configuration until a
-    record gives one), each placement also gets the filters and scores as they were: the
-    recorded inputs before it replayed (`Replayer`, the configuration records applied, the
-    restored `snapshots` adopted), then the task dry-run there."""
-    steps: list[Step] = []
-    request: TaskProfiled | None = None
+    """The task's story from the log alone, read whole (`explain_log` reads the task's
+    records only and replays from snapshots; this is what it must equal): every input naming
+    it and every decision about it, in order. With `config` (the settings: the token secret,
+    the configuration until a record gives one), each placement also gets the filters and
+    scores as they were: the recorded inputs before it replayed (`Replayer`, the
+    configuration records applied, the restored `snapshots` adopted), then the task dry-run
+    there."""
+    story = _Story(task_id)
     walk = Replayer(config, compare=False, snapshots=snapshots) if config is not None else None
     for entry in entries:
-        if _mentions(entry, task_id):
-            source_event = json.loads(entry.input)
-            if entry.kind == TaskProfiled.__name__ and entry.source == CORE:
-                candidate = TaskProfiled.model_validate_json(entry.input)
-                if candidate.task.task_id == task_id:
-                    request = candidate
-            about = [d for d in entry.decision_list() if _about(d["event"], task_id)]
-            occurred = source_event.get("occurred_at")
-            if not about and _about_input(source_event, task_id):
-                steps.append(
-                    Step(
-                        entry.seq,
-                        entry.decided_at,
-                        entry.epoch,
-                        entry.source,
-                        entry.kind,
-                        occurred,
-                        None,
-                    )
-                )
-            for decision in about:
-                step = Step(
-                    entry.seq,
-                    entry.decided_at,
-                    entry.epoch,
-                    entry.source,
-                    entry.kind,
-                    occurred,
-                    decision,
-                )
-                if (
-                    walk is not None
-                    and request is not None
-                    and decision["kind"] == AllocationGranted.__name__
-                ):
-                    answer = walk.core.dry_run_task(request.task, request.prediction)
-                    step.placement = answer.model_dump(mode="json")
-                steps.append(step)
+        for step, request in story.take(entry):
+            if walk is not None and request is not None:
+                answer = walk.core.dry_run_task(request.task, request.prediction)
+                step.placement = answer.model_dump(mode="json")
         if walk is not None:
             walk.feed(_rows([entry]))
-    return steps
+    return story.steps
 
 
 def _about_input(event: dict[str, Any], task_id: str) -> bool:
@@ -1439,7 +1590,207 @@ def _about_input(event: dict[str, Any], task_id: str) -> bool:
     return event.get("task_id") == task_id
 
 
-# -- export -----------------------------------------------------------------------------------
+async def entries_about(
+    connection: AsyncConnection | AsyncSession, task_id: str, limit: int | None = None
+) -> tuple[list[Entry], int, bool]:
+    """The records that may be about `task_id`, in order, without reading the whole log: the
+    ones the task index names, and among those written without it (`tasks_indexed` NULL:
+    before migration 0010, until `crater audit index`) the ones whose JSON holds the id,
+    found by the database. An id the index cannot hold is looked for in every record.
+    Returns them (at most `limit`), how many records were read, and whether that is all."""
+    cap = None if limit is None else limit + 1
+    needles = _needles(task_id)
+    holds = or_(
+        *(
+            column.contains(n, autoescape=True)
+            for n in needles
+            for column in (audit_log.c.input, audit_log.c.decisions)
+        )
+    )
+    found: dict[int, Entry] = {}
+    if indexable(task_id):
+        indexed = (
+            select(audit_log)
+            .join(audit_tasks, audit_tasks.c.seq == audit_log.c.seq)
+            .where(audit_tasks.c.task_id == task_id)
+            .order_by(audit_tasks.c.seq)
+            .limit(cap)
+        )
+        for row in (await connection.execute(indexed)).all():
+            found[int(row.seq)] = _entry(row)
+        scanned = select(audit_log).where(audit_log.c.tasks_indexed.is_(None), holds)
+    else:
+        scanned = select(audit_log).where(holds)
+    read = len(found)
+    rows = (await connection.execute(scanned.order_by(audit_log.c.seq).limit(cap))).all()
+    read += len(rows)
+    for row in rows:
+        entry = _entry(row)
+        if _mentions(entry, task_id, needles):  # LIKE may ignore case
+            found[entry.seq] = entry
+    listed = [found[seq] for seq in sorted(found)]
+    complete = limit is None or (len(listed) <= limit and len(rows) <= limit)
+    return listed[:limit], read, complete
+
+
+@dataclass
+class Explained:
+    """A task's story (`explain_log`) and what telling it took."""
+
+    steps: list[Step] = field(default_factory=list)
+    records_read: int = 0  # log records read to find the story
+    events_replayed: int = 0  # inputs fed to replays, for the placements
+    replayed_from: list[int] = field(default_factory=list)  # snapshot records; 0: record 1
+    truncated: bool = False  # not all of it: `notes` says what is missing
+    notes: list[str] = field(default_factory=list)
+
+
+async def _inline(work: Callable[..., Any], *args: Any) -> Any:
+    return work(*args)
+
+
+EXPLAIN_READ = 2_000  # records read at once (their rows are made on the event loop)
+EXPLAIN_SLICE = 250  # records replayed between two looks at the deadline
+
+
+async def explain_log(
+    connection: AsyncConnection | AsyncSession,
+    task_id: str,
+    config: SchedulerConfig | None = None,
+    *,
+    max_records: int | None = None,
+    max_placements: int | None = None,
+    deadline: float | None = None,
+    offload: Callable[..., Awaitable[Any]] = _inline,
+) -> Explained:
+    """The task's story from the stored log, as `explain` tells it from the whole log: the
+    task's records found through the task index (`entries_about`), and each placement
+    replayed from the latest snapshot at or before it that this build can load, rather than
+    from record 1 (`Replayer`, the same replay as `crater audit replay`). Bounded for a
+    caller that must answer in time: at most `max_records` records of the story, the first
+    `max_placements` placements replayed, nothing replayed after `deadline`
+    (`time.monotonic()`); what is left out is said (`truncated`, `notes`), and
+    `crater audit explain` has it all. `offload` runs the CPU work (a replay, a dry run):
+    `asyncio.to_thread` keeps it off the event loop."""
+    told = Explained()
+    entries, told.records_read, complete = await entries_about(connection, task_id, max_records)
+    if not complete:
+        told.truncated = True
+        told.notes.append(
+            f"the first {max_records} records about the task only: "
+            f"crater audit explain {task_id} reads them all"
+        )
+    story = _Story(task_id)
+    wanted = [(s, r) for entry in entries for s, r in story.take(entry) if r is not None]
+    told.steps = story.steps
+    if config is None or not wanted:
+        return told
+    if max_placements is not None and len(wanted) > max_placements:
+        told.truncated = True
+        told.notes.append(
+            f"placements replayed for the first {max_placements} of {len(wanted)}: "
+            f"crater audit explain {task_id} replays them all"
+        )
+        wanted = wanted[:max_placements]
+    await _placements(connection, config, task_id, wanted, told, deadline, offload)
+    return told
+
+
+async def _placements(
+    connection: AsyncConnection | AsyncSession,
+    config: SchedulerConfig,
+    task_id: str,
+    wanted: list[tuple[Step, TaskProfiled]],
+    told: Explained,
+    deadline: float | None,
+    offload: Callable[..., Awaitable[Any]],
+) -> None:
+    """Each placement's dry run in the state just before its record: a replay from the
+    nearest snapshot, or the replay already under way when it is not behind that snapshot."""
+    restored: dict[int, bytes] = {}  # restored snapshots on the way, read as it goes
+    replaying: Replayer | None = None
+    at = 0  # the last record the replay under way was fed
+
+    def late() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    def cut(seq: int) -> None:
+        left = sum(step.seq >= seq for step, _ in wanted)
+        told.truncated = True
+        told.notes.append(
+            f"{left} of {len(wanted)} placements (from record {seq} on) not replayed in the "
+            f"time given: crater audit explain {task_id} replays them all"
+        )
+
+    for seq in sorted({step.seq for step, _ in wanted}):
+        target = seq - 1  # the state the record was decided in
+        if late():
+            return cut(seq)
+        base = await snapshot_at_or_before(connection, target, this_build=True)
+        base_seq = base[0].seq if base is not None else 0
+        if replaying is None or replaying.finished or base_seq > at:
+            replaying, at = await _replayer(connection, config, target, restored, told, offload)
+            if replaying is None:
+                continue
+        restored.update(await read_snapshots(connection, at + 1, target, why=RESTORED))
+        async for chunk in read_rows(connection, at + 1, target, chunk=EXPLAIN_READ):
+            for first in range(0, len(chunk), EXPLAIN_SLICE):
+                if late():
+                    return cut(seq)
+                fed = replaying.report.events
+                await offload(replaying.feed, chunk[first : first + EXPLAIN_SLICE])
+                told.events_replayed += replaying.report.events - fed
+                if replaying.finished:
+                    break
+            if replaying.finished:
+                break
+        if replaying.finished:
+            told.notes.append(
+                f"the placement at record {seq} was not replayed: {replaying.report.problem}"
+            )
+            replaying = None
+            continue
+        at = target
+        for step, request in wanted:
+            if step.seq == seq:
+                answer = await offload(
+                    replaying.core.dry_run_task, request.task, request.prediction
+                )
+                step.placement = answer.model_dump(mode="json")
+
+
+async def _replayer(
+    connection: AsyncConnection | AsyncSession,
+    config: SchedulerConfig,
+    target: int,
+    restored: dict[int, bytes],
+    told: Explained,
+    offload: Callable[..., Awaitable[Any]],
+    tries: int = 3,
+) -> tuple[Replayer | None, int]:
+    """A replay to go on to record `target` from: at the latest snapshot at or before it that
+    loads (`tries` of them at most), else at the log's beginning; and the record it is at."""
+    below = target
+    for _ in range(tries):
+        found = await snapshot_at_or_before(connection, below, this_build=True)
+        if found is None:
+            break
+        made = Replayer(config, compare=False, snapshots=restored)
+        if await offload(made.begin_at, *found):
+            told.replayed_from.append(found[0].seq)
+            return made, found[0].seq
+        told.notes.append(f"snapshot at record {found[0].seq} not used: {made.report.problem}")
+        below = found[0].seq - 1
+    oldest = await connection.scalar(select(func.min(audit_log.c.seq)))
+    if oldest is not None and oldest > 1:
+        told.notes.append(
+            f"the placement before record {target + 1} was not replayed: the log begins at "
+            f"record {oldest} (pruned) and no snapshot before it loads"
+        )
+        return None, 0
+    told.replayed_from.append(0)
+    return Replayer(config, compare=False, snapshots=restored), 0
+
 
 EXPORT_COLUMNS = (
     "seq",

@@ -133,13 +133,18 @@ async def task_audit(
     """The task's whole story from the scheduler's audit log (docs/audit.md): every decision
     about it, in order, with the decision's time and the leader epoch; with `placements`, for
     each placement the nodes each filter removed and the scores of the others, as they were
-    (a replay of the log: slower, bounded by the gateway's query timeout)."""
+    (a replay from the nearest snapshot before it). The scheduler answers within half the
+    gateway's query timeout with what it has: `truncated` true (200) and `notes` saying what
+    was left out (placements past the first 5, or not replayed in time), which
+    `crater audit explain TASK_ID` tells in full."""
     known = await known_task(bus, task_id)
     if isinstance(known, JSONResponse):
         return known
     if not principal.owns(known.tenant):
         return hidden(auth, request, principal, task_id)
-    query = AuditExplainQuery(task_id=task_id, placements=placements)
+    # half the timeout: the scheduler's reading, the reply and the lookup above fit in the rest
+    budget = bus.settings.query_timeout_seconds / 2
+    query = AuditExplainQuery(task_id=task_id, placements=placements, budget_seconds=budget)
     return await bus.ask(QuerySubjects.AUDIT_EXPLAIN, query, AuditExplainAnswer)
 
 

@@ -9,6 +9,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Float,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     Table,
     Text,
     false,
+    text,
     true,
 )
 
@@ -141,6 +143,28 @@ audit_log = Table(
     Column("decisions", Text, nullable=False),
     Column("prev_hash", String(64), nullable=False),
     Column("hash", String(64), nullable=False),
+    # Not hashed: true once the record's tasks are in scheduler_audit_tasks (written with it
+    # since migration 0010; before, NULL until `crater audit index`). Explain reads the
+    # records still NULL by scanning them (the partial index below finds them).
+    Column("tasks_indexed", Boolean, nullable=True),
+    Index(
+        "ix_scheduler_audit_log_unindexed",
+        "seq",
+        postgresql_where=text("tasks_indexed IS NULL"),
+        sqlite_where=text("tasks_indexed IS NULL"),
+    ),
+)
+
+# The tasks each audit record is about (`audit.task_ids`: its input's task, every decision's
+# task): explain finds a task's records here instead of reading the whole log. Derived from
+# the records, not part of the chain; written in the record's own transaction.
+audit_tasks = Table(
+    "scheduler_audit_tasks",
+    metadata,
+    Column("task_id", String(256), primary_key=True),
+    Column(
+        "seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
+    ),
 )
 
 # Signed checkpoints of the audit log: the hash of record `seq`, signed (Ed25519) with the

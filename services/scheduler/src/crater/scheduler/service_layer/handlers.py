@@ -81,6 +81,9 @@ log = logging.getLogger("crater.scheduler")
 # between commit and ack): those are left out by their id, see `_not_staged_before`.
 IDEMPOTENT_BY_NATURE = (NodeTopologyReported, NodeHealthReported, ReservationArmed)
 
+# The most records of one task's story an audit explain query reads (the rest: the CLI).
+EXPLAIN_MAX_RECORDS = 1_000
+
 
 # Fine below 10 ms: the targets are p99 < 2 ms at 1,000 nodes and < 10 ms at 10,000.
 DECISION_BUCKETS = tuple(
@@ -200,6 +203,8 @@ class SchedulerService:
         self.sequencer = TaskSequencer(outbox)
         # One decision at a time: the core is single-threaded by design (determinism).
         self.lock = asyncio.Lock()
+        # One audit explain at a time: its replays share the GIL with the live core.
+        self.explaining = asyncio.Lock()
         self.arrived: list[Waiting] = []  # events waiting for the next batch commit
         # Task reports the core refused (a wrong or missing token), said once committed.
         self.refused: list[tuple[TaskStatusReported, FieldError]] = []
@@ -591,15 +596,31 @@ class SchedulerService:
         ]
 
     async def explain(self, query: AuditExplainQuery) -> AuditExplainAnswer:
-        """The task's story from the audit log (`crater audit explain`). The replay to each
-        placement runs on a fresh core in a thread: the live core is not touched."""
-        async with self.sessions() as session:
-            entries = await audit.all_entries(session)
-            restored = await audit.read_snapshots(session, why=audit.RESTORED)
+        """The task's story from the audit log (`crater audit explain`): its records through
+        the task index, each placement replayed from the nearest snapshot before it on a core
+        of its own, in a thread (the live core is not touched, the event loop not held), one
+        explain at a time, within the query's budget: what does not fit is left out and said
+        (`truncated`)."""
+        deadline = time.monotonic() + query.budget_seconds  # waiting for the lock included
         config = self.config if query.placements else None
-        steps = await asyncio.to_thread(audit.explain, entries, query.task_id, config, restored)
+        async with self.explaining, self.sessions() as session:
+            told = await audit.explain_log(
+                session,
+                query.task_id,
+                config,
+                max_records=EXPLAIN_MAX_RECORDS,
+                max_placements=query.max_placements,
+                deadline=deadline,
+                offload=asyncio.to_thread,
+            )
+        steps = told.steps
         return AuditExplainAnswer(
             task_id=query.task_id,
+            truncated=told.truncated,
+            notes=told.notes,
+            records_read=told.records_read,
+            events_replayed=told.events_replayed,
+            replayed_from=told.replayed_from,
             steps=[
                 AuditStep(
                     seq=s.seq,
