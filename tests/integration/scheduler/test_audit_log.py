@@ -944,7 +944,7 @@ async def test_explain_of_a_long_log_reads_the_task_records_and_replays_from_a_s
 async def test_an_old_log_without_the_index_still_explains(
     sessions: Any, database_url: str
 ) -> None:
-    """A log recorded before the task index (migration 0010 applied to it afterwards: every
+    """A log recorded before the task index (migration 0011 applied to it afterwards: every
     record's `tasks_indexed` NULL), or partly by an older build since: explain finds the
     task's records by a scan and tells the same story; `crater audit index` fills the index
     in, with exactly what the scheduler writes as it records."""
@@ -964,7 +964,7 @@ async def test_an_old_log_without_the_index_still_explains(
     assert written  # the live writer's index
 
     alembic = alembic_config(database_url, MIGRATIONS_DIR)
-    await asyncio.to_thread(command.downgrade, alembic, "0009")
+    await asyncio.to_thread(command.downgrade, alembic, "0010")
     await asyncio.to_thread(command.upgrade, alembic, "head")
     async with sessions() as session:
         unindexed = await session.scalar(

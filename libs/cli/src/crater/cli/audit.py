@@ -331,7 +331,7 @@ def _said(event: dict[str, Any]) -> list[str]:
 @app.command()
 def index(database_url: DatabaseOption = DEFAULT_DATABASE) -> None:
     """Fill in the task index (explain's way to a task's records) for the records written
-    without it: before migration 0010, or by an older scheduler since. A few thousand records
+    without it: before migration 0011, or by an older scheduler since. A few thousand records
     per transaction, committed as it goes: run it with the scheduler running."""
     from crater.scheduler import audit
 

@@ -591,7 +591,7 @@ async def index_tasks(
     chunk: int = INDEX_CHUNK,
     progress: Callable[[int], None] | None = None,
 ) -> int:
-    """Fill in the task index for the records written without it (before migration 0010, or
+    """Fill in the task index for the records written without it (before migration 0011, or
     by an older build since), `chunk` records per transaction, committed as it goes (a
     running scheduler goes on writing meanwhile). Returns how many records it indexed."""
     done = 0
@@ -1595,7 +1595,7 @@ async def entries_about(
 ) -> tuple[list[Entry], int, bool]:
     """The records that may be about `task_id`, in order, without reading the whole log: the
     ones the task index names, and among those written without it (`tasks_indexed` NULL:
-    before migration 0010, until `crater audit index`) the ones whose JSON holds the id,
+    before migration 0011, until `crater audit index`) the ones whose JSON holds the id,
     found by the database. An id the index cannot hold is looked for in every record.
     Returns them (at most `limit`), how many records were read, and whether that is all."""
     cap = None if limit is None else limit + 1

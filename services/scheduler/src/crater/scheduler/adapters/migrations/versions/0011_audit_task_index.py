@@ -4,8 +4,8 @@ hash chain. Records written before this migration are not indexed here (their
 `tasks_indexed` stays NULL): explain scans them until `crater audit index` fills it in, in
 small transactions, online (docs/audit.md).
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2027-03-16 10:00:00
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0010"
-down_revision: str | None = "0009"
+revision: str = "0011"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
