@@ -152,9 +152,9 @@ FUSED_QKV = {"query_key_value", "w_pack", "c_attn"}
 
 
 def lora_targets(targets: object, unexpressed: list[str]) -> list[str]:
-    if targets in ("all-linear", "all-linear-and-head"):
-        if targets == "all-linear-and-head":
-            unexpressed.append("lora on the LM head")
+    if targets == "all-linear-and-head":
+        return ["all-linear", "lm_head"]
+    if targets == "all-linear":
         return ["all-linear"]
     names = [str(t) for t in targets] if isinstance(targets, list) else ["q_proj", "v_proj"]
     return ["c_attn" if n.lower() in FUSED_QKV else n for n in names]

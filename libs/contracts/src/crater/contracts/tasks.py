@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from enum import StrEnum
@@ -13,6 +14,7 @@ from pydantic import (
     BaseModel,
     Field,
     GetJsonSchemaHandler,
+    JsonValue,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
@@ -154,13 +156,73 @@ FINAL_STATUSES = frozenset(
 )
 
 
+# The most a model's config.json may weigh in a request, serialised (a Llama's is ~1 KiB;
+# multimodal configs with a vision tower ~10 KiB).
+HF_CONFIG_MAX_BYTES = 65_536
+HF_CONFIG_PATH_PATTERN = r"^[A-Za-z0-9._@+-][A-Za-z0-9._/@+-]*$"
+
+
 class ModelSpec(Contract):
-    name: str = Field(min_length=1, max_length=200, examples=["meta-llama/Llama-2-7b-hf"])
+    name: str = Field(
+        min_length=1,
+        max_length=200,
+        description="The model: a Hugging Face id or a name in the predictor's catalog "
+        "(meta-llama/Llama-3.1-8B-Instruct, Qwen2.5-7B); versions, -Instruct/-chat-hf "
+        "suffixes and organisations find the architecture they name.",
+        examples=["meta-llama/Llama-2-7b-hf"],
+    )
     precision: Precision = Precision.FP16
     quantization: str | None = Field(default=None, max_length=32, examples=["gptq", "awq"])
     parameters_billion: float | None = Field(
         default=None, gt=0, le=10_000, description="Parameter count when the name is unknown."
     )
+    hf_config: dict[str, JsonValue] | None = Field(
+        default=None,
+        description="The model's Hugging Face config.json as published with its weights "
+        "(model_type, hidden_size, num_hidden_layers, num_attention_heads, "
+        "num_key_value_heads, intermediate_size, vocab_size, tie_word_embeddings, the MoE "
+        f"fields, ...): the predictor takes the model's shape from it, whatever its name. At "
+        f"most {HF_CONFIG_MAX_BYTES // 1024} KiB.",
+        examples=[
+            {
+                "model_type": "qwen2",
+                "hidden_size": 3584,
+                "intermediate_size": 18944,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 28,
+                "num_key_value_heads": 4,
+                "vocab_size": 152064,
+                "tie_word_embeddings": False,
+            }
+        ],
+    )
+    hf_config_path: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=HF_CONFIG_PATH_PATTERN,
+        description="A config.json the predictor reads from its model directory "
+        "(CRATER_PREDICTOR_MODEL_CONFIG_DIR), relative to it (no '..'); hf_config wins when "
+        "both are given.",
+        examples=["Qwen2.5-7B-Instruct/config.json"],
+    )
+
+    @field_validator("hf_config_path")
+    @classmethod
+    def _inside_the_directory(cls, value: str | None) -> str | None:
+        if value is not None and ".." in value.split("/"):
+            raise ValueError(f"{value!r} leaves the model directory ('..'): give a path inside it")
+        return value
+
+    @field_validator("hf_config")
+    @classmethod
+    def _config_size(cls, value: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        if value is not None:
+            size = len(json.dumps(value, separators=(",", ":")))
+            if size > HF_CONFIG_MAX_BYTES:
+                raise ValueError(
+                    f"{size} bytes: a config.json here is at most {HF_CONFIG_MAX_BYTES}"
+                )
+        return value
 
 
 class IoPattern(StrEnum):
@@ -721,6 +783,14 @@ class ResourcePrediction(Contract):
         default=None, gt=0, description="Learned from observed peaks, applied."
     )
     timeline: TrainingTimeline | None = None
+    architecture: str | None = Field(
+        default=None,
+        max_length=512,
+        description="The architecture the figures are for and how it was chosen: the catalog "
+        "entry the model's name found (and from what), the task's config.json, or a generic "
+        "shape from parameters_billion.",
+        examples=["catalog qwen2.5-7b for 'Qwen/Qwen2.5-7B-Instruct'"],
+    )
 
 
 class TaskProfiled(Event):

@@ -37,19 +37,24 @@ def _inference_memory(request: TaskRequest, arch: Architecture, config: Inferenc
         if arch.kind is Kind.ENCODER:
             parts.method.append(f"batch {b} x {context} tokens, no KV cache (encoder)")
         else:
-            # KV cache = 2 · layers · kv_heads · head_dim · sequence · batch · bytes; the
-            # key/value heads split over tp (replicated when tp exceeds them)
-            kv_heads = math.ceil(arch.kv_heads / tp)
-            kv = 2 * arch.layers * kv_heads * arch.head_dim * context * b * kv_bytes
+            # KV cache = 2 · layers · kv_heads · head_dim · sequence · batch · bytes (MLA: the
+            # compressed latent and rotary key instead of K and V); the key/value heads split
+            # over tp (replicated when tp exceeds them)
+            width = arch.kv_cache_width
+            if not arch.mla:
+                width = 2 * math.ceil(arch.kv_heads / tp) * arch.head_dim
+            layers = arch.layers * (2 if arch.kind is Kind.ENCODER_DECODER else 1)
+            kv = layers * width * context * b * kv_bytes
             parts.method.append(
-                f"KV cache 2 x {arch.layers} layers x {kv_heads} kv heads x {arch.head_dim} "
-                f"x {context} tokens x batch {b} x {kv_bytes:g} B"
+                f"KV cache {layers} layers x {width} values x {context} tokens x batch {b} "
+                f"x {kv_bytes:g} B"
             )
         # prefill in chunks of at most 8192 tokens (vLLM's chunked prefill): the widest
         # intermediate (hidden, K/V and the MLP) per token, plus the fp32 logits of the last
         # token of each sequence
         tokens = min(b * context, 8192)
-        widths = 2 * arch.hidden + 2 * arch.kv_dim + 2 * arch.ffn
+        ffn = arch.active_ffn if arch.moe else arch.ffn
+        widths = 2 * arch.hidden + 2 * arch.kv_dim + 2 * ffn
         workspace = tokens * widths * compute / tp + b * arch.vocab * 4
     parts.breakdown = {"weights": weights, "kv_cache": kv, "workspace": workspace}
     return parts

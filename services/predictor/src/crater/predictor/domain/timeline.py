@@ -57,7 +57,7 @@ def _step_seconds(
     if arch.kind is Kind.CONV:
         forward = arch.forward_flops_per_sample * b
     else:
-        forward = 2 * arch.parameters / shape.tensor_parallel * b * s
+        forward = 2 * arch.active_parameters / shape.tensor_parallel * b * s
     backward = forward if config.lora is not None else 2 * forward
     recompute = forward if config.gradient_checkpointing else 0
     rate = peak_flops(request.resource_requirements.gpu.type) * a.model_flops_utilisation

@@ -116,22 +116,39 @@ def _training_activations(
         if config.gradient_checkpointing:
             kept *= checkpoint_fraction(arch)
         return kept, 0.0
-    h, a, f = arch.hidden, arch.heads, arch.ffn
-    # Korthikanti et al. 2022, §4.1, per layer at 16 bits:
-    #   attention 11·sbh + 5·a·s²·b (QKV input, Q and K, softmax and its dropout, V, output
-    #   projection input and dropout mask); MLP 19·sbh for a 4h GeLU MLP, i.e. 3·sbh + 4·sbf
-    #   in general, and 3·sbh + 8·sbf for SwiGLU (gate, up, SiLU and product, each 2·sbf);
-    #   two layer norms 4·sbh. Flash attention keeps no s² scores (the 5·a·s²·b term).
-    attention = 11 * s * b * h + (0 if config.flash_attention else 5 * a * s * s * b)
-    mlp = 3 * s * b * h + (8 if arch.mlp is Mlp.SWIGLU else 4) * s * b * f
+    h, q, kv = arch.hidden, arch.q_dim, arch.kv_dim
+    # Korthikanti et al. 2022, §4.1, per layer at 16 bits, written for any attention width:
+    #   attention: its input 2·sbh, Q and K 2·sb(q + kv), V 2·sb·kv, the output projection's
+    #   input 2·sb·q, a dropout mask sbh, and without flash attention the scores, their
+    #   softmax and dropout 5·a·s²·b (with q = kv = h this is their 11·sbh + 5·a·s²·b);
+    #   the MLP: 3·sbh + 4·sbf for a two-matrix GeLU MLP (19·sbh at f = 4h), 3·sbh + 8·sbf for
+    #   a gated one (gate, up, activation and product, each 2·sbf); two norms 4·sbh.
+    #   An MoE layer keeps its routed experts' and shared experts' MLP activations per token.
+    attention = s * b * (3 * h + 4 * q + 4 * kv)
+    if not config.flash_attention:
+        attention += 5 * arch.heads * s * s * b
+    gated = 8 if arch.mlp is Mlp.SWIGLU else 4
+
+    def mlp(width: int) -> float:
+        return 3 * s * b * h + gated * s * b * width
+
     norms = 4 * s * b * h
-    per_layer = (attention + mlp + norms) * scale / t  # sequence parallel: all of it over t
+    layer = attention + norms
+    per_layer = [layer + mlp(arch.ffn)] * (arch.layers - arch.moe_layers)
+    per_layer += [layer + mlp(arch.active_ffn)] * arch.moe_layers
+    if arch.kind is Kind.ENCODER_DECODER:
+        # the encoder's layers, and the decoder's cross-attention over the encoder's output
+        per_layer += [layer + mlp(arch.ffn)] * arch.encoder_layers
+        per_layer = [x + attention + 2 * s * b * h for x in per_layer[: arch.layers]] + per_layer[
+            arch.layers :
+        ]
+    per_layer = [x * scale / t for x in per_layer]  # sequence parallel: all of it over t
     if config.gradient_checkpointing:
         # full recomputation keeps each layer's 16-bit input (2·sbh), plus one layer's full
         # activations while it is recomputed in backward (Korthikanti et al. 2022, §3)
-        kept = arch.layers * 2 * s * b * h * scale / t + per_layer
+        kept = len(per_layer) * 2 * s * b * h * scale / t + max(per_layer, default=0)
     else:
-        kept = arch.layers * per_layer
+        kept = sum(per_layer)
     # the output layer: logits in the compute dtype plus the fp32 copy cross-entropy takes
     # (vocabulary-parallel over t); an encoder's MLM head is the same shape
     logits = s * b * arch.vocab * (act_bytes + 4) / t
