@@ -6,8 +6,9 @@ memory). Each row is turned into the task request a user of Crater would send fo
 as far as the request can say it (what it cannot is listed per row as `unexpressed`), predicted
 without learned corrections, and compared with the figure on the figure's own terms: a
 `torch.cuda.max_memory_allocated()` figure with the predicted tensors alone, a
-`max_memory_reserved()` one with tensors and allocator slack, an nvidia-smi one (or one whose
-source does not say) with everything, CUDA context included.
+`max_memory_reserved()` one with tensors and allocator slack, what stays allocated after a
+generation with the weights and KV cache, an nvidia-smi one (or one whose source does not say)
+with everything, CUDA context included.
 
     uv run --frozen python benchmarks/predictor/accuracy.py [--rows]
 
@@ -55,7 +56,7 @@ class Row:
     source: str
     title: str
     url: str
-    measured: str  # allocated | reserved | device | unstated | capacity
+    measured: str  # allocated | reserved | resident | device | unstated | capacity
     setup: dict[str, Any]
     value_bytes: float | None  # None: out of memory
     card_bytes: float | None
@@ -139,16 +140,22 @@ def load_rows(path: Path = REFERENCE) -> tuple[list[Row], dict[str, float]]:
 
 QUANTIZATION_NAMES = {  # the reference set's names -> what model_config.quantization says
     "bnb-nf4": "nf4",
-    "bnb-nf4-dq": "nf4",
+    "bnb-nf4-dq": "nf4-dq",
     "nf4": "nf4",
     "gptq-int4": "gptq-int4",
     "gptq-int8": "gptq-int8",
     "awq": "awq",
     "fp8": "fp8",
 }
-OPTIMIZERS = {"adamw": "adamw", "adamw-8bit": "adam8bit", "sgd": "sgd"}
-# Fused attention projections under their frameworks' names: the predictor's c_attn.
-FUSED_QKV = {"query_key_value", "w_pack", "c_attn"}
+OPTIMIZERS = {
+    "adamw": "adamw",
+    "adamw-8bit": "adamw8bit",
+    "sgd": "sgd",
+    "adafactor": "adafactor",
+    "paged-adamw": "paged-adamw",
+    "paged-adamw-8bit": "paged-adamw8bit",
+}
+ENGINES = {"hf-generate": "generate", "litgpt-generate": "generate", "vllm": "paged"}
 
 
 def lora_targets(targets: object, unexpressed: list[str]) -> list[str]:
@@ -156,8 +163,7 @@ def lora_targets(targets: object, unexpressed: list[str]) -> list[str]:
         return ["all-linear", "lm_head"]
     if targets == "all-linear":
         return ["all-linear"]
-    names = [str(t) for t in targets] if isinstance(targets, list) else ["q_proj", "v_proj"]
-    return ["c_attn" if n.lower() in FUSED_QKV else n for n in names]
+    return [str(t) for t in targets] if isinstance(targets, list) else ["q_proj", "v_proj"]
 
 
 def to_request(row: Row, parameters: dict[str, float]) -> tuple[dict[str, Any], list[str]]:
@@ -187,10 +193,13 @@ def to_request(row: Row, parameters: dict[str, float]) -> tuple[dict[str, Any], 
         else:
             unexpressed.append(f"quantization {quantization}")
     if task == "inference":
-        body["inference_config"] = {
+        inference: dict[str, Any] = {
             "batch_size": s.get("batch", 1),
             "context_length": s.get("input_tokens", 0) + s.get("output_tokens", 0),
         }
+        engine = s.get("engine", "hf-generate")
+        inference["engine"] = ENGINES.get(engine, "generate")
+        body["inference_config"] = inference
         return body, unexpressed
 
     method = s.get("method", "full")
@@ -200,6 +209,8 @@ def to_request(row: Row, parameters: dict[str, float]) -> tuple[dict[str, Any], 
         "gradient_checkpointing": bool(s.get("gradient_checkpointing", False)),
         "flash_attention": bool(s.get("flash_attention", True)),
     }
+    if "master_weights" in s and s.get("precision", "bf16") != "fp32":
+        config["master_weights"] = bool(s["master_weights"])
     optimizer = s.get("optimizer", "adamw")
     if optimizer in OPTIMIZERS:
         config["optimizer"] = OPTIMIZERS[optimizer]
@@ -209,34 +220,36 @@ def to_request(row: Row, parameters: dict[str, float]) -> tuple[dict[str, Any], 
         config["zero_stage"] = s["zero_stage"]
     elif gpus == 1:
         config["zero_stage"] = 0
+    if s.get("fsdp"):
+        config["sharding"] = "fsdp"
     if s.get("pipeline_parallel"):
-        unexpressed.append(f"pipeline over {s['pipeline_parallel']} cards")
+        config["pipeline_parallel"] = s["pipeline_parallel"]
+        config["data_parallel"] = max(1, gpus // s["pipeline_parallel"])
+        config.setdefault("zero_stage", 0)
+    for key, name in (
+        ("optimizer_in_backward", "optimizer_in_backward"),
+        ("offload_optimizer", "offload_optimizer"),
+        ("offload_params", "offload_parameters"),
+        ("compile", "torch_compile"),
+    ):
+        if s.get(key):
+            config[name] = True
+    if s.get("chunked_ce"):
+        config["cross_entropy"] = "chunked"
+    if s.get("head") == "classification":
+        config["task_head"] = "classification"
     if method in ("lora", "qlora"):
         lora: dict[str, Any] = {
             "rank": s.get("lora_rank", 8),
             "target_modules": lora_targets(s.get("lora_targets"), unexpressed),
         }
-        if method == "qlora" and quantization in ("bnb-nf4", "bnb-nf4-dq", "nf4"):
-            lora["quantize_base"] = True
-            model.pop("quantization", None)
-        config["lora"] = lora
         if s.get("lora_train_embeddings"):
-            unexpressed.append("embedding and LM head trained")
+            lora["train_embeddings"] = True
+        if s.get("lora_dropout"):
+            lora["dropout"] = s["lora_dropout"]
+        config["lora"] = lora
     elif method != "full":
         unexpressed.append(f"method {method}")
-    if s.get("master_weights") is False and s.get("precision", "bf16") != "fp32":
-        unexpressed.append("pure 16-bit training (no fp32 master)")
-    for key, label in (
-        ("optimizer_in_backward", "optimizer step in backward"),
-        ("offload_optimizer", "optimizer offloaded to CPU"),
-        ("offload_params", "parameters offloaded to CPU"),
-        ("chunked_ce", "chunked cross-entropy"),
-        ("compile", "torch.compile"),
-    ):
-        if s.get(key):
-            unexpressed.append(label)
-    if s.get("head") == "classification":
-        unexpressed.append("classification head (no LM logits)")
     body["training_config"] = config
     return body, unexpressed
 
@@ -249,6 +262,8 @@ def on_terms(row: Row, prediction: ResourcePrediction) -> float:
         return total - (b.get("cuda_context", 0) + b.get("allocator_overhead", 0)) * MIB
     if row.measured == "reserved":
         return total - b.get("cuda_context", 0) * MIB
+    if row.measured == "resident":
+        return float(b.get("weights", 0) + b.get("kv_cache", 0)) * MIB
     return total
 
 

@@ -31,7 +31,14 @@ def test_every_row_has_a_source_and_a_measured_figure() -> None:
         assert source["url"].startswith("https://"), source["id"]
         assert source["title"]
         assert source["unit"] in UNITS
-        assert source["measured"] in ("allocated", "reserved", "device", "unstated", "capacity")
+        assert source["measured"] in (
+            "allocated",
+            "reserved",
+            "resident",
+            "device",
+            "unstated",
+            "capacity",
+        )
     for row in rows:
         assert row.model in parameters, row.id
         assert row.setup["task"] in ("training", "fine-tuning", "inference"), row.id

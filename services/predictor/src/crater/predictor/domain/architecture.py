@@ -127,6 +127,28 @@ class Architecture:
         idle = self.moe_layers * (self.experts - self.active_experts) * self._mlp(self.moe_ffn)
         return self.parameters - idle
 
+    @property
+    def embedding_parameters(self) -> int:
+        """The embeddings and the LM head: what quantization schemes leave in 16 bits."""
+        if not self.hidden:
+            return 0
+        head = 0 if self.tied else self.vocab * self.hidden
+        return (self.vocab + self.learned_positions) * self.hidden + head
+
+    @property
+    def largest_layer_parameters(self) -> int:
+        """The largest module's parameters (DeepSpeed's largest_layer_params): the embedding,
+        or one MLP matrix, or a layer's experts stacked as one."""
+        if not self.hidden:
+            return self.parameters
+        widest = max(self.ffn, self.moe_ffn)
+        return max(self.vocab * self.hidden, self.hidden * widest, self.hidden * self.q_dim)
+
+    def block_parameters(self) -> int:
+        """One transformer block's parameters (an FSDP unit)."""
+        blocks = max(self.layers + self.encoder_layers, 1)
+        return (self.parameters - self.embedding_parameters) // blocks
+
     def _mlp(self, width: int) -> int:
         return (3 if self.mlp is Mlp.SWIGLU else 2) * self.hidden * width
 

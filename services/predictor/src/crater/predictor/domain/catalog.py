@@ -44,6 +44,7 @@ __all__ = [
     "infer",
     "linear_shapes",
     "lookup",
+    "lora_input_width",
     "lora_trainable_parameters",
     "normalise",
     "resolve_name",
@@ -326,13 +327,11 @@ def linear_shapes(a: Architecture) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def lora_trainable_parameters(
-    a: Architecture, rank: int, modules: list[str]
-) -> tuple[int, list[str]]:
-    """LoRA (Hu et al. 2021): an adapted d_in x d_out matrix gains B·A with r·(d_in + d_out)
-    trainable parameters, wherever the module is (every layer, every expert). Returns the
-    count and the module names unknown to this architecture. `all-linear` is PEFT's: every
-    attention and MLP matrix, not the LM head."""
+def _adapted(
+    a: Architecture, modules: list[str]
+) -> tuple[list[list[tuple[int, int, int]]], list[str]]:
+    """The matrices `modules` adapt (each fused module one list of its roles' matrices), and
+    the names unknown to this architecture."""
     matrices = _matrices(a)
     table = {**_MODULES, **_BY_TYPE.get(a.model_type, {})}
     groups: list[tuple[str, ...]] = []
@@ -349,15 +348,33 @@ def lora_trainable_parameters(
             groups += table[_SHORT[name]]
         else:
             unknown.append(module)
-    total = 0
+    adapted = []
     for group in dict.fromkeys(groups):  # each matrix adapted once
         parts = [matrices[role] for role in group]
-        if not all(parts):
-            continue
-        for entries in zip(*parts, strict=True):
-            d_in, count = entries[0][0], entries[0][2]
-            d_out = sum(e[1] for e in entries)
-            total += rank * (d_in + d_out) * count
+        if all(parts):
+            fused = []
+            for entries in zip(*parts, strict=True):
+                fused.append((entries[0][0], sum(e[1] for e in entries), entries[0][2]))
+            adapted.append(fused)
+    return adapted, unknown
+
+
+def lora_input_width(a: Architecture, modules: list[str]) -> int:
+    """Inputs of the adapted modules per token, summed over the model: what LoRA's dropout
+    copies (and masks) for backward."""
+    adapted, _ = _adapted(a, modules)
+    return sum(d_in * count for fused in adapted for d_in, _, count in fused)
+
+
+def lora_trainable_parameters(
+    a: Architecture, rank: int, modules: list[str]
+) -> tuple[int, list[str]]:
+    """LoRA (Hu et al. 2021): an adapted d_in x d_out matrix gains B·A with r·(d_in + d_out)
+    trainable parameters, wherever the module is (every layer, every expert). Returns the
+    count and the module names unknown to this architecture. `all-linear` is PEFT's: every
+    attention and MLP matrix, not the LM head."""
+    adapted, unknown = _adapted(a, modules)
+    total = sum(rank * (d_in + d_out) * count for fused in adapted for d_in, d_out, count in fused)
     return total, unknown
 
 

@@ -156,7 +156,11 @@ def predict(
         parts = _inference_memory(request, architecture, inference)
 
     tensors = sum(parts.breakdown.values())
-    parts.breakdown["allocator_overhead"] = tensors * a.allocator_overhead
+    if parts.fixed_total is None:
+        parts.breakdown["allocator_overhead"] = tensors * a.allocator_overhead
+    else:  # a paged engine's share of the card holds everything, its KV blocks the rest
+        rest = parts.fixed_total - tensors + parts.breakdown["kv_cache"]
+        parts.breakdown["kv_cache"] = max(rest - a.cuda_context_mb * MIB, 0.0)
     breakdown = {k: _mb(v) for k, v in parts.breakdown.items()}
     breakdown["cuda_context"] = a.cuda_context_mb
     if not gpu.count:  # a CPU task: what would sit on a card sits in host memory
@@ -170,6 +174,8 @@ def predict(
     else:
         workers, prefetch = dataloader_settings(cores, gpus)
     host = _host_memory_mb(request, architecture, parts, timeline, workers, prefetch)
+    host_breakdown = {k: _mb(v) for k, v in parts.host.items() if v}
+    host += sum(host_breakdown.values())
     if not gpu.count:
         host += _mb(tensors)
 
@@ -212,6 +218,7 @@ def predict(
         correction_factor=factor,
         timeline=timeline,
         architecture=resolved.how,
+        host_breakdown_mb=host_breakdown,
     )
 
 
