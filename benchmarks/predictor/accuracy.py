@@ -377,12 +377,14 @@ def distribution(errors: list[float]) -> dict[str, float | int]:
 def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
     scored = [o for o in outcomes if o.error is not None]
     groups: dict[str, dict[str, list[float]]] = {
+        "task": defaultdict(list),
         "family": defaultdict(list),
         "technique": defaultdict(list),
         "source": defaultdict(list),
     }
     for o in scored:
         assert o.error is not None
+        groups["task"][o.row.setup["task"]].append(o.error)
         groups["family"][family(o.row.model)].append(o.error)
         groups["source"][o.row.source].append(o.error)
         for tag in techniques(o.row):
@@ -428,7 +430,7 @@ def report(summary: dict[str, Any]) -> str:
         _line("overall", summary["overall"]),
         _line("setup fully expressed", summary["exactly_expressed"]),
     ]
-    for name in ("family", "technique", "source"):
+    for name in ("task", "family", "technique", "source"):
         lines.append(f"by {name}:")
         lines += [_line(k, v) for k, v in summary[f"by_{name}"].items()]
     lines.append(
