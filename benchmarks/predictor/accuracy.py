@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from crater.contracts import ResourcePrediction, TaskRequest
+from crater.contracts import CardFit, ResourcePrediction, TaskRequest
 from crater.contracts.gpus import parse_gpu_product
 from crater.predictor.domain.estimate import Refused, predict
 
@@ -187,6 +187,8 @@ def to_request(row: Row, parameters: dict[str, float]) -> tuple[dict[str, Any], 
     }
     if s.get("gpu") and parse_gpu_product(str(s["gpu"])) is not None:
         body["resource_requirements"]["gpu"]["type"] = str(s["gpu"])
+    if s.get("card_gb"):  # a card the source names by its size only
+        body["resource_requirements"]["gpu"]["memory_mb"] = int(s["card_gb"]) * 1024
     if quantization:
         if quantization in QUANTIZATION_NAMES:
             model["quantization"] = QUANTIZATION_NAMES[quantization]
@@ -280,10 +282,14 @@ def evaluate(
             prediction = predict(TaskRequest.model_validate(body))
         except Refused as refused:
             outcome.refused = "; ".join(f"{e.field}: {e.reason}" for e in refused.errors)
+            if any(e.field.startswith("resource_requirements.gpu") for e in refused.errors):
+                outcome.fits = False  # refused as too large for any card of its kind
         else:
             outcome.predicted_bytes = on_terms(row, prediction)
             outcome.predicted_total_bytes = prediction.gpu_memory_per_gpu_mb * MIB
-            if row.card_bytes is not None:
+            if prediction.fit is not None:  # the predictor's own verdict on the card
+                outcome.fits = prediction.fit.verdict is not CardFit.DOES_NOT_FIT
+            elif row.card_bytes is not None:
                 outcome.fits = outcome.predicted_bytes <= row.card_bytes
         outcomes.append(outcome)
     return outcomes
@@ -397,7 +403,7 @@ def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
         "refused": [
             {"id": o.row.id, "model": o.row.model, "reason": o.refused}
             for o in outcomes
-            if o.refused
+            if o.refused and not o.row.oom
         ],
         "exactly_expressed": distribution(
             [o.error for o in scored if o.error is not None and not o.unexpressed]

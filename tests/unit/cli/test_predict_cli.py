@@ -26,7 +26,11 @@ def test_prints_the_breakdown_explains_and_draws_the_timeline(tmp_path: Path) ->
             "task_type": "fine-tuning",
             "model_config": {"name": "meta-llama/Llama-3-8b-chat-hf", "precision": "bf16"},
             "resource_requirements": {"gpu": {"count": 8, "type": "A100"}, "cpu": {"cores": 64}},
-            "training_config": {"batch_size": 4, "sequence_length": 4096},
+            "training_config": {
+                "batch_size": 1,
+                "sequence_length": 4096,
+                "gradient_checkpointing": True,
+            },
         },
     )
     plot = tmp_path / "timeline.png"

@@ -26,6 +26,7 @@ COMPONENTS = (
     "weights",
     "gradients",
     "optimizer",
+    "gathered_parameters",
     "activations",
     "logits",
     "kv_cache",
@@ -101,16 +102,31 @@ def predict(
 
 def show(request: TaskRequest, p: ResourcePrediction, explain: bool) -> None:
     table = Table(
-        "component", "MiB per GPU", "GiB", title=f"{request.task_id}: {request.model_spec.name}"
+        "component",
+        "MiB per GPU",
+        "GiB",
+        "share",
+        title=f"{request.task_id}: {request.model_spec.name}",
     )
     order = [k for k in COMPONENTS if k in p.breakdown_mb]
     order += [k for k in p.breakdown_mb if k not in COMPONENTS]
+    peak = max(p.gpu_memory_per_gpu_mb, 1)
     for key in order:
         mb = p.breakdown_mb[key]
-        table.add_row(key, f"{mb:,}", f"{mb / 1024:.2f}")
+        table.add_row(key, f"{mb:,}", f"{mb / 1024:.2f}", f"{mb / peak:.0%}")
     table.add_row("[bold]peak[/bold]", f"[bold]{p.gpu_memory_per_gpu_mb:,}[/bold]",
-                  f"[bold]{p.gpu_memory_per_gpu_mb / 1024:.2f}[/bold]")  # fmt: skip
+                  f"[bold]{p.gpu_memory_per_gpu_mb / 1024:.2f}[/bold]", "")  # fmt: skip
+    for key, mb in p.host_breakdown_mb.items():
+        table.add_row(f"host: {key}", f"{mb:,}", f"{mb / 1024:.2f}", "not on the GPU")
     print_table(table)
+    if p.gpu_memory_low_mb is not None and p.gpu_memory_high_mb is not None:
+        console.print(
+            f"range {p.gpu_memory_low_mb:,} .. {p.gpu_memory_high_mb:,} MiB per GPU "
+            "(what published runs measured, 10th to 90th percentile)"
+        )
+    if p.fit is not None:
+        colour = {"fits": "green", "tight": "yellow"}.get(p.fit.verdict.value, "red")
+        console.print(f"[{colour}]{p.fit.verdict.value}[/{colour}]: {p.fit.reason}")
     console.print(f"host memory {p.host_memory_mb:,} MiB; confidence {p.confidence.value}")
     console.print(
         f"DataLoader num_workers={p.dataloader_num_workers} "

@@ -878,6 +878,25 @@ class TrainingTimeline(Contract):
     points: list[TimelinePoint] = Field(default_factory=list)
 
 
+class CardFit(StrEnum):
+    FITS = "fits"  # even the upper end of the predicted range fits the card
+    TIGHT = "tight"  # the prediction fits, the upper end of its range does not
+    DOES_NOT_FIT = "does-not-fit"  # the prediction itself is over the card: expect OOM
+
+
+class FitVerdict(Contract):
+    """Whether the task fits the card its request names."""
+
+    card_mb: int = Field(
+        ge=0,
+        le=MAX_EXACT_INT,
+        description="Memory per card the request names: gpu.memory_mb, else what a card of "
+        "the product and size in gpu.type reports (an A100 80GB: 81,920 MiB).",
+    )
+    verdict: CardFit
+    reason: str = Field(max_length=2048)
+
+
 class ResourcePrediction(Contract):
     gpu_memory_per_gpu_mb: int = Field(ge=0, description="Predicted peak per card.")
     host_memory_mb: int = Field(ge=0)
@@ -901,6 +920,23 @@ class ResourcePrediction(Contract):
         default=None, gt=0, description="Learned from observed peaks, applied."
     )
     timeline: TrainingTimeline | None = None
+    gpu_memory_low_mb: int | None = Field(
+        default=None,
+        ge=0,
+        description="The low end of the predicted peak per card: what the model's published "
+        "reference runs measured at the 10th percentile of measured / predicted.",
+    )
+    gpu_memory_high_mb: int | None = Field(
+        default=None,
+        ge=0,
+        description="The high end of the predicted peak per card (90th percentile of "
+        "measured / predicted over the reference runs; wider for a guessed shape).",
+    )
+    fit: FitVerdict | None = Field(
+        default=None,
+        description="Whether the task fits the card the request names; None when it names "
+        "none (no gpu.memory_mb, no product with a size).",
+    )
     architecture: str | None = Field(
         default=None,
         max_length=512,

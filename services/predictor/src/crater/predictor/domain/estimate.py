@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from crater.contracts import Confidence, FieldError, ResourcePrediction, TaskRequest, TaskType
+from crater.contracts import (
+    CardFit,
+    Confidence,
+    FieldError,
+    ResourcePrediction,
+    TaskRequest,
+    TaskType,
+)
 from crater.contracts.dataloader import dataloader_settings
 from crater.contracts.tasks import DEFAULT_HOST_MEMORY_MB, InferenceConfig, TrainingConfig
 from crater.predictor.domain.assumptions import Assumptions
@@ -23,6 +30,8 @@ from crater.predictor.domain.catalog import (
     normalise,
     resolve_name,
 )
+from crater.predictor.domain.fit import advice, band, judge
+from crater.predictor.domain.fit import scaled as spread
 from crater.predictor.domain.host import _host_memory_mb, _loader_for_training
 from crater.predictor.domain.inference_memory import _inference_memory
 from crater.predictor.domain.memory import MIB, _mb, weight_bytes
@@ -204,8 +213,22 @@ def predict(
         # of an 8B model asks 16 GB a card: the bf16 weights, i.e. adapters on a frozen base).
         confidence = Confidence.LOW
         method += "; fine-tuning method not stated (training_config): full fine-tuning assumed"
+    peak = max(sum(breakdown.values()), 0)
+    fit = None
+    low = high = None
+    if gpu.count:
+        guessed = not architecture.known and architecture.source == "generic"
+        factors = band(request, confidence, guessed)
+        low, high = spread(peak, factors)
+        modelled_low, _ = spread(raw, factors)
+        fit = judge(request, peak, low, high, advice(request), modelled_low)
+        if fit is not None and fit.verdict is not CardFit.FITS:
+            method += f"; {fit.reason}"
     return ResourcePrediction(
-        gpu_memory_per_gpu_mb=max(sum(breakdown.values()), 0),
+        gpu_memory_per_gpu_mb=peak,
+        gpu_memory_low_mb=low,
+        gpu_memory_high_mb=high,
+        fit=fit,
         host_memory_mb=host,
         breakdown_mb=breakdown,
         confidence=confidence,
