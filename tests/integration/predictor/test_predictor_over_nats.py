@@ -454,7 +454,7 @@ async def test_the_simulated_fleet_s_true_use_teaches_the_predictor_not_the_rese
             select(allocations.c.observed_peak_mb).where(allocations.c.allocation_id == "alloc-1"),
         )
         assert 0.85 * true <= peak <= true  # the task's use, read below its peak by 0-15%
-        assert peak < 0.8 * 80_000  # not the reservation
+        assert peak < 0.95 * 80_000  # not the reservation (a first prediction near 64 GiB)
         track = await store.track("llama", "training")
         # alpha 0.5 from 1.0 toward what was read, one step of at most 10%
         assert track.factor == pytest.approx(min(max(0.5 + 0.5 * peak / raw, 1 / 1.1), 1.1))

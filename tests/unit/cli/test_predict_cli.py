@@ -26,7 +26,11 @@ def test_prints_the_breakdown_explains_and_draws_the_timeline(tmp_path: Path) ->
             "task_type": "fine-tuning",
             "model_config": {"name": "meta-llama/Llama-3-8b-chat-hf", "precision": "bf16"},
             "resource_requirements": {"gpu": {"count": 8, "type": "A100"}, "cpu": {"cores": 64}},
-            "training_config": {"batch_size": 4, "sequence_length": 4096},
+            "training_config": {
+                "batch_size": 1,
+                "sequence_length": 4096,
+                "gradient_checkpointing": True,
+            },
         },
     )
     plot = tmp_path / "timeline.png"
@@ -81,3 +85,43 @@ def test_absurd_and_invalid_requests_say_which_field_and_why(tmp_path: Path) -> 
     result = runner.invoke(app, ["predict", str(invalid)])
     assert result.exit_code == 2  # invalid input (docs/cli.md)
     assert "training_config.batch_size" in result.output
+
+
+def test_a_config_json_names_the_shape_of_a_model_the_catalog_lacks(tmp_path: Path) -> None:
+    body = {
+        "task_id": "house",
+        "task_type": "inference",
+        "model_config": {"name": "acme/house-llm", "precision": "bf16"},
+        "resource_requirements": {"gpu": {"count": 1}},
+        "inference_config": {"context_length": 4096},
+    }
+    task = write(tmp_path, body)
+    refused = runner.invoke(app, ["predict", str(task)])
+    assert refused.exit_code != 0  # no size, no config: nothing to predict from
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 4096,
+                "intermediate_size": 14336,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "vocab_size": 128256,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
+    result = runner.invoke(app, ["predict", str(task), "--hf-config", str(config), "--explain"])
+    assert result.exit_code == 0, result.output
+    assert "the task's config.json (model_type llama)" in " ".join(result.output.split())
+    # the same file named by path, read under the model directory (here: the current one)
+    body["model_config"] = {"name": "acme/house-llm", "hf_config_path": "config.json"}
+    by_path = runner.invoke(
+        app,
+        ["predict", str(write(tmp_path, body)), "--json"],
+        env={"CRATER_PREDICTOR_MODEL_CONFIG_DIR": str(tmp_path)},
+    )
+    assert by_path.exit_code == 0, by_path.output
+    assert json.loads(by_path.output)["breakdown_mb"]["kv_cache"] == 512  # 8 KV heads, bf16

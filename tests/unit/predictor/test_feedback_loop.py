@@ -405,7 +405,7 @@ def test_a_fleet_showing_the_reservation_as_use_would_run_away() -> None:
     loop = FeedbackLoop(WORKLOAD, knows_use=False).run(1200)
     kind = "meta-llama/Llama-2-7b-hf training"
     first, last = loop.predicted[kind][0][1], loop.predicted[kind][-1][1]
-    assert last > first * 1.3
+    assert last > first * 1.2  # to the largest card, from a first prediction near 64 GiB
     late = set().union(*(loop.never_fits[m] for m in range(15, 20)))
     assert kind in late
 

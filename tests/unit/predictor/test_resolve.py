@@ -86,12 +86,13 @@ def test_alldata_job_resolves_to_a_request_the_predictor_agrees_with() -> None:
 
 
 def test_smaller_cards_need_more_of_them_and_lora_fewer() -> None:
-    big = resolve_job(job(), Assumptions(), None).task.resource_requirements.gpu
-    small = resolve_job(job(gpu_type="a100-pcie-40gb"), Assumptions(), None)
+    big = resolve_job(job(model_size="3B"), Assumptions(), None).task.resource_requirements.gpu
+    small = resolve_job(job(model_size="3B", gpu_type="a100-pcie-40gb"), Assumptions(), None)
     assert small.task.resource_requirements.gpu.count > big.count
     assert small.task.resource_requirements.gpu.type == "a100-pcie-40gb"
+    full = resolve_job(job(), Assumptions(), None).task.resource_requirements.gpu
     lora = resolve_job(job(lora=True), Assumptions(), None).task.resource_requirements.gpu
-    assert lora.count < big.count
+    assert lora.count < full.count
 
 
 def test_what_no_node_holds_is_refused_naming_the_field() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +15,7 @@ from crater.cli.errors import NO, USAGE
 from crater.cli.output import emit_json
 from crater.cli.output import table as print_table
 from crater.contracts import ResourcePrediction, TaskRequest
+from crater.predictor.adapters.model_configs import with_model_config
 from crater.predictor.api import Refused
 from crater.predictor.api import predict as estimate
 from crater.predictor.app import PredictorSettings
@@ -24,6 +26,7 @@ COMPONENTS = (
     "weights",
     "gradients",
     "optimizer",
+    "gathered_parameters",
     "activations",
     "logits",
     "kv_cache",
@@ -44,18 +47,41 @@ def predict(
         Path | None, typer.Option("--plot", help="Draw the training timeline to this PNG.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the prediction as JSON.")] = False,
+    hf_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--hf-config",
+            exists=True,
+            dir_okay=False,
+            help="The model's Hugging Face config.json: predicted from its shape "
+            "(model_config.hf_config). A request's hf_config_path is read under "
+            "CRATER_PREDICTOR_MODEL_CONFIG_DIR, or the current directory.",
+        ),
+    ] = None,
 ) -> None:
     """Predict a task's peak GPU memory per card, host memory, step timeline and DataLoader
     settings, offline, as the predictor service would (without learned corrections)."""
     try:
         request = TaskRequest.model_validate_json(file.read_bytes())
+        if hf_config is not None:
+            try:
+                config = json.loads(hf_config.read_bytes())
+            except ValueError as error:
+                console.print(f"[red]{hf_config} is not JSON[/red]: {error}")
+                raise typer.Exit(USAGE) from None
+            model = request.model_spec.model_copy(update={"hf_config": config})
+            request = TaskRequest.model_validate(
+                request.model_copy(update={"model_spec": model}).model_dump()
+            )
     except ValidationError as error:
         console.print("[red]invalid request[/red]")
         for e in error.errors(include_url=False):
             console.print(f"  {'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}")
         raise typer.Exit(USAGE) from None
+    settings = PredictorSettings()
     try:
-        prediction = estimate(request, PredictorSettings().assumptions())
+        request = with_model_config(request, settings.model_config_dir or Path.cwd())
+        prediction = estimate(request, settings.assumptions())
     except Refused as refused:
         console.print("[red]refused[/red]")
         for field_error in refused.errors:
@@ -76,16 +102,31 @@ def predict(
 
 def show(request: TaskRequest, p: ResourcePrediction, explain: bool) -> None:
     table = Table(
-        "component", "MiB per GPU", "GiB", title=f"{request.task_id}: {request.model_spec.name}"
+        "component",
+        "MiB per GPU",
+        "GiB",
+        "share",
+        title=f"{request.task_id}: {request.model_spec.name}",
     )
     order = [k for k in COMPONENTS if k in p.breakdown_mb]
     order += [k for k in p.breakdown_mb if k not in COMPONENTS]
+    peak = max(p.gpu_memory_per_gpu_mb, 1)
     for key in order:
         mb = p.breakdown_mb[key]
-        table.add_row(key, f"{mb:,}", f"{mb / 1024:.2f}")
+        table.add_row(key, f"{mb:,}", f"{mb / 1024:.2f}", f"{mb / peak:.0%}")
     table.add_row("[bold]peak[/bold]", f"[bold]{p.gpu_memory_per_gpu_mb:,}[/bold]",
-                  f"[bold]{p.gpu_memory_per_gpu_mb / 1024:.2f}[/bold]")  # fmt: skip
+                  f"[bold]{p.gpu_memory_per_gpu_mb / 1024:.2f}[/bold]", "")  # fmt: skip
+    for key, mb in p.host_breakdown_mb.items():
+        table.add_row(f"host: {key}", f"{mb:,}", f"{mb / 1024:.2f}", "not on the GPU")
     print_table(table)
+    if p.gpu_memory_low_mb is not None and p.gpu_memory_high_mb is not None:
+        console.print(
+            f"range {p.gpu_memory_low_mb:,} .. {p.gpu_memory_high_mb:,} MiB per GPU "
+            "(what published runs measured, 10th to 90th percentile)"
+        )
+    if p.fit is not None:
+        colour = {"fits": "green", "tight": "yellow"}.get(p.fit.verdict.value, "red")
+        console.print(f"[{colour}]{p.fit.verdict.value}[/{colour}]: {p.fit.reason}")
     console.print(f"host memory {p.host_memory_mb:,} MiB; confidence {p.confidence.value}")
     console.print(
         f"DataLoader num_workers={p.dataloader_num_workers} "
@@ -93,6 +134,8 @@ def show(request: TaskRequest, p: ResourcePrediction, explain: bool) -> None:
     )
     if not explain:
         return
+    if p.architecture:
+        console.print(f"architecture: {p.architecture}")
     console.print(f"method: {p.method}")
     if p.parameters is not None:
         console.print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from enum import StrEnum
@@ -13,6 +14,7 @@ from pydantic import (
     BaseModel,
     Field,
     GetJsonSchemaHandler,
+    JsonValue,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
@@ -154,13 +156,73 @@ FINAL_STATUSES = frozenset(
 )
 
 
+# The most a model's config.json may weigh in a request, serialised (a Llama's is ~1 KiB;
+# multimodal configs with a vision tower ~10 KiB).
+HF_CONFIG_MAX_BYTES = 65_536
+HF_CONFIG_PATH_PATTERN = r"^[A-Za-z0-9._@+-][A-Za-z0-9._/@+-]*$"
+
+
 class ModelSpec(Contract):
-    name: str = Field(min_length=1, max_length=200, examples=["meta-llama/Llama-2-7b-hf"])
+    name: str = Field(
+        min_length=1,
+        max_length=200,
+        description="The model: a Hugging Face id or a name in the predictor's catalog "
+        "(meta-llama/Llama-3.1-8B-Instruct, Qwen2.5-7B); versions, -Instruct/-chat-hf "
+        "suffixes and organisations find the architecture they name.",
+        examples=["meta-llama/Llama-2-7b-hf"],
+    )
     precision: Precision = Precision.FP16
     quantization: str | None = Field(default=None, max_length=32, examples=["gptq", "awq"])
     parameters_billion: float | None = Field(
         default=None, gt=0, le=10_000, description="Parameter count when the name is unknown."
     )
+    hf_config: dict[str, JsonValue] | None = Field(
+        default=None,
+        description="The model's Hugging Face config.json as published with its weights "
+        "(model_type, hidden_size, num_hidden_layers, num_attention_heads, "
+        "num_key_value_heads, intermediate_size, vocab_size, tie_word_embeddings, the MoE "
+        f"fields, ...): the predictor takes the model's shape from it, whatever its name. At "
+        f"most {HF_CONFIG_MAX_BYTES // 1024} KiB.",
+        examples=[
+            {
+                "model_type": "qwen2",
+                "hidden_size": 3584,
+                "intermediate_size": 18944,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 28,
+                "num_key_value_heads": 4,
+                "vocab_size": 152064,
+                "tie_word_embeddings": False,
+            }
+        ],
+    )
+    hf_config_path: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=HF_CONFIG_PATH_PATTERN,
+        description="A config.json the predictor reads from its model directory "
+        "(CRATER_PREDICTOR_MODEL_CONFIG_DIR), relative to it (no '..'); hf_config wins when "
+        "both are given.",
+        examples=["Qwen2.5-7B-Instruct/config.json"],
+    )
+
+    @field_validator("hf_config_path")
+    @classmethod
+    def _inside_the_directory(cls, value: str | None) -> str | None:
+        if value is not None and ".." in value.split("/"):
+            raise ValueError(f"{value!r} leaves the model directory ('..'): give a path inside it")
+        return value
+
+    @field_validator("hf_config")
+    @classmethod
+    def _config_size(cls, value: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        if value is not None:
+            size = len(json.dumps(value, separators=(",", ":")))
+            if size > HF_CONFIG_MAX_BYTES:
+                raise ValueError(
+                    f"{size} bytes: a config.json here is at most {HF_CONFIG_MAX_BYTES}"
+                )
+        return value
 
 
 class IoPattern(StrEnum):
@@ -421,10 +483,30 @@ class AntiAffinity(Contract):
 
 
 class Optimizer(StrEnum):
+    """The optimizer and where it keeps its states."""
+
     ADAM = "adam"
     ADAMW = "adamw"
-    SGD = "sgd"
-    ADAM_8BIT = "adam8bit"
+    SGD = "sgd"  # with momentum: one state
+    LION = "lion"  # one state (Chen et al. 2023)
+    ADAFACTOR = "adafactor"  # factored second moment, no first moment (Shazeer & Stern 2018)
+    ADAM_8BIT = "adam8bit"  # bitsandbytes: both states block-wise in 8 bits
+    ADAMW_8BIT = "adamw8bit"
+    PAGED_ADAMW = "paged-adamw"  # bitsandbytes paged: states in CUDA managed memory
+    PAGED_ADAMW_8BIT = "paged-adamw8bit"
+
+
+class CrossEntropy(StrEnum):
+    """How the LM head's logits meet the loss."""
+
+    FULL = "full"  # every token's logits at once, upcast to fp32 for the loss
+    CHUNKED = "chunked"  # the loss over chunks of tokens: 16-bit logits, fp32 one chunk at once
+    FUSED = "fused"  # head and loss fused (Liger, Cut Cross-Entropy): no logits kept
+
+
+class Sharding(StrEnum):
+    DEEPSPEED = "deepspeed"
+    FSDP = "fsdp"
 
 
 class LoraConfig(Contract):
@@ -435,9 +517,27 @@ class LoraConfig(Contract):
         default_factory=lambda: ["q_proj", "v_proj"],
         min_length=1,
         max_length=32,
+        description="Modules adapted, by any framework's name (q_proj, c_attn, "
+        "query_key_value, W_pack, gate_up_proj, lm_head, ...), or all-linear.",
         examples=[["q_proj", "v_proj"], ["all-linear"]],
     )
-    quantize_base: bool = Field(default=False, description="QLoRA: frozen base in 4-bit NF4.")
+    quantize_base: bool = Field(
+        default=False,
+        description="QLoRA: frozen base in 4-bit NF4 with double quantization (bitsandbytes); "
+        "for another scheme, name it in model_config.quantization.",
+    )
+    dropout: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the adapters' inputs (PEFT lora_dropout): above 0, each "
+        "adapted module keeps a copy of its input and a mask for backward.",
+    )
+    train_embeddings: bool = Field(
+        default=False,
+        description="The embedding and LM head trained in full alongside the adapters (PEFT "
+        "modules_to_save), as a base model learning new tokens needs.",
+    )
 
 
 class TrainingConfig(Contract):
@@ -448,18 +548,77 @@ class TrainingConfig(Contract):
         default=None, ge=1, le=1 << 24, description="Tokens per sample; unset: model's context."
     )
     optimizer: Optimizer = Optimizer.ADAMW
+    master_weights: bool | None = Field(
+        default=None,
+        description="An fp32 master copy of the trained weights beside the 16-bit ones, with "
+        "fp32 optimizer states (AMP, DeepSpeed, Megatron). False: pure 16-bit training, the "
+        "optimizer's states in the weights' dtype (a model loaded in bf16 under the Trainer, "
+        "LitGPT bf16-true, torchtune). Unset: true for fp16/bf16, none for fp32.",
+    )
+    optimizer_in_backward: bool = Field(
+        default=False,
+        description="Each parameter stepped as soon as its gradient is ready, which is then "
+        "freed (torchtune optimizer_in_bwd): no full set of gradients is held.",
+    )
     gradient_checkpointing: bool = False
+    offload_activations: bool = Field(
+        default=False,
+        description="Saved activations moved to host memory until backward needs them "
+        "(torchtune enable_activation_offloading, DeepSpeed cpu_checkpointing).",
+    )
     flash_attention: bool = Field(default=True, description="No s^2 attention scores kept.")
+    cross_entropy: CrossEntropy = Field(
+        default=CrossEntropy.FULL,
+        description="How the logits meet the loss: full (every token's fp32 logits at "
+        "once), chunked (LitGPT, torchtune CEWithChunkedOutputLoss) or fused (Liger, Cut "
+        "Cross-Entropy, Unsloth).",
+    )
+    task_head: Literal["lm", "classification"] = Field(
+        default="lm",
+        description="lm: logits over the vocabulary (causal or masked LM, seq2seq); "
+        "classification: a small head (sequence or token classification), no vocabulary "
+        "logits.",
+    )
+    torch_compile: bool = Field(
+        default=False, description="torch.compile on (recorded; its saving is not modelled)."
+    )
     zero_stage: int | None = Field(
         default=None, ge=0, le=3, description="ZeRO/FSDP stage; unset: 3 when data-parallel."
     )
+    sharding: Sharding = Field(
+        default=Sharding.DEEPSPEED,
+        description="What shards the states at zero_stage: DeepSpeed ZeRO (its fp32 gradient "
+        "partition, 4x the largest layer gathered at stage 3) or PyTorch FSDP (stage 3: "
+        "FULL_SHARD, 2: SHARD_GRAD_OP; one transformer block gathered at a time).",
+    )
+    offload_optimizer: bool = Field(
+        default=False,
+        description="Optimizer states, fp32 master weights and gradients in host memory "
+        "(ZeRO-Offload, FSDP CPUOffload): predicted in host memory.",
+    )
+    offload_parameters: bool = Field(
+        default=False,
+        description="Parameters in host memory, gathered a layer at a time (ZeRO-3 "
+        "offload_param, FSDP CPUOffload); needs zero_stage 3.",
+    )
     data_parallel: int | None = Field(default=None, ge=1, le=65_536)
     tensor_parallel: int = Field(default=1, ge=1, le=1024)
+    pipeline_parallel: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Pipeline stages: the layers split over this many cards in sequence.",
+    )
     lora: LoraConfig | None = None
     checkpoint_interval_steps: int = Field(default=1000, ge=1, le=10_000_000)
     sample_bytes: int | None = Field(
         default=None, ge=1, le=1 << 34, description="Bytes read from disk per sample."
     )
+
+
+class InferenceEngine(StrEnum):
+    GENERATE = "generate"  # Transformers generate(): a KV cache as long as each sequence
+    PAGED = "paged"  # vLLM, SGLang, TGI: the card preallocated to a memory fraction
 
 
 class InferenceConfig(Contract):
@@ -469,6 +628,19 @@ class InferenceConfig(Contract):
     )
     kv_cache_dtype: Literal["auto", "fp32", "fp16", "bf16", "fp8", "int8", "int4"] = "auto"
     tensor_parallel: int = Field(default=1, ge=1, le=1024)
+    engine: InferenceEngine = Field(
+        default=InferenceEngine.GENERATE,
+        description="generate: Transformers' generate (weights, the KV cache of every "
+        "sequence, the prompt's prefill); paged: a serving engine (vLLM, SGLang, TGI) that "
+        "takes gpu_memory_utilization of the card up front.",
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Paged engines: the share of each card taken (vLLM's "
+        "--gpu-memory-utilization; unset: 0.9).",
+    )
 
 
 class RestartOn(StrEnum):
@@ -706,10 +878,37 @@ class TrainingTimeline(Contract):
     points: list[TimelinePoint] = Field(default_factory=list)
 
 
+class CardFit(StrEnum):
+    FITS = "fits"  # even the upper end of the predicted range fits the card
+    TIGHT = "tight"  # the prediction fits, the upper end of its range does not
+    DOES_NOT_FIT = "does-not-fit"  # the prediction itself is over the card: expect OOM
+
+
+class FitVerdict(Contract):
+    """Whether the task fits the card its request names."""
+
+    card_mb: int = Field(
+        ge=0,
+        le=MAX_EXACT_INT,
+        description="Memory per card the request names: gpu.memory_mb, else what a card of "
+        "the product and size in gpu.type reports (an A100 80GB: 81,920 MiB).",
+    )
+    verdict: CardFit
+    reason: str = Field(max_length=2048)
+
+
 class ResourcePrediction(Contract):
     gpu_memory_per_gpu_mb: int = Field(ge=0, description="Predicted peak per card.")
     host_memory_mb: int = Field(ge=0)
-    breakdown_mb: dict[str, int] = Field(default_factory=dict)
+    breakdown_mb: dict[str, int] = Field(
+        default_factory=dict, description="The peak per card by component, MiB."
+    )
+    host_breakdown_mb: dict[str, int] = Field(
+        default_factory=dict,
+        description="What the task keeps in host memory instead of on its cards (offloaded "
+        "optimizer states, parameters, activations; paged optimizer states), per node, MiB; "
+        "included in host_memory_mb.",
+    )
     confidence: Confidence
     method: str = Field(description="How the figure was obtained.")
     dataloader_num_workers: int = Field(ge=0)
@@ -721,6 +920,31 @@ class ResourcePrediction(Contract):
         default=None, gt=0, description="Learned from observed peaks, applied."
     )
     timeline: TrainingTimeline | None = None
+    gpu_memory_low_mb: int | None = Field(
+        default=None,
+        ge=0,
+        description="The low end of the predicted peak per card: what the model's published "
+        "reference runs measured at the 10th percentile of measured / predicted.",
+    )
+    gpu_memory_high_mb: int | None = Field(
+        default=None,
+        ge=0,
+        description="The high end of the predicted peak per card (90th percentile of "
+        "measured / predicted over the reference runs; wider for a guessed shape).",
+    )
+    fit: FitVerdict | None = Field(
+        default=None,
+        description="Whether the task fits the card the request names; None when it names "
+        "none (no gpu.memory_mb, no product with a size).",
+    )
+    architecture: str | None = Field(
+        default=None,
+        max_length=512,
+        description="The architecture the figures are for and how it was chosen: the catalog "
+        "entry the model's name found (and from what), the task's config.json, or a generic "
+        "shape from parameters_billion.",
+        examples=["catalog qwen2.5-7b for 'Qwen/Qwen2.5-7B-Instruct'"],
+    )
 
 
 class TaskProfiled(Event):

@@ -151,6 +151,12 @@ class PredictorSettings(ServiceSettings):
         "usage-YYYYMMDDTHH.csv (for AllData); unset: no export.",
     )
 
+    model_config_dir: Path | None = Field(
+        default=None,
+        description="Where model_config.hf_config_path finds a task's config.json (a model "
+        "store mounted read-only); unset: only config.json sent in the request is read.",
+    )
+
     def assumptions(self) -> Assumptions:
         return Assumptions(
             cuda_context_mb=self.cuda_context_mb,
@@ -187,7 +193,12 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         await publish(broker, event)
 
     handlers = PredictorHandlers(
-        store, PredictorMetrics(service), settings.assumptions(), rule, publish_event
+        store,
+        PredictorMetrics(service),
+        settings.assumptions(),
+        rule,
+        publish_event,
+        model_config_dir=settings.model_config_dir,
     )
 
     reporter = UsageReporter(

@@ -8,13 +8,30 @@ inference_memory (weights, KV cache), timeline (step time, checkpoint, dataset r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from crater.contracts import Confidence, FieldError, ResourcePrediction, TaskRequest, TaskType
+from crater.contracts import (
+    CardFit,
+    Confidence,
+    FieldError,
+    ResourcePrediction,
+    TaskRequest,
+    TaskType,
+)
 from crater.contracts.dataloader import dataloader_settings
 from crater.contracts.tasks import DEFAULT_HOST_MEMORY_MB, InferenceConfig, TrainingConfig
 from crater.predictor.domain.assumptions import Assumptions
-from crater.predictor.domain.catalog import Architecture, family_of, infer, lookup, normalise
+from crater.predictor.domain.catalog import (
+    Architecture,
+    ConfigError,
+    family_of,
+    from_hf_config,
+    infer,
+    normalise,
+    resolve_name,
+)
+from crater.predictor.domain.fit import advice, band, judge
+from crater.predictor.domain.fit import scaled as spread
 from crater.predictor.domain.host import _host_memory_mb, _loader_for_training
 from crater.predictor.domain.inference_memory import _inference_memory
 from crater.predictor.domain.memory import MIB, _mb, weight_bytes
@@ -32,25 +49,71 @@ class Correction:
     mape: float | None = None
 
 
-def resolve(request: TaskRequest) -> tuple[Architecture | None, Confidence]:
+@dataclass(frozen=True)
+class Resolved:
+    """The architecture a request's model is predicted as, and how sure that is."""
+
+    architecture: Architecture | None
+    confidence: Confidence
+    how: str
+    notes: tuple[str, ...] = ()
+
+
+def resolve_model(request: TaskRequest) -> Resolved:
+    """The task's config.json when it carries one, else the catalog entry its name finds,
+    else a generic shape from parameters_billion; Refused when a config.json says too
+    little to read a shape from."""
     spec = request.model_spec
-    known = lookup(spec.name)
-    if known is not None:
-        if (
-            spec.parameters_billion
-            and abs(spec.parameters_billion * 1e9 / known.parameters - 1) > 0.25
-        ):
-            # the caller says otherwise: trust the count, keep nothing of the catalog shape
-            return infer(spec.name, spec.parameters_billion * 1e9), Confidence.LOW
-        return known, Confidence.MEDIUM
+    named = resolve_name(spec.name, spec.parameters_billion)
+    if spec.hf_config is not None:
+        family = named.architecture.family if named else None
+        try:
+            architecture = from_hf_config(spec.hf_config, None, family)
+        except ConfigError as error:
+            raise Refused(
+                [FieldError(field=f"model_config.hf_config.{error.field}", reason=error.reason)]
+            ) from None
+        architecture = replace(architecture, key=normalise(spec.name))
+        how = f"the task's config.json (model_type {architecture.model_type or '?'})"
+        return Resolved(architecture, Confidence.MEDIUM, how)
+    if named is not None:
+        architecture = named.architecture
+        confidence = Confidence.MEDIUM if named.exact else Confidence.LOW
+        notes: tuple[str, ...] = ()
+        given = spec.parameters_billion
+        if given and abs(given * 1e9 / architecture.parameters - 1) > 0.25:
+            # the name and the count disagree: the shape is the name's, said, not silently
+            # swapped for a guess; the confidence says it may be the wrong model
+            confidence = Confidence.LOW
+            notes = (
+                f"parameters_billion {given:g} disagrees with {architecture.key}'s "
+                f"{architecture.parameters / 1e9:.3g}B: {architecture.key}'s shape is used "
+                "(send model_config.hf_config for another)",
+            )
+        return Resolved(architecture, confidence, named.how, notes)
     if spec.parameters_billion:
-        return infer(spec.name, spec.parameters_billion * 1e9), Confidence.LOW
-    return None, Confidence.LOW
+        architecture = infer(spec.name, spec.parameters_billion * 1e9)
+        how = (
+            f"a generic {architecture.family if architecture.family != 'unknown' else ''} "
+            f"decoder of {spec.parameters_billion:g}B parameters ({architecture.layers} layers, "
+            f"hidden {architecture.hidden}, vocabulary {architecture.vocab}): "
+            f"{spec.name!r} is not in the catalog"
+        ).replace("generic  decoder", "generic decoder")
+        return Resolved(architecture, Confidence.LOW, how)
+    return Resolved(None, Confidence.LOW, f"unknown model {spec.name!r}")
+
+
+def resolve(request: TaskRequest) -> tuple[Architecture | None, Confidence]:
+    resolved = resolve_model(request)
+    return resolved.architecture, resolved.confidence
 
 
 def family(request: TaskRequest) -> str:
     """The model family corrections are kept for."""
-    architecture, _ = resolve(request)
+    try:
+        architecture, _ = resolve(request)
+    except Refused:
+        architecture = None
     return architecture.family if architecture else family_of(request.model_spec.name)
 
 
@@ -61,7 +124,8 @@ def predict(
 ) -> ResourcePrediction:
     """The prediction for one task; raises Refused when the request makes no sense."""
     a = assumptions or Assumptions()
-    architecture, confidence = resolve(request)
+    resolved = resolve_model(request)
+    architecture, confidence = resolved.architecture, resolved.confidence
     gpu = request.resource_requirements.gpu
     gpus = max(gpu.count, 1)
     cores = request.resource_requirements.cpu.cores or 1
@@ -101,7 +165,11 @@ def predict(
         parts = _inference_memory(request, architecture, inference)
 
     tensors = sum(parts.breakdown.values())
-    parts.breakdown["allocator_overhead"] = tensors * a.allocator_overhead
+    if parts.fixed_total is None:
+        parts.breakdown["allocator_overhead"] = tensors * a.allocator_overhead
+    else:  # a paged engine's share of the card holds everything, its KV blocks the rest
+        rest = parts.fixed_total - tensors + parts.breakdown["kv_cache"]
+        parts.breakdown["kv_cache"] = max(rest - a.cuda_context_mb * MIB, 0.0)
     breakdown = {k: _mb(v) for k, v in parts.breakdown.items()}
     breakdown["cuda_context"] = a.cuda_context_mb
     if not gpu.count:  # a CPU task: what would sit on a card sits in host memory
@@ -115,6 +183,8 @@ def predict(
     else:
         workers, prefetch = dataloader_settings(cores, gpus)
     host = _host_memory_mb(request, architecture, parts, timeline, workers, prefetch)
+    host_breakdown = {k: _mb(v) for k, v in parts.host.items() if v}
+    host += sum(host_breakdown.values())
     if not gpu.count:
         host += _mb(tensors)
 
@@ -123,7 +193,7 @@ def predict(
             f"IO-bound: {timeline.dataset_read_mb_per_s:,.0f} MB/s of dataset reads wanted, "
             f"the disk gives {a.disk_read_mb_per_s:,.0f}"
         )
-    method = "; ".join(parts.method + parts.notes)
+    method = "; ".join([resolved.how, *parts.method, *resolved.notes, *parts.notes])
     factor = None
     if correction is not None and correction.samples and raw:
         factor = correction.factor
@@ -143,8 +213,22 @@ def predict(
         # of an 8B model asks 16 GB a card: the bf16 weights, i.e. adapters on a frozen base).
         confidence = Confidence.LOW
         method += "; fine-tuning method not stated (training_config): full fine-tuning assumed"
+    peak = max(sum(breakdown.values()), 0)
+    fit = None
+    low = high = None
+    if gpu.count:
+        guessed = not architecture.known and architecture.source == "generic"
+        factors = band(request, confidence, guessed)
+        low, high = spread(peak, factors)
+        modelled_low, _ = spread(raw, factors)
+        fit = judge(request, peak, low, high, advice(request), modelled_low)
+        if fit is not None and fit.verdict is not CardFit.FITS:
+            method += f"; {fit.reason}"
     return ResourcePrediction(
-        gpu_memory_per_gpu_mb=max(sum(breakdown.values()), 0),
+        gpu_memory_per_gpu_mb=peak,
+        gpu_memory_low_mb=low,
+        gpu_memory_high_mb=high,
+        fit=fit,
         host_memory_mb=host,
         breakdown_mb=breakdown,
         confidence=confidence,
@@ -156,6 +240,8 @@ def predict(
         trainable_parameters=parts.trainable if training else 0,
         correction_factor=factor,
         timeline=timeline,
+        architecture=resolved.how,
+        host_breakdown_mb=host_breakdown,
     )
 
 

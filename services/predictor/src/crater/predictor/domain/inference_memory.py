@@ -1,29 +1,56 @@
-"""Peak memory per GPU of serving: the weights, the KV cache and the prefill workspace.
+"""Peak memory per GPU of serving: the weights, the KV cache and the prefill workspace; or, for
+a paged engine (vLLM, SGLang, TGI), the share of the card it takes up front.
 
-Source: KV cache = 2 (K and V) · layers · kv_heads · head_dim · sequence · batch · bytes per
-value.
+Sources: KV cache = 2 (K and V) · layers · kv_heads · head_dim · sequence · batch · bytes per
+value (MLA caches its compressed latent and rotary key instead: DeepSeek-AI 2024, V2 §2.1);
+vLLM preallocates gpu_memory_utilization of the card for weights, activations and KV blocks
+(Kwon et al. 2023; vLLM's --gpu-memory-utilization, default 0.9). Quantized weights keep the
+embeddings and LM head in 16 bits (memory.py).
 """
 
 from __future__ import annotations
 
 import math
 
-from crater.contracts import Precision, TaskRequest
-from crater.contracts.tasks import InferenceConfig
+from crater.contracts import TaskRequest
+from crater.contracts.gpus import parse_gpu_product
+from crater.contracts.tasks import InferenceConfig, InferenceEngine
 from crater.predictor.domain.catalog import Architecture, Kind
-from crater.predictor.domain.memory import _Parts, weight_bytes
+from crater.predictor.domain.memory import MIB, _Parts, compute_bytes, quantization_scheme
 
 KV_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+PAGED_DEFAULT_UTILIZATION = 0.9
+PREFILL_CHUNK = 8192  # tokens a paged engine prefills at once (vLLM's chunked prefill)
+
+
+def card_bytes(request: TaskRequest) -> float | None:
+    """The memory of each card the task asks for, when the request says (memory_mb, or a
+    product with its size)."""
+    gpu = request.resource_requirements.gpu
+    if gpu.memory_mb:
+        return gpu.memory_mb * MIB
+    product = parse_gpu_product(gpu.type) if gpu.type else None
+    if product is not None and product.memory_gb:
+        return product.memory_gb * 1024 * MIB
+    return None
 
 
 def _inference_memory(request: TaskRequest, arch: Architecture, config: InferenceConfig) -> _Parts:
     parts = _Parts()
     tp = config.tensor_parallel
-    w = weight_bytes(request)
-    weights = arch.parameters * w / tp
+    compute = compute_bytes(request)
+    scheme = quantization_scheme(request)
+    embeddings = arch.embedding_parameters
+    if scheme is not None:
+        weights = ((arch.parameters - embeddings) * scheme.bits / 8 + embeddings * compute) / tp
+        parts.method.append(
+            f"{arch.parameters / 1e9:.3g}B params, {scheme.name} ({scheme.bits:.3g} bits) with "
+            f"embeddings and head in {compute:g} B / tp {tp}"
+        )
+    else:
+        weights = arch.parameters * compute / tp
+        parts.method.append(f"{arch.parameters / 1e9:.3g}B params x {compute:g} B / tp {tp}")
     b = config.batch_size
-    compute = 4.0 if request.model_spec.precision is Precision.FP32 else 2.0
-    parts.method.append(f"{arch.parameters / 1e9:.3g}B params x {w:.3g} B / tp {tp}")
     kv = 0.0
     workspace: float
     if arch.kind is Kind.CONV:
@@ -37,19 +64,46 @@ def _inference_memory(request: TaskRequest, arch: Architecture, config: Inferenc
         if arch.kind is Kind.ENCODER:
             parts.method.append(f"batch {b} x {context} tokens, no KV cache (encoder)")
         else:
-            # KV cache = 2 · layers · kv_heads · head_dim · sequence · batch · bytes; the
-            # key/value heads split over tp (replicated when tp exceeds them)
-            kv_heads = math.ceil(arch.kv_heads / tp)
-            kv = 2 * arch.layers * kv_heads * arch.head_dim * context * b * kv_bytes
+            # KV cache = 2 · layers · kv_heads · head_dim · sequence · batch · bytes (MLA: the
+            # compressed latent and rotary key instead of K and V); the key/value heads split
+            # over tp (replicated when tp exceeds them)
+            width = arch.kv_cache_width
+            if not arch.mla:
+                width = 2 * math.ceil(arch.kv_heads / tp) * arch.head_dim
+            layers = arch.layers * (2 if arch.kind is Kind.ENCODER_DECODER else 1)
+            kv = layers * width * context * b * kv_bytes
             parts.method.append(
-                f"KV cache 2 x {arch.layers} layers x {kv_heads} kv heads x {arch.head_dim} "
-                f"x {context} tokens x batch {b} x {kv_bytes:g} B"
+                f"KV cache {layers} layers x {width} values x {context} tokens x batch {b} "
+                f"x {kv_bytes:g} B"
             )
-        # prefill in chunks of at most 8192 tokens (vLLM's chunked prefill): the widest
-        # intermediate (hidden, K/V and the MLP) per token, plus the fp32 logits of the last
-        # token of each sequence
-        tokens = min(b * context, 8192)
-        widths = 2 * arch.hidden + 2 * arch.kv_dim + 2 * arch.ffn
-        workspace = tokens * widths * compute / tp + b * arch.vocab * 4
+        # The prefill: a paged engine in chunks of 8192 tokens, generate() the whole prompt
+        # at once; per token the widest intermediates (the MLP's gate, up and product, the
+        # attention's Q, K, V and the hidden state), and the fp32 logits of each sequence's
+        # last token (and its sampling copy).
+        paged = config.engine is InferenceEngine.PAGED
+        tokens = min(b * context, PREFILL_CHUNK) if paged else b * context
+        ffn = arch.active_ffn if arch.moe else arch.ffn
+        widths = 2 * arch.hidden + arch.q_dim + 2 * arch.kv_dim + 3 * ffn
+        workspace = tokens * widths * compute / tp + 2 * b * arch.vocab * 4
     parts.breakdown = {"weights": weights, "kv_cache": kv, "workspace": workspace}
+    if config.engine is InferenceEngine.PAGED:
+        share = config.gpu_memory_utilization or PAGED_DEFAULT_UTILIZATION
+        card = card_bytes(request)
+        if card is not None:
+            need = weights + kv + workspace
+            parts.method.append(
+                f"paged engine: {share:.0%} of the {card / MIB:,.0f} MiB card taken up front "
+                f"({need / MIB:,.0f} MiB of it weights, KV cache and workspace)"
+            )
+            parts.fixed_total = max(share * card, need)
+            if share * card < need:
+                parts.notes.append(
+                    f"{share:.0%} of the card holds less than the weights, the KV cache of "
+                    f"{b} x {config.context_length or arch.context} tokens and the workspace"
+                )
+        else:
+            parts.notes.append(
+                "paged engine: it takes gpu_memory_utilization of whatever card it gets; "
+                "name the card (resource_requirements.gpu.type or memory_mb) to predict that"
+            )
     return parts

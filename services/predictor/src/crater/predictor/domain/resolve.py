@@ -148,6 +148,7 @@ def resolve_job(
         memory_mb=prediction.host_memory_mb,
         ssd_gb=ssd_gb,
     )
+    prediction = predict(task, assumptions, correction)  # as a submission of it will be
     explanation = (
         f"{job.framework.value} {job.kind.value} of {model_name(job)} "
         f"({job.model_size} parameters, {prediction.confidence.value} confidence): "

@@ -12,7 +12,7 @@ from crater.contracts.tasks import TimelinePoint, TrainingConfig, TrainingTimeli
 from crater.predictor.domain.assumptions import Assumptions
 from crater.predictor.domain.catalog import Architecture, Kind, lora_trainable_parameters
 from crater.predictor.domain.memory import _mb
-from crater.predictor.domain.training_memory import OPTIMIZER_BYTES
+from crater.predictor.domain.training_memory import optimizer_bytes
 from crater.predictor.domain.validation import _Shape
 
 MB = 1_000_000  # disk and network rates are quoted in decimal megabytes
@@ -57,7 +57,7 @@ def _step_seconds(
     if arch.kind is Kind.CONV:
         forward = arch.forward_flops_per_sample * b
     else:
-        forward = 2 * arch.parameters / shape.tensor_parallel * b * s
+        forward = 2 * arch.active_parameters / shape.tensor_parallel * b * s
     backward = forward if config.lora is not None else 2 * forward
     recompute = forward if config.gradient_checkpointing else 0
     rate = peak_flops(request.resource_requirements.gpu.type) * a.model_flops_utilisation
@@ -89,6 +89,7 @@ def _timeline(
     optimizer = breakdown.get("optimizer", 0)
     activations = breakdown.get("activations", 0) + breakdown.get("logits", 0)
     fixed = breakdown.get("cuda_context", 0) + breakdown.get("allocator_overhead", 0)
+    fixed += breakdown.get("gathered_parameters", 0)
     # Gradient buffers live for the whole run (DDP buckets, DeepSpeed's partitioned buffers);
     # Adam allocates its states lazily at the first step, so step 0 starts without them.
     points: list[TimelinePoint] = []
@@ -117,7 +118,7 @@ def _timeline(
         if config.lora is not None
         else arch.parameters
     )
-    state_bytes = trainable * (OPTIMIZER_BYTES[config.optimizer] + 4)
+    state_bytes = trainable * (optimizer_bytes(config, 4.0) + 4)
     weight_part = 0 if config.lora is not None else arch.parameters * (2 if mixed else 0)
     share = 1 / shape.nodes
     node_bytes = state_bytes * (share if shape.zero_stage >= 1 else 1) + weight_part * (

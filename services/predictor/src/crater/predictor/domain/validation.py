@@ -28,6 +28,7 @@ class _Shape:
     data_parallel: int
     zero_stage: int
     sequence_length: int
+    pipeline_parallel: int = 1
 
     @property
     def ranks_per_node(self) -> int:
@@ -84,12 +85,29 @@ def _validate_training(
                     f"({arch.kv_heads} key/value heads)",
                 )
             )
-    dp = config.data_parallel or max(total // tp, 1)
-    if dp * tp > total and len(errors) == before_tp:  # a bad tp says it already
+    pp = config.pipeline_parallel
+    if pp > 1 and arch.kind is not Kind.CONV and pp > arch.layers + arch.encoder_layers:
+        errors.append(
+            FieldError(
+                field="training_config.pipeline_parallel",
+                reason=f"{pp} stages for {arch.key}'s {arch.layers} layers",
+            )
+        )
+    if tp * pp > total and len(errors) == before_tp:
+        errors.append(
+            FieldError(
+                field="training_config.pipeline_parallel",
+                reason=f"tensor_parallel {tp} x pipeline_parallel {pp} = {tp * pp} GPUs, but "
+                f"the task holds {total}",
+            )
+        )
+    dp = config.data_parallel or max(total // (tp * pp), 1)
+    if dp * tp * pp > total and len(errors) == before_tp:  # a bad tp says it already
         errors.append(
             FieldError(
                 field="training_config.data_parallel",
-                reason=f"{dp} x tensor_parallel {tp} = {dp * tp} GPUs, but the task holds "
+                reason=f"{dp} x tensor_parallel {tp} x pipeline_parallel {pp} = "
+                f"{dp * tp * pp} GPUs, but the task holds "
                 f"{total} ({gpus} per node x gang_size {request.gang_size})",
             )
         )
@@ -108,6 +126,14 @@ def _validate_training(
                 FieldError(
                     field="training_config.lora",
                     reason=f"LoRA adapts attention and MLP matrices; {arch.key} has none",
+                )
+            )
+        elif config.lora.quantize_base and request.model_spec.quantization:
+            errors.append(
+                FieldError(
+                    field="training_config.lora.quantize_base",
+                    reason="the base is quantized as model_config.quantization says "
+                    f"({request.model_spec.quantization}); quantize_base asks for NF4 too",
                 )
             )
         elif config.lora.rank > arch.hidden:
@@ -129,10 +155,18 @@ def _validate_training(
                         reason=f"{', '.join(unknown)}: not a linear layer of {arch.key}",
                     )
                 )
+    zero = config.zero_stage if config.zero_stage is not None else (3 if dp > 1 else 0)
+    if config.offload_parameters and zero < 3:
+        errors.append(
+            FieldError(
+                field="training_config.offload_parameters",
+                reason=f"parameters are offloaded when sharded: zero_stage 3 (ZeRO-3 "
+                f"offload_param, FSDP FULL_SHARD with CPUOffload), not {zero}",
+            )
+        )
     if errors:
         raise Refused(errors)
-    zero = config.zero_stage if config.zero_stage is not None else (3 if dp > 1 else 0)
-    return _Shape(gpus, request.gang_size, tp, dp, zero, sequence)
+    return _Shape(gpus, request.gang_size, tp, dp, zero, sequence, pp)
 
 
 def _validate_inference(

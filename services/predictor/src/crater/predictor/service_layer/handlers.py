@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -29,6 +30,7 @@ from crater.contracts import (
     TaskUsageReported,
     derived_event_id,
 )
+from crater.predictor.adapters.model_configs import with_model_config
 from crater.predictor.adapters.store import LearningStore
 from crater.predictor.domain.estimate import Assumptions, Correction, Refused, predict
 from crater.predictor.domain.estimate import family as model_family
@@ -130,7 +132,9 @@ class PredictorHandlers:
         assumptions: Assumptions,
         rule: Rule,
         publish: Publish,
+        model_config_dir: Path | None = None,
     ) -> None:
+        self.model_config_dir = model_config_dir
         self.store = store
         self.metrics = metrics
         self.assumptions = assumptions
@@ -158,6 +162,7 @@ class PredictorHandlers:
     async def task_submitted(self, event: TaskSubmitted) -> None:
         request = event.request()
         try:
+            request = with_model_config(request, self.model_config_dir)
             family = model_family(request)
             prediction = predict(request, self.assumptions, await self.correction_for(request))
         except Refused as refused:
@@ -201,8 +206,9 @@ class PredictorHandlers:
     # Nothing is recorded or counted: a dry run must not teach or skew anything.
     async def prediction_query(self, event: PredictionQuery) -> PredictionAnswer:
         try:
-            correction = await self.correction_for(event.task, recent=True)
-            return PredictionAnswer(prediction=predict(event.task, self.assumptions, correction))
+            task = with_model_config(event.task, self.model_config_dir)
+            correction = await self.correction_for(task, recent=True)
+            return PredictionAnswer(prediction=predict(task, self.assumptions, correction))
         except Refused as refused:
             return PredictionAnswer(errors=refused.errors)
 
