@@ -14,6 +14,7 @@ from crater.contracts import (
     ReplicasRequested,
     TaskPending,
     TaskSequence,
+    TaskUsageReported,
 )
 from crater.contracts.autoscaling import MAX_LATENCY_MS
 from tests.support.lifecycle import granted
@@ -97,3 +98,19 @@ def test_a_grant_with_an_integer_no_database_holds_is_refused(
     with pytest.raises(ValidationError) as refused:
         AllocationGranted.model_validate(body)
     assert refused.value.errors()[0]["loc"] == where
+
+
+def test_a_usage_sample_with_an_integer_no_database_holds_is_refused() -> None:
+    """The fuzzer's usage.task crash: the predictor's SQLite refused it on every delivery."""
+    with pytest.raises(ValidationError) as refused:
+        TaskUsageReported(task_id="t1", interval_seconds=10, host_memory_used_mb=2**64)
+    assert refused.value.errors()[0]["loc"] == ("host_memory_used_mb",)
+
+
+def test_a_field_s_own_bounds_are_what_its_json_schema_says() -> None:
+    """An exact integer's own `ge` shows in the published schema (it showed -2**53, and the
+    fuzzer took a negative gang_index for valid)."""
+    schema = AllocationGranted.model_json_schema()["properties"]
+    assert schema["gang_index"]["minimum"] == 0
+    assert schema["gang_size"]["minimum"] == 1
+    assert schema["memory_mb"]["minimum"] == 0

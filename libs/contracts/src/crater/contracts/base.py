@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Annotated, ClassVar
 from uuid import UUID, uuid4, uuid5
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 # The most attempts a task can have (a restart policy allows 100): a bound that also keeps a
@@ -16,8 +16,18 @@ MAX_ATTEMPT = 10_000
 # too), well inside a database's 64-bit integers even with arithmetic on it: sequence numbers
 # and counts beyond it are refused up front.
 MAX_EXACT_INT = 2**53
+
+
+def _exact(value: int) -> int:
+    if not -MAX_EXACT_INT <= value <= MAX_EXACT_INT:
+        raise ValueError(f"{value} is beyond what every JSON parser reads exactly (2**53)")
+    return value
+
+
 # An integer any JSON parser reads exactly: for fields whose own bounds say nothing of size.
-ExactInt = Annotated[int, Field(ge=-MAX_EXACT_INT, le=MAX_EXACT_INT)]
+# A validator, not Field bounds: a field's own `ge`/`le` (ExactInt = Field(ge=0)) would
+# otherwise lose to these in the JSON Schema (minimum -2**53 where the model says 0).
+ExactInt = Annotated[int, AfterValidator(_exact)]
 _DERIVED_NAMESPACE = UUID("6f1c1f0e-8a53-4c5e-9d8e-63a0a0c6e0b1")
 
 

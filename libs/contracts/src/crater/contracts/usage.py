@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from crater.contracts.base import MAX_ATTEMPT, Contract, Event
+from crater.contracts.base import MAX_ATTEMPT, Contract, Event, ExactInt
 from crater.contracts.tasks import TaskId
 
 
@@ -37,13 +37,15 @@ class TaskUsageReported(Event):
     gpus: list[GpuUsage] = Field(
         default_factory=list, max_length=1024, description="The task's GPUs; empty: none seen."
     )
-    host_memory_used_mb: int | None = Field(
+    host_memory_used_mb: ExactInt | None = Field(
         default=None, ge=0, description="Resident memory of the task's process tree (peak)."
     )
-    io_read_bytes_per_second: float | None = Field(default=None, ge=0)
-    io_write_bytes_per_second: float | None = Field(default=None, ge=0)
+    # Bounds far past any machine, so that sums over a task's samples stay finite numbers
+    # its database can hold (the fuzzer's usage.task crash: an integer past 64 bits).
+    io_read_bytes_per_second: float | None = Field(default=None, ge=0, le=1e15)
+    io_write_bytes_per_second: float | None = Field(default=None, ge=0, le=1e15)
     cpu_utilization_percent: float | None = Field(
-        default=None, ge=0, description="Of the cores granted (100: all of them busy)."
+        default=None, ge=0, le=1e6, description="Of the cores granted (100: all of them busy)."
     )
     source: str = Field(default="crater-client", max_length=64)
 
