@@ -366,6 +366,17 @@ async def _report_latencies(broker: NatsBroker, seed: int) -> None:
         await asyncio.sleep(1.0)
 
 
+def core_ranges(cores: list[int]) -> str:
+    """`0-15, 64-79` for those 32 cores; `none` for none."""
+    spans: list[list[int]] = []
+    for core in sorted(cores):
+        if spans and core == spans[-1][1] + 1:
+            spans[-1][1] = core
+        else:
+            spans.append([core, core])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans) or "none"
+
+
 class Watcher:
     """Prints decisions as they happen, read off the bus."""
 
@@ -417,12 +428,12 @@ class Watcher:
                 f"({p.confidence} confidence; DataLoader workers {p.dataloader_num_workers})",
             )
         elif isinstance(event, AllocationGranted):
-            cores = f"{event.cpu_cores[0]}-{event.cpu_cores[-1]}" if event.cpu_cores else "-"
+            gpus = f" GPUs {event.gpu_ids}" if event.gpu_ids else ", no GPU"
             self.line(
                 "green",
                 "✔",
-                f"{event.task_id} placed on [bold]{event.node}[/bold] GPUs {event.gpu_ids} "
-                f"cores {cores} NUMA {event.numa_node}: {event.explanation}",
+                f"{event.task_id} placed on [bold]{event.node}[/bold]{gpus}, "
+                f"cores {core_ranges(event.cpu_cores)}: {event.explanation}",
             )
         elif isinstance(event, TaskPending):
             self.line("yellow", "…", f"{event.task_id} waits: {event.summary}")
