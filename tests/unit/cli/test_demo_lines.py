@@ -1,5 +1,5 @@
-"""What `crater up` prints of a decision reads as a sentence: never `None`, core lists as
-ranges (issue #23)."""
+"""What `crater up` prints of a decision, and what `crater probe` prints of this machine, read
+as sentences: never `None`, core lists as ranges (issue #23)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ from datetime import timedelta
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
-from crater.cli import demo
+from crater.cli import demo, hardware
+from crater.cli.main import app
 from crater.contracts import AllocationGranted, utc_now
+from tests.support.topologies import node
 
 
 def test_core_ranges() -> None:
@@ -54,3 +57,19 @@ def test_a_placement_line_names_its_cores_as_ranges_and_never_says_none(
     assert "tune-0066 placed on a100-03 GPUs [0, 1, 2, 3, 4, 5, 6, 7], cores 0-31, 64-95: " in first
     assert "client-0001 placed on local-01, no GPU, cores 1: " in second
     assert "None" not in out.getvalue()
+
+
+def test_probe_says_what_it_does_not_know_in_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    topology = node("vm", gpus=1)
+    topology.disks[0] = topology.disks[0].model_copy(
+        update={"numa_node": None, "pci_root": None, "model": None}
+    )
+    topology.gpus[0] = topology.gpus[0].model_copy(update={"numa_node": None})
+    monkeypatch.setattr(hardware, "discover_local", lambda: topology)
+    result = CliRunner().invoke(app, ["probe"])
+    assert result.exit_code == 0, result.output
+    assert "None" not in result.output
+    assert "disk nvme0n1: NVMe 3800 GB, NUMA node unknown, under no PCIe root found, at " in (
+        result.output.replace("\n", " ")
+    )
+    assert "GPU 0: NVIDIA A100-SXM4-80GB 81920 MiB, NUMA node unknown" in result.output

@@ -135,14 +135,16 @@ def probe(
         )
         mig = "" if gpu.mig_enabled is None else f", MIG {'on' if gpu.mig_enabled else 'off'}"
         console.print(
-            f"GPU {gpu.index}: {gpu.model} {gpu.memory_mb} MiB, NUMA {gpu.numa_node}, "
+            f"GPU {gpu.index}: {gpu.model} {gpu.memory_mb} MiB, {_numa(gpu.numa_node)}, "
             f"{link} under {gpu.pci_root or '?'}, NVLink peers {gpu.nvlink_peers or '-'}{mig}"
         )
     for disk in node.disks:
         kind = "NVMe" if disk.nvme else "HDD" if disk.rotational else "SSD"
+        model = f" {disk.model}" if disk.model else ""
         console.print(
-            f"disk {disk.name}: {kind} {disk.capacity_gb} GB {disk.model or ''} "
-            f"NUMA {disk.numa_node} under {disk.pci_root or '-'} at {disk.mount_path or '-'}"
+            f"disk {disk.name}: {kind} {disk.capacity_gb} GB{model}, {_numa(disk.numa_node)}, "
+            f"under {disk.pci_root or 'no PCIe root found'}, "
+            + (f"at {disk.mount_path}" if disk.mount_path else "not mounted")
         )
         if disk.random_read_iops is not None:
             console.print(
@@ -158,6 +160,11 @@ def probe(
     shared = _shared_roots(node)
     if shared:
         console.print(f"PCIe root complexes: {shared}")
+
+
+def _numa(node: int | None) -> str:
+    """`NUMA 1`, or what the kernel says when it does not tie the device to one."""
+    return "NUMA node unknown" if node is None else f"NUMA {node}"
 
 
 def _shared_roots(node: NodeTopology) -> str:
