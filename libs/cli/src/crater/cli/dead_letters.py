@@ -66,7 +66,9 @@ async def read_letters(js: JetStreamContext) -> list[Letter]:
         return []  # no service has started since dead letters were introduced
     letters: dict[str, Letter] = {}
     replays: list[MessageReplayed] = []
-    for sequence in range(info.state.first_seq, info.state.last_seq + 1):
+    if not info.state.messages:
+        return []  # an empty stream's first sequence is 0, which get_msg refuses
+    for sequence in range(max(info.state.first_seq, 1), info.state.last_seq + 1):
         try:
             raw = await js.get_msg(STREAM, sequence)
         except NotFoundError:
