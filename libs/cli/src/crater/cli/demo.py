@@ -21,6 +21,7 @@ from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from rich.console import Console
 
+from crater.cli.errors import CliError
 from crater.cli.stack import LOCAL_POOL, Stack, port_is_free
 from crater.contracts import (
     AllocationGranted,
@@ -184,13 +185,14 @@ def run_demo(
     console.rule("[bold]Crater demo")
     console.print(f"starting nats-server, SQLite and six services under {data_dir}/ ...")
     started = time.monotonic()
+    failure: BaseException | None = None
     # SIGTERM stops the demo the way Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         stack.start(extra_env=DEMO_ENV, local_node=local and EXAMPLE_SCRIPT.is_file())
         _banner(stack, time.monotonic() - started)
-        asyncio.run(_watch_and_drive(stack, duration, rate, seed))
-    except KeyboardInterrupt:
+        failure = asyncio.run(_watch_and_drive(stack, duration, rate, seed))
+    except KeyboardInterrupt:  # while the stack was starting
         pass
     finally:
         # A second Ctrl-C (make and uv pass it on too) must not cut the shutdown short.
@@ -199,6 +201,8 @@ def run_demo(
         console.print("stopping: services drain and close, then nats-server ...")
         stack.stop()
         console.print("stopped.")
+    if failure is not None:
+        raise CliError(f"the demo stopped early: {failure}")
 
 
 def _interrupt(_signum: int, _frame: object) -> None:
@@ -219,34 +223,62 @@ def _banner(stack: Stack, seconds: float) -> None:
     console.rule()
 
 
-async def _watch_and_drive(stack: Stack, duration: float, rate: float, seed: int) -> None:
+async def _watch_and_drive(
+    stack: Stack, duration: float, rate: float, seed: int
+) -> BaseException | None:
+    """Show the decisions and drive the workload until `duration` passes (0: for ever) or
+    Ctrl-C / SIGTERM; then close what it opened. The loop takes the signals itself, so the
+    closing runs on a live loop (a KeyboardInterrupt raised into it cancelled nats-py's own
+    tasks, and the drain that followed timed out into a traceback). Returns what stopped the
+    workload early, if anything did (the fleet never showing up)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     watcher = Watcher()
     # The demo plays AllData and the inference replicas: the operator's identity.
     nats_as = stack.nats_connection("admin")
     connection = await nats_as.connect()
-    await connection.subscribe("crater.v1.>", cb=watcher.on_message)
     broker = NatsBroker(nats_as.servers, security=nats_as.security(), log_level=10)
-    await broker.start()
+    driving: asyncio.Task[None] | None = None
+    try:
+        await connection.subscribe("crater.v1.>", cb=watcher.on_message)
+        await broker.start()
+        driving = asyncio.create_task(_drive(stack, broker, rate, seed, watcher))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait(
+            {driving, stopping}, timeout=duration or None, return_when=asyncio.FIRST_COMPLETED
+        )
+        stopping.cancel()
+        if driving.done() and not driving.cancelled():
+            return driving.exception()
+        return None
+    finally:
+        if driving is not None:
+            driving.cancel()
+            await asyncio.gather(driving, return_exceptions=True)
+        for closing in (broker.stop(), connection.drain()):
+            try:
+                await asyncio.wait_for(closing, 10)
+            except Exception as error:  # the demo stops all the same
+                console.print(f"[dim]closing the demo's NATS connection: {error!r}[/dim]")
+        watcher.summary()
+
+
+async def _drive(
+    stack: Stack, broker: NatsBroker, rate: float, seed: int, watcher: Watcher
+) -> None:
+    """The workload: wait for the fleet, start the inference service, then submit tasks and
+    report latencies (and run the local node's script) until cancelled."""
     pools = await _fleet_pools(stack, watcher)
     await _start_inference_service(stack, pools)
-    tasks = [
-        asyncio.create_task(_submit_tasks(stack, pools, rate, seed, watcher)),
-        asyncio.create_task(_report_latencies(broker, seed)),
+    work = [
+        _submit_tasks(stack, pools, rate, seed, watcher),
+        _report_latencies(broker, seed),
     ]
     if "agent" in stack.processes:
-        tasks.append(asyncio.create_task(_submit_local_tasks(stack, watcher)))
-    try:
-        if duration:
-            await asyncio.sleep(duration)
-        else:
-            await asyncio.Event().wait()
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await broker.stop()
-        await connection.drain()
-        watcher.summary()
+        work.append(_submit_local_tasks(stack, watcher))
+    await asyncio.gather(*work)
 
 
 async def _fleet_pools(stack: Stack, watcher: Watcher, timeout: float = 30.0) -> set[str]:
