@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import shlex
 import shutil
 import signal
 import sys
@@ -210,17 +212,72 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 
 def _banner(stack: Stack, seconds: float) -> None:
+    """What is where, each line true of this run: every URL answers, every command runs as
+    printed, from the directory the demo was started in (tests/e2e/test_readme_commands.py)."""
     gateway = stack.url("gateway")
-    console.print(f"up in {seconds:.1f} s. nats: {stack.nats_url}  gateway: {gateway}")
-    for name, process in stack.processes.items():
-        console.print(f"  {name:<10} {process.url}/healthz  /metrics   log: {process.log_path}")
-    token_file = stack.data_dir / "secrets" / "admin-token"
+    env_file = write_env_file(stack)
     console.print(
-        f"try, in another shell:  export CRATER_GATEWAY_URL={gateway} "
-        f'CRATER_API_TOKEN="$(cat {token_file})"; crater list-nodes; crater tasks'
+        f"up in {seconds:.1f} s. nats: {stack.nats_url}  gateway: {gateway}  "
+        f"console: {gateway}/console"
+    )
+    for name, process in stack.processes.items():
+        # the receiver (AllData's stand-in) shows what it was sent; the services their metrics
+        more = "/deliveries" if name == "receiver" else "/metrics"
+        console.print(f"  {name:<10} {process.url}/healthz  {more}   log: {process.log_path}")
+    crater = crater_command()
+    console.print(
+        f"try, in another shell:  source {env_file}; {crater} list-nodes; {crater} tasks",
+        soft_wrap=True,
+    )
+    console.print(
+        f"  ({env_file.name} exports CRATER_GATEWAY_URL, CRATER_API_TOKEN: the admin key in "
+        f"{stack.data_dir / 'secrets' / 'admin-token'}, CRATER_NATS_* and CRATER_DATABASE_URL; "
+        "sign in to the console with that key)"
     )
     console.print("Ctrl-C stops everything.")
     console.rule()
+
+
+def crater_command() -> str:
+    """How another shell runs `crater`: `uv run crater` where the demo itself runs under
+    `uv run` (make up) or `crater` is not on the PATH, else `crater`."""
+    if os.environ.get("UV_RUN_RECURSION_DEPTH") or shutil.which("crater") is None:
+        return "uv run crater"
+    return "crater"
+
+
+ENV_FILE = "env.sh"
+
+
+def write_env_file(stack: Stack) -> Path:
+    """data_dir/env.sh: `source` it and `crater` and curl reach this demo as its admin. It names
+    the secrets' files (the admin key is read from its own when sourced), holds none itself."""
+    token_file = (stack.data_dir / "secrets" / "admin-token").resolve()
+    variables = {
+        "CRATER_GATEWAY_URL": shlex.quote(stack.url("gateway")),
+        "CRATER_API_TOKEN": f'"$(cat {shlex.quote(str(token_file))})"',
+        "CRATER_NATS_URL": shlex.quote(stack.nats_url),
+    }
+    if stack.security is not None:  # NATS as the admin, over TLS
+        variables["CRATER_NATS_USER"] = "admin"
+        password = stack.security.password_file("admin").resolve()
+        variables["CRATER_NATS_PASSWORD_FILE"] = shlex.quote(str(password))
+        variables["CRATER_NATS_TLS_CA"] = shlex.quote(str(stack.security.ca_cert.resolve()))
+    database = stack.database_url
+    if database.startswith("sqlite") and ":///" in database:  # absolute: sourced anywhere
+        scheme, _, path = database.partition(":///")
+        database = f"{scheme}:///{Path(path).resolve()}"
+    variables["CRATER_DATABASE_URL"] = shlex.quote(database)
+    lines = [
+        "# crater up's addresses and credentials, for crater and curl in another shell:",
+        f"# source {stack.data_dir / ENV_FILE}",
+        *(f"export {name}={value}" for name, value in variables.items()),
+    ]
+    env_file = stack.data_dir / ENV_FILE
+    descriptor = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        file.write("\n".join(lines) + "\n")
+    return env_file
 
 
 async def _watch_and_drive(
