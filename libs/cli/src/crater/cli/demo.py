@@ -168,6 +168,17 @@ DEMO_ENV = {
 }
 
 
+# `crater cost` prices the demo's usage with these, unless CRATER_PREDICTOR_PRICE_FILE is set.
+DEMO_PRICES = Path(__file__).resolve().parents[5] / "examples" / "prices.yaml"
+
+
+def demo_env() -> dict[str, str]:
+    env = dict(DEMO_ENV)
+    if DEMO_PRICES.is_file() and "CRATER_PREDICTOR_PRICE_FILE" not in os.environ:
+        env["CRATER_PREDICTOR_PRICE_FILE"] = str(DEMO_PRICES)
+    return env
+
+
 def run_demo(
     data_dir: Path,
     duration: float,
@@ -191,7 +202,7 @@ def run_demo(
     # SIGTERM stops the demo the way Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        stack.start(extra_env=DEMO_ENV, local_node=local and EXAMPLE_SCRIPT.is_file())
+        stack.start(extra_env=demo_env(), local_node=local and EXAMPLE_SCRIPT.is_file())
         _banner(stack, time.monotonic() - started)
         failure = asyncio.run(_watch_and_drive(stack, duration, rate, seed))
     except KeyboardInterrupt:  # while the stack was starting
