@@ -19,17 +19,17 @@ from typing import Annotated, Any, TypeVar
 import typer
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
-from rich.console import Console
 from rich.table import Table
 
 from crater.cli.jetstream import DEFAULT_NATS, NatsOption, on_jetstream
+from crater.cli.output import cli_console
 from crater.cli.output import table as print_table
 from crater.contracts import MessageDeadLettered, MessageReplayed, Streams, Subjects
 from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS, encode, retry_transient
 from crater.runtime.jsondepth import json_depth
 
 app = typer.Typer(help="Messages the consumers gave up on: list, show, replay.")
-console = Console()
+console = cli_console(highlight=True)
 T = TypeVar("T")
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON lines.")]

@@ -21,9 +21,9 @@ from typing import Any
 
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
-from rich.console import Console
 
 from crater.cli.errors import CliError
+from crater.cli.output import cli_console
 from crater.cli.stack import LOCAL_POOL, Stack, port_is_free
 from crater.contracts import (
     AllocationGranted,
@@ -44,7 +44,7 @@ from crater.contracts import (
 )
 from crater.runtime.bus import publish
 
-console = Console(highlight=False)
+console = cli_console()
 
 # (weight, role, request) — role picks a pool the fleet has.
 WORKLOAD: list[tuple[int, str, dict[str, Any]]] = [

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from crater.cli.errors import NO, USAGE, CliError
 from crater.cli.jetstream import DEFAULT_NATS, NatsOption, on_jetstream
-from crater.cli.output import emit_json
+from crater.cli.output import cli_console, emit_json
 from crater.cli.output import table as print_table
 from crater.contracts import (
     HealthCheck,
@@ -36,7 +35,7 @@ from crater.probe.api import (
     topology_to_dot,
 )
 
-console = Console(highlight=False)
+console = cli_console()
 
 FleetOption = Annotated[
     Path | None,
@@ -98,7 +97,7 @@ def probe(
     """Discover this machine: CPUs, NUMA nodes, memory, disks, GPUs (NVML)."""
     node = discover_local()
     if full:
-        progress = Console(stderr=True, highlight=False) if as_json else console
+        progress = cli_console(stderr=True) if as_json else console
         bounds = Bounds(memory_seconds=seconds / 3, disk_file_mb=file_mb, disk_seconds=seconds)
         measured = measure_node(
             node,
@@ -290,4 +289,4 @@ def topology_export(
         if done.returncode:
             why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
             raise CliError(f"Graphviz could not render {png}: {why}")
-        Console(stderr=True).print(f"wrote {png}")
+        cli_console(stderr=True, highlight=True).print(f"wrote {png}")
