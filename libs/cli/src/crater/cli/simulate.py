@@ -296,5 +296,9 @@ def _print(summary: dict[str, Any], curve: dict[int, tuple[float, float, float]]
         f"unallocated GPUs at 130%: {summary['unallocated_gpus_at_130']}; "
         f"failed pods (mean): {summary['failed_pods_mean']:.1f}; wall {summary['wall_seconds']} s"
     )
-    if summary["published"]:
-        console.print(f"published: {summary['published']}")
+    if published := summary["published"]:
+        console.print(
+            f"published for {summary['policy']}: GPU allocation {published['at_100']:.2f}% at "
+            f"100% arrived, {published['at_130']:.2f}% at 130%; unallocated GPUs at 130%: "
+            f"{published['unallocated']}"
+        )
