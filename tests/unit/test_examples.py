@@ -26,3 +26,26 @@ def test_example_pools_file_loads() -> None:
     assert (retry.when, retry.max_attempts) == (["failure", "node-lost"], 3)
     assert [retry.backoff_before(n) for n in (2, 3)] == [30, 60]
     assert pools["inference"].restart.when == []  # never, unless a task asks
+
+
+def test_example_price_file_prices_every_gpu_of_the_demo_fleet() -> None:
+    """crater up runs with it (crater cost shows a cost): each of the demo's GPU models has a
+    price of its own, none falls back to the default."""
+    from decimal import Decimal
+
+    from crater.predictor.domain.usage import load_prices
+
+    prices = load_prices(EXAMPLES / "prices.yaml")
+    assert prices is not None
+    demo_models = {
+        "NVIDIA A100-SXM4-80GB": "2.50",
+        "NVIDIA A100-PCIE-40GB": "2.50",
+        "NVIDIA H100 80GB HBM3": "4.00",
+        "Tesla V100-SXM2-32GB": "1.20",
+        "NVIDIA GeForce RTX 4090": "0.70",
+        "Tesla T4": "0.35",
+    }
+    assert {m: prices.per_gpu_hour(m) for m in demo_models} == {
+        m: Decimal(p) for m, p in demo_models.items()
+    }
+    assert prices.budgets == {}  # the demo refuses nothing for money

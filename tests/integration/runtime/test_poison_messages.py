@@ -382,6 +382,16 @@ async def test_dead_letters_are_listed_shown_and_replayed_by_the_cli(
         assert [r.duplicate for r in records] == [False, True, False]
 
 
+async def test_an_empty_dead_letter_stream_lists_nothing(fresh_nats: NatsServer) -> None:
+    """What every fresh Crater has (`crater up`): the stream, and no letter in it yet. Its
+    first sequence is 0, which JetStream refuses to get (a bad request, once an exit 70)."""
+    await ensure_streams(fresh_nats.url)
+    url = ("--nats-url", fresh_nats.url)
+    assert (await cli_run("list", "--json", *url)).strip() == ""
+    assert (await cli_run("list", *url)).splitlines()[0].split()[:2] == ["id", "when"]
+    assert "nothing to replay" in await cli_run("replay", "--all", *url)
+
+
 async def cli_run(*args: str, exit_code: int = 0) -> str:
     # The CLI runs its own event loop, as it does for a user: off this test's loop.
     return await asyncio.to_thread(lambda: dead_letters(*args, exit_code=exit_code))

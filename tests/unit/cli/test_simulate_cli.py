@@ -37,6 +37,11 @@ def test_simulate_writes_the_curve(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [*args, "--seeds", "1-2", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "unallocated GPUs at 130%" in result.output
+    # the published figures in words, not a dict's repr
+    assert "published for fgd: GPU allocation 95.23% at 100% arrived, 95.39% at 130%; " in (
+        result.output
+    )
+    assert "{'at_100'" not in result.output
     summary = json.loads((out / "openb_fgd.json").read_text())
     assert summary["seeds"] == [1, 2]
     assert summary["curve"]

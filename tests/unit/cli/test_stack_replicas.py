@@ -1,10 +1,14 @@
-"""Names of a service's replicas in a Stack."""
+"""Names of a service's replicas in a Stack, and the order a Stack starts its processes in."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 
-from crater.cli.stack import replica_names
+from crater.cli import stack
+from crater.cli.stack import SERVICES, Stack, replica_names
 
 
 def test_replica_names() -> None:
@@ -12,3 +16,31 @@ def test_replica_names() -> None:
     assert replica_names("callback", 3) == ["callback", "callback-2", "callback-3"]
     with pytest.raises(ValueError, match="at least one replica"):
         replica_names("gateway", 0)
+
+
+def test_the_local_node_agent_starts_once_the_services_answer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The services declare the streams (before their /healthz answers); the node agent may
+    declare none, and started beside them it could come first and fail on 'stream not found'
+    (a demo without local-01, once in a few runs)."""
+    events: list[str] = []
+
+    class FakeNats:
+        url = "nats://127.0.0.1:1"
+
+    def spawn(self: Stack, name: str, port: int, args: list[str], env: object = None) -> None:
+        events.append(f"spawn {name}")
+        self.processes[name] = SimpleNamespace(name=name)  # type: ignore[assignment]
+
+    monkeypatch.setattr(stack, "start_nats_server", lambda *a, **k: FakeNats())
+    monkeypatch.setattr(stack, "migrate", lambda url: None)
+    monkeypatch.setattr(stack, "free_port", lambda: 1)
+    monkeypatch.setattr(Stack, "_spawn", spawn)
+    monkeypatch.setattr(
+        stack, "wait_healthy", lambda process: events.append(f"healthy {process.name}")
+    )
+    Stack(tmp_path).start(local_node=True)
+    agent = events.index("spawn agent")
+    assert {f"healthy {name}" for name in SERVICES} <= set(events[:agent]), events
+    assert events[agent + 1 :] == ["healthy agent"]

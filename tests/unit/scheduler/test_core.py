@@ -98,6 +98,7 @@ def test_places_on_fitting_node_with_gpus_and_cores_on_one_numa_node() -> None:
     assert granted.node == "a100-01"
     assert granted.gpu_ids == [0, 1]
     assert granted.numa_node == 0
+    assert granted.explanation.endswith("; NUMA 0"), granted.explanation
     assert set(granted.cpu_cores) <= set(range(16))  # NUMA node 0's CPUs
     assert granted.environment["CRATER_GPU_IDS"] == "0,1"
     assert granted.environment["CRATER_CHECKPOINT_PATH"] == "/mnt/nvme0/crater/checkpoints/t1"
@@ -172,6 +173,9 @@ def test_strict_numa_refuses_a_split_placement() -> None:
     [granted] = scheduler.handle(profiled("t2", gpus=3, cores=2))
     assert isinstance(granted, AllocationGranted)
     assert granted.numa_node is None
+    # said in words, never as `NUMA None`
+    assert granted.explanation.endswith("across NUMA 0 and 1"), granted.explanation
+    assert "None" not in granted.explanation
 
 
 def test_node_that_stops_reporting_becomes_not_ready() -> None:

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from crater.cli.output import cli_console
+
 app = typer.Typer(help="The scheduler's audit log: verify, replay, explain, export.")
-console = Console()
+console = cli_console(highlight=True)
 T = TypeVar("T")
 
 DatabaseOption = Annotated[str, typer.Option(envvar="CRATER_DATABASE_URL")]

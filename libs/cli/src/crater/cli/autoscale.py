@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, cast
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -26,10 +25,10 @@ from crater.autoscaler.sim import (
     simulate,
     write_trace,
 )
-from crater.cli.output import emit_json
+from crater.cli.output import cli_console, emit_json
 from crater.cli.output import table as print_table
 
-console = Console()
+console = cli_console(highlight=True)
 # The service's defaults (its settings default to these too), except where a flag says.
 _POLICY = ScalingPolicy()
 # The simulator's scale-in step (set CRATER_AUTOSCALER_MAX_SCALE_IN_STEP to run the same).

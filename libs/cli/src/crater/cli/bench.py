@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from crater.cli.checkout import benchmark
+from crater.cli.output import cli_console
 
-console = Console()
+console = cli_console(highlight=True)
 RESULTS = Path("benchmarks/results")
 PATHS = ("scheduler", "full")
 

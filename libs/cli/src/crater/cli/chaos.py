@@ -13,11 +13,11 @@ from types import ModuleType
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from crater.cli.checkout import benchmark
+from crater.cli.output import cli_console
 
-console = Console(highlight=False)
+console = cli_console()
 DEFAULT_DATABASE = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 
 

@@ -10,15 +10,14 @@ from enum import StrEnum
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from crater.cli.output import emit_json
+from crater.cli.output import cli_console, emit_json
 from crater.cli.output import table as print_table
 from crater.contracts import UsageAnswer
 from crater.predictor.domain.usage import csv_rows, month_start
 
-console = Console()
+console = cli_console(highlight=True)
 
 
 class By(StrEnum):

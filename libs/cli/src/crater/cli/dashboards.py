@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-console = Console()
+from crater.cli.output import cli_console
+
+console = cli_console(highlight=True)
 DEFAULT_OUT = Path("deploy/grafana")
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 

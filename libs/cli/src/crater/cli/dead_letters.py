@@ -19,17 +19,17 @@ from typing import Annotated, Any, TypeVar
 import typer
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
-from rich.console import Console
 from rich.table import Table
 
 from crater.cli.jetstream import DEFAULT_NATS, NatsOption, on_jetstream
+from crater.cli.output import cli_console
 from crater.cli.output import table as print_table
 from crater.contracts import MessageDeadLettered, MessageReplayed, Streams, Subjects
 from crater.runtime.bus import PUBLISH_ACK_TIMEOUT_SECONDS, encode, retry_transient
 from crater.runtime.jsondepth import json_depth
 
 app = typer.Typer(help="Messages the consumers gave up on: list, show, replay.")
-console = Console()
+console = cli_console(highlight=True)
 T = TypeVar("T")
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON lines.")]
@@ -66,7 +66,9 @@ async def read_letters(js: JetStreamContext) -> list[Letter]:
         return []  # no service has started since dead letters were introduced
     letters: dict[str, Letter] = {}
     replays: list[MessageReplayed] = []
-    for sequence in range(info.state.first_seq, info.state.last_seq + 1):
+    if not info.state.messages:
+        return []  # an empty stream's first sequence is 0, which get_msg refuses
+    for sequence in range(max(info.state.first_seq, 1), info.state.last_seq + 1):
         try:
             raw = await js.get_msg(STREAM, sequence)
         except NotFoundError:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import shlex
 import shutil
 import signal
 import sys
@@ -19,8 +21,9 @@ from typing import Any
 
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
-from rich.console import Console
 
+from crater.cli.errors import CliError
+from crater.cli.output import cli_console
 from crater.cli.stack import LOCAL_POOL, Stack, port_is_free
 from crater.contracts import (
     AllocationGranted,
@@ -41,7 +44,7 @@ from crater.contracts import (
 )
 from crater.runtime.bus import publish
 
-console = Console(highlight=False)
+console = cli_console()
 
 # (weight, role, request) — role picks a pool the fleet has.
 WORKLOAD: list[tuple[int, str, dict[str, Any]]] = [
@@ -165,6 +168,17 @@ DEMO_ENV = {
 }
 
 
+# `crater cost` prices the demo's usage with these, unless CRATER_PREDICTOR_PRICE_FILE is set.
+DEMO_PRICES = Path(__file__).resolve().parents[5] / "examples" / "prices.yaml"
+
+
+def demo_env() -> dict[str, str]:
+    env = dict(DEMO_ENV)
+    if DEMO_PRICES.is_file() and "CRATER_PREDICTOR_PRICE_FILE" not in os.environ:
+        env["CRATER_PREDICTOR_PRICE_FILE"] = str(DEMO_PRICES)
+    return env
+
+
 def run_demo(
     data_dir: Path,
     duration: float,
@@ -184,13 +198,14 @@ def run_demo(
     console.rule("[bold]Crater demo")
     console.print(f"starting nats-server, SQLite and six services under {data_dir}/ ...")
     started = time.monotonic()
+    failure: BaseException | None = None
     # SIGTERM stops the demo the way Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        stack.start(extra_env=DEMO_ENV, local_node=local and EXAMPLE_SCRIPT.is_file())
+        stack.start(extra_env=demo_env(), local_node=local and EXAMPLE_SCRIPT.is_file())
         _banner(stack, time.monotonic() - started)
-        asyncio.run(_watch_and_drive(stack, duration, rate, seed))
-    except KeyboardInterrupt:
+        failure = asyncio.run(_watch_and_drive(stack, duration, rate, seed))
+    except KeyboardInterrupt:  # while the stack was starting
         pass
     finally:
         # A second Ctrl-C (make and uv pass it on too) must not cut the shutdown short.
@@ -199,6 +214,8 @@ def run_demo(
         console.print("stopping: services drain and close, then nats-server ...")
         stack.stop()
         console.print("stopped.")
+    if failure is not None:
+        raise CliError(f"the demo stopped early: {failure}")
 
 
 def _interrupt(_signum: int, _frame: object) -> None:
@@ -206,47 +223,130 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 
 def _banner(stack: Stack, seconds: float) -> None:
+    """What is where, each line true of this run: every URL answers, every command runs as
+    printed, from the directory the demo was started in (tests/e2e/test_readme_commands.py)."""
     gateway = stack.url("gateway")
-    console.print(f"up in {seconds:.1f} s. nats: {stack.nats_url}  gateway: {gateway}")
-    for name, process in stack.processes.items():
-        console.print(f"  {name:<10} {process.url}/healthz  /metrics   log: {process.log_path}")
-    token_file = stack.data_dir / "secrets" / "admin-token"
+    env_file = write_env_file(stack)
     console.print(
-        f"try, in another shell:  export CRATER_GATEWAY_URL={gateway} "
-        f'CRATER_API_TOKEN="$(cat {token_file})"; crater list-nodes; crater tasks'
+        f"up in {seconds:.1f} s. nats: {stack.nats_url}  gateway: {gateway}  "
+        f"console: {gateway}/console"
+    )
+    for name, process in stack.processes.items():
+        # the receiver (AllData's stand-in) shows what it was sent; the services their metrics
+        more = "/deliveries" if name == "receiver" else "/metrics"
+        console.print(f"  {name:<10} {process.url}/healthz  {more}   log: {process.log_path}")
+    crater = crater_command()
+    console.print(
+        f"try, in another shell:  source {env_file}; {crater} list-nodes; {crater} tasks",
+        soft_wrap=True,
+    )
+    console.print(
+        f"  ({env_file.name} exports CRATER_GATEWAY_URL, CRATER_API_TOKEN: the admin key in "
+        f"{stack.data_dir / 'secrets' / 'admin-token'}, CRATER_NATS_* and CRATER_DATABASE_URL; "
+        "sign in to the console with that key)"
     )
     console.print("Ctrl-C stops everything.")
     console.rule()
 
 
-async def _watch_and_drive(stack: Stack, duration: float, rate: float, seed: int) -> None:
+def crater_command() -> str:
+    """How another shell runs `crater`: `uv run crater` where the demo itself runs under
+    `uv run` (make up) or `crater` is not on the PATH, else `crater`."""
+    if os.environ.get("UV_RUN_RECURSION_DEPTH") or shutil.which("crater") is None:
+        return "uv run crater"
+    return "crater"
+
+
+ENV_FILE = "env.sh"
+
+
+def write_env_file(stack: Stack) -> Path:
+    """data_dir/env.sh: `source` it and `crater` and curl reach this demo as its admin. It names
+    the secrets' files (the admin key is read from its own when sourced), holds none itself."""
+    token_file = (stack.data_dir / "secrets" / "admin-token").resolve()
+    variables = {
+        "CRATER_GATEWAY_URL": shlex.quote(stack.url("gateway")),
+        "CRATER_API_TOKEN": f'"$(cat {shlex.quote(str(token_file))})"',
+        "CRATER_NATS_URL": shlex.quote(stack.nats_url),
+    }
+    if stack.security is not None:  # NATS as the admin, over TLS
+        variables["CRATER_NATS_USER"] = "admin"
+        password = stack.security.password_file("admin").resolve()
+        variables["CRATER_NATS_PASSWORD_FILE"] = shlex.quote(str(password))
+        variables["CRATER_NATS_TLS_CA"] = shlex.quote(str(stack.security.ca_cert.resolve()))
+    database = stack.database_url
+    if database.startswith("sqlite") and ":///" in database:  # absolute: sourced anywhere
+        scheme, _, path = database.partition(":///")
+        database = f"{scheme}:///{Path(path).resolve()}"
+    variables["CRATER_DATABASE_URL"] = shlex.quote(database)
+    lines = [
+        "# crater up's addresses and credentials, for crater and curl in another shell:",
+        f"# source {stack.data_dir / ENV_FILE}",
+        *(f"export {name}={value}" for name, value in variables.items()),
+    ]
+    env_file = stack.data_dir / ENV_FILE
+    descriptor = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        file.write("\n".join(lines) + "\n")
+    return env_file
+
+
+async def _watch_and_drive(
+    stack: Stack, duration: float, rate: float, seed: int
+) -> BaseException | None:
+    """Show the decisions and drive the workload until `duration` passes (0: for ever) or
+    Ctrl-C / SIGTERM; then close what it opened. The loop takes the signals itself, so the
+    closing runs on a live loop (a KeyboardInterrupt raised into it cancelled nats-py's own
+    tasks, and the drain that followed timed out into a traceback). Returns what stopped the
+    workload early, if anything did (the fleet never showing up)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     watcher = Watcher()
     # The demo plays AllData and the inference replicas: the operator's identity.
     nats_as = stack.nats_connection("admin")
     connection = await nats_as.connect()
-    await connection.subscribe("crater.v1.>", cb=watcher.on_message)
     broker = NatsBroker(nats_as.servers, security=nats_as.security(), log_level=10)
-    await broker.start()
+    driving: asyncio.Task[None] | None = None
+    try:
+        await connection.subscribe("crater.v1.>", cb=watcher.on_message)
+        await broker.start()
+        driving = asyncio.create_task(_drive(stack, broker, rate, seed, watcher))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait(
+            {driving, stopping}, timeout=duration or None, return_when=asyncio.FIRST_COMPLETED
+        )
+        stopping.cancel()
+        if driving.done() and not driving.cancelled():
+            return driving.exception()
+        return None
+    finally:
+        if driving is not None:
+            driving.cancel()
+            await asyncio.gather(driving, return_exceptions=True)
+        for closing in (broker.stop(), connection.drain()):
+            try:
+                await asyncio.wait_for(closing, 10)
+            except Exception as error:  # the demo stops all the same
+                console.print(f"[dim]closing the demo's NATS connection: {error!r}[/dim]")
+        watcher.summary()
+
+
+async def _drive(
+    stack: Stack, broker: NatsBroker, rate: float, seed: int, watcher: Watcher
+) -> None:
+    """The workload: wait for the fleet, start the inference service, then submit tasks and
+    report latencies (and run the local node's script) until cancelled."""
     pools = await _fleet_pools(stack, watcher)
     await _start_inference_service(stack, pools)
-    tasks = [
-        asyncio.create_task(_submit_tasks(stack, pools, rate, seed, watcher)),
-        asyncio.create_task(_report_latencies(broker, seed)),
+    work = [
+        _submit_tasks(stack, pools, rate, seed, watcher),
+        _report_latencies(broker, seed),
     ]
     if "agent" in stack.processes:
-        tasks.append(asyncio.create_task(_submit_local_tasks(stack, watcher)))
-    try:
-        if duration:
-            await asyncio.sleep(duration)
-        else:
-            await asyncio.Event().wait()
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await broker.stop()
-        await connection.drain()
-        watcher.summary()
+        work.append(_submit_local_tasks(stack, watcher))
+    await asyncio.gather(*work)
 
 
 async def _fleet_pools(stack: Stack, watcher: Watcher, timeout: float = 30.0) -> set[str]:
@@ -366,6 +466,17 @@ async def _report_latencies(broker: NatsBroker, seed: int) -> None:
         await asyncio.sleep(1.0)
 
 
+def core_ranges(cores: list[int]) -> str:
+    """`0-15, 64-79` for those 32 cores; `none` for none."""
+    spans: list[list[int]] = []
+    for core in sorted(cores):
+        if spans and core == spans[-1][1] + 1:
+            spans[-1][1] = core
+        else:
+            spans.append([core, core])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans) or "none"
+
+
 class Watcher:
     """Prints decisions as they happen, read off the bus."""
 
@@ -417,12 +528,12 @@ class Watcher:
                 f"({p.confidence} confidence; DataLoader workers {p.dataloader_num_workers})",
             )
         elif isinstance(event, AllocationGranted):
-            cores = f"{event.cpu_cores[0]}-{event.cpu_cores[-1]}" if event.cpu_cores else "-"
+            gpus = f" GPUs {event.gpu_ids}" if event.gpu_ids else ", no GPU"
             self.line(
                 "green",
                 "✔",
-                f"{event.task_id} placed on [bold]{event.node}[/bold] GPUs {event.gpu_ids} "
-                f"cores {cores} NUMA {event.numa_node}: {event.explanation}",
+                f"{event.task_id} placed on [bold]{event.node}[/bold]{gpus}, "
+                f"cores {core_ranges(event.cpu_cores)}: {event.explanation}",
             )
         elif isinstance(event, TaskPending):
             self.line("yellow", "…", f"{event.task_id} waits: {event.summary}")

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from crater.cli.errors import NO, USAGE, CliError
 from crater.cli.jetstream import DEFAULT_NATS, NatsOption, on_jetstream
-from crater.cli.output import emit_json
+from crater.cli.output import cli_console, emit_json
 from crater.cli.output import table as print_table
 from crater.contracts import (
     HealthCheck,
@@ -36,7 +35,7 @@ from crater.probe.api import (
     topology_to_dot,
 )
 
-console = Console(highlight=False)
+console = cli_console()
 
 FleetOption = Annotated[
     Path | None,
@@ -98,7 +97,7 @@ def probe(
     """Discover this machine: CPUs, NUMA nodes, memory, disks, GPUs (NVML)."""
     node = discover_local()
     if full:
-        progress = Console(stderr=True, highlight=False) if as_json else console
+        progress = cli_console(stderr=True) if as_json else console
         bounds = Bounds(memory_seconds=seconds / 3, disk_file_mb=file_mb, disk_seconds=seconds)
         measured = measure_node(
             node,
@@ -135,14 +134,16 @@ def probe(
         )
         mig = "" if gpu.mig_enabled is None else f", MIG {'on' if gpu.mig_enabled else 'off'}"
         console.print(
-            f"GPU {gpu.index}: {gpu.model} {gpu.memory_mb} MiB, NUMA {gpu.numa_node}, "
+            f"GPU {gpu.index}: {gpu.model} {gpu.memory_mb} MiB, {_numa(gpu.numa_node)}, "
             f"{link} under {gpu.pci_root or '?'}, NVLink peers {gpu.nvlink_peers or '-'}{mig}"
         )
     for disk in node.disks:
         kind = "NVMe" if disk.nvme else "HDD" if disk.rotational else "SSD"
+        model = f" {disk.model}" if disk.model else ""
         console.print(
-            f"disk {disk.name}: {kind} {disk.capacity_gb} GB {disk.model or ''} "
-            f"NUMA {disk.numa_node} under {disk.pci_root or '-'} at {disk.mount_path or '-'}"
+            f"disk {disk.name}: {kind} {disk.capacity_gb} GB{model}, {_numa(disk.numa_node)}, "
+            f"under {disk.pci_root or 'no PCIe root found'}, "
+            + (f"at {disk.mount_path}" if disk.mount_path else "not mounted")
         )
         if disk.random_read_iops is not None:
             console.print(
@@ -158,6 +159,11 @@ def probe(
     shared = _shared_roots(node)
     if shared:
         console.print(f"PCIe root complexes: {shared}")
+
+
+def _numa(node: int | None) -> str:
+    """`NUMA 1`, or what the kernel says when it does not tie the device to one."""
+    return "NUMA node unknown" if node is None else f"NUMA {node}"
 
 
 def _shared_roots(node: NodeTopology) -> str:
@@ -283,4 +289,4 @@ def topology_export(
         if done.returncode:
             why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
             raise CliError(f"Graphviz could not render {png}: {why}")
-        Console(stderr=True).print(f"wrote {png}")
+        cli_console(stderr=True, highlight=True).print(f"wrote {png}")

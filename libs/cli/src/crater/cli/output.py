@@ -11,7 +11,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-console = Console(highlight=False)
+
+def cli_console(*, stderr: bool = False, highlight: bool = False) -> Console:
+    """A console for a command's output: wrapped to the width of a terminal; in a pipe or a
+    file a line stays one line, however long, so grep and cut see it whole (docs/cli.md)."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, highlight=highlight, soft_wrap=not stream.isatty())
+
+
+console = cli_console()
 
 
 def table(rows: Table, out: Console | None = None) -> None:

@@ -8,11 +8,10 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
 from crater.cli.errors import NO, USAGE
-from crater.cli.output import emit_json
+from crater.cli.output import cli_console, emit_json
 from crater.cli.output import table as print_table
 from crater.contracts import ResourcePrediction, TaskRequest
 from crater.predictor.adapters.model_configs import with_model_config
@@ -20,7 +19,7 @@ from crater.predictor.api import Refused
 from crater.predictor.api import predict as estimate
 from crater.predictor.app import PredictorSettings
 
-console = Console()
+console = cli_console(highlight=True)
 
 COMPONENTS = (
     "weights",

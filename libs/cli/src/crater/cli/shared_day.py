@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from crater.cli.output import emit_json
+from crater.cli.output import cli_console, emit_json
 from crater.cli.output import table as print_table
 from crater.scheduler.sim.shared import DayResult, Setup, compare
 
-console = Console()
+console = cli_console(highlight=True)
 ROWS = (
     ("gpu_utilisation_pct", "GPU utilisation %"),
     ("training_gpu_hours", "training GPU-hours"),

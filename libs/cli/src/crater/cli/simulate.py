@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from crater.cli.errors import USAGE, CliError
-from crater.cli.output import emit_json
+from crater.cli.output import cli_console, emit_json
 from crater.cli.output import table as print_table
 from crater.scheduler.api import POLICIES
 from crater.scheduler.sim.openb import (
@@ -30,8 +29,9 @@ from crater.scheduler.sim.protocol import CURVE_FROM, CURVE_TO, RunResult, mean_
 from crater.scheduler.sim.protocol import simulate as run_protocol
 from crater.scheduler.sim.variants import VARIANTS, derive
 
-console = Console()
-progress = Console(stderr=True)  # the bar and the lines per seed: stdout is the results
+console = cli_console(highlight=True)
+# the bar and the lines per seed: stdout is the results
+progress = cli_console(stderr=True, highlight=True)
 NODES_CSV, PODS_CSV = "openb_node_list_gpu_node.csv", "openb_pod_list_default.csv"
 # Where the openb data is looked for, first found: CRATER_OPENB_DIR, then shared/data/openb
 # beside or inside the working directory, then beside or inside this checkout.
@@ -296,5 +296,9 @@ def _print(summary: dict[str, Any], curve: dict[int, tuple[float, float, float]]
         f"unallocated GPUs at 130%: {summary['unallocated_gpus_at_130']}; "
         f"failed pods (mean): {summary['failed_pods_mean']:.1f}; wall {summary['wall_seconds']} s"
     )
-    if summary["published"]:
-        console.print(f"published: {summary['published']}")
+    if published := summary["published"]:
+        console.print(
+            f"published for {summary['policy']}: GPU allocation {published['at_100']:.2f}% at "
+            f"100% arrived, {published['at_130']:.2f}% at 130%; unallocated GPUs at 130%: "
+            f"{published['unallocated']}"
+        )

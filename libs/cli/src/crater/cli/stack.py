@@ -199,6 +199,11 @@ class Stack:
             for replica in replica_names(name, (replicas or {}).get(name, 1))[1:]:
                 port = self.ports.get(replica) or free_port()
                 self._spawn(replica, port, ["run", name], self._identity_env(name))
+        # The services declare the streams; a node's agent may declare none (its permissions
+        # allow none) and fails to start when it comes first ("stream not found"), so it is
+        # started once they answer.
+        for process in self.processes.values():
+            wait_healthy(process)
         if local_node:
             self._spawn(
                 "agent",
@@ -214,8 +219,7 @@ class Stack:
                     **self._identity_env(node_identity(LOCAL_NODE)),
                 },
             )
-        for process in self.processes.values():
-            wait_healthy(process)
+            wait_healthy(self.processes["agent"])
 
     def _spawn(
         self, name: str, port: int, args: list[str], own_env: dict[str, str] | None = None

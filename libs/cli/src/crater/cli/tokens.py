@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from crater.cli.output import cli_console
 from crater.cli.output import table as print_table
 from crater.gateway.apikeys import (
     ApiKey,
@@ -30,7 +30,7 @@ from crater.runtime.bus import replicas_for
 from crater.runtime.nats_connection import NatsConnection
 
 app = typer.Typer(help="The gateway's API keys: create (the token shown once), list, revoke.")
-console = Console()
+console = cli_console(highlight=True)
 
 NatsOption = Annotated[
     str, typer.Option(envvar="CRATER_NATS_URL", help="The NATS server the gateway uses.")

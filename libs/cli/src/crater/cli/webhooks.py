@@ -15,19 +15,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, TypeVar
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from crater.callback.adapters.records import DeliveryRow
 from crater.callback.api import DeliveryLog
 from crater.cli.database import on_database
 from crater.cli.errors import NO, USAGE, CliError
+from crater.cli.output import cli_console
 from crater.cli.output import table as print_table
 from crater.runtime.db import make_session_factory
 from crater.runtime.settings import DEFAULT_DATABASE_URL
 
 app = typer.Typer(help="Webhook deliveries to AllData: list, retry, replay.")
-console = Console()
+console = cli_console(highlight=True)
 T = TypeVar("T")
 
 DatabaseOption = Annotated[

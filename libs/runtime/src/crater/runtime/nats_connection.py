@@ -3,6 +3,7 @@ options for nats-py (`connect`) and for FastStream's broker (`security`)."""
 
 from __future__ import annotations
 
+import logging
 import random
 import ssl
 from dataclasses import dataclass
@@ -21,6 +22,20 @@ RECONNECT_TIME_WAIT_SECONDS = 0.5
 RECONNECT_JITTER_SECONDS = 0.5
 PING_INTERVAL_SECONDS = 2
 MAX_OUTSTANDING_PINGS = 2
+
+
+class _TlsEofNoise(logging.Filter):
+    """asyncio warns `returning true from eof_received() has no effect when using ssl` each
+    time the far end closes a TLS connection nats-py made (nats-py's protocol asks to keep
+    the transport half open, which TLS cannot): nothing is wrong, and a CLI command must not
+    print it to the person who ran it (`crater diagnose`, `dead-letters` on `crater up`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received()" not in record.getMessage()
+
+
+if not any(isinstance(f, _TlsEofNoise) for f in logging.getLogger("asyncio").filters):
+    logging.getLogger("asyncio").addFilter(_TlsEofNoise())
 
 
 def reconnect_options() -> dict[str, Any]:

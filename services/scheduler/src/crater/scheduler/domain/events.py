@@ -59,6 +59,21 @@ def rejected(cause: Event, task_id: str, errors: list[FieldError]) -> TaskReject
     )
 
 
+def numa_words(node: Node, selection: Selection) -> str:
+    """Where the selection sits, NUMA-wise: `NUMA 1`, or, when it has no one NUMA node (its
+    GPUs or cores span several), `across NUMA 0 and 1`."""
+    if selection.numa_node is not None:
+        return f"NUMA {selection.numa_node}"
+    cores = set(selection.cpu_cores)
+    homes = {n.id for n in node.topology.numa_nodes if cores & set(n.cpus)}
+    gpus = {g.index: g.numa_node for g in node.topology.gpus}
+    homes |= {h for i in selection.gpu_ids if (h := gpus.get(i)) is not None}
+    spanned = [str(h) for h in sorted(homes)]
+    if len(spanned) > 1:
+        return f"across NUMA {', '.join(spanned[:-1])} and {spanned[-1]}"
+    return f"NUMA {spanned[0]}" if spanned else "NUMA unknown"
+
+
 def granted(
     state: SchedulerState,
     task: PendingTask,
@@ -119,7 +134,7 @@ def granted(
         explanation=(
             f"{gang}{node.name}: score {score:.3f} (strongest: {best}); "
             f"GPU memory {task.demand.gpu_memory_mb} MiB per card "
-            f"({task.demand.gpu_memory_source}); NUMA {selection.numa_node}{loan}"
+            f"({task.demand.gpu_memory_source}); {numa_words(node, selection)}{loan}"
         ),
         environment=env,
         gang_index=member,
