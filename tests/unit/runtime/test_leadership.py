@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from nats.js.errors import KeyWrongLastSequenceError
@@ -85,3 +86,96 @@ async def test_a_leader_keeps_leading_through_failing_renewals_and_is_deposed_on
     bucket.revision += 5  # a rival wrote the key
     with pytest.raises(Deposed, match="lost the lease"):
         await asyncio.wait_for(keeping, timeout=2)
+
+
+class ElectingBucket:
+    """A key held by another process at `revision`; while `away`, every call fails as it
+    does while the bucket's raft group elects a leader or this process's server is lost."""
+
+    def __init__(self) -> None:
+        self.revision = 1
+        self.away = False
+
+    def _check(self) -> None:
+        if self.away:
+            raise TimeoutError("nats: timeout")
+
+    async def create(self, key: str, value: bytes) -> int:
+        self._check()
+        raise KeyWrongLastSequenceError()
+
+    async def get(self, key: str) -> SimpleNamespace:
+        self._check()
+        return SimpleNamespace(revision=self.revision, value=b"{}")
+
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        self._check()
+        if last != self.revision:
+            raise KeyWrongLastSequenceError()
+        self.revision += 1
+        return self.revision
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _compete(lease: Lease) -> int:
+    """As `Leadership` does: a failed look is retried."""
+    while True:
+        try:
+            return await lease.acquire()
+        except TimeoutError:
+            await asyncio.sleep(0.005)
+
+
+async def _spin() -> None:
+    await asyncio.sleep(0.05)  # the standby looks several times (retry 0.005 s)
+
+
+async def _standby_through_an_outage() -> tuple[ElectingBucket, Clock, asyncio.Task[int]]:
+    """A standby that saw the key at revision 1 at t=0; then the bucket is unwritable from
+    t=0.5 until t=3 (longer than the 2 s lease), and back at t=3."""
+    bucket, clock = ElectingBucket(), Clock()
+    lease = Lease(bucket, "svc", "standby", LeaseTiming(2.0, 0.5, 0.005), clock)  # type: ignore[arg-type]
+    standby = asyncio.create_task(_compete(lease))
+    await _spin()
+    bucket.away, clock.now = True, 0.5
+    await _spin()
+    clock.now = 3.0
+    await _spin()
+    bucket.away = False
+    await _spin()
+    return bucket, clock, standby
+
+
+async def test_a_lease_that_lapsed_while_the_bucket_was_away_is_taken_a_grace_after() -> None:
+    # The leader died at t=0 with its NATS server: no renewal since. Once the bucket takes
+    # writes again (t=3) the standby waits the grace (two renewals: 1 s), not a whole lease.
+    _, clock, standby = await _standby_through_an_outage()
+    assert not standby.done()
+    clock.now = 3.9
+    await _spin()
+    assert not standby.done()
+    clock.now = 4.05
+    epoch = await asyncio.wait_for(standby, timeout=2)
+    assert epoch == 2
+
+
+async def test_a_leader_only_cut_off_renews_in_the_grace_and_keeps_the_lease() -> None:
+    bucket, clock, standby = await _standby_through_an_outage()
+    clock.now = 3.5
+    bucket.revision += 1  # the leader, alive, renews once the bucket takes writes again
+    await _spin()
+    clock.now = 4.05
+    await _spin()
+    assert not standby.done()  # the renewal restarted the standby's watch: 2 s from t=3.5
+    clock.now = 5.4
+    await _spin()
+    assert not standby.done()
+    clock.now = 5.55
+    assert await asyncio.wait_for(standby, timeout=2) == 3

@@ -12,7 +12,11 @@ standby watches the key's revision with its own monotonic clock (no clock is com
 hosts): unchanged for `duration_seconds`, the lease has lapsed, and the standby writes it with
 `update(last=that revision)`; of several standbys, one write wins. A leader whose renewals fail
 (NATS away) keeps trying: the fences, not the clock, keep a deposed one from acting. A clean
-shutdown deletes the key, so a standby takes over at once.
+shutdown deletes the key, so a standby takes over at once. A standby's looks that fail (its
+NATS server lost, the bucket electing a raft leader) do not restart its watch: the revision
+unchanged since means no renewal since, so a lease that lapsed meanwhile is taken soon after
+the bucket takes writes again (`grace_seconds` later: a leader that was only cut off renews
+first), not a whole lease later.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -55,6 +60,12 @@ class LeaseTiming:
     duration_seconds: float = 2.0
     renew_seconds: float = 0.5
     retry_seconds: float = 0.25
+
+    @property
+    def grace_seconds(self) -> float:
+        """After the bucket was unwritable: how long a standby waits once it takes writes
+        again before it takes a lapsed lease (two renewals of a leader that is alive)."""
+        return 2 * self.renew_seconds
 
     def __post_init__(self) -> None:
         if not 0 < self.renew_seconds < self.duration_seconds:
@@ -98,6 +109,12 @@ class Lease:
         self.clock = clock
         self.epoch: int | None = None  # the revision that won it, while held
         self._revision = 0  # the last revision written by us (the next CAS's `last`)
+        # A standby's watch, kept across failed looks: the key's revision as last seen and
+        # since when (by this clock), and since when the bucket takes writes again after a
+        # failure (-inf: none seen).
+        self._seen: int | None = None
+        self._seen_since = 0.0
+        self._writable_since: float | None = -math.inf
 
     def _value(self, epoch: int | None) -> bytes:
         return json.dumps(
@@ -109,23 +126,35 @@ class Lease:
         ).encode()
 
     async def acquire(self) -> int:
-        """Wait until this process holds the lease; returns its epoch."""
-        seen: int | None = None  # the key's revision, as last looked at
-        seen_since = self.clock()
+        """Wait until this process holds the lease; returns its epoch. A failed look (NATS
+        away, the bucket without a raft leader) raises; the next call carries on watching."""
+        try:
+            return await self._acquire()
+        except BaseException:
+            self._writable_since = None  # unwritable (as far as this process can tell)
+            raise
+
+    async def _acquire(self) -> int:
         while True:
             try:
                 revision = await self.bucket.create(self.name, self._value(None))
                 return self._won(revision)
             except KeyWrongLastSequenceError:
-                pass  # held, or held once: look at it
+                pass  # held, or held once: look at it (the bucket's leader answered)
+            if self._writable_since is None:
+                self._writable_since = self.clock()
             try:
                 entry = await self.bucket.get(self.name)
             except KeyNotFoundError:
                 continue  # deleted between the two: create again
             current = entry.revision or 0
-            if current != seen:
-                seen, seen_since = current, self.clock()
-            elif self.clock() - seen_since >= self.timing.duration_seconds:
+            now = self.clock()
+            if current != self._seen:
+                self._seen, self._seen_since = current, now
+            elif (
+                now - self._seen_since >= self.timing.duration_seconds
+                and now - self._writable_since >= self.timing.grace_seconds
+            ):
                 with contextlib.suppress(KeyWrongLastSequenceError):
                     revision = await self.bucket.update(self.name, self._value(None), last=current)
                     holder = _holder_of(entry.value)
@@ -133,12 +162,13 @@ class Lease:
                         "%s: the lease of %s lapsed (unrenewed for %.1f s): taking over",
                         self.name,
                         holder,
-                        self.clock() - seen_since,
+                        self.clock() - self._seen_since,
                     )
                     return self._won(revision)
             await asyncio.sleep(self.timing.retry_seconds)
 
     def _won(self, revision: int) -> int:
+        self._seen, self._writable_since = None, -math.inf
         self.epoch = self._revision = revision
         log.info("%s: %s leads, epoch %d", self.name, self.holder, revision)
         return revision
