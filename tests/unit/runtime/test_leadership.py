@@ -12,6 +12,7 @@ from crater.runtime.leadership import (
     EPOCH_HEADER,
     Deposed,
     EpochGuard,
+    Leadership,
     Lease,
     LeaseSettings,
     LeaseTiming,
@@ -179,3 +180,26 @@ async def test_a_leader_only_cut_off_renews_in_the_grace_and_keeps_the_lease() -
     assert not standby.done()
     clock.now = 5.55
     assert await asyncio.wait_for(standby, timeout=2) == 3
+
+
+async def test_the_lease_is_renewed_while_the_takeover_runs() -> None:
+    # A takeover that waits (consumers electing a raft leader after a NATS server's loss)
+    # for longer than a lease: renewed meanwhile, so a standby sees no lapse.
+    bucket = FlakyBucket(failures=0)
+    timing = LeaseTiming(0.2, 0.05, 0.05)
+    revisions: list[int] = []
+
+    async def lead(epoch: int) -> None:
+        await asyncio.sleep(3 * timing.duration_seconds)
+        revisions.append(bucket.revision)
+
+    async def step_down() -> None:
+        pass
+
+    lease = Lease(bucket, "svc", "me", timing)  # type: ignore[arg-type]
+    leadership = Leadership(lease, lead, step_down)
+    await leadership.start(wait_seconds=2.0)
+    assert leadership.epoch == 1
+    assert revisions
+    assert revisions[0] >= 5  # about one renewal per 0.05 s of the 0.6 s takeover
+    await leadership.stop()

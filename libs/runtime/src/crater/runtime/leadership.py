@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from faststream.nats import NatsBroker, NatsRouter
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Gauge
 from pydantic import BaseModel, Field, model_validator
@@ -274,17 +274,25 @@ class Leadership:
                 await asyncio.sleep(self.lease.timing.retry_seconds)
                 continue
             self.deposed.clear()
+            # Renewed from now on, through the takeover too: one that waits (the consumers
+            # electing raft leaders after a NATS server's loss) is no lapse to a standby.
+            keeping = asyncio.create_task(self.lease.keep())
             try:
                 await self.lead(epoch)
             except Exception as error:  # Deposed by the fence, or the takeover failed
+                keeping.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await keeping
                 log.error("%s: taking over as epoch %d failed: %r", self.lease.name, epoch, error)
                 await self.lease.release()
                 await self._stand_down()
                 await asyncio.sleep(self.lease.timing.retry_seconds)
                 continue
+            except BaseException:  # cancelled: the service stops
+                keeping.cancel()
+                raise
             self.leading.set()
             self.on_change(epoch)
-            keeping = asyncio.create_task(self.lease.keep())
             fenced = asyncio.create_task(self.deposed.wait())
             try:
                 done, _ = await asyncio.wait({keeping, fenced}, return_when=asyncio.FIRST_COMPLETED)
@@ -347,6 +355,15 @@ class EpochGuard:
         return None
 
 
+# Binding the leader's durable consumers after a NATS server was lost: a consumer whose raft
+# leader was on it answers no lookup until the others elect another (nats-server's 4-9 s), and
+# a lookup sent meanwhile is never answered: it waits out nats-py's JetStream timeout (5 s).
+# So the gate looks with this short timeout, again and again, and binds once they answer.
+CONSUMER_LOOK_SECONDS = 1.0
+CONSUMER_LOOK_PAUSE_SECONDS = 0.1
+CONSUMER_WAIT_SECONDS = 30.0  # then the subscribers are started anyway (and may fail)
+
+
 class LeaderGate:
     """The subscribers only the leader runs (its durable consumers, the queries it answers):
     registered on `router` when the app is built (`durable(..., router=gate.router)`), started
@@ -358,12 +375,46 @@ class LeaderGate:
         self.router = NatsRouter()
         self._included = False
 
+    def durables(self) -> list[tuple[str, str]]:
+        """(stream, durable name) of each JetStream durable consumer on the router."""
+        found = []
+        for subscriber in self.router.subscribers:
+            stream = getattr(subscriber, "stream", None)
+            name = getattr(getattr(subscriber, "config", None), "durable_name", None)
+            if stream is not None and isinstance(name, str):
+                found.append((stream.name, name))
+        return found
+
     async def open(self) -> None:
+        await self.consumers_answering()
         if not self._included:
             self.broker.include_router(self.router)
             self._included = True
         for subscriber in self.router.subscribers:
             await subscriber.start()
+
+    async def consumers_answering(self, wait_seconds: float = CONSUMER_WAIT_SECONDS) -> float:
+        """Wait until each durable consumer answers a lookup (it has a raft leader; one not
+        made yet is made when its subscriber starts), at most `wait_seconds`; returns the
+        seconds waited."""
+        from crater.runtime.bus import TRANSIENT_PUBLISH_ERRORS  # the bus imports this module
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        js = self.broker.connection.jetstream()
+        for stream, name in self.durables():
+            while True:
+                try:
+                    await js.consumer_info(stream, name, timeout=CONSUMER_LOOK_SECONDS)
+                    break
+                except NotFoundError:
+                    break
+                except TRANSIENT_PUBLISH_ERRORS as error:
+                    if loop.time() - started > wait_seconds:
+                        log.warning("consumer %s on %s does not answer: %r", name, stream, error)
+                        return loop.time() - started
+                    await asyncio.sleep(CONSUMER_LOOK_PAUSE_SECONDS)
+        return loop.time() - started
 
     async def close(self) -> None:
         for subscriber in self.router.subscribers:
