@@ -43,6 +43,31 @@ def test_the_guard_refuses_lower_epochs_per_service_and_passes_unstamped() -> No
     assert "malformed" in malformed
 
 
+def test_a_message_stored_before_the_successors_first_passes_however_late_it_comes() -> None:
+    # Consumed late (redelivered after the replica that took it was lost with its host): an
+    # older leader's message stored before the newer one's first was published while it led.
+    guard = EpochGuard()
+    s7, s9 = {EPOCH_HEADER: "scheduler:7"}, {EPOCH_HEADER: "scheduler:9"}
+    assert guard.stale(s7, "CRATER_TASKS", 10) is None
+    assert guard.stale(s9, "CRATER_TASKS", 20) is None  # the successor's first here
+    assert guard.stale(s7, "CRATER_TASKS", 12) is None  # redelivered: stored before 20
+    assert guard.stale(s7, "CRATER_TASKS", 19) is None
+    refusal = guard.stale(s7, "CRATER_TASKS", 21)  # stored after: the zombie's
+    assert refusal == (
+        "published by a deposed scheduler leader: epoch 7, stored in CRATER_TASKS at 21, "
+        "after epoch 9's message at 20"
+    )
+    # Each stream has its own order: epoch 9 not yet heard in the allocation stream.
+    assert guard.stale(s7, "CRATER_ALLOCATIONS", 500) is None
+    # A newer epoch's earlier message moves its first position back.
+    assert guard.stale(s9, "CRATER_TASKS", 15) is None
+    assert guard.stale(s7, "CRATER_TASKS", 16) is not None
+    assert guard.stale(s7, "CRATER_TASKS", 14) is None
+    # A core message (no stream order) is judged by the highest epoch heard anywhere.
+    assert guard.stale(s7) is not None
+    assert guard.stale(s9) is None
+
+
 def test_renewal_and_retry_must_fit_in_the_lease() -> None:
     with pytest.raises(ValueError, match="renew_seconds"):
         LeaseTiming(duration_seconds=1.0, renew_seconds=1.0)

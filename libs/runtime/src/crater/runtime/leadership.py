@@ -329,15 +329,29 @@ class DeposedLeader(ValueError):
 
 
 class EpochGuard:
-    """What a consumer has heard of each service's leaders: the highest epoch per service
-    (in this process). A message stamped with a lower one comes from a deposed leader (a
-    zombie that had not noticed yet) and is refused; unstamped messages pass."""
+    """What a consumer has heard of each service's leaders (in this process). A JetStream
+    message stamped with an epoch is refused when its stream stored it after a message of a
+    newer epoch of that service: its leader had been succeeded when it published (a zombie
+    that had not noticed yet). One stored before — consumed late: redelivered after the
+    replica that took it was lost, or behind a backlog — was published while its leader led,
+    and passes, however many newer epochs were heard since. A core NATS message (no stream
+    order) is refused when its epoch is below the highest heard. Unstamped messages pass."""
+
+    KEEP_EPOCHS = 64  # per service and stream: the newest, with the first position of each
 
     def __init__(self) -> None:
         self.highest: dict[str, int] = {}
+        # (service, stream) -> {epoch: the lowest stream sequence heard stamped with it}
+        self.first: dict[tuple[str, str], dict[int, int]] = {}
 
-    def stale(self, headers: Mapping[str, Any] | None) -> str | None:
-        """Why a message with these headers is refused; None to take it."""
+    def stale(
+        self,
+        headers: Mapping[str, Any] | None,
+        stream: str | None = None,
+        sequence: int | None = None,
+    ) -> str | None:
+        """Why a message with these headers is refused; None to take it. `stream` and
+        `sequence`: where JetStream stored it (None for a core NATS message)."""
         value = (headers or {}).get(EPOCH_HEADER)
         if not isinstance(value, str):
             return None
@@ -346,12 +360,26 @@ class EpochGuard:
             return f"malformed {EPOCH_HEADER} {value[:64]!r}: expected <service>:<epoch>"
         service, epoch = parsed
         highest = self.highest.get(service, 0)
-        if epoch < highest:
-            return (
-                f"published by a deposed {service} leader: epoch {epoch}, "
-                f"while epoch {highest} leads"
-            )
-        self.highest[service] = epoch
+        if stream is None or sequence is None:
+            if epoch < highest:
+                return (
+                    f"published by a deposed {service} leader: epoch {epoch}, "
+                    f"while epoch {highest} leads"
+                )
+        else:
+            firsts = self.first.setdefault((service, stream), {})
+            before = [(at, new) for new, at in firsts.items() if new > epoch and at < sequence]
+            if before:
+                at, newer = min(before)
+                return (
+                    f"published by a deposed {service} leader: epoch {epoch}, stored in "
+                    f"{stream} at {sequence}, after epoch {newer}'s message at {at}"
+                )
+            if sequence < firsts.get(epoch, sequence + 1):
+                firsts[epoch] = sequence
+                for old in sorted(firsts)[: -self.KEEP_EPOCHS]:
+                    del firsts[old]
+        self.highest[service] = max(highest, epoch)
         return None
 
 
