@@ -29,6 +29,7 @@ import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -364,9 +365,14 @@ async def _with_stack(stack: Stack, config: FailoverConfig, echo: Echo) -> dict[
     stored = sorted(g.ts for g in records["grants"])
     if hosted:  # each kill's window ends at the next kill, or the load's end
         ends = [row["at"] for row in rows[1:]] + [stopped_at]
+        takeovers = takeovers_logged(stack.data_dir / "logs")
         for row, end in zip(rows, ends, strict=True):
             window_end = min(row["at"] + config.host_window_seconds, end)
             row.update(stored_figures(row["at"], stored, window_end))
+            if row["held_leader"]:
+                # The standby's own log line: the harness's KV watch may go with a host.
+                taken = next((t for t in takeovers if t > row["at"]), None)
+                row["lease_taken_seconds"] = _after(taken, row["at"])
     report = build_report(
         config=chaos,
         plan=[],
@@ -687,6 +693,23 @@ def _current(info: Any) -> bool:
     return len(peers) == (info.config.num_replicas or 1) - 1 and all(
         peer.current and not peer.offline for peer in peers
     )
+
+
+_TAKING_OVER = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ WARNING crater\.leadership: "
+    r"scheduler: the lease of .* lapsed .*: taking over$"
+)
+
+
+def takeovers_logged(log_dir: Path) -> list[float]:
+    """When a scheduler wrote the lapsed lease as its own, from its log (local time)."""
+    found = []
+    for path in sorted(log_dir.glob("scheduler*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if match := _TAKING_OVER.match(line):
+                when = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                found.append(when.timestamp())
+    return sorted(found)
 
 
 def stored_figures(at: float, stored: list[float], window_end: float) -> dict[str, Any]:

@@ -414,7 +414,9 @@ class LeaderGate:
         return found
 
     async def open(self) -> None:
-        await self.consumers_answering()
+        waited = await self.consumers_answering()
+        if waited > CONSUMER_LOOK_SECONDS:
+            log.warning("the leader's consumers answered after %.1f s (electing a leader)", waited)
         if not self._included:
             self.broker.include_router(self.router)
             self._included = True
