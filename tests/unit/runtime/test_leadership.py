@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
 from nats.js.errors import KeyWrongLastSequenceError
 
+from crater.runtime import leadership
 from crater.runtime.leadership import (
     EPOCH_HEADER,
     Deposed,
@@ -228,3 +230,29 @@ async def test_the_lease_is_renewed_while_the_takeover_runs() -> None:
     assert revisions
     assert revisions[0] >= 5  # about one renewal per 0.05 s of the 0.6 s takeover
     await leadership.stop()
+
+
+class LostAnswerBucket(ElectingBucket):
+    """Its first `get` is never answered: sent on a connection to a server that just died."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost = 1
+
+    async def get(self, key: str) -> SimpleNamespace:
+        if self.lost:
+            self.lost -= 1
+            await asyncio.sleep(3600)
+        return await super().get(key)
+
+
+async def test_a_standbys_look_whose_answer_is_lost_is_given_up_soon(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Not nats-py's JetStream timeout (5 s): the standby looks again after LOOK_TIMEOUT.
+    monkeypatch.setattr(leadership, "LOOK_TIMEOUT_SECONDS", 0.1)
+    lease = Lease(LostAnswerBucket(), "svc", "standby", LeaseTiming(2.0, 0.5, 0.005))  # type: ignore[arg-type]
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(lease.acquire(), timeout=3)
+    assert time.monotonic() - started < 1.0

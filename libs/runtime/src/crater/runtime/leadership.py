@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from faststream.nats import NatsBroker, NatsRouter
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
@@ -41,8 +41,14 @@ from prometheus_client import CollectorRegistry, Gauge
 from pydantic import BaseModel, Field, model_validator
 
 log = logging.getLogger("crater.leadership")
+T = TypeVar("T")
 
 LEASES_BUCKET = "crater_leases"
+# How long a standby's look at the key (or its write taking it) waits for an answer: one sent
+# on a connection to a server that just died is never answered, and nats-py would wait out its
+# JetStream timeout (5 s) before the standby looked again. The leader's renewals keep that
+# timeout: a renewal that landed but whose answer came late would depose it.
+LOOK_TIMEOUT_SECONDS = 1.0
 EPOCH_HEADER = "Crater-Epoch"  # "<service>:<epoch>" on what a leader publishes
 
 
@@ -137,14 +143,14 @@ class Lease:
     async def _acquire(self) -> int:
         while True:
             try:
-                revision = await self.bucket.create(self.name, self._value(None))
+                revision = await _answer(self.bucket.create(self.name, self._value(None)))
                 return self._won(revision)
             except KeyWrongLastSequenceError:
                 pass  # held, or held once: look at it (the bucket's leader answered)
             if self._writable_since is None:
                 self._writable_since = self.clock()
             try:
-                entry = await self.bucket.get(self.name)
+                entry = await _answer(self.bucket.get(self.name))
             except KeyNotFoundError:
                 continue  # deleted between the two: create again
             current = entry.revision or 0
@@ -156,7 +162,9 @@ class Lease:
                 and now - self._writable_since >= self.timing.grace_seconds
             ):
                 with contextlib.suppress(KeyWrongLastSequenceError):
-                    revision = await self.bucket.update(self.name, self._value(None), last=current)
+                    revision = await _answer(
+                        self.bucket.update(self.name, self._value(None), last=current)
+                    )
                     holder = _holder_of(entry.value)
                     log.warning(
                         "%s: the lease of %s lapsed (unrenewed for %.1f s): taking over",
@@ -218,6 +226,11 @@ class Lease:
         self.epoch = None
         with contextlib.suppress(Exception):
             await self.bucket.delete(self.name, last=self._revision)
+
+
+async def _answer(call: Awaitable[T]) -> T:
+    """A standby's call to the bucket, given up after LOOK_TIMEOUT_SECONDS (TimeoutError)."""
+    return await asyncio.wait_for(call, LOOK_TIMEOUT_SECONDS)
 
 
 def _holder_of(value: bytes | None) -> str:
