@@ -781,8 +781,11 @@ def summarise(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
 
     if mode == "host":
         every = {key: stats(key) for key in HOST_KEYS}
-        for held, part in ((True, "leader_host"), (False, "other_host")):
-            subset = [r for r in rows if r.get("held_leader") == held]
+        held = [r for r in rows if r.get("held_leader")]
+        other = [r for r in rows if not r.get("held_leader")]
+        for key in ("lease_taken_seconds", "leading_seconds"):  # the leader's host only
+            every[key] = summarise(held, "leader")[key]
+        for subset, part in ((held, "leader_host"), (other, "other_host")):
             for key in ("next_allocation_seconds", "longest_gap_seconds"):
                 every[f"{key} ({part})"] = summarise(subset, "nats")[key]
         return every
