@@ -1,6 +1,6 @@
 """The failover benchmark's figure: per kill, kill -> lease taken -> leading -> next allocation
-(leader mode), or the longest gap in allocations around each NATS server kill (nats mode),
-with p50, p99 and the 3 s target."""
+(leader mode), or the longest gap in allocations around each NATS server kill (nats mode) or
+host kill (host mode: the leader's host circled), with p50, p99 and the 3 s target."""
 
 from __future__ import annotations
 
@@ -28,6 +28,24 @@ def plot_failover(report: dict[str, Any], out: Path) -> None:
             ("next_allocation_seconds", "next allocation (new epoch)", "tab:red"),
         )
         key = "next_allocation_seconds"
+    elif report["mode"] == "host":
+        series = (
+            ("next_allocation_seconds", "next allocation stored after the kill", "tab:blue"),
+            ("heard_allocation_seconds", "next grant heard on the bus", "tab:cyan"),
+            ("longest_gap_seconds", "longest gap in stored allocations around it", "tab:red"),
+            ("baseline_longest_gap_seconds", "longest gap in the 10 s before", "tab:gray"),
+        )
+        key = "longest_gap_seconds"
+        held = [r for r in rows if r.get("held_leader")]
+        top.plot(
+            [r["n"] for r in held],
+            [r.get(key) for r in held],
+            "o",
+            markersize=13,
+            markerfacecolor="none",
+            color="black",
+            label="the leader's host",
+        )
     else:
         series = (
             ("next_allocation_seconds", "next allocation after the kill", "tab:blue"),
@@ -48,7 +66,7 @@ def plot_failover(report: dict[str, Any], out: Path) -> None:
     checks = ", ".join(f"{n} {c['value']}" for n, c in report["checks"].items())
     top.set_title(textwrap.fill(f"failover ({report['mode']}): {checks}", 130), fontsize=8)
     top.xaxis.set_major_locator(MaxNLocator(integer=True))
-    grants = sorted(report["grant_times"])
+    grants = sorted(report.get("stored_grant_times") or report["grant_times"])
     if grants:
         width = 1.0
         bins = int(grants[-1] // width) + 1

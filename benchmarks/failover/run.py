@@ -3,12 +3,17 @@ of Crater beside them, tasks at a steady rate through the gateway; again and aga
 of the leader (found by its /metrics `crater_leader 1`), the time from the kill to the next
 `allocation.granted` on the bus measured, the killed one restarted (it comes back a standby).
 Mode `nats`: the same load on a 3-server NATS cluster, one server killed (-9) and restarted at
-a time, the longest gap in allocations around each kill measured. Then the chaos analysis
-(`benchmarks.chaos`) of what AllData was told: lost tasks, GPUs double-booked, false failures,
-a terminal webhook for every task.
+a time, the longest gap in allocations around each kill measured. Mode `host`: three hosts
+(network namespaces, needs root), each with a nats-server of the cluster and a share of the
+services (`HOST_PLACEMENT`: the two schedulers on different hosts, gateway, predictor and
+callback replicas spread); a kill takes a whole host down at once (SIGKILL of everything on
+it), on alternate kills the leader's host and one without the leader, and brings it back
+after a while; the time to the next allocation stored in the stream and the longest gap
+measured. Then the chaos analysis (`benchmarks.chaos`) of what AllData was told: lost tasks,
+GPUs double-booked, false failures, a terminal webhook for every task.
 
 `python -m benchmarks.failover.run --help`; `run(config, data_dir)` from Python (the short
-version in `make test`). Results: benchmarks/results/failover[_nats].json and a PNG.
+version in `make test`). Results: benchmarks/results/failover[_nats|_host].json and a PNG.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +65,29 @@ SERVICES = ("scheduler", "predictor", "callback", "probe", "gateway")
 GRANTED = "crater.v1.allocation.granted"
 LEASE_BUCKET, LEASE_KEY = "crater_leases", "scheduler"
 TARGET_SECONDS = 3.0  # the issue's "done when": p99 kill -> next allocation, and NATS stalls
+# Mode host: which host (0, 1, 2: the cluster's servers crater-1..3) each process runs on.
+# The probe (the simulated GPU fleet: machines of their own) and AllData's receiver stay
+# outside the hosts, as does the harness (AllData's client, balancing over the gateways).
+HOST_REPLICAS = {"scheduler": 2, "gateway": 3, "predictor": 2, "callback": 2}
+HOST_PLACEMENT = {
+    "scheduler": 0,
+    "gateway": 0,
+    "predictor": 0,
+    "scheduler-2": 1,
+    "gateway-2": 1,
+    "callback": 1,
+    "gateway-3": 2,
+    "predictor-2": 2,
+    "callback-2": 2,
+}
+MODES = ("leader", "nats", "host")
 _EPOCH = re.compile(r"^crater_leader_epoch\s+(\S+)$", re.MULTILINE)
 _LEADING = re.compile(r"^crater_leader\s+(\S+)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
 class FailoverConfig:
-    mode: str = "leader"  # leader: kill the leader scheduler | nats: kill one NATS server
+    mode: str = "leader"  # leader: the leader scheduler | nats: a NATS server | host: a host
     kills: int = 20
     rate: float = 3.0  # tasks per second, steady, until the last kill is done
     task_seconds: tuple[float, float] = (5.0, 25.0)  # simulated run time on the fleet
@@ -77,6 +99,8 @@ class FailoverConfig:
     jitter_seconds: float = 1.0  # a seeded pause on top, so kills fall anywhere in a renewal
     down_seconds: float = 1.0  # between a leader kill and its restart
     nats_down_seconds: float = 10.0  # a NATS server stays down this long (mode nats)
+    host_down_seconds: float = 10.0  # a killed host stays down this long (mode host)
+    host_window_seconds: float = 30.0  # mode host: the longest gap is taken up to this after
     wait_seconds: float = 60.0  # give up on a failover after this long (counted as a failure)
     drain_seconds: float = 180.0
     settle_seconds: float = 10.0
@@ -107,10 +131,21 @@ class Bus:
     t0: float = 0.0  # the first task's submission (epoch seconds)
     grants: list[tuple[float, int | None]] = field(default_factory=list)
     lease_writes: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    # Mode host: grants heard on a connection to each server (one of them may be down), each
+    # counted once by its Nats-Msg-Id; a connection to the seeds for the streams' state.
+    dedupe: bool = False
+    connection: Client | None = None
+    _heard: set[str] = field(default_factory=set)
 
     granted: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def on_grant(self, msg: Msg) -> None:
+        if self.dedupe:
+            msg_id = (msg.headers or {}).get("Nats-Msg-Id")
+            if msg_id is not None:
+                if msg_id in self._heard:
+                    return
+                self._heard.add(msg_id)
         parsed = parse_epoch_header((msg.headers or {}).get(EPOCH_HEADER, ""))
         self.grants.append((time.time(), parsed[1] if parsed else None))
         self.granted.set()
@@ -126,6 +161,7 @@ class Bus:
     async def follow_lease(self, connection: Client) -> None:
         """Each stored write of the scheduler's lease key (a KV watch: a core subscription
         would also hear a standby's refused `create` tries)."""
+        last = 0  # mode host: the last revision recorded (a new watch repeats it)
         while True:
             try:
                 kv = await connection.jetstream().key_value(LEASE_BUCKET)
@@ -134,9 +170,17 @@ class Bus:
                     try:
                         entry = await watcher.updates(timeout=5.0)
                     except nats.errors.TimeoutError:
+                        if self.dedupe:  # mode host: its consumer may have gone with a host
+                            with contextlib.suppress(Exception):
+                                await watcher.stop()
+                            break
                         continue
                     if entry is None:
                         continue  # the watch's "caught up" marker
+                    if self.dedupe:
+                        if (entry.revision or 0) <= last:
+                            continue
+                        last = entry.revision or 0
                     try:
                         value = json.loads(entry.value) if entry.value else {}
                     except ValueError:
@@ -214,10 +258,13 @@ async def _run(config: FailoverConfig, data_dir: Path, echo: Echo) -> dict[str, 
             url = await scope.enter_async_context(
                 fresh_postgres_database(config.database_url, "crater_failover")
             )
+        hosted = config.mode == "host"
         stack = Stack(
             data_dir=data_dir,
             env={"CRATER_DATABASE_URL": url},
-            nats_servers=3 if config.mode == "nats" else 1,
+            nats_servers=3 if config.mode in ("nats", "host") else 1,
+            nats_hosts=hosted,
+            hosts=dict(HOST_PLACEMENT) if hosted else {},
         )
         started = time.monotonic()
         try:
@@ -237,21 +284,41 @@ async def _with_stack(stack: Stack, config: FailoverConfig, echo: Echo) -> dict[
         "CRATER_PROBE_TASK_SECONDS_MAX": str(high),
         **config.service_env,
     }
-    nats_note = "a 3-server NATS cluster" if config.mode == "nats" else "one nats-server"
-    echo(f"  starting {nats_note}, {', '.join(SERVICES)} (scheduler x2) under {stack.data_dir}/")
+    hosted = config.mode == "host"
+    replicas = HOST_REPLICAS if hosted else {"scheduler": 2}
+    nats_note = {
+        "nats": "a 3-server NATS cluster",
+        "host": "a 3-server NATS cluster on 3 hosts (network namespaces)",
+    }.get(config.mode, "one nats-server")
+    counts = ", ".join(f"{name} x{n}" for name, n in replicas.items())
+    echo(f"  starting {nats_note}, {', '.join(SERVICES)} ({counts}) under {stack.data_dir}/")
     # Both schedulers are spawned at the same moment: they race for the lease.
-    await asyncio.to_thread(stack.start, SERVICES, env, replicas={"scheduler": 2})
+    await asyncio.to_thread(stack.start, SERVICES, env, replicas=replicas)
+    placement = _placement(stack)
+    for host, names in placement.items():
+        echo(f"  {host}: {', '.join(names)}")
     gateway, headers = stack.url("gateway"), stack.auth_headers
+    gateways = [name for name in stack.processes if name.split("-")[0] == "gateway"]
     fleet = _fleet()
     pools = await _wait_for_fleet(gateway, headers, expected=len(fleet.nodes))
     start = {"leaders": await _leaders(stack)}
     echo(f"  started at once, leading: {start['leaders']}")
-    bus = Bus()
+    bus = Bus(dedupe=hosted)
     seeds = stack.nats_url.split(",")
     connection = await nats.connect(
         seeds, max_reconnect_attempts=-1, error_cb=_quiet, reconnect_time_wait=0.2
     )
-    await connection.subscribe(GRANTED, cb=bus.on_grant)
+    listeners = [connection]
+    if hosted:  # one connection per server: a grant is heard while any one is up
+        bus.connection = connection
+        listeners = [
+            await nats.connect(
+                [seed], max_reconnect_attempts=-1, error_cb=_quiet, reconnect_time_wait=0.2
+            )
+            for seed in seeds
+        ]
+    for listener in listeners:
+        await listener.subscribe(GRANTED, cb=bus.on_grant)
     following = asyncio.create_task(bus.follow_lease(connection))
     # Enough tasks for any run; the submitting stops when the kills are done.
     most = int(config.rate * (config.warmup_seconds + config.kills * 90)) + 10
@@ -262,13 +329,20 @@ async def _with_stack(stack: Stack, config: FailoverConfig, echo: Echo) -> dict[
     actions: list[Action] = []
     t0 = bus.t0 = time.time()
     receiver_file = stack.data_dir / "webhooks.jsonl"
-    async with httpx.AsyncClient(base_url=gateway, timeout=10, headers=headers) as client:
+    # Mode host: each request to the next gateway in turn, as a load balancer would (one on
+    # a lost host refuses the connection: the submission is retried, at the next one).
+    transport = RoundRobin([stack.url(name) for name in gateways]) if hosted else None
+    async with httpx.AsyncClient(
+        base_url=gateway, timeout=10, headers=headers, transport=transport
+    ) as client:
         submitting = asyncio.create_task(
             _submit_all(client, bodies, config.rate, t0, submissions, stop)
         )
         try:
             await asyncio.sleep(config.warmup_seconds)
-            kill = _kill_leader if config.mode == "leader" else _kill_nats_server
+            kill = {"leader": _kill_leader, "nats": _kill_nats_server, "host": _kill_host}[
+                config.mode
+            ]
             rng = random.Random(f"failover:{config.seed}")
             for n in range(config.kills):
                 await asyncio.sleep(config.steady_seconds + rng.uniform(0, config.jitter_seconds))
@@ -277,6 +351,7 @@ async def _with_stack(stack: Stack, config: FailoverConfig, echo: Echo) -> dict[
                 echo(f"  {time.time() - t0:7.1f} s  kill {n + 1}/{config.kills}: {_row_text(row)}")
         finally:
             stop.set()
+            stopped_at = time.time()  # the load's end
             await submitting
         accepted = [s.task_id for s in submissions.values() if s.accepted]
         chaos = config.chaos(len(submissions))
@@ -284,8 +359,20 @@ async def _with_stack(stack: Stack, config: FailoverConfig, echo: Echo) -> dict[
     following.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await following
-    await connection.close()
+    for listener in {id(c): c for c in [connection, *listeners]}.values():
+        await listener.close()
     records = await _read_streams(seeds)
+    stored = sorted(g.ts for g in records["grants"])
+    if hosted:  # each kill's window ends at the next kill, or the load's end
+        ends = [row["at"] for row in rows[1:]] + [stopped_at]
+        takeovers = takeovers_logged(stack.data_dir / "logs")
+        for row, end in zip(rows, ends, strict=True):
+            window_end = min(row["at"] + config.host_window_seconds, end)
+            row.update(stored_figures(row["at"], stored, window_end))
+            if row["held_leader"]:
+                # The standby's own log line: the harness's KV watch may go with a host.
+                taken = next((t for t in takeovers if t > row["at"]), None)
+                row["lease_taken_seconds"] = _after(taken, row["at"])
     report = build_report(
         config=chaos,
         plan=[],
@@ -306,6 +393,9 @@ async def _with_stack(stack: Stack, config: FailoverConfig, echo: Echo) -> dict[
     report["failover"] = summarise(rows, config.mode)
     report["failover"]["kills"] = rows
     report["grant_times"] = [ts - t0 for ts, _ in bus.grants]
+    if hosted:
+        report["stored_grant_times"] = [ts - t0 for ts in stored]
+        report["placement"] = placement
     report["t0"] = t0
     report["actions"] = [asdict(a) for a in actions]
     report["lease_writes"] = len(bus.lease_writes)
@@ -434,6 +524,208 @@ async def _kill_nats_server(
     }
 
 
+class RoundRobin(httpx.AsyncBaseTransport):
+    """Each request to the next of `urls` in turn (mode host: AllData's load balancer over
+    the gateways, without health checks; the client's retry moves on to the next)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = [httpx.URL(url) for url in urls]
+        self.turn = itertools.count()
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        target = self.urls[next(self.turn) % len(self.urls)]
+        request.url = request.url.copy_with(host=target.host, port=target.port)
+        request.headers["host"] = f"{target.host}:{target.port}"
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _placement(stack: Stack) -> dict[str, list[str]]:
+    """Mode host: what runs on each host ({} without hosts)."""
+    cluster = stack.nats_cluster
+    if cluster is None or not cluster.hosts:
+        return {}
+    return {
+        f"host-{i + 1}": [f"nats {cluster.names[i]}", *stack.on_host(i)]
+        for i in range(len(cluster.hosts))
+    }
+
+
+async def _kill_host(
+    stack: Stack, config: FailoverConfig, bus: Bus, actions: list[Action], n: int
+) -> dict[str, Any]:
+    """Kill a whole host (its nats-server and every service on it, SIGKILL, at once): the
+    leader's on even kills, else one without the leader (each of those in turn); it stays
+    down `host_down_seconds` and comes back (everything restarted) before the next kill."""
+    cluster = stack.nats_cluster
+    assert cluster is not None
+    assert bus.connection is not None
+    leader, epoch = await _the_leader(stack)
+    leader_host = stack.processes[leader].host
+    others = [i for i in range(len(cluster.hosts)) if i != leader_host]
+    target = leader_host if n % 2 == 0 else others[(n // 2) % len(others)]
+    assert target is not None
+    held_leader = target == leader_host
+    leaders_before = await _stream_leaders(bus.connection)
+    survivors = [name for name in SCHEDULERS if stack.processes[name].host != target]
+    at = time.time()
+    killed = await asyncio.to_thread(stack.kill_host, target)
+    row: dict[str, Any] = {
+        "n": n + 1,
+        "killed": f"host-{target + 1}",
+        "at": at,
+        "at_seconds": round(at - bus.t0, 2),
+        "held_leader": held_leader,
+        "processes": [f"nats {cluster.names[target]}", *killed],
+        "old_leader": leader,
+        "old_epoch": epoch,
+        # The streams (and KV buckets) whose raft leader was on the lost host: each must
+        # elect another before it takes a write.
+        "stream_leaders_on_host": sorted(
+            name for name, at_server in leaders_before.items() if at_server == cluster.names[target]
+        ),
+    }
+    # While it is down: when a surviving scheduler leads with a newer epoch (the leader's host
+    # lost), and the next grant heard (of that newer epoch).
+    leading_at = None
+    above = epoch if held_leader else None
+    deadline = at + config.wait_seconds
+    while time.time() < deadline:
+        if held_leader and leading_at is None:
+            for name in survivors:
+                answer = await _metrics(stack, name)
+                if answer is not None and answer[0] and (answer[1] or 0) > (epoch or 0):
+                    leading_at, row["new_epoch"] = time.time(), answer[1]
+        done = (leading_at is not None or not held_leader) and bus.first_grant_after(
+            at, above
+        ) is not None
+        if done and time.time() >= at + config.host_down_seconds:
+            break
+        await asyncio.sleep(0.05)
+    taken = next((ts for ts, value in bus.lease_writes if ts > at and not value.get("epoch")), None)
+    row.update(
+        {
+            "lease_taken_seconds": _after(taken, at),
+            "leading_seconds": _after(leading_at, at),
+            "heard_allocation_seconds": _after(bus.first_grant_after(at, above), at),
+        }
+    )
+    await asyncio.sleep(max(0.0, at + config.host_down_seconds - time.time()))
+    row["down_seconds"] = round(time.time() - at, 2)
+    restarting = time.monotonic()
+    error = None
+    try:
+        await asyncio.to_thread(_restart_host, stack, target)
+    except (RuntimeError, TimeoutError, OSError) as failure:
+        error = str(failure)[-500:]
+    row["host_back_seconds"] = round(time.monotonic() - restarting, 2)
+    if error:
+        row["error"] = error
+    actions.append(
+        Action(
+            "host-kill",
+            f"host-{target + 1}",
+            at - bus.t0,
+            at,
+            row["host_back_seconds"],
+            error=error,
+        )
+    )
+    # Steady again: every stream's replicas current (the restarted server caught up), a
+    # leader, and a grant since.
+    row["settled_seconds"] = await _settled(bus.connection, config.wait_seconds)
+    row["leaders_after"] = await _leaders(stack)
+    if held_leader:
+        back = await _metrics(stack, leader)
+        row["back_as_standby"] = back is not None and not back[0]
+    since = time.time()
+    with contextlib.suppress(TimeoutError):
+        await bus.grant_after(since, config.wait_seconds)
+    return row
+
+
+def _restart_host(stack: Stack, index: int, tries: int = 3) -> None:
+    for attempt in range(1, tries + 1):
+        try:
+            stack.restart_host(index)
+            return
+        except (RuntimeError, TimeoutError):
+            if attempt == tries:
+                raise
+
+
+async def _stream_leaders(connection: Client) -> dict[str, str | None]:
+    """Each stream's (and KV bucket's) raft leader, by server name; {} if not answered."""
+    try:
+        async with asyncio.timeout(3.0):
+            infos = await connection.jetstream().streams_info()
+    except Exception:
+        return {}
+    return {
+        info.config.name or "?": info.cluster.leader if info.cluster else None for info in infos
+    }
+
+
+async def _settled(connection: Client, timeout: float) -> float | None:
+    """Seconds until every stream has a leader and all its replicas current; None if not
+    within `timeout`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            async with asyncio.timeout(3.0):
+                infos = await connection.jetstream().streams_info()
+            if infos and all(_current(info) for info in infos):
+                return round(time.monotonic() - started, 2)
+        except Exception:
+            pass
+        await asyncio.sleep(0.5)
+    return None
+
+
+def _current(info: Any) -> bool:
+    cluster = info.cluster
+    if cluster is None or cluster.leader is None:
+        return False
+    peers = cluster.replicas or []
+    return len(peers) == (info.config.num_replicas or 1) - 1 and all(
+        peer.current and not peer.offline for peer in peers
+    )
+
+
+_TAKING_OVER = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ WARNING crater\.leadership: "
+    r"scheduler: the lease of .* lapsed .*: taking over$"
+)
+
+
+def takeovers_logged(log_dir: Path) -> list[float]:
+    """When a scheduler wrote the lapsed lease as its own, from its log (local time)."""
+    found = []
+    for path in sorted(log_dir.glob("scheduler*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if match := _TAKING_OVER.match(line):
+                when = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                found.append(when.timestamp())
+    return sorted(found)
+
+
+def stored_figures(at: float, stored: list[float], window_end: float) -> dict[str, Any]:
+    """Mode host, from when the allocation stream stored each grant (its consumers can act on
+    it from then; a grant heard on the bus may not be stored yet while the stream elects): the
+    next one after the kill, and the longest gap from 5 s before it to `window_end` (at most
+    `host_window_seconds` after it; before the next kill and the load's end), beside the
+    longest in the 10 s before (the load's own gaps)."""
+    return {
+        "next_allocation_seconds": _after(next((t for t in stored if t > at), None), at),
+        "longest_gap_seconds": _longest_gap(stored, at - 5.0, window_end),
+        "window_seconds": round(window_end - at, 2),
+        "baseline_longest_gap_seconds": _longest_gap(stored, at - 10.0, at),
+    }
+
+
 def _after(ts: float | None, at: float) -> float | None:
     return None if ts is None else round(ts - at, 3)
 
@@ -487,12 +779,34 @@ def summarise(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
             "min": round(min(values), 3),
         }
 
+    if mode == "host":
+        every = {key: stats(key) for key in HOST_KEYS}
+        held = [r for r in rows if r.get("held_leader")]
+        other = [r for r in rows if not r.get("held_leader")]
+        for key in ("lease_taken_seconds", "leading_seconds"):  # the leader's host only
+            every[key] = summarise(held, "leader")[key]
+        for subset, part in ((held, "leader_host"), (other, "other_host")):
+            for key in ("next_allocation_seconds", "longest_gap_seconds"):
+                every[f"{key} ({part})"] = summarise(subset, "nats")[key]
+        return every
     keys = (
         ("lease_taken_seconds", "leading_seconds", "next_allocation_seconds", "restart_seconds")
         if mode == "leader"
         else ("next_allocation_seconds", "longest_gap_seconds", "baseline_longest_gap_seconds")
     )
     return {key: stats(key) for key in keys}
+
+
+HOST_KEYS = (
+    "next_allocation_seconds",
+    "longest_gap_seconds",
+    "baseline_longest_gap_seconds",
+    "heard_allocation_seconds",
+    "lease_taken_seconds",
+    "leading_seconds",
+    "host_back_seconds",
+    "settled_seconds",
+)
 
 
 def failover_checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -517,14 +831,35 @@ def failover_checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     else:
         row = failover["longest_gap_seconds"]
         worst = row.get("max")
-        figures["nats_stall_max_seconds"] = (
+        name = "host_stall_max_seconds" if report["mode"] == "host" else "nats_stall_max_seconds"
+        figures[name] = (
             worst,
             worst is not None and worst < TARGET_SECONDS and row["missing"] == 0,
         )
+    if report["mode"] == "host":
+        kills = failover["kills"]
+        back = sum(1 for k in kills if not k.get("error") and k.get("settled_seconds") is not None)
+        figures["hosts_back_and_settled"] = (back, back == len(kills))
+        one = sum(1 for k in kills if len(k.get("leaders_after") or {}) == 1)
+        figures["one_leader_after_each_kill"] = (one, one == len(kills))
+        # Nothing refused on the way: an event dead-lettered (e.g. refused as a deposed
+        # leader's) is one some service never acted on.
+        dead = report["bus"]["dead_letters"]
+        figures["dead_letters"] = (dead, dead == 0)
     return {name: {"value": value, "ok": ok} for name, (value, ok) in figures.items()}
 
 
 def _row_text(row: dict[str, Any]) -> str:
+    if "host_back_seconds" in row:
+        what = "the leader's" if row["held_leader"] else "no leader,"
+        return (
+            f"{row['killed']} ({what} {', '.join(row['processes'])}; stream leaders "
+            f"{len(row['stream_leaders_on_host'])}): next grant heard "
+            f"{row['heard_allocation_seconds']} s, leading {row['leading_seconds']} s "
+            f"(epoch {row['old_epoch']} -> {row.get('new_epoch')}); back in "
+            f"{row['host_back_seconds']} s, settled {row['settled_seconds']} s later; "
+            f"leaders {row['leaders_after']}"
+        )
     if "longest_gap_seconds" in row:
         return (
             f"{row['killed']}: down {row['down_seconds']} s, next allocation "
@@ -561,7 +896,7 @@ def failover_lines(report: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     shipped = FailoverConfig()
     parser = argparse.ArgumentParser(prog="python -m benchmarks.failover.run", description=__doc__)
-    parser.add_argument("--mode", choices=("leader", "nats"), default=shipped.mode)
+    parser.add_argument("--mode", choices=MODES, default=shipped.mode)
     parser.add_argument("--kills", type=int, default=shipped.kills)
     parser.add_argument("--rate", type=float, default=shipped.rate)
     parser.add_argument("--seed", type=int, default=shipped.seed)
@@ -581,7 +916,7 @@ def main(argv: list[str] | None = None) -> int:
         database_url=args.database_url,
         service_env=service_env,
     )
-    name = "failover" if args.mode == "leader" else "failover_nats"
+    name = "failover" if args.mode == "leader" else f"failover_{args.mode}"
     out = args.out or Path("benchmarks/results") / f"{name}.json"
     report = run(
         config,

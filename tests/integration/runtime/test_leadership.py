@@ -12,7 +12,7 @@ import pytest
 from nats.js.kv import KeyValue
 
 from crater.contracts import MessageRejected, Subjects, TaskStatus, TaskStatusReported
-from crater.runtime.bus import durable, ensure_streams, make_broker, publish_raw
+from crater.runtime.bus import DeliveryPolicy, durable, ensure_streams, make_broker, publish_raw
 from crater.runtime.leadership import (
     LEASES_BUCKET,
     Deposed,
@@ -155,6 +155,58 @@ async def test_a_consumer_refuses_what_a_deposed_leader_publishes(
         assert seen == ["from-7", "from-9", "unstamped"]
         [error] = rejected.errors
         assert error.field == "headers.Crater-Epoch"
-        assert "deposed scheduler leader: epoch 7, while epoch 9 leads" in error.reason
+        # Stored after epoch 9's message (its second): published once succeeded.
+        assert "deposed scheduler leader: epoch 7, stored in CRATER_TASKS at 3, " in error.reason
+        assert "after epoch 9's message at 2" in error.reason
+    finally:
+        await broker.stop()
+
+
+async def test_an_older_leaders_message_consumed_after_a_newer_ones_is_taken(
+    fresh_nats: NatsServer,
+) -> None:
+    # The leader's host lost: a message the old leader published while it led, taken by a
+    # consumer replica on that host, comes again (ack wait) after the new leader's. It was
+    # stored before the new leader's first message, so it is taken, not refused as a zombie's.
+    await ensure_streams(NatsConnection(fresh_nats.url))
+    broker, _ = make_broker(
+        NatsConnection(fresh_nats.url),
+        "callback",
+        make_registry(),
+        make_tracer_provider("t", None),
+        DeliveryPolicy(redelivery_delay_seconds=0.2),
+    )
+    seen: list[str] = []
+    failed: list[str] = []
+
+    @durable(broker, Subjects.TASK_STATUS, "callback")
+    async def on_status(event: TaskStatusReported) -> None:
+        if event.task_id == "from-7" and not failed:
+            failed.append(event.task_id)
+            raise RuntimeError("the replica that took it was lost")
+        seen.append(event.task_id)
+
+    async def send(task_id: str, epoch: int) -> None:
+        event = TaskStatusReported(task_id=task_id, status=TaskStatus.RUNNING)
+        await publish_raw(
+            broker,
+            subject=Subjects.TASK_STATUS.subject,
+            stream=Subjects.TASK_STATUS.stream.name,
+            payload=event.model_dump_json().encode(),
+            event_id=str(event.event_id),
+            traceparent=None,
+            extra_headers=epoch_header("scheduler", epoch),
+        )
+
+    await broker.start()
+    try:
+        await send("from-7", 7)
+        await send("from-9", 9)
+        for _ in range(100):
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert failed == ["from-7"]
+        assert seen == ["from-9", "from-7"]
     finally:
         await broker.stop()

@@ -2,7 +2,8 @@
 SIGKILLed while events flow through Crater's own publish path (`publish_raw`: its retry on
 what a leader election answers); a consumer then sees every event exactly once. The longest
 gap between publish acks is measured and printed (only the 0 lost is asserted). Once on
-loopback, once with each server on a host of its own (a network namespace)."""
+loopback, once with each server on a host of its own (a network namespace). And a leader's
+consumers bound right after the server that led one of them was lost."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import CollectorRegistry
 
-from crater.contracts import Streams
-from crater.runtime.bus import ensure_streams, make_broker, publish_raw
+from crater.contracts import Streams, Subjects, TaskStatus, TaskStatusReported
+from crater.runtime.bus import durable, ensure_streams, make_broker, publish_raw
+from crater.runtime.leadership import CONSUMER_WAIT_SECONDS, LeaderGate
 from crater.runtime.nats_cluster import NatsCluster, netns_permitted, start_nats_cluster
 from crater.runtime.nats_connection import NatsConnection
 
@@ -109,3 +111,56 @@ async def test_losing_the_stream_leader_loses_nothing(cluster: NatsCluster) -> N
         f"longest gap between publish acks {longest:.2f} s"
     )
     assert sorted(seen) == list(range(published))  # every one, exactly once: 0 lost
+
+
+async def test_a_new_leader_binds_its_consumers_once_they_elect_after_a_server_loss(
+    tmp_path: Path,
+) -> None:
+    # A takeover right after a NATS server's loss (the leader scheduler's host lost): the
+    # consumer whose raft leader was there answers nothing until the others elect one, and a
+    # lookup sent meanwhile waited out nats-py's 5 s timeout and failed the takeover. The gate
+    # looks again and again with a short timeout and binds once it answers.
+    with start_nats_cluster(tmp_path / "cluster", 3, log_dir=tmp_path / "logs") as cluster:
+        seeds = NatsConnection(cluster.url)
+        await ensure_streams(seeds, [STREAM])
+        broker, _ = make_broker(seeds, "gate-test", CollectorRegistry(), None)
+        gate = LeaderGate(broker)
+        seen: list[str] = []
+
+        @durable(broker, Subjects.TASK_STATUS, "gate-test", router=gate.router)
+        async def on_status(event: TaskStatusReported) -> None:
+            seen.append(event.task_id)
+
+        await broker.start()
+        try:
+            await gate.open()  # the first leader makes the consumer
+            await gate.close()
+            [(stream, name)] = gate.durables()
+            admin = await seeds.connect()
+            info = await admin.jetstream().consumer_info(stream, name)
+            await admin.close()
+            assert info.cluster is not None
+            assert info.cluster.leader is not None
+            cluster.kill(cluster.index_of(info.cluster.leader))
+            started = time.monotonic()
+            await gate.open()
+            took = time.monotonic() - started
+            event = TaskStatusReported(task_id="after-the-loss", status=TaskStatus.RUNNING)
+            await publish_raw(
+                broker,
+                subject=Subjects.TASK_STATUS.subject,
+                stream=stream,
+                payload=event.model_dump_json().encode(),
+                event_id=str(event.event_id),
+                traceparent=None,
+            )
+            for _ in range(100):
+                if seen:
+                    break
+                await asyncio.sleep(0.1)
+            print(f"\nconsumer leader {info.cluster.leader} killed: bound after {took:.2f} s")
+            assert seen == ["after-the-loss"]
+            assert took < CONSUMER_WAIT_SECONDS
+        finally:
+            await gate.close()
+            await broker.stop()

@@ -8,6 +8,7 @@ CRATER_..._FILE, so nothing development-only is needed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -20,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from sqlalchemy.engine import make_url
 
+from crater.cli.forward import start_forwarder
 from crater.runtime import dev_pki
 from crater.runtime.db import upgrade_to_head
 from crater.runtime.nats_cluster import NatsCluster, start_nats_cluster
@@ -44,10 +47,12 @@ class Process:
     log_path: Path
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)  # its own, over the stack's
+    host: int | None = None  # the NATS cluster host (network namespace) it runs on
+    address: str = "127.0.0.1"  # where its HTTP listens
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
 
 @dataclass
@@ -65,6 +70,16 @@ class Stack:
     # one; the services get every server's URL (docs/operations.md, NATS cluster).
     nats_servers: int = 1
     nats_cluster: NatsCluster | None = None
+    # With a cluster: each nats-server on a host of its own (a network namespace on a bridge,
+    # `start_nats_cluster(netns=True)`; needs root), and `hosts` places processes on them by
+    # name, {"scheduler": 0, "gateway-2": 1}: such a process runs in that namespace, listens
+    # on the host's address, is given its own host's nats-server first among the seeds, and
+    # reaches a loopback PostgreSQL through a forwarder on the bridge. Others (the receiver,
+    # unplaced services) stay in the root namespace. `kill_host(i)` / `restart_host(i)`.
+    nats_hosts: bool = False
+    hosts: dict[str, int] = field(default_factory=dict)
+    forwarder: subprocess.Popen[bytes] | None = None
+    hosted_database_url: str | None = None
 
     @property
     def database_url(self) -> str:
@@ -134,9 +149,14 @@ class Stack:
             if self.secure:
                 raise ValueError("a secure stack runs one nats-server")
             self.nats_cluster = start_nats_cluster(
-                self.data_dir / "nats-cluster", self.nats_servers, log_dir=self.data_dir / "logs"
+                self.data_dir / "nats-cluster",
+                self.nats_servers,
+                netns=self.nats_hosts,
+                log_dir=self.data_dir / "logs",
             )
             self.nats = self.nats_cluster.servers[0]
+        elif self.nats_hosts or self.hosts:
+            raise ValueError("hosts need a NATS cluster: nats_servers > 1")
         else:
             self.nats = start_nats_server(
                 self.data_dir / "jetstream",
@@ -156,12 +176,19 @@ class Stack:
             **(extra_env or {}),
         }
         migrate(self.database_url)
+        # With hosts, what runs outside them listens on the bridge too: reachable from both.
+        outside = self.nats_cluster.bridge_address if self.nats_cluster else None
+        outside = outside or "127.0.0.1"
+        if self.hosts:
+            self.hosted_database_url = self._forward_database(outside)
         receiver_port = free_port()
         self._spawn(
             "receiver",
             receiver_port,
             [
                 "receiver",
+                "--host",
+                outside,
                 "--port",
                 str(receiver_port),
                 "--username",
@@ -173,10 +200,11 @@ class Stack:
                 "CRATER_RECEIVER_PASSWORD": read_secret(secret_files["webhook_password"]),
                 "CRATER_RECEIVER_SECRET": read_secret(secret_files["webhook_secret"]),
             },
+            outside,
         )
         self.env.update(
             {
-                "CRATER_CALLBACK_WEBHOOK_URL": f"http://127.0.0.1:{receiver_port}/webhooks",
+                "CRATER_CALLBACK_WEBHOOK_URL": f"http://{outside}:{receiver_port}/webhooks",
                 "CRATER_CALLBACK_WEBHOOK_USERNAME": WEBHOOK_USER,
             }
         )
@@ -192,7 +220,8 @@ class Stack:
         ports = {name: self.ports.get(name) or free_port() for name in services}
         if "gateway" in ports:  # where a task's crater_client posts its usage samples
             self.env.setdefault(
-                "CRATER_SCHEDULER_GATEWAY_URL", f"http://127.0.0.1:{ports['gateway']}"
+                "CRATER_SCHEDULER_GATEWAY_URL",
+                f"http://{self._address_of('gateway')}:{ports['gateway']}",
             )
         for name in services:
             self._spawn(name, ports[name], ["run", name], self._identity_env(name))
@@ -222,19 +251,82 @@ class Stack:
             wait_healthy(self.processes["agent"])
 
     def _spawn(
-        self, name: str, port: int, args: list[str], own_env: dict[str, str] | None = None
+        self,
+        name: str,
+        port: int,
+        args: list[str],
+        own_env: dict[str, str] | None = None,
+        address: str | None = None,
     ) -> None:
         log_path = self.data_dir / "logs" / f"{name}.log"
-        env = {**os.environ, **self.env, **(own_env or {}), "CRATER_HTTP_PORT": str(port)}
+        host = self.hosts.get(name)
+        prefix: list[str] = []
+        placed: dict[str, str] = {}
+        if host is not None:
+            prefix, placed = self._on_host(host)
+        env = {
+            **os.environ,
+            **self.env,
+            **placed,
+            **(own_env or {}),
+            "CRATER_HTTP_PORT": str(port),
+        }
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "crater.cli", *args],
+                [*prefix, sys.executable, "-m", "crater.cli", *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches us, and we stop them in order
             )
-        self.processes[name] = Process(name, port, popen, log_path, args, own_env or {})
+        self.processes[name] = Process(
+            name,
+            port,
+            popen,
+            log_path,
+            args,
+            own_env or {},
+            host,
+            address or self._address_of(name),
+        )
+
+    def _address_of(self, name: str) -> str:
+        """Where process `name` listens: its host's address, else loopback."""
+        host = self.hosts.get(name)
+        if host is None or self.nats_cluster is None or not self.nats_cluster.hosts:
+            return "127.0.0.1"
+        return self.nats_cluster.hosts[host].address
+
+    def _on_host(self, host: int) -> tuple[list[str], dict[str, str]]:
+        """The command prefix and the settings of a process placed on `host`."""
+        cluster = self.nats_cluster
+        if cluster is None or not cluster.hosts:
+            raise ValueError("processes are placed on hosts only with nats_hosts=True")
+        address = cluster.hosts[host].address
+        seeds = [cluster.urls[host], *(u for i, u in enumerate(cluster.urls) if i != host)]
+        env = {
+            "CRATER_HTTP_HOST": address,
+            "CRATER_GATEWAY_HTTP_HOST": address,
+            "CRATER_NATS_URL": ",".join(seeds),  # its own host's server first
+        }
+        if self.hosted_database_url is not None:
+            env["CRATER_DATABASE_URL"] = self.hosted_database_url
+        return cluster.on_host(host), env
+
+    def _forward_database(self, bridge: str) -> str | None:
+        """The database URL for processes on hosts: a PostgreSQL on the root namespace's
+        loopback is reached through a forwarder listening on the bridge (SQLite is a file:
+        the same path)."""
+        url = make_url(self.database_url)
+        if not url.drivername.startswith("postgresql") or url.host not in (
+            None,
+            "localhost",
+            "127.0.0.1",
+        ):
+            return None
+        port = free_port(bridge)
+        self.forwarder = start_forwarder(bridge, port, "127.0.0.1", url.port or 5432)
+        return url.set(host=bridge, port=port).render_as_string(hide_password=False)
 
     def kill(self, name: str) -> None:
         """Kill a service without warning (tests of crash recovery)."""
@@ -246,8 +338,45 @@ class Stack:
         process = self.processes.pop(name)
         if process.popen.poll() is None:
             stop_process(process)
-        self._spawn(name, process.port, process.args, process.env)
+        self._spawn(name, process.port, process.args, process.env, process.address)
         wait_healthy(self.processes[name])
+
+    def on_host(self, index: int) -> list[str]:
+        """The names of the processes placed on host `index`."""
+        return [name for name, process in self.processes.items() if process.host == index]
+
+    def kill_host(self, index: int) -> list[str]:
+        """Host `index` lost: SIGKILL, all at once, its nats-server, every process placed on
+        it and anything else in its namespace. Returns the names of the processes killed."""
+        cluster = self.nats_cluster
+        if cluster is None or not cluster.hosts:
+            raise ValueError("kill_host needs nats_hosts=True")
+        names = self.on_host(index)
+        pids = {self.processes[name].popen.pid for name in names}
+        pids |= {cluster.servers[index].process.pid, *cluster.host_pids(index)}
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for name in names:
+            self.processes[name].popen.wait()
+        cluster.kill(index)  # reaped
+        return names
+
+    def restart_host(self, index: int) -> None:
+        """Host `index` back: its nats-server (same name, store and address: it catches up
+        from the others), then each process placed on it, waiting for each /healthz."""
+        cluster = self.nats_cluster
+        if cluster is None or not cluster.hosts:
+            raise ValueError("restart_host needs nats_hosts=True")
+        cluster.restart(index)
+        names = self.on_host(index)
+        for name in names:  # all started, then waited for
+            process = self.processes.pop(name)
+            if process.popen.poll() is None:
+                stop_process(process)
+            self._spawn(name, process.port, process.args, process.env, process.address)
+        for name in names:
+            wait_healthy(self.processes[name])
 
     def stop(self) -> None:
         """SIGTERM every service (they drain and close), then the receiver, then nats-server."""
@@ -259,6 +388,9 @@ class Stack:
             self.nats_cluster.stop()
         elif self.nats is not None:
             self.nats.stop()
+        if self.forwarder is not None and self.forwarder.poll() is None:
+            self.forwarder.kill()
+            self.forwarder.wait()
 
     def __enter__(self) -> Stack:
         return self

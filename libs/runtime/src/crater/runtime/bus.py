@@ -407,7 +407,8 @@ class Rejections:
                 if (wrong := node_mismatch(subject, body)) is not None:
                     await rejections.refuse(msg, delivery, NodeMismatch(wrong.reason), [wrong])
                     return None
-                if (stale := rejections.epochs.stale(msg.headers)) is not None:
+                stored = (delivery.stream, delivery.stream_sequence) if delivery else (None, None)
+                if (stale := rejections.epochs.stale(msg.headers, *stored)) is not None:
                     field = FieldError(field=f"headers.{EPOCH_HEADER}", reason=stale)
                     await rejections.refuse(msg, delivery, DeposedLeader(stale), [field])
                     return None

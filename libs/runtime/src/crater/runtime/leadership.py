@@ -12,7 +12,11 @@ standby watches the key's revision with its own monotonic clock (no clock is com
 hosts): unchanged for `duration_seconds`, the lease has lapsed, and the standby writes it with
 `update(last=that revision)`; of several standbys, one write wins. A leader whose renewals fail
 (NATS away) keeps trying: the fences, not the clock, keep a deposed one from acting. A clean
-shutdown deletes the key, so a standby takes over at once.
+shutdown deletes the key, so a standby takes over at once. A standby's looks that fail (its
+NATS server lost, the bucket electing a raft leader) do not restart its watch: the revision
+unchanged since means no renewal since, so a lease that lapsed meanwhile is taken soon after
+the bucket takes writes again (`grace_seconds` later: a leader that was only cut off renews
+first), not a whole lease later.
 """
 
 from __future__ import annotations
@@ -21,23 +25,30 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from faststream.nats import NatsBroker, NatsRouter
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Gauge
 from pydantic import BaseModel, Field, model_validator
 
 log = logging.getLogger("crater.leadership")
+T = TypeVar("T")
 
 LEASES_BUCKET = "crater_leases"
+# How long a standby's look at the key (or its write taking it) waits for an answer: one sent
+# on a connection to a server that just died is never answered, and nats-py would wait out its
+# JetStream timeout (5 s) before the standby looked again. The leader's renewals keep that
+# timeout: a renewal that landed but whose answer came late would depose it.
+LOOK_TIMEOUT_SECONDS = 1.0
 EPOCH_HEADER = "Crater-Epoch"  # "<service>:<epoch>" on what a leader publishes
 
 
@@ -55,6 +66,12 @@ class LeaseTiming:
     duration_seconds: float = 2.0
     renew_seconds: float = 0.5
     retry_seconds: float = 0.25
+
+    @property
+    def grace_seconds(self) -> float:
+        """After the bucket was unwritable: how long a standby waits once it takes writes
+        again before it takes a lapsed lease (two renewals of a leader that is alive)."""
+        return 2 * self.renew_seconds
 
     def __post_init__(self) -> None:
         if not 0 < self.renew_seconds < self.duration_seconds:
@@ -98,6 +115,12 @@ class Lease:
         self.clock = clock
         self.epoch: int | None = None  # the revision that won it, while held
         self._revision = 0  # the last revision written by us (the next CAS's `last`)
+        # A standby's watch, kept across failed looks: the key's revision as last seen and
+        # since when (by this clock), and since when the bucket takes writes again after a
+        # failure (-inf: none seen).
+        self._seen: int | None = None
+        self._seen_since = 0.0
+        self._writable_since: float | None = -math.inf
 
     def _value(self, epoch: int | None) -> bytes:
         return json.dumps(
@@ -109,36 +132,51 @@ class Lease:
         ).encode()
 
     async def acquire(self) -> int:
-        """Wait until this process holds the lease; returns its epoch."""
-        seen: int | None = None  # the key's revision, as last looked at
-        seen_since = self.clock()
+        """Wait until this process holds the lease; returns its epoch. A failed look (NATS
+        away, the bucket without a raft leader) raises; the next call carries on watching."""
+        try:
+            return await self._acquire()
+        except BaseException:
+            self._writable_since = None  # unwritable (as far as this process can tell)
+            raise
+
+    async def _acquire(self) -> int:
         while True:
             try:
-                revision = await self.bucket.create(self.name, self._value(None))
+                revision = await _answer(self.bucket.create(self.name, self._value(None)))
                 return self._won(revision)
             except KeyWrongLastSequenceError:
-                pass  # held, or held once: look at it
+                pass  # held, or held once: look at it (the bucket's leader answered)
+            if self._writable_since is None:
+                self._writable_since = self.clock()
             try:
-                entry = await self.bucket.get(self.name)
+                entry = await _answer(self.bucket.get(self.name))
             except KeyNotFoundError:
                 continue  # deleted between the two: create again
             current = entry.revision or 0
-            if current != seen:
-                seen, seen_since = current, self.clock()
-            elif self.clock() - seen_since >= self.timing.duration_seconds:
+            now = self.clock()
+            if current != self._seen:
+                self._seen, self._seen_since = current, now
+            elif (
+                now - self._seen_since >= self.timing.duration_seconds
+                and now - self._writable_since >= self.timing.grace_seconds
+            ):
                 with contextlib.suppress(KeyWrongLastSequenceError):
-                    revision = await self.bucket.update(self.name, self._value(None), last=current)
+                    revision = await _answer(
+                        self.bucket.update(self.name, self._value(None), last=current)
+                    )
                     holder = _holder_of(entry.value)
                     log.warning(
                         "%s: the lease of %s lapsed (unrenewed for %.1f s): taking over",
                         self.name,
                         holder,
-                        self.clock() - seen_since,
+                        self.clock() - self._seen_since,
                     )
                     return self._won(revision)
             await asyncio.sleep(self.timing.retry_seconds)
 
     def _won(self, revision: int) -> int:
+        self._seen, self._writable_since = None, -math.inf
         self.epoch = self._revision = revision
         log.info("%s: %s leads, epoch %d", self.name, self.holder, revision)
         return revision
@@ -188,6 +226,11 @@ class Lease:
         self.epoch = None
         with contextlib.suppress(Exception):
             await self.bucket.delete(self.name, last=self._revision)
+
+
+async def _answer(call: Awaitable[T]) -> T:
+    """A standby's call to the bucket, given up after LOOK_TIMEOUT_SECONDS (TimeoutError)."""
+    return await asyncio.wait_for(call, LOOK_TIMEOUT_SECONDS)
 
 
 def _holder_of(value: bytes | None) -> str:
@@ -244,17 +287,25 @@ class Leadership:
                 await asyncio.sleep(self.lease.timing.retry_seconds)
                 continue
             self.deposed.clear()
+            # Renewed from now on, through the takeover too: one that waits (the consumers
+            # electing raft leaders after a NATS server's loss) is no lapse to a standby.
+            keeping = asyncio.create_task(self.lease.keep())
             try:
                 await self.lead(epoch)
             except Exception as error:  # Deposed by the fence, or the takeover failed
+                keeping.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await keeping
                 log.error("%s: taking over as epoch %d failed: %r", self.lease.name, epoch, error)
                 await self.lease.release()
                 await self._stand_down()
                 await asyncio.sleep(self.lease.timing.retry_seconds)
                 continue
+            except BaseException:  # cancelled: the service stops
+                keeping.cancel()
+                raise
             self.leading.set()
             self.on_change(epoch)
-            keeping = asyncio.create_task(self.lease.keep())
             fenced = asyncio.create_task(self.deposed.wait())
             try:
                 done, _ = await asyncio.wait({keeping, fenced}, return_when=asyncio.FIRST_COMPLETED)
@@ -291,15 +342,29 @@ class DeposedLeader(ValueError):
 
 
 class EpochGuard:
-    """What a consumer has heard of each service's leaders: the highest epoch per service
-    (in this process). A message stamped with a lower one comes from a deposed leader (a
-    zombie that had not noticed yet) and is refused; unstamped messages pass."""
+    """What a consumer has heard of each service's leaders (in this process). A JetStream
+    message stamped with an epoch is refused when its stream stored it after a message of a
+    newer epoch of that service: its leader had been succeeded when it published (a zombie
+    that had not noticed yet). One stored before — consumed late: redelivered after the
+    replica that took it was lost, or behind a backlog — was published while its leader led,
+    and passes, however many newer epochs were heard since. A core NATS message (no stream
+    order) is refused when its epoch is below the highest heard. Unstamped messages pass."""
+
+    KEEP_EPOCHS = 64  # per service and stream: the newest, with the first position of each
 
     def __init__(self) -> None:
         self.highest: dict[str, int] = {}
+        # (service, stream) -> {epoch: the lowest stream sequence heard stamped with it}
+        self.first: dict[tuple[str, str], dict[int, int]] = {}
 
-    def stale(self, headers: Mapping[str, Any] | None) -> str | None:
-        """Why a message with these headers is refused; None to take it."""
+    def stale(
+        self,
+        headers: Mapping[str, Any] | None,
+        stream: str | None = None,
+        sequence: int | None = None,
+    ) -> str | None:
+        """Why a message with these headers is refused; None to take it. `stream` and
+        `sequence`: where JetStream stored it (None for a core NATS message)."""
         value = (headers or {}).get(EPOCH_HEADER)
         if not isinstance(value, str):
             return None
@@ -308,13 +373,36 @@ class EpochGuard:
             return f"malformed {EPOCH_HEADER} {value[:64]!r}: expected <service>:<epoch>"
         service, epoch = parsed
         highest = self.highest.get(service, 0)
-        if epoch < highest:
-            return (
-                f"published by a deposed {service} leader: epoch {epoch}, "
-                f"while epoch {highest} leads"
-            )
-        self.highest[service] = epoch
+        if stream is None or sequence is None:
+            if epoch < highest:
+                return (
+                    f"published by a deposed {service} leader: epoch {epoch}, "
+                    f"while epoch {highest} leads"
+                )
+        else:
+            firsts = self.first.setdefault((service, stream), {})
+            before = [(at, new) for new, at in firsts.items() if new > epoch and at < sequence]
+            if before:
+                at, newer = min(before)
+                return (
+                    f"published by a deposed {service} leader: epoch {epoch}, stored in "
+                    f"{stream} at {sequence}, after epoch {newer}'s message at {at}"
+                )
+            if sequence < firsts.get(epoch, sequence + 1):
+                firsts[epoch] = sequence
+                for old in sorted(firsts)[: -self.KEEP_EPOCHS]:
+                    del firsts[old]
+        self.highest[service] = max(highest, epoch)
         return None
+
+
+# Binding the leader's durable consumers after a NATS server was lost: a consumer whose raft
+# leader was on it answers no lookup until the others elect another (nats-server's 4-9 s), and
+# a lookup sent meanwhile is never answered: it waits out nats-py's JetStream timeout (5 s).
+# So the gate looks with this short timeout, again and again, and binds once they answer.
+CONSUMER_LOOK_SECONDS = 1.0
+CONSUMER_LOOK_PAUSE_SECONDS = 0.1
+CONSUMER_WAIT_SECONDS = 30.0  # then the subscribers are started anyway (and may fail)
 
 
 class LeaderGate:
@@ -328,12 +416,48 @@ class LeaderGate:
         self.router = NatsRouter()
         self._included = False
 
+    def durables(self) -> list[tuple[str, str]]:
+        """(stream, durable name) of each JetStream durable consumer on the router."""
+        found = []
+        for subscriber in self.router.subscribers:
+            stream = getattr(subscriber, "stream", None)
+            name = getattr(getattr(subscriber, "config", None), "durable_name", None)
+            if stream is not None and isinstance(name, str):
+                found.append((stream.name, name))
+        return found
+
     async def open(self) -> None:
+        waited = await self.consumers_answering()
+        if waited > CONSUMER_LOOK_SECONDS:
+            log.warning("the leader's consumers answered after %.1f s (electing a leader)", waited)
         if not self._included:
             self.broker.include_router(self.router)
             self._included = True
         for subscriber in self.router.subscribers:
             await subscriber.start()
+
+    async def consumers_answering(self, wait_seconds: float = CONSUMER_WAIT_SECONDS) -> float:
+        """Wait until each durable consumer answers a lookup (it has a raft leader; one not
+        made yet is made when its subscriber starts), at most `wait_seconds`; returns the
+        seconds waited."""
+        from crater.runtime.bus import TRANSIENT_PUBLISH_ERRORS  # the bus imports this module
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        js = self.broker.connection.jetstream()
+        for stream, name in self.durables():
+            while True:
+                try:
+                    await js.consumer_info(stream, name, timeout=CONSUMER_LOOK_SECONDS)
+                    break
+                except NotFoundError:
+                    break
+                except TRANSIENT_PUBLISH_ERRORS as error:
+                    if loop.time() - started > wait_seconds:
+                        log.warning("consumer %s on %s does not answer: %r", name, stream, error)
+                        return loop.time() - started
+                    await asyncio.sleep(CONSUMER_LOOK_PAUSE_SECONDS)
+        return loop.time() - started
 
     async def close(self) -> None:
         for subscriber in self.router.subscribers:

@@ -58,6 +58,21 @@ class NatsCluster:
     def index_of(self, server_name: str) -> int:
         return self.names.index(server_name)
 
+    @property
+    def bridge_address(self) -> str | None:
+        """The root namespace's address on the hosts' bridge (subnet.1): where a process on a
+        host reaches one outside them (a database, a webhook receiver); None without hosts."""
+        if not self.hosts:
+            return None
+        return self.hosts[0].address.rsplit(".", 1)[0] + ".1"
+
+    def host_pids(self, index: int) -> list[int]:
+        """Every process running on server `index`'s host (its network namespace)."""
+        if not self.hosts:
+            return []
+        found = _ip("netns", "pids", self.hosts[index].namespace, check=False)
+        return [int(pid) for pid in found.split()]
+
     def on_host(self, index: int) -> list[str]:
         """The command prefix that runs a process on server `index`'s host (nothing without
         network namespaces)."""
@@ -80,10 +95,10 @@ class NatsCluster:
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
-        for host in self.hosts:
-            for pid in _ip("netns", "pids", host.namespace, check=False).split():
+        for index, host in enumerate(self.hosts):
+            for pid in self.host_pids(index):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)  # what was started on that host
+                    os.kill(pid, signal.SIGKILL)  # what was started on that host
             _ip("link", "del", host.veth, check=False)
             _ip("netns", "del", host.namespace, check=False)
         if self.bridge is not None:
