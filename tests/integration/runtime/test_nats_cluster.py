@@ -18,7 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import CollectorRegistry
 
 from crater.contracts import Streams, Subjects, TaskStatus, TaskStatusReported
-from crater.runtime.bus import durable, ensure_streams, make_broker, publish_raw
+from crater.runtime.bus import durable, ensure_streams, make_broker, publish_raw, retry_transient
 from crater.runtime.leadership import CONSUMER_WAIT_SECONDS, LeaderGate
 from crater.runtime.nats_cluster import NatsCluster, netns_permitted, start_nats_cluster
 from crater.runtime.nats_connection import NatsConnection
@@ -86,11 +86,16 @@ async def test_losing_the_stream_leader_loses_nothing(cluster: NatsCluster) -> N
         await broker.stop()
 
     seen: list[int] = []
-    subscription = await js.pull_subscribe(
-        "crater.v1.task.cluster-test.>",
-        durable="cluster-test",
-        stream=STREAM.name,
-        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT),
+    # The test's own JetStream API call is retried as the services retry theirs: made right
+    # after the kill, it may land while the meta leader is still being elected.
+    subscription = await retry_transient(
+        lambda: js.pull_subscribe(
+            "crater.v1.task.cluster-test.>",
+            durable="cluster-test",
+            stream=STREAM.name,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT),
+        ),
+        what="the test's consumer",
     )
     deadline = time.monotonic() + 30
     while len(seen) < published and time.monotonic() < deadline:
