@@ -86,12 +86,21 @@ async def test_losing_the_stream_leader_loses_nothing(cluster: NatsCluster) -> N
         await broker.stop()
 
     seen: list[int] = []
-    subscription = await js.pull_subscribe(
-        "crater.v1.task.cluster-test.>",
-        durable="cluster-test",
-        stream=STREAM.name,
-        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT),
-    )
+    # The killed server may have led the meta group too: creating a consumer waits for its
+    # election (a request sent meanwhile is never answered), so it is asked again.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            subscription = await js.pull_subscribe(
+                "crater.v1.task.cluster-test.>",
+                durable="cluster-test",
+                stream=STREAM.name,
+                config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT),
+            )
+            break
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise
     deadline = time.monotonic() + 30
     while len(seen) < published and time.monotonic() < deadline:
         try:
