@@ -29,7 +29,14 @@ def test_the_local_node_agent_starts_once_the_services_answer(
     class FakeNats:
         url = "nats://127.0.0.1:1"
 
-    def spawn(self: Stack, name: str, port: int, args: list[str], env: object = None) -> None:
+    def spawn(
+        self: Stack,
+        name: str,
+        port: int,
+        args: list[str],
+        env: object = None,
+        address: object = None,
+    ) -> None:
         events.append(f"spawn {name}")
         self.processes[name] = SimpleNamespace(name=name)  # type: ignore[assignment]
 
