@@ -384,7 +384,7 @@ class AuditLog:
         about = []
         for item in staged:
             seq += 1
-            digest = entry_hash(
+            fields = (
                 seq,
                 item.epoch,
                 item.decided_at,
@@ -394,19 +394,8 @@ class AuditLog:
                 item.decisions,
                 prev,
             )
-            entries.append(
-                Entry(
-                    seq,
-                    item.epoch,
-                    item.decided_at,
-                    item.source,
-                    item.kind,
-                    item.body,
-                    item.decisions,
-                    prev,
-                    digest,
-                )
-            )
+            digest = entry_hash(*fields)
+            entries.append(Entry(*fields, digest))
             if item.state is not None:
                 states.append({"seq": seq, "state": item.state})
             tasks = item.tasks if item.tasks is not None else task_ids(item.body, item.decisions)

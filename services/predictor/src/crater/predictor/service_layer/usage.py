@@ -13,6 +13,7 @@ from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 from uuid import UUID, uuid5
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -387,15 +388,7 @@ class UsageReporter:
         await self.publish(
             TenantBudgetExceeded(
                 event_id=budget_event_id("exceeded", s.tenant, s.limit, s.start, str(s.amount)),
-                occurred_at=now,
-                tenant=s.tenant,
-                limit=s.limit,
-                period=s.period,
-                period_start=s.start,
-                period_end=s.end,
-                budget=s.amount,
-                cost=s.cost,
-                currency=currency,
+                **_standing_fields(s, currency, now),
             )
         )
         self.metrics.budget_events.labels(kind="exceeded", limit=s.limit).inc()
@@ -410,15 +403,7 @@ class UsageReporter:
         await self.publish(
             TenantBudgetRestored(
                 event_id=budget_event_id("restored", s.tenant, s.limit, s.start, amount),
-                occurred_at=now,
-                tenant=s.tenant,
-                limit=s.limit,
-                period=s.period,
-                period_start=s.start,
-                period_end=s.end,
-                budget=s.amount,
-                cost=s.cost,
-                currency=currency,
+                **_standing_fields(s, currency, now),
                 why=why,
             )
         )
@@ -475,3 +460,18 @@ def _write_csv(path: Path, rows: list[dict[str, str]]) -> None:
         writer.writeheader()
         writer.writerows(rows)
     partial.replace(path)
+
+
+def _standing_fields(s: Standing, currency: str, now: datetime) -> dict[str, Any]:
+    """What a budget event says of the tenant's standing, exceeded or restored alike."""
+    return {
+        "occurred_at": now,
+        "tenant": s.tenant,
+        "limit": s.limit,
+        "period": s.period,
+        "period_start": s.start,
+        "period_end": s.end,
+        "budget": s.amount,
+        "cost": s.cost,
+        "currency": currency,
+    }
