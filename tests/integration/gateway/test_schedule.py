@@ -199,3 +199,18 @@ async def test_an_array_too_long_or_dry_run_is_refused_whole(client: httpx.Async
     dry = await client.post("/api/v1/schedule?dry_run=true", json=[task()])
     assert dry.status_code == 422
     assert dry.json()["detail"][0]["field"] == "dry_run"
+
+
+async def test_an_array_with_nats_gone_is_503_for_each_element(
+    client: httpx.AsyncClient, fresh_nats: NatsServer
+) -> None:
+    fresh_nats.stop()
+    response = await client.post(
+        "/api/v1/schedule", json=[task(task_id="gone-0"), task(task_id="gone-1")]
+    )
+    assert response.status_code == 207, response.text
+    answer = response.json()
+    assert (answer["accepted"], answer["refused"]) == (0, 2)
+    for result in answer["results"]:
+        assert result["status"] == 503
+        assert "NATS unavailable" in result["body"]["detail"]
