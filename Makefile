@@ -3,6 +3,10 @@
 PYTHON ?= python3
 UV = $(PYTHON) -m uv
 RUN = $(UV) run --frozen
+# Two pytest-xdist workers: most tests wait on processes and the network, not the CPU; the
+# multi-process stack tests share one worker (tests/support/parallel.py). TEST_WORKERS=0 runs
+# everything in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: up test install bootstrap lint docs docs-check console-screenshots clean
 
@@ -10,7 +14,7 @@ up: install            ## Crater on embedded defaults with a demo workload (Ctrl
 	$(RUN) crater up
 
 test: install          ## every test: unit, integration (real NATS, SQLite + PostgreSQL), e2e
-	$(RUN) pytest
+	$(RUN) pytest -n $(TEST_WORKERS) --dist loadgroup
 
 bootstrap:
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv \

@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import json
 import secrets
+import threading
 import time
 import warnings
 import zlib
@@ -48,7 +49,18 @@ MAX_DEPTH = 64  # the services' max_json_depth (default)
 CONSUMED: tuple[Channel, ...] = tuple(
     c for c in Subjects.ALL if any(not x.startswith("crater ") for x in c.consumers)
 )
-SETTLE_TIMEOUT_S = 30.0  # every consumer caught up, or it counts as a hang
+# A hang: a consumer with messages pending or unacked that makes no progress (nothing newly
+# delivered or acked) for this long. One still working through a backlog (a slow handler, a
+# loaded machine) is waited for, up to SETTLE_CAP_S, and its lag is reported, not counted.
+SETTLE_TIMEOUT_S = 30.0
+SETTLE_CAP_S = 600.0
+# Quick redelivery, so that a handler failing on every delivery is dead-lettered (and seen)
+# within its batch: the one setting the fuzz stacks change from what ships.
+QUICK_DELIVERY: dict[str, Any] = {
+    "max_deliveries": 2,
+    "redelivery_delay_seconds": 0.05,
+    "max_outage_deliveries": 4,
+}
 
 
 # ---------------------------------------------------------------- generating bus bodies
@@ -253,8 +265,10 @@ class Figures:
     hangs: Counter[str] = field(default_factory=Counter)
     other_failures: Counter[str] = field(default_factory=Counter)
     by_kind: Counter[str] = field(default_factory=Counter)
+    settle_seconds: list[float] = field(default_factory=list)  # per batch: until all caught up
     statuses: dict[str, Counter[int]] = field(default_factory=lambda: defaultdict(Counter))
     findings: list[dict[str, Any]] = field(default_factory=list)
+    stage: str = ""  # what the run does now, for a progress line
 
     def finding(self, **what: Any) -> None:
         if len(self.findings) < 50:
@@ -283,8 +297,18 @@ class Figures:
                 for target in sorted(self.tried)
             },
             "bus_kinds": dict(self.by_kind),
+            "settle_seconds": _spread(self.settle_seconds),
             "findings": self.findings,
         }
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    """p50, p99 and max of a batch figure (0 when there was none)."""
+    if not values:
+        return {"p50": 0.0, "p99": 0.0, "max": 0.0}
+    ordered = sorted(values)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"p50": round(at(0.5), 2), "p99": round(at(0.99), 2), "max": round(ordered[-1], 2)}
 
 
 # ---------------------------------------------------------------- the stack
@@ -338,12 +362,7 @@ async def stack(nats_url: str, workdir: Path) -> AsyncIterator[Stack]:
     from crater.scheduler.app import SchedulerSettings
     from crater.scheduler.app import build as scheduler
 
-    quick: dict[str, Any] = {
-        "nats_url": nats_url,
-        "max_deliveries": 2,
-        "redelivery_delay_seconds": 0.05,
-        "max_outage_deliveries": 4,
-    }
+    quick: dict[str, Any] = {"nats_url": nats_url, **QUICK_DELIVERY}
 
     def db(name: str) -> str:
         return f"sqlite+aiosqlite:///{workdir / f'{name}.db'}"
@@ -375,6 +394,37 @@ async def stack(nats_url: str, workdir: Path) -> AsyncIterator[Stack]:
             await running.enter_async_context(TestApp(asgi))
         url = await running.enter_async_context(contextlib.asynccontextmanager(_serve)(app))
         yield Stack(nats_url, url, {name: service for name, (service, _) in built.items()}, token)
+
+
+@contextlib.asynccontextmanager
+async def process_stack(workdir: Path) -> AsyncIterator[tuple[Stack, Callable[[], list[str]]]]:
+    """Crater as `crater up` runs it (crater.cli.stack: its own nats-server, every service its
+    own process, one SQLite file, production mode with its own secrets, authentication
+    required), with QUICK_DELIVERY. Yields the stack and a check that names each service
+    process that has exited (a crash the bus alone would only show as a hang)."""
+    from crater.cli.stack import Stack as Processes
+
+    processes = Processes(workdir / "stack")
+    quick = {f"CRATER_{name.upper()}": str(value) for name, value in QUICK_DELIVERY.items()}
+    await asyncio.to_thread(processes.start, extra_env={**quick, "CRATER_PROBE_SEED": "7"})
+
+    stopping = False
+
+    def exited() -> list[str]:
+        if stopping:  # stopped by us (the run's end, Ctrl-C), not a crash
+            return []
+        return [
+            f"{name} exited with {process.popen.returncode}: "
+            + process.log_path.read_text(errors="replace")[-1500:]
+            for name, process in processes.processes.items()
+            if process.popen.poll() is not None
+        ]
+
+    try:
+        yield Stack(processes.nats_url, processes.url("gateway"), {}, processes.api_token), exited
+    finally:
+        stopping = True
+        await asyncio.to_thread(processes.stop)
 
 
 # ---------------------------------------------------------------- the bus
@@ -428,24 +478,39 @@ class BusFuzzer:
             found[info.name] = filters
         return found
 
-    async def settled(self, timeout: float = SETTLE_TIMEOUT_S) -> list[str]:
+    async def settled(
+        self, quiet: float = SETTLE_TIMEOUT_S, cap: float = SETTLE_CAP_S
+    ) -> list[str]:
         """Waits for every durable consumer to have nothing pending or unacked; the ones
-        that never got there (a hang)."""
-        deadline = time.monotonic() + timeout
-        stuck: list[str] = []
+        that stopped making progress for `quiet` seconds, or had not caught up after `cap`
+        (a hang). Records how long the batch took to settle."""
+        started = time.monotonic()
+        last_seen: dict[str, tuple[int, int]] = {}  # consumer: (delivered, acked) sequences
+        last_progress: dict[str, float] = {}
         while True:
-            stuck = []
+            now = time.monotonic()
+            behind: list[str] = []
+            stuck: list[str] = []
             # every stream a fuzzed subject lands on, from the catalog (a list written here
             # missed the tenants' stream when it came, and judged before its consumer read)
             for stream in sorted({channel.stream.name for channel in CONSUMED}):
                 for info in await self.consumers_info(stream):
-                    if info.num_pending or info.num_ack_pending:
-                        stuck.append(
-                            f"{stream}/{info.name}: {info.num_pending} pending, "
-                            f"{info.num_ack_pending} unacked"
-                        )
-            if not stuck or time.monotonic() > deadline:
-                return stuck
+                    if not (info.num_pending or info.num_ack_pending):
+                        continue
+                    name = f"{stream}/{info.name}"
+                    seen = (info.delivered.stream_seq or 0, info.ack_floor.stream_seq or 0)
+                    if last_seen.get(name) != seen:
+                        last_seen[name], last_progress[name] = seen, now
+                    state = f"{name}: {info.num_pending} pending, {info.num_ack_pending} unacked"
+                    behind.append(state)
+                    if now - last_progress[name] > quiet:
+                        stuck.append(f"{state}, no progress for {now - last_progress[name]:.0f} s")
+            if not behind:
+                self.figures.settle_seconds.append(now - started)
+                return []
+            if stuck or now - started > cap:
+                self.figures.settle_seconds.append(now - started)
+                return stuck or [f"{b}, still behind after {cap:.0f} s" for b in behind]
             await asyncio.sleep(0.1)
 
     async def run_batch(self, batch: list[tuple[Channel, str, bytes]]) -> None:
@@ -552,13 +617,25 @@ async def fuzz_bus(
     batch_size: int = 200,
     seed: int | None = None,
     progress: Callable[[Figures], None] | None = None,
+    exited: Callable[[], list[str]] | None = None,
 ) -> None:
+    """`per_subject` bodies for each consumed subject, interleaved, in batches each judged
+    once the consumers settle. `exited` (a process stack's) ends the run at the first service
+    process that died, recorded as a crash."""
     fuzzer = await BusFuzzer.start(nats_url, figures)
     try:
         pending: list[tuple[Channel, str, bytes]] = []
         for index, channel in enumerate(CONSUMED):
-            drawn = draw_messages(channel, per_subject, None if seed is None else seed + index)
+            # off the event loop, a subject at a time: a long run draws for minutes, and
+            # Ctrl-C (a cancellation) is taken at the next subject
+            figures.stage = f"drawing bus bodies {index + 1}/{len(CONSUMED)}"
+            if progress:
+                progress(figures)
+            drawn = await asyncio.to_thread(
+                draw_messages, channel, per_subject, None if seed is None else seed + index
+            )
             pending += [(channel, kind, body) for kind, body in drawn]
+        figures.stage = "bus"
         # interleaved, so every consumer sees a mix; crc32, unlike hash(), is the same in every
         # process, so a seed gives the same order twice
         pending.sort(key=lambda m: (zlib.crc32(m[2] + m[1].encode()), m[2], m[1]))
@@ -566,8 +643,18 @@ async def fuzz_bus(
             await fuzzer.run_batch(pending[start : start + batch_size])
             if progress:
                 progress(figures)
+            if exited is not None and died(figures, exited()):
+                return
     finally:
         await fuzzer.close()
+
+
+def died(figures: Figures, exits: list[str]) -> bool:
+    """Records each service process that exited as a crash; whether there was one."""
+    for exit_ in exits:
+        figures.crashes["service process"] += 1
+        figures.finding(type="crash", process=exit_)
+    return bool(exits)
 
 
 # ---------------------------------------------------------------- REST (schemathesis)
@@ -586,20 +673,32 @@ def fuzz_rest(
     figures: Figures,
     per_operation: int,
     *,
+    total: int | None = None,
     headers: dict[str, str] | None = None,
     seed: int | None = None,
     progress: Callable[[Figures], None] | None = None,
+    exited: Callable[[], list[str]] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
     """schemathesis over the gateway's own OpenAPI document, each operation in positive and
-    negative modes; synchronous (run it off the event loop serving the gateway)."""
-
+    negative modes, `per_operation` requests each (or `total` shared among them); synchronous
+    (run it off the event loop serving the gateway). Setting `stop` (Ctrl-C) ends it at the
+    next request; `exited` as in `fuzz_bus`."""
+    stop = stop or threading.Event()
     document = httpx.get(f"{gateway_url}/openapi.json", timeout=10).json()
     schema = schemathesis.openapi.from_dict(document)
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        _fuzz_operation(operation, gateway_url, figures, per_operation, seed, headers or {})
+    operations = [result.ok() for result in schema.get_all_operations()]
+    if total is not None:
+        per_operation = max(2, total // len(operations))
+    for operation in operations:
+        if stop.is_set():
+            return
+        figures.stage = f"REST {operation.method.upper()} {operation.path}"
+        _fuzz_operation(operation, gateway_url, figures, per_operation, seed, headers or {}, stop)
         if progress:
             progress(figures)
+        if stop.is_set() or (exited is not None and died(figures, exited())):
+            return
 
 
 def _fuzz_operation(
@@ -609,6 +708,7 @@ def _fuzz_operation(
     per_operation: int,
     seed: int | None,
     headers: dict[str, str],
+    stop: threading.Event,
 ) -> None:
     from schemathesis.generation.modes import GenerationMode
 
@@ -625,6 +725,8 @@ def _fuzz_operation(
             )
             @given(operation.as_strategy(generation_mode=mode))
             def call(case: Any) -> None:
+                if stop.is_set():  # the rest of hypothesis's examples pass as no-ops
+                    return
                 figures.tried[target] += 1
                 try:
                     response = case.call(

@@ -233,11 +233,18 @@ def to_request(row: Row, parameters: dict[str, float]) -> tuple[dict[str, Any], 
         ("offload_optimizer", "offload_optimizer"),
         ("offload_params", "offload_parameters"),
         ("compile", "torch_compile"),
+        ("full_model_per_rank", "full_model_per_rank"),
     ):
         if s.get(key):
             config[name] = True
     if s.get("chunked_ce"):
         config["cross_entropy"] = "chunked"
+    if s.get("fused_ce"):
+        config["cross_entropy"] = "fused"
+    if s.get("checkpoint_policy"):
+        config["checkpoint_policy"] = s["checkpoint_policy"]
+        if s.get("checkpoint_every"):
+            config["checkpoint_every"] = s["checkpoint_every"]
     if s.get("head") == "classification":
         config["task_head"] = "classification"
     if method in ("lora", "qlora"):
@@ -338,7 +345,8 @@ def techniques(row: Row) -> list[str]:
         else:
             tags.append("AMP (fp32 master)")
         tags.append(f"optimizer {s.get('optimizer', 'adamw')}")
-        tags.append("grad checkpointing" if s.get("gradient_checkpointing") else "no checkpointing")
+        policy = s.get("checkpoint_policy") or ("full" if s.get("gradient_checkpointing") else None)
+        tags.append(f"{policy} checkpointing" if policy else "no checkpointing")
         if not s.get("flash_attention", True):
             tags.append("eager attention")
         seq = int(s.get("seq", 512))
@@ -353,6 +361,7 @@ def techniques(row: Row) -> list[str]:
         ("fsdp", "FSDP"),
         ("offload_optimizer", "CPU offload"),
         ("chunked_ce", "chunked CE"),
+        ("fused_ce", "fused CE"),
         ("compile", "torch.compile"),
         ("optimizer_in_backward", "optimizer in backward"),
         ("lora_train_embeddings", "LoRA + trained embeddings"),

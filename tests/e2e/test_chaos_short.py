@@ -15,8 +15,9 @@ import pytest
 from benchmarks.chaos.harness import run, summary_lines
 from benchmarks.chaos.plan import ChaosConfig
 from tests.support.databases import postgres_required
+from tests.support.parallel import HEAVY_STACK
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, HEAVY_STACK]
 
 # 80 tasks at 2/s for 40 s, each run 10-30 s on the fleet: the training pool fills and some
 # tasks wait, so pending, expiry, lost nodes, retries and order are all exercised while

@@ -24,9 +24,12 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.parallel import HEAVY_STACK
+
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
     pytest.mark.e2e,
+    HEAVY_STACK,
     pytest.mark.skipif(
         not CHROMIUM.exists(),
         reason="needs Debian's Chromium at /usr/bin/chromium (apt-get install -y chromium)",

@@ -198,7 +198,9 @@ async def test_tasks_flow_from_gateway_to_webhooks_in_one_trace(stack: Stack) ->
         assert listed["status"] == "succeeded"
         await check_cli(stack)
 
-        # one task's path through gateway, predictor, scheduler and callback is one trace
+        # one task's path through gateway, predictor, scheduler and callback is one trace:
+        # the scheduler's span of the batch that took the task is linked to it (one span per
+        # batch), and what it published for the task goes on in the task's trace
         [event] = tap.of(TaskSubmitted, lambda e: e.task_id == "train-e2e")
         assert event.trace is not None
         trace_id = "0x" + event.trace.traceparent.split("-")[1]
@@ -206,9 +208,11 @@ async def test_tasks_flow_from_gateway_to_webhooks_in_one_trace(stack: Stack) ->
         spans_file = stack.data_dir / "traces.jsonl"
         for _ in range(50):
             services = {
-                json.loads(line)["resource"]["attributes"]["service.name"]
-                for line in spans_file.read_text().splitlines()
-                if json.loads(line)["context"]["trace_id"] == trace_id
+                span["resource"]["attributes"]["service.name"]
+                for span in map(json.loads, spans_file.read_text().splitlines())
+                if trace_id
+                in {span["context"]["trace_id"]}
+                | {link["context"]["trace_id"] for link in span.get("links") or []}
             }
             if {"crater-gateway", "crater-predictor", "crater-scheduler"} <= services:
                 break

@@ -14,11 +14,13 @@ import pytest
 
 from benchmarks.failover.run import FailoverConfig, failover_lines, run
 from crater.runtime.nats_cluster import netns_permitted
+from tests.support.parallel import HEAVY_STACK
 
 NETNS_REFUSED = netns_permitted()
 
 pytestmark = [
     pytest.mark.e2e,
+    HEAVY_STACK,
     pytest.mark.skipif(NETNS_REFUSED is not None, reason=f"no hosts: {NETNS_REFUSED}"),
 ]
 

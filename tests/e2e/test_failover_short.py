@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from benchmarks.failover.run import FailoverConfig, failover_lines, run
+from tests.support.parallel import HEAVY_STACK
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, HEAVY_STACK]
 
 KILLS = 3
 

@@ -32,10 +32,20 @@ async def served(app: Any, port: int | None = None) -> AsyncIterator[httpx.Async
             await asyncio.sleep(0.02)
         assert server.started, "the service did not start"
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            await healthy(http)
             yield http
     finally:
         server.should_exit = True
         await asyncio.wait_for(serving, 30)
+
+
+async def healthy(http: httpx.AsyncClient, timeout: float = 30.0) -> None:
+    """Until /healthz answers 2xx (its broker connected): uvicorn's `started` can come first
+    on a loaded machine, and a test publishing on the service's broker then finds none."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (await http.get("/healthz")).is_success:
+        assert asyncio.get_running_loop().time() < deadline, "the service never got healthy"
+        await asyncio.sleep(0.05)
 
 
 async def scrape(http: httpx.AsyncClient) -> Samples:

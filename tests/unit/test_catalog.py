@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from crater.callback.app import LIFECYCLE_CHANNELS, NUMBERED_ELSEWHERE
-from crater.contracts import Channel, Subjects
-from crater.runtime import bus
+from crater.contracts import Channel, StreamSpec, Subjects
+from crater.runtime import batches, bus
 
 SERVICES = ("probe", "predictor", "scheduler", "autoscaler", "callback", "gateway")
 # Named in the catalog, but not services: the CLI, inference replicas, every consumer.
@@ -47,8 +47,20 @@ def subscriptions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str
         found[current[0]].add(subject)
         return registering(broker, subject, *args, **kwargs)
 
+    consuming = batches.BatchConsumer  # the batch consumers (batch_durable) make these
+
+    def recorded_batch(
+        broker: Any, channel: Channel | StreamSpec, *args: Any, **kwargs: Any
+    ) -> Any:
+        # A channel's subjects, or a whole stream's (batch_durable_stream)
+        found[current[0]].add(
+            channel.wildcard if isinstance(channel, Channel) else channel.subjects[0]
+        )
+        return consuming(broker, channel, *args, **kwargs)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(bus, "_pull_consumer", recorded)
+        patch.setattr(batches, "BatchConsumer", recorded_batch)
         for service in SERVICES:
             app = importlib.import_module(f"crater.{service}.app")
             (settings_class,) = (

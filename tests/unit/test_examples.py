@@ -8,6 +8,8 @@ import pytest
 
 from crater.contracts import TaskRequest
 from crater.scheduler.adapters.pools_file import load_pools
+from crater.scheduler.adapters.quotas_file import load_quotas
+from crater.scheduler.domain.quotas import Quota
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -26,6 +28,14 @@ def test_example_pools_file_loads() -> None:
     assert (retry.when, retry.max_attempts) == (["failure", "node-lost"], 3)
     assert [retry.backoff_before(n) for n in (2, 3)] == [30, 60]
     assert pools["inference"].restart.when == []  # never, unless a task asks
+
+
+def test_example_quotas_file_loads_hard_and_elastic_tenants() -> None:
+    tenants = load_quotas(EXAMPLES / "quotas-elastic.yaml")
+    assert tenants.limits == {"research": Quota(gpus=8)}
+    search = tenants.shares["search"]
+    assert (search.guarantee.gpus, search.cap.gpus, search.reserved.gpus) == (16, 24, 4)
+    assert tenants.shares["ads"].cap.gpus is None  # no borrowing limit
 
 
 def test_example_price_file_prices_every_gpu_of_the_demo_fleet() -> None:

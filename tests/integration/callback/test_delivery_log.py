@@ -53,7 +53,13 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 class Harness:
     """The delivery loop on a real database, HTTP answered by a mock transport."""
 
-    def __init__(self, engine: AsyncEngine, replies: list[Reply], max_attempts: int = 5):
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        replies: list[Reply],
+        max_attempts: int = 5,
+        backoff_seconds: float = 0.2,
+    ):
         self.engine = engine
         self.requests: list[httpx.Request] = []
         self.replies = replies
@@ -65,7 +71,7 @@ class Harness:
         self.dispatcher = Dispatcher(
             delivery_log=self.log,
             routes=[Route(sender, CircuitBreaker(failure_threshold=100), 8)],
-            policy=RetryPolicy(max_attempts=max_attempts, initial_backoff_seconds=0.2),
+            policy=RetryPolicy(max_attempts=max_attempts, initial_backoff_seconds=backoff_seconds),
             rng=random.Random(3),
             metrics=WebhookMetrics(self.registry),
             claim_seconds=5.0,
@@ -177,7 +183,9 @@ async def test_delivered_on_first_attempt_and_settled_with_outbox_event(
 async def test_retries_are_scheduled_in_the_log_and_keep_the_webhook_id(
     engine: AsyncEngine,
 ) -> None:
-    harness = Harness(engine, [timeout, status(503, **{"Retry-After": "3600"}), status(202)])
+    replies = [timeout, status(503, **{"Retry-After": "3600"}), status(202)]
+    # a backoff a loaded machine's next steps cannot outlast: "not due yet" must hold
+    harness = Harness(engine, replies, backoff_seconds=1.5)
     await harness.record(pending("wait-1"))
     await harness.dispatcher.dispatch()
     await asyncio.gather(*harness.dispatcher.routes["http://alldata/hooks"].in_flight.values())
@@ -251,10 +259,11 @@ async def test_a_lapsed_claim_is_taken_over_and_sent_with_the_same_id(
     # A replica claims the delivery, then dies before recording an attempt.
     now = datetime.now(UTC)
     [due] = await crashed.log.due("http://alldata/hooks", now, 10)
-    assert await crashed.log.claim([due.id], "dead-replica", now, now + timedelta(seconds=0.3))
+    lease = timedelta(seconds=3)  # long enough to outlast a loaded machine's next step
+    assert await crashed.log.claim([due.id], "dead-replica", now, now + lease)
     survivor = Harness(engine, [status(200)])
     assert await survivor.dispatcher.dispatch() == 0  # the claim still holds
-    await asyncio.sleep(0.4)
+    await asyncio.sleep((now + lease - datetime.now(UTC)).total_seconds() + 0.1)
     await survivor.run()
     [request] = survivor.requests
     assert request.headers["webhook-id"] == str(event.event_id)

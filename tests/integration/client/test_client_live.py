@@ -16,14 +16,16 @@ from uuid import uuid4
 import pytest
 
 from crater.cli.stack import Stack
-from crater.contracts import TaskUnderutilized
+from crater.contracts import LendingState, TaskGpusLending, TaskUnderutilized
 from crater_client import (
     AsyncCraterClient,
     CraterClient,
+    CraterError,
     NotFound,
     RunRefused,
     TaskExists,
     ValidationFailed,
+    cpu_phase,
     run_task,
 )
 from crater_client.monitoring import RESERVATION_TOKEN_HEADER, usage_credentials
@@ -229,3 +231,43 @@ def test_a_task_reports_its_usage_with_its_reservation_token_and_no_api_key(
     assert post("usage-other", own, other["CRATER_ALLOCATION_ID"]) == 403
     client.cancel("usage-own")
     client.cancel("usage-other")
+
+
+async def test_a_task_lends_its_gpus_for_a_cpu_phase_with_its_own_token(stack: Stack) -> None:
+    """`with cpu_phase():` through the gateway to the scheduler, with the task's reservation
+    token: lent on entry, returned on leaving (no replica took the cards); another task's
+    token is refused 403, and an ended allocation 409."""
+    tap = await EventTap.start(stack.nats_url)
+    try:
+        client = CraterClient(stack.url("gateway"), token=stack.api_token)
+        env = await asyncio.to_thread(launched_environment, client, stack, "phase-own")
+        other = await asyncio.to_thread(launched_environment, client, stack, "phase-other")
+        own = {k: v for k, v in env.items() if k != "CRATER_API_TOKEN"}
+        phase = cpu_phase(expected_seconds=60, environ=own, wait_seconds=20)
+        await asyncio.to_thread(phase.__enter__)
+        assert phase.begun is not None
+        assert phase.begun["phase"] == "cpu"
+        [lent] = await tap.wait_for(TaskGpusLending, lambda e: e.task_id == "phase-own")
+        assert lent.state is LendingState.LENT
+        await asyncio.to_thread(phase.__exit__, None, None, None)
+        assert phase.free is True  # the scheduler said so, asked with the token
+        assert phase.standing is not None
+        assert phase.standing["lending"] == "returned"
+        [_, back] = await tap.wait_for(TaskGpusLending, lambda e: e.task_id == "phase-own", count=2)
+        assert (back.state, back.reason) == (
+            LendingState.RETURNED,
+            "it asked for them back; no replica was on them",
+        )
+        # another task's token speaks for its own allocation only
+        forged = {**own, "CRATER_RESERVATION_TOKEN": other["CRATER_RESERVATION_TOKEN"]}
+        with pytest.raises(CraterError) as refused:
+            await asyncio.to_thread(cpu_phase(environ=forged, wait_seconds=0).__enter__)
+        assert refused.value.status == 403
+        client.cancel("phase-own")
+        await asyncio.to_thread(client.wait, "phase-own", timeout=30, poll=0.2)
+        with pytest.raises(CraterError) as ended:
+            await asyncio.to_thread(cpu_phase(environ=own, wait_seconds=0).__enter__)
+        assert ended.value.status == 409
+        client.cancel("phase-other")
+    finally:
+        await tap.close()

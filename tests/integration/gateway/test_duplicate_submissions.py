@@ -21,9 +21,11 @@ from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
     NodeTopologyReported,
+    QuerySubjects,
     Streams,
     TaskRejected,
     TaskRequest,
+    TasksQuery,
     TaskStatus,
     TaskStatusReported,
     TaskSubmitted,
@@ -44,11 +46,13 @@ GRACE_S = 30.0  # above a publish's retries (PUBLISH_GIVE_UP_SECONDS)
 
 
 @asynccontextmanager
-async def gateway(nats_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    """One replica of the gateway, its lifespan run as uvicorn would run it."""
+async def gateway(nats_url: str, query_s: float = 0.5) -> AsyncIterator[httpx.AsyncClient]:
+    """One replica of the gateway, its lifespan run as uvicorn would run it. Without a
+    scheduler each submission waits `query_s` for its view (the tap listens on every
+    subject, so the query has a responder that never answers)."""
     app = build(
         GatewaySettings(
-            nats_url=nats_url, query_timeout_seconds=0.5, abandoned_claim_seconds=GRACE_S
+            nats_url=nats_url, query_timeout_seconds=query_s, abandoned_claim_seconds=GRACE_S
         )
     )
     async with (
@@ -84,7 +88,10 @@ async def test_a_known_task_is_answered_409_with_its_state_and_goes_on(
             nats_url=fresh_nats.url, database_url=f"sqlite+aiosqlite:///{tmp_path / 'p.db'}"
         )
     )
-    async with TestApp(scheduler_app), TestApp(predictor_app), gateway(fresh_nats.url) as http:
+    # A scheduler answering late reads as unknown and the claim decides ("submitted"): on a
+    # loaded machine 0.5 s was too short for a scheduled task.
+    slow = gateway(fresh_nats.url, query_s=10.0)
+    async with TestApp(scheduler_app), TestApp(predictor_app), slow as http:
         await publish(scheduler.broker, NodeTopologyReported(node=node("a100-01", gpus=8)))
         first = await http.post("/api/v1/schedule", json=task())
         assert first.status_code == 202, first.text
@@ -261,3 +268,48 @@ async def test_a_failed_publish_frees_the_id_at_once(fresh_nats: NatsServer, tap
             str(TaskSubmitted.model_validate_json(stored.data or b"").event_id)
             == (retried.json()["event_id"])
         )
+
+
+async def test_concurrent_resubmissions_ask_the_scheduler_together_and_each_hears_its_own(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str, tmp_path: Path
+) -> None:
+    """A burst of submissions asks the scheduler about their ids in a few questions, not one
+    each (`TasksQuery.task_ids`), and every id still gets its own answer."""
+    scheduler, scheduler_app = build_scheduler(
+        SchedulerSettings(nats_url=fresh_nats.url, database_url=database_url)
+    )
+    _, predictor_app = build_predictor(
+        PredictorSettings(
+            nats_url=fresh_nats.url, database_url=f"sqlite+aiosqlite:///{tmp_path / 'p.db'}"
+        )
+    )
+    ids = [f"burst-{n}" for n in range(40)]
+    slow = gateway(fresh_nats.url, query_s=10.0)
+    async with TestApp(scheduler_app), TestApp(predictor_app), slow as http:
+        await publish(scheduler.broker, NodeTopologyReported(node=node("a100-01", gpus=8)))
+        for task_id in ids[:4]:  # these four fill the node (two GPUs each)
+            assert (
+                await http.post("/api/v1/schedule", json=task(task_id=task_id))
+            ).status_code == 202
+        await tap.wait_for(AllocationGranted, count=4)
+        questions: list[int] = []
+        counter = await nats.connect(fresh_nats.url)
+
+        async def count(msg: Any) -> None:
+            questions.append(len(TasksQuery.model_validate_json(msg.data).task_ids or [1]))
+
+        await counter.subscribe(QuerySubjects.TASKS, cb=count)
+        await counter.flush()
+        try:
+            answers = await asyncio.gather(
+                *(http.post("/api/v1/schedule", json=task(task_id=i)) for i in ids)
+            )
+        finally:
+            await counter.close()
+    for task_id, answer in zip(ids, answers, strict=True):
+        if task_id in ids[:4]:
+            refused(answer, task_id, "scheduled")
+        else:
+            assert answer.status_code == 202, answer.text
+    assert sum(questions) == len(ids)
+    assert len(questions) < len(ids) / 2, questions

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from crater.contracts import TaskUsageReported
+from crater.contracts import GpuPhase, TaskPhaseReported, TaskUsageReported
 from tests.support.events import EventTap
 
 
@@ -53,3 +53,29 @@ async def test_a_bad_sample_is_refused_naming_the_field(client: httpx.AsyncClien
     response = await client.post("/api/v1/tasks/train-1/usage", json=huge)
     assert response.status_code == 413
     assert response.json()["detail"][0]["field"] == "body"
+
+
+async def test_a_phase_report_is_published_and_a_bad_one_refused_naming_the_field(
+    client: httpx.AsyncClient, tap: EventTap
+) -> None:
+    body = {"task_id": "train-1", "allocation_id": "alloc-1", "phase": "cpu"}
+    response = await client.post(
+        "/api/v1/tasks/train-1/phase", json=body | {"expected_seconds": 60}
+    )
+    assert response.status_code == 202, response.text
+    assert response.json()["phase"] == "cpu"
+    [event] = await tap.wait_for(TaskPhaseReported)
+    assert str(event.event_id) == response.json()["event_id"]
+    assert (event.task_id, event.phase, event.expected_seconds) == ("train-1", GpuPhase.CPU, 60)
+    cases = [
+        (body | {"task_id": "other"}, "task_id", "not the task in the path"),
+        (body | {"phase": "idle"}, "phase", "'cpu' or 'gpu'"),
+        (body | {"expected_seconds": 0}, "expected_seconds", "greater than 0"),
+        ({"task_id": "train-1", "phase": "gpu"}, "allocation_id", "Field required"),
+    ]
+    for sent, field, reason in cases:
+        refused = await client.post("/api/v1/tasks/train-1/phase", json=sent)
+        assert refused.status_code == 422, (field, refused.text)
+        [error] = refused.json()["detail"]
+        assert error["field"] == field
+        assert reason in error["reason"]

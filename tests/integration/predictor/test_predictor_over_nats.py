@@ -33,7 +33,7 @@ from crater.contracts import (
 )
 from crater.predictor.adapters import orm
 from crater.predictor.adapters.orm import allocations, early_running, samples
-from crater.predictor.adapters.store import LearningStore
+from crater.predictor.adapters.store import LearningStore, prediction_record
 from crater.predictor.app import MIGRATIONS_DIR, PredictorSettings, build
 from crater.probe.app import ProbeSettings
 from crater.probe.app import build as build_probe
@@ -311,7 +311,7 @@ async def test_shared_cards_unconfirmed_runs_and_few_readings_teach_nothing(
     service, app = build(settings(fresh_nats, database_url))
     store: LearningStore = service.state
     async with TestApp(app):
-        await store.record_prediction("t", "qwen2", "inference", raw_mb=1000, predicted_mb=1000)
+        await store.record_predictions([prediction_record("t", "qwen2", "inference", 1000, 1000)])
         cases = {
             "shared": (granted("t", "a-shared", [0], gpu_milli=500), True, 3),
             "never-ran": (granted("t", "a-never", [1]), False, 3),
@@ -347,7 +347,7 @@ async def test_a_running_report_ahead_of_its_grant_is_kept(
     service, app = build(settings(fresh_nats, database_url))
     store: LearningStore = service.state
     async with TestApp(app):
-        await store.record_prediction("t", "qwen2", "inference", raw_mb=1000, predicted_mb=1000)
+        await store.record_predictions([prediction_record("t", "qwen2", "inference", 1000, 1000)])
         await store.running(running("t", "a-1"))  # the status consumer ran ahead
         await store.granted(granted("t", "a-1", [0]))
         for _ in range(3):
@@ -364,7 +364,7 @@ async def test_corrections_survive_a_restart(fresh_nats: NatsServer, database_ur
     service, app = build(settings(fresh_nats, database_url))
     store: LearningStore = service.state
     async with TestApp(app):
-        await store.record_prediction("t", "qwen2", "inference", raw_mb=1000, predicted_mb=1000)
+        await store.record_predictions([prediction_record("t", "qwen2", "inference", 1000, 1000)])
         await store.granted(granted("t", "a-1", [0]))
         await store.running(running("t", "a-1"))
         for _ in range(3):
@@ -434,7 +434,7 @@ async def test_the_simulated_fleet_s_true_use_teaches_the_predictor_not_the_rese
         async def probe_knows() -> bool:
             return runner.true_use("first") == true
 
-        await until(probe_knows)
+        await until(probe_knows, timeout=30)
         grant = granted("first", "alloc-1", [0, 1]).model_copy(
             update={"node": "a100-01", "pool": "training", "gpu_memory_mb": 80_000}
         )

@@ -16,8 +16,8 @@ from crater.contracts import (
     TaskUnderutilized,
     TaskUsageReported,
 )
-from crater.predictor.adapters.orm import allocations, usage_windows
-from crater.predictor.adapters.store import LearningStore
+from crater.predictor.adapters.orm import allocations, predictions, usage_windows
+from crater.predictor.adapters.store import LearningStore, prediction_record
 from crater.predictor.app import PredictorSettings, build
 from crater.runtime.bus import publish
 from crater.runtime.nats_server import NatsServer
@@ -134,7 +134,7 @@ async def test_the_task_s_own_peak_is_learned_rather_than_the_node_s(
     service, app = build(settings(fresh_nats, database_url))
     store: LearningStore = service.state
     async with TestApp(app):
-        await store.record_prediction("t", "qwen2", "inference", raw_mb=1000, predicted_mb=1000)
+        await store.record_predictions([prediction_record("t", "qwen2", "inference", 1000, 1000)])
         await store.granted(granted("t", "alloc-1", [0]))
         await store.running(running("t", "alloc-1"))
         # the node sees 5,000 MiB on the card (a leftover context, say); the task its own 1,200
@@ -170,9 +170,8 @@ async def test_two_replicas_folding_one_task_s_samples_at_once_lose_none(
     one: LearningStore = service.state
     two = LearningStore(one.sessions, one.rule, one.consumer, one.sla)
     async with TestApp(app):
-        await one.record_prediction(
-            "busy", "qwen2", "inference", 1000, 1000, min_gpu_utilization_percent=50.0
-        )
+        busy = prediction_record("busy", "qwen2", "inference", 1000, 1000, 50.0)
+        await one.record_predictions([busy])
         await one.usage(usage("busy", 0, 90.0), nop)  # the window exists
 
         async def fold(store: LearningStore, second: float) -> None:
@@ -188,3 +187,26 @@ async def test_two_replicas_folding_one_task_s_samples_at_once_lose_none(
         await asyncio.gather(*(fold(one if n % 2 else two, s) for n, s in enumerate(seconds)))
         query = select(usage_windows.c.samples).where(usage_windows.c.task_id == "busy")
         assert await scalar(one, query) == len(seconds)  # the warm-up's sample is not counted
+
+
+async def test_two_submissions_of_one_task_profiled_at_once_keep_the_first_and_fail_neither(
+    fresh_nats: NatsServer, database_url: str
+) -> None:
+    """The fuzz run dead-lettered a task.submitted: two submissions of one task id, profiled
+    at the same moment, both read "not predicted" and the second insert hit the key."""
+    service, app = build(settings(fresh_nats, database_url))
+    store: LearningStore = service.state
+    async with TestApp(app):
+        await asyncio.gather(
+            *(
+                store.record_predictions(
+                    [prediction_record(f"twice-{n % 5}", "qwen2", "inference", 100 + n, 100 + n)]
+                )
+                for n in range(20)
+            )
+        )
+        async with store.sessions() as session:
+            rows = (await session.execute(select(predictions))).all()
+    kept = {row.task_id: row.raw_mb for row in rows}
+    assert sorted(kept) == [f"twice-{k}" for k in range(5)]  # one record each
+    assert all(raw in range(100 + int(task[-1]), 120, 5) for task, raw in kept.items())

@@ -3,7 +3,10 @@ a real nats-server, the values those of the reports the probe published on the b
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+
+import httpx
 
 from crater.contracts import NodeMetricsReported
 from crater.probe.app import ProbeSettings, build
@@ -11,7 +14,18 @@ from crater.probe.service_layer.metrics import MIB
 from crater.runtime.nats_server import NatsServer
 from tests.integration.probe.test_probe_over_nats import small_fleet
 from tests.support.events import EventTap
-from tests.support.scrape import scrape, series, served, value
+from tests.support.scrape import Samples, scrape, series, served, value
+
+
+async def scrape_after_first_metrics_round(http: httpx.AsyncClient) -> Samples:
+    # The bus sees the reports while the round is still publishing; the gauges take them
+    # when the round ends, which is when its duration is observed.
+    for _ in range(200):
+        samples = await scrape(http)
+        if value(samples, "crater_probe_round_seconds_count", kind="metrics"):
+            return samples
+        await asyncio.sleep(0.05)
+    raise AssertionError("the probe's first metrics round never ended")
 
 
 async def test_a_fleet_probe_exports_each_simulated_nodes_published_figures(
@@ -28,7 +42,7 @@ async def test_a_fleet_probe_exports_each_simulated_nodes_published_figures(
     _, app = build(settings)
     async with served(app) as http:
         published = {r.node_id: r for r in await tap.wait_for(NodeMetricsReported, count=3)}
-        samples = await scrape(http)
+        samples = await scrape_after_first_metrics_round(http)
     assert set(published) == {"a100-01", "t4-01", "t4-02"}
     nodes = {dict(labels)["node"] for labels in series(samples, "crater_node_memory_total_bytes")}
     assert nodes == set(published)

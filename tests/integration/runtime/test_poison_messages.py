@@ -1,7 +1,8 @@
 """Poison messages on a real nats-server: each kind is refused with its reason and moved to
 the dead-letter stream (at once when it cannot be decoded, after the delivery limit when its
 handling keeps failing), while the good messages behind it are handled and the consumer
-keeps running."""
+keeps running. Each test of a consumer runs twice, with the same outcomes: on FastStream's
+per-message subscriber (`durable`) and on a batch consumer (`batch_durable`)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
+import nats.errors
 import pytest
 from faststream import TestApp
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.manager import JetStreamManager
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Column, MetaData, String, Table, insert, select
 from sqlalchemy.exc import OperationalError
@@ -37,6 +41,7 @@ from crater.contracts import (
     TaskStatusReported,
     TaskSubmitted,
 )
+from crater.runtime.batches import Outcome, Received, batch_durable
 from crater.runtime.bus import (
     MAX_DELIVER_MARGIN,
     DeliveryPolicy,
@@ -73,11 +78,21 @@ def report(task_id: str, message: str | None = None) -> TaskStatusReported:
     return TaskStatusReported(task_id=task_id, status=TaskStatus.RUNNING, message=message)
 
 
+@pytest.fixture(params=["each", "batch"])
+def kind(request: pytest.FixtureRequest) -> str:
+    """How the consumer takes its messages: one at a time (`durable`), or a pull batch at a
+    time (`batch_durable`)."""
+    return str(request.param)
+
+
 def consumer(
-    nats: NatsServer, store: Table | None = None, engine: AsyncEngine | None = None
+    nats: NatsServer,
+    kind: str,
+    store: Table | None = None,
+    engine: AsyncEngine | None = None,
 ) -> Consumer:
-    """A service with one durable consumer: it refuses task ids starting `poison`, and
-    stores each report in `store` when given one."""
+    """A service with one durable consumer (`kind`): it refuses task ids starting `poison`,
+    and stores each report in `store` when given one."""
     settings = ServiceSettings(
         nats_url=nats.url,
         max_deliveries=LIMIT,
@@ -87,8 +102,7 @@ def consumer(
     service = create_service("poisontest", settings)
     state = Consumer(service)
 
-    @durable(service.broker, Subjects.TASK_STATUS, service.name, batch=8)
-    async def on_status(event: TaskStatusReported) -> None:
+    async def apply(event: TaskStatusReported) -> None:
         state.attempts.setdefault(event.task_id, []).append(time.monotonic())
         if state.refuse and event.task_id.startswith("poison"):
             raise Poisoned(f"duplicate key value violates unique constraint ({event.task_id})")
@@ -103,6 +117,27 @@ def consumer(
                     insert(store).values(task_id=event.task_id, message=event.message)
                 )
         state.handled.append(event.task_id)
+
+    if kind == "each":
+
+        @durable(service.broker, Subjects.TASK_STATUS, service.name, batch=8)
+        async def on_status(event: TaskStatusReported) -> None:
+            await apply(event)
+
+    else:
+
+        @batch_durable(service.broker, Subjects.TASK_STATUS, service.name, batch=8)
+        async def on_statuses(received: list[Received[TaskStatusReported]]) -> list[Outcome]:
+            outcomes: list[Outcome] = []
+            for one in received:
+                try:
+                    await apply(one.event)
+                    outcomes.append(None)
+                except Exception as error:
+                    outcomes.append(error)
+            return outcomes
+
+        service.consume(on_statuses)
 
     return state
 
@@ -119,9 +154,9 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 
 async def test_undecodable_messages_are_dead_lettered_at_once(
-    fresh_nats: NatsServer, tap: EventTap
+    fresh_nats: NatsServer, tap: EventTap, kind: str
 ) -> None:
-    state = consumer(fresh_nats)
+    state = consumer(fresh_nats, kind)
     async with TestApp(state.service.asgi()):
         deep = b"[" * 1000 + b"]" * 1000
         await publish_raw(fresh_nats.url, SUBJECT, deep, **JSON)
@@ -175,10 +210,10 @@ async def test_undecodable_messages_are_dead_lettered_at_once(
 
 
 async def test_a_message_whose_handling_always_fails_is_dead_lettered_after_the_limit(
-    fresh_nats: NatsServer, tap: EventTap, caplog: pytest.LogCaptureFixture
+    fresh_nats: NatsServer, tap: EventTap, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    state = consumer(fresh_nats)
+    state = consumer(fresh_nats, kind)
     async with TestApp(state.service.asgi()):
         await publish(state.service.broker, report("poison-1"))
         await publish(state.service.broker, report("good-1"))
@@ -227,11 +262,11 @@ async def test_a_message_whose_handling_always_fails_is_dead_lettered_after_the_
 
 
 async def test_a_message_that_fails_while_the_database_is_down_is_kept_past_the_limit(
-    fresh_nats: NatsServer, tap: EventTap
+    fresh_nats: NatsServer, tap: EventTap, kind: str
 ) -> None:
     """Five failures in a row (more than the poison limit) because the database cannot be
     reached: the message is not the fault, so it is retried and handled once it is back."""
-    state = consumer(fresh_nats)
+    state = consumer(fresh_nats, kind)
     state.outage = LIMIT + 2
     async with TestApp(state.service.asgi()):
         await publish(state.service.broker, report("outage-1"))
@@ -252,7 +287,7 @@ async def postgres_url(postgres_server: str | None) -> AsyncIterator[str]:
 
 @pytest.mark.postgres
 async def test_a_nul_byte_is_refused_by_name_before_it_reaches_postgresql(
-    fresh_nats: NatsServer, tap: EventTap, postgres_url: str
+    fresh_nats: NatsServer, tap: EventTap, postgres_url: str, kind: str
 ) -> None:
     metadata = MetaData()
     store = Table(
@@ -265,7 +300,7 @@ async def test_a_nul_byte_is_refused_by_name_before_it_reaches_postgresql(
     async with engine.begin() as connection:
         await connection.run_sync(metadata.create_all)
     try:
-        state = consumer(fresh_nats, store, engine)
+        state = consumer(fresh_nats, kind, store, engine)
         async with TestApp(state.service.asgi()):
             await publish(state.service.broker, report("nul", message="half\x00way"))
             await publish(state.service.broker, report("fine", message="all text"))
@@ -292,9 +327,9 @@ async def test_a_nul_byte_is_refused_by_name_before_it_reaches_postgresql(
 
 
 async def test_a_message_that_cannot_be_dead_lettered_is_handed_back_not_lost(
-    fresh_nats: NatsServer, tap: EventTap, caplog: pytest.LogCaptureFixture
+    fresh_nats: NatsServer, tap: EventTap, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
-    state = consumer(fresh_nats)
+    state = consumer(fresh_nats, kind)
     async with TestApp(state.service.asgi()):
         connection = await nats.connect(fresh_nats.url)
         try:
@@ -327,9 +362,9 @@ def dead_letters(*args: str, exit_code: int = 0) -> str:
 
 
 async def test_dead_letters_are_listed_shown_and_replayed_by_the_cli(
-    fresh_nats: NatsServer, tap: EventTap
+    fresh_nats: NatsServer, tap: EventTap, kind: str
 ) -> None:
-    state = consumer(fresh_nats)
+    state = consumer(fresh_nats, kind)
     url = ("--nats-url", fresh_nats.url)
     async with TestApp(state.service.asgi()):
         plain = encode(report("poison-a")).decode()
@@ -398,9 +433,9 @@ async def cli_run(*args: str, exit_code: int = 0) -> str:
 
 
 async def test_a_payload_too_large_for_its_dead_letter_is_replayed_from_its_stream(
-    fresh_nats: NatsServer, tap: EventTap
+    fresh_nats: NatsServer, tap: EventTap, kind: str
 ) -> None:
-    state = consumer(fresh_nats)
+    state = consumer(fresh_nats, kind)
     url = ("--nats-url", fresh_nats.url)
     # 200 KB of control characters: JSON-escaped (\u0001) it would be 1.2 MB, past the limit
     body = b"\x01" * 200_000
@@ -476,23 +511,28 @@ def request(task_id: str) -> TaskRequest:
     )
 
 
+async def made_before_the_limit(js: JetStreamContext) -> None:
+    """The test consumer's durable, as every durable consumer was created before the
+    delivery limit: no max_deliver."""
+    await js.add_consumer(
+        "CRATER_TASKS",
+        ConsumerConfig(
+            durable_name="poisontest-task-status",
+            filter_subject=SUBJECT,
+            ack_policy=AckPolicy.EXPLICIT,
+        ),
+    )
+
+
 async def test_a_consumer_created_before_the_limit_gets_the_backstop_on_start(
-    fresh_nats: NatsServer,
+    fresh_nats: NatsServer, kind: str
 ) -> None:
     await ensure_streams(fresh_nats.url)
     connection = await nats.connect(fresh_nats.url)
     try:
         js = connection.jetstream()
-        # as every durable consumer was created before: no max_deliver
-        await js.add_consumer(
-            "CRATER_TASKS",
-            ConsumerConfig(
-                durable_name="poisontest-task-status",
-                filter_subject=SUBJECT,
-                ack_policy=AckPolicy.EXPLICIT,
-            ),
-        )
-        state = consumer(fresh_nats)
+        await made_before_the_limit(js)
+        state = consumer(fresh_nats, kind)
         async with TestApp(state.service.asgi()):
             await publish(state.service.broker, report("still-consumed"))
             await eventually(lambda: state.handled == ["still-consumed"])
@@ -502,3 +542,35 @@ async def test_a_consumer_created_before_the_limit_gets_the_backstop_on_start(
 
     assert info.config.max_deliver == OUTAGE_LIMIT + MAX_DELIVER_MARGIN
     assert info.config.filter_subject == SUBJECT  # the rest as it was
+
+
+async def test_a_jetstream_api_timeout_on_start_is_retried_not_fatal(
+    fresh_nats: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loaded cluster let the consumer-info call time out and the service exited (seen in
+    # the failover test under a parallel suite); it is retried as streams are awaited.
+    await ensure_streams(fresh_nats.url)
+    connection = await nats.connect(fresh_nats.url)
+    try:
+        js = connection.jetstream()
+        await made_before_the_limit(js)
+        real = JetStreamManager.consumer_info
+        timeouts = [nats.errors.TimeoutError(), nats.errors.TimeoutError()]
+
+        async def flaky(self: JetStreamManager, *args: object, **kwargs: object) -> object:
+            if timeouts:
+                raise timeouts.pop()
+            return await real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(JetStreamManager, "consumer_info", flaky)
+        state = consumer(fresh_nats, "each")
+        async with TestApp(state.service.asgi()):
+            await publish(state.service.broker, report("consumed"))
+            await eventually(lambda: state.handled == ["consumed"])
+        monkeypatch.undo()
+        info = await js.consumer_info("CRATER_TASKS", "poisontest-task-status")
+    finally:
+        await connection.close()
+
+    assert timeouts == []
+    assert info.config.max_deliver == OUTAGE_LIMIT + MAX_DELIVER_MARGIN

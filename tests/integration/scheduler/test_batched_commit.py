@@ -4,6 +4,7 @@ and a failing event takes only itself back, not its batch (real SQLite and Postg
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from crater.contracts import (
     NodeTopologyReported,
     TaskProfiled,
     TaskRejected,
+    TraceContext,
 )
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.leadership import Deposed
@@ -188,3 +190,44 @@ async def test_the_fence_only_moves_up_and_a_standby_never_commits(sessions: Any
         await second.handle(NodeTopologyReported(node=node("n0", gpus=8)), "node-topology")
     assert await counts(sessions) == (0, 0)
     await first.handle(NodeTopologyReported(node=node("n0", gpus=8)), "node-topology")
+
+
+async def test_a_batch_is_one_transaction_a_poisoned_event_fails_alone_and_traces_are_kept(
+    sessions: Any,
+) -> None:
+    """A batch consumer's batch (`handle_batch`): committed together; one event whose write
+    fails is the only one with an error (its message is handed back), the others commit and
+    are acked; each decision carries the trace context its event came with."""
+    scheduler = service(FailsOn, sessions)
+    await scheduler.take_over(1, "test")
+    await scheduler.handle_batch(
+        "node-topology", [(NodeTopologyReported(node=node("n0", gpus=8)), None)]
+    )
+    traced = TraceContext(traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    batch = [
+        (profiled("a"), traced),
+        (profiled(FailsOn.poison), None),
+        (profiled("b"), None),
+        (profiled("a"), None),  # the same task id again: refused aloud, not an error
+    ]
+    outcomes = await scheduler.handle_batch("task-profiled", batch)
+
+    assert outcomes[0] is None
+    assert isinstance(outcomes[1], RuntimeError)
+    assert outcomes[2:] == [None, None]
+    assert await counts(sessions) == (2, 3)  # a and b stored; two grants and the refusal
+    async with sessions() as session:
+        payloads = (await session.execute(select(outbox.c.payload))).scalars().all()
+    [grant] = [
+        AllocationGranted.model_validate_json(p)
+        for p in payloads
+        if json.loads(p).get("task_id") == "a" and "allocation_id" in json.loads(p)
+    ]
+    assert grant.trace == traced  # its event's own context, not the batch's
+    assert grant.task_sequence is not None
+    # Delivered again (the ack was lost): the inbox knows them; the poisoned one still fails.
+    again = await scheduler.handle_batch("task-profiled", batch[:3])
+    assert again[0] is None
+    assert again[2] is None
+    assert isinstance(again[1], RuntimeError)
+    assert await counts(sessions) == (2, 3)

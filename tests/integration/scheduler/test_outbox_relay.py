@@ -4,6 +4,7 @@ real SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -84,11 +85,27 @@ async def test_a_batch_goes_out_at_once_in_order_and_once(
 
 
 class FlakyBroker:
-    """Fault injection: the acks of chosen messages never come (the publish raises)."""
+    """Fault injection: the acks of chosen messages never come, though the messages arrive:
+    in the relay's batch (`publish_batch`: their futures never end) and in the single publish
+    it tries again with (`publish`: it raises)."""
 
     def __init__(self, broker: NatsBroker, lost: set[str]) -> None:
         self.broker = broker
         self.lost = lost
+        self.js = broker.connection.jetstream()
+
+    @property
+    def connection(self) -> FlakyBroker:
+        return self
+
+    def jetstream(self) -> FlakyBroker:
+        return self
+
+    async def publish_async(self, subject: str, payload: bytes, **options: Any) -> Any:
+        acked = await self.js.publish_async(subject, payload, **options)  # it does arrive
+        if options["headers"]["Nats-Msg-Id"] in self.lost:
+            return asyncio.get_running_loop().create_future()  # an ack that never comes
+        return acked
 
     async def publish(self, payload: bytes, subject: str, **options: Any) -> Any:
         result = await self.broker.publish(payload, subject, **options)  # it did arrive

@@ -24,6 +24,7 @@ from crater.contracts import (
     ReplicaReleaseRequested,
     ReplicasRequested,
     ResourcePrediction,
+    Subjects,
     TaskEnded,
     TaskPending,
     TaskPreempted,
@@ -276,3 +277,39 @@ async def test_replicas_the_autoscaler_asks_for_are_placed_and_released(
         assert (released.task_id, released.reason) == ("chat-2", "scaled-in")
         await asyncio.sleep(0.5)
         assert len(tap.of(AllocationGranted)) == 3
+
+
+async def test_each_decision_carries_the_trace_of_the_task_it_decides(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str
+) -> None:
+    """The scheduler takes a pull batch in one span; what it publishes for each task goes on
+    in that task's own trace (body and traceparent header), so the trace stays whole."""
+    settings = SchedulerSettings(nats_url=fresh_nats.url, database_url=database_url)
+    traces = {
+        "traced-a": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "traced-b": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    }
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, NodeTopologyReported(node=node("a100-01", gpus=8)))
+        for task_id, traceparent in traces.items():
+            event = profiled(task_id, gpus=1)
+            await publish_raw(
+                fresh_nats.url,
+                "crater.v1.task.profiled",
+                event.model_dump_json().encode(),
+                traceparent=traceparent,
+            )
+        granted = await tap.wait_for(AllocationGranted, count=2)
+        by_task = {g.task_id: g for g in granted}
+        for task_id, traceparent in traces.items():
+            trace = by_task[task_id].trace
+            assert trace is not None
+            assert trace.traceparent.split("-")[1] == traceparent.split("-")[1]
+            [message] = [
+                m
+                for m in tap.raw
+                if m.subject == Subjects.ALLOCATION_GRANTED.subject
+                and f'"task_id":"{task_id}"' in m.data.decode()
+            ]
+            assert (message.headers or {})["traceparent"].split("-")[1] == traceparent.split("-")[1]

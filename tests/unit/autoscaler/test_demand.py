@@ -273,7 +273,9 @@ def test_noisy_pressure_does_not_flap() -> None:
 
 
 def test_panic_decides_on_the_short_window_ahead_of_the_cooldown() -> None:
-    policy = ScalingPolicy(cooldown_seconds=60, panic_window_seconds=6)
+    # One panic window (the default asks for three in a row: tests/unit/autoscaler/
+    # test_no_flapping.py): what is tested here is the short window, ahead of the cooldown.
+    policy = ScalingPolicy(cooldown_seconds=60, panic_window_seconds=6, panic_windows=1)
     scaler = Autoscaler(policy)
     assert scaler.observe(sample(0, 0.95, replicas=4)).decision is not None  # 4 -> 5
     burst = scaler.observe(sample(4, 1.0, replicas=4, latencies=[3_000.0] * 20))
@@ -287,7 +289,7 @@ def test_panic_decides_on_the_short_window_ahead_of_the_cooldown() -> None:
 
 def test_without_pressure_the_rule_decides() -> None:
     # No pressure known: the demand cannot be measured, the rule's panic still acts.
-    scaler = Autoscaler(ScalingPolicy())
+    scaler = Autoscaler(ScalingPolicy(panic_windows=1))
     assert scaler.observe(sample(0, None, replicas=2)).decision is None
     decision = scaler.observe(sample(2, None, replicas=2, latencies=[900.0] * 20)).decision
     assert decision is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from uuid import NAMESPACE_URL, uuid5
 
@@ -94,7 +95,8 @@ def test_scale_in_step_is_capped_and_goes_towards_the_proportional_count() -> No
 
 
 def test_panic_scales_out_ahead_of_the_cooldown_once_per_target() -> None:
-    scaler = Autoscaler(ScalingPolicy(strategy="rule", cooldown_seconds=15))
+    # One panic window (three in a row by default: test_no_flapping.py).
+    scaler = Autoscaler(ScalingPolicy(strategy="rule", cooldown_seconds=15, panic_windows=1))
     normal = scaler.observe(sample(0, [250.0] * 20, replicas=4)).decision
     assert normal is not None
     assert not normal.panic
@@ -110,15 +112,18 @@ def test_panic_scales_out_ahead_of_the_cooldown_once_per_target() -> None:
 
 
 def test_panic_needs_no_pressure_but_enough_samples() -> None:
-    assert Autoscaler(RULE).observe(sample(0, [900.0] * 5, None)).decision is None
-    decision = Autoscaler(RULE).observe(sample(0, [900.0] * 20, None, replicas=2)).decision
+    rule = replace(RULE, panic_windows=1)
+    assert Autoscaler(rule).observe(sample(0, [900.0] * 5, None)).decision is None
+    decision = Autoscaler(rule).observe(sample(0, [900.0] * 20, None, replicas=2)).decision
     assert decision is not None
     assert decision.panic
     assert decision.gpu_memory_pressure is None
 
 
 def test_no_scale_in_while_panicking_nor_until_the_hold_passes() -> None:
-    policy = ScalingPolicy(strategy="rule", stabilisation_seconds=30, panic_hold_seconds=60)
+    policy = ScalingPolicy(
+        strategy="rule", stabilisation_seconds=30, panic_hold_seconds=60, panic_windows=1
+    )
     scaler = Autoscaler(policy)
     assert scaler.observe(sample(0, [900.0] * 20, replicas=4)).decision is not None
     found: list[tuple[float, ScaleDecided]] = []
@@ -218,11 +223,14 @@ def test_mixed_sources_take_the_highest() -> None:
 
 def test_scale_in_drains_the_newest_replica_then_releases_it() -> None:
     scaler = Autoscaler(
-        ScalingPolicy(strategy="rule", stabilisation_seconds=0, drain_timeout_seconds=30)
+        ScalingPolicy(
+            strategy="rule", min_replicas=2, stabilisation_seconds=0, drain_timeout_seconds=30
+        )
     )
-    for i, name in enumerate(["a", "b", "c"]):
+    for i, name in enumerate(["a", "b"]):
         scaler.observe(sample(i * 0.1, FAST, 0.1, replica_id=name, task_id=f"task-{name}"))
-    assessment = scaler.observe(sample(1, FAST, 0.1, replica_id="a", replicas=3))
+    # The third replica heard of makes a fleet of three, one over the minimum, all calm.
+    assessment = scaler.observe(sample(0.2, FAST, 0.1, replica_id="c", task_id="task-c"))
     assert assessment.decision is not None
     assert assessment.decision.direction is ScaleDirection.IN
     assert assessment.decision.drain_replicas == ["c"]
@@ -242,8 +250,8 @@ def test_a_drain_that_never_finishes_is_released_at_its_timeout() -> None:
         ScalingPolicy(strategy="rule", stabilisation_seconds=0, drain_timeout_seconds=30)
     )
     scaler.observe(sample(0, FAST, 0.1, replica_id="a"))
-    scaler.observe(sample(0.5, FAST, 0.1, replica_id="b"))
-    decision = scaler.observe(sample(1, FAST, 0.1, replica_id="a", replicas=2)).decision
+    # A second replica heard of: a fleet of two, calm, one over the minimum.
+    decision = scaler.observe(sample(0.5, FAST, 0.1, replica_id="b")).decision
     assert decision is not None
     assert decision.drain_replicas == ["b"]
     assert scaler.tick(ts(30)) == []

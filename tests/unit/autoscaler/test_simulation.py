@@ -133,3 +133,55 @@ def test_a_burst_makes_crater_scale_out_and_the_calm_scale_back_in() -> None:
     assert peak > 2
     assert result.timeline[-1].serving < peak
     assert math.isfinite(result.p95_ms)
+
+
+def _burst_then_calm() -> list[Request]:
+    """Five minutes of 40 requests/s inside half an hour of 1 request/s: the fleet grows to
+    its cap, then most replicas fall silent (idle replicas send no samples)."""
+    quiet = generate_trace(
+        TraceShape(hours=0.5, trough_rps=1.0, peak_rps=1.0, bursts_per_hour=0), 5
+    )
+    burst = generate_trace(
+        TraceShape(hours=1 / 12, trough_rps=40, peak_rps=40, bursts_per_hour=0), 6
+    )
+    moved = [Request(r.at + 300, r.input_tokens, r.output_tokens) for r in burst]
+    return sorted(quiet + moved, key=lambda r: r.at)
+
+
+def test_what_a_decision_asks_is_what_the_fleet_does_and_the_cap_holds() -> None:
+    # Silent replicas used to be forgotten after the 60 s window: scale-ins drained fewer
+    # than decided (16 -> 7 drained 2), and the stale count let the fleet reach 18 of 16.
+    policy = ScalingPolicy(max_scale_in_step=16, stabilisation_seconds=120)
+    result = simulate(_burst_then_calm(), SimulationConfig(policy=policy), "crater")
+    assert result.scale_outs >= 3
+    assert result.scale_ins >= 3
+    for event in result.scale_events:
+        assert event.agrees, event
+        assert event.fleet_before == event.current
+        assert event.fleet_after == event.desired
+        if event.direction == "in":
+            assert event.drained == event.current - event.desired
+        else:
+            assert event.added == event.desired - event.current
+    assert result.disagreements == 0
+    assert result.peak_replicas == policy.max_replicas  # reached, never passed
+    assert result.summary()["decisions_not_carried_out"] == 0
+
+
+def test_the_hpa_records_what_it_did_too() -> None:
+    result = simulate(_burst_then_calm(), SimulationConfig(), "hpa")
+    assert result.scale_events
+    assert result.disagreements == 0
+    assert result.peak_replicas <= result.max_replicas
+
+
+def test_the_initial_fleet_is_a_setting() -> None:
+    trace = [Request(float(t), 100, 10) for t in range(0, 121, 2)]
+    fixed = ScalingPolicy(min_replicas=1, max_replicas=5)
+    for initial in (1, 5):
+        config = SimulationConfig(policy=fixed, initial_replicas=initial)
+        result = simulate(trace, config, "hpa")
+        assert result.timeline[0].holding == initial
+        assert result.initial_replicas == initial
+    with pytest.raises(ValueError, match="initial_replicas 6"):
+        SimulationConfig(policy=fixed, initial_replicas=6)

@@ -62,19 +62,45 @@ def test_a_bad_strategy_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_the_simulator_starts_from_the_services_defaults() -> None:
-    # One source of defaults: what the simulator measures is what the service runs, except
-    # the flags the docs name (max replicas, scale-in step).
+    # One source of defaults: what the simulator measures is what the service ships.
     import inspect
 
     from crater.autoscaler.app import AutoscalerSettings
-    from crater.cli.autoscale import SIMULATED_SCALE_IN_STEP, autoscale_sim
+    from crater.cli.autoscale import autoscale_sim
 
     settings = AutoscalerSettings()
     defaults = inspect.signature(autoscale_sim).parameters
     assert defaults["drain_seconds"].default == settings.drain_seconds
     assert defaults["strategy"].default == settings.strategy
-    assert defaults["scale_in_step"].default == SIMULATED_SCALE_IN_STEP
-    assert settings.max_scale_in_step == 1  # the service stays cautious; docs say why
+    assert defaults["max_replicas"].default == settings.max_replicas
+    assert defaults["min_replicas"].default == settings.min_replicas
+    assert defaults["scale_in_step"].default == settings.max_scale_in_step
+    assert (defaults["headroom"].default or None) == settings.scale_in_headroom
+    assert defaults["warm_pool"].default == settings.warm_pool_size
+
+
+def test_a_run_off_the_shipped_defaults_says_so(tmp_path: Path) -> None:
+    runner = CliRunner()
+    trace = tmp_path / "trace.csv"
+    made = runner.invoke(
+        app, ["autoscale-sim", "--generate", str(trace), "--hours", "0.05", "--seed", "4"]
+    )
+    assert made.exit_code == 0, made.output
+    out = tmp_path / "result.json"
+    shipped = runner.invoke(app, ["autoscale-sim", "--trace", str(trace), "--output", str(out)])
+    assert shipped.exit_code == 0, shipped.output
+    assert "NOT THE SHIPPED DEFAULTS" not in shipped.output
+    assert json.loads(out.read_text())["config"]["not_the_shipped_defaults"] == []
+    args = ["--max-replicas", "24", "--scale-in-step", "16", "--initial-replicas", "3"]
+    other = runner.invoke(
+        app, ["autoscale-sim", "--trace", str(trace), "--output", str(out), *args]
+    )
+    assert other.exit_code == 0, other.output
+    assert "NOT THE SHIPPED DEFAULTS" in other.output
+    assert "max_replicas 24 (ships 16)" in other.output
+    [note] = json.loads(out.read_text())["config"]["not_the_shipped_defaults"]
+    assert "max_scale_in_step 16 (ships 1)" in note
+    assert json.loads(out.read_text())["results"][0]["initial_replicas"] == 3
 
 
 def test_json_prints_the_results_on_stdout(tmp_path: Path) -> None:

@@ -3,14 +3,19 @@ reads): its workload fits its fleet, its statistics, its rates."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from benchmarks.scheduler.throughput import (
     PREDICTION,
+    WebhookTail,
     bucket_delta,
+    deep_queue_requests,
     histogram_quantile,
     percentile,
     scaled_fleet,
@@ -95,3 +100,66 @@ def test_rates_are_positive_numbers() -> None:
     for bad in ("", "100,x", "0", "-5"):
         with pytest.raises(Exception, match="rates"):
             parse_rates(bad)
+
+
+def test_deep_queue_asks_twice_each_pools_cards_and_cannot_all_fit() -> None:
+    """Each task fits its pool alone; offered together, some wait; placed as others finish."""
+    fleet = scaled_fleet(24, seed=3)
+    requests = deep_queue_requests("run-deep", fleet, random.Random(3), factor=2.0)
+    assert len({r.task_id for r in requests}) == len(requests)
+    for pool in {t.pool for t in fleet}:
+        cards = sum(len(t.gpus) for t in fleet if t.pool == pool)
+        asked = sum(
+            r.resource_requirements.gpu.count * r.resource_requirements.gpu.milli / 1000
+            for r in requests
+            if r.pool == pool
+        )
+        assert 2 * cards <= asked < 2 * cards + 8
+    scheduler = Scheduler()
+    for topology in fleet:
+        scheduler.handle(NodeTopologyReported(node=topology))
+    granted: list[AllocationGranted] = []
+    for request in requests:
+        decisions = scheduler.handle(TaskProfiled(task=request, prediction=PREDICTION))
+        assert not [d for d in decisions if isinstance(d, TaskRejected)], request
+        granted += [d for d in decisions if isinstance(d, AllocationGranted)]
+    assert 0 < len(granted) < len(requests) / 2 + 1  # at most about half fit at once
+    assert scheduler.pending
+    placed = len(granted)
+    while granted:  # each end frees room for the waiting
+        done = granted.pop(0)
+        decisions = scheduler.handle(
+            TaskStatusReported(
+                task_id=done.task_id, status=TaskStatus.SUCCEEDED, allocation_id=done.allocation_id
+            )
+        )
+        more = [d for d in decisions if isinstance(d, AllocationGranted)]
+        placed += len(more)
+        granted += more
+    assert placed == len(requests)
+    assert not scheduler.pending
+
+
+def test_webhook_tail_reads_each_scheduled_webhook_once_as_the_file_grows(tmp_path: Path) -> None:
+    path = tmp_path / "webhooks.jsonl"
+    tail = WebhookTail(path)
+    tail.poll()  # no file yet
+    assert tail.scheduled == {}
+
+    def line(task_id: str, status: str, at: datetime) -> str:
+        record = {"received_at": at.isoformat(), "body": {"task_id": task_id, "status": status}}
+        return json.dumps(record) + "\n"
+
+    first = datetime(2026, 1, 2, 3, 4, 5, 250_000, tzinfo=UTC)
+    later = datetime(2026, 1, 2, 3, 4, 6, tzinfo=UTC)
+    whole = line("t1", "scheduled", first) + line("t2", "pending", first)
+    half = line("t2", "scheduled", later)
+    path.write_text(whole + half[:20])
+    tail.poll()
+    assert tail.scheduled == {"t1": first.timestamp()}
+    assert tail.statuses == {"scheduled": 1, "pending": 1}
+    with path.open("a") as out:  # the rest of the half-written line, then a later duplicate
+        out.write(half[20:] + line("t1", "scheduled", later) + line("t1", "succeeded", later))
+    tail.poll()
+    assert tail.scheduled == {"t1": first.timestamp(), "t2": later.timestamp()}
+    assert tail.statuses == {"scheduled": 3, "pending": 1, "succeeded": 1}

@@ -13,9 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from crater.callback.adapters.records import DeliveryRow
-from crater.cli import errors, hardware, jetstream, webhooks
+from crater.cli import errors, hardware, jetstream, topology_png, webhooks
 from crater.cli.main import app
 from crater.contracts import HealthCheck, NodeCondition, NodeHealthReported
+from crater.gateway.console.topology import Drawing, Text
 
 runner = CliRunner()
 
@@ -144,11 +145,27 @@ def test_piped_tables_are_plain_columns_never_cut(log: FakeLog) -> None:
     assert long_error.strip() in lines[1]
 
 
-def test_topology_png_without_graphviz_says_so_before_printing(
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n"), data[:8]
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # IHDR
+
+
+def test_topology_png_is_drawn_without_graphviz(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
-    result = runner.invoke(app, ["topology-export", "--png", str(tmp_path / "t.png")])
-    assert result.exit_code == errors.USAGE
-    assert result.stdout == ""
-    assert "apt-get install graphviz" in result.output
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `dot` anywhere
+    png = tmp_path / "a100.png"
+    result = runner.invoke(app, ["topology-export", "--node", "a100-01", "--png", str(png)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("graph ")  # the DOT text, as without --png
+    width, height = _png_size(png)
+    assert f"wrote {png} ({width}x{height} px)" in result.output.replace("\n", "")
+    assert 600 <= width <= topology_png.MAX_WIDTH
+    assert 300 <= height <= 2000
+
+
+def test_a_wide_topology_is_drawn_smaller_not_wider(tmp_path: Path) -> None:
+    wide = Drawing("wide", 5000, 400, [Text(20, 24, "eight NUMA nodes")])
+    assert topology_png.paint(wide, tmp_path / "w.png") == (2400, 192)
+    assert _png_size(tmp_path / "w.png") == (2400, 192)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ def test_simulate_writes_the_curve(tmp_path: Path) -> None:
         "sn,cpu_milli,memory_mib,gpu,model\n"
         "node-a,32000,131072,2,T4\nnode-b,32000,131072,1,V100M16\n"
     )
-    pods = tmp_path / "pods.csv"
+    pods = tmp_path / "openb_pod_list_default.csv"  # the default trace, by its name
     header = (
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
         "creation_time,deletion_time,scheduled_time\n"
@@ -50,6 +51,24 @@ def test_simulate_writes_the_curve(tmp_path: Path) -> None:
     assert lines[0] == "arrived_pct,gpu_alloc_pct,cpu_alloc_pct,memory_alloc_pct"
     assert (out / "openb_fgd.png").stat().st_size > 0
 
+    # Another trace is named by its file, its results too, and shown without the default
+    # trace's published figures; out of a terminal, progress comes as lines.
+    other = tmp_path / "openb_pod_list_gpuspec10.csv"
+    other.write_text(pods.read_text())
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(other), "--policy", "fgd"]
+    result = CliRunner().invoke(app, [*args, "--seeds", "1-2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "openb (gpuspec10): fgd" in result.output
+    assert "published for" not in result.output
+    assert re.search(r"fgd seed 1: (\d+)/\1 pods", result.output)
+    assert "seed 2 done (2/2)" in result.output
+    summary = json.loads((out / "openb_gpuspec10_fgd.json").read_text())
+    assert (summary["trace"], summary["variant"], summary["published"]) == (
+        "gpuspec10",
+        None,
+        None,
+    )
+
 
 def test_simulate_replays_a_derived_trace(tmp_path: Path) -> None:
     nodes = tmp_path / "nodes.csv"
@@ -62,8 +81,13 @@ def test_simulate_replays_a_derived_trace(tmp_path: Path) -> None:
     args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--out", str(out)]
     result = CliRunner().invoke(app, [*args, "--variant", "sharing", "--seeds", "1-2"])
     assert result.exit_code == 0, result.output
-    summary = json.loads((out / "openb_sharing_crater.json").read_text())
-    assert (summary["trace"], summary["seeds"], summary["published"]) == ("sharing", [1, 2], None)
+    summary = json.loads((out / "openb_pods_sharing_crater.json").read_text())
+    assert (summary["trace"], summary["variant"], summary["seeds"], summary["published"]) == (
+        "pods",
+        "sharing",
+        [1, 2],
+        None,
+    )
     wrong = CliRunner().invoke(app, [*args, "--variant", "busy"])
     assert wrong.exit_code != 0
     assert "--variant" in wrong.output
@@ -96,5 +120,5 @@ def test_simulate_writes_outside_the_committed_results_and_prints_json(
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["seeds"] == [3]
-    assert (tmp_path / "var" / "simulate" / "openb_crater.json").is_file()
+    assert (tmp_path / "var" / "simulate" / "openb_pods_crater.json").is_file()
     assert not (tmp_path / "benchmarks").exists()

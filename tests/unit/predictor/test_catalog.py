@@ -220,3 +220,22 @@ def test_an_unknown_model_gets_a_modern_shape_from_its_size_and_family() -> None
     assert not a.known
     qwen = infer("acme/qwen-house-7b", 7e9)
     assert qwen.vocab > 150_000
+
+
+@pytest.mark.parametrize("name", ["\x1e", "/", "--", " "])
+def test_a_name_with_no_word_in_it_resolves_to_nothing(name: str) -> None:
+    """The 100k fuzz run's crash: a name of control characters left no candidate form."""
+    assert resolve_name(name, 7.0) is None
+    request = TaskRequest.model_validate(
+        {
+            "task_id": "t",
+            "task_type": "llm_sft",
+            "model_config": {"name": name, "hf_config": {"R": None, "a": False}},
+        }
+    )
+    try:
+        predict(request)
+        errors = []
+    except Refused as refused:  # refused with the field, never an IndexError
+        errors = refused.errors
+    assert all(e.field.startswith("model_config.") for e in errors), errors

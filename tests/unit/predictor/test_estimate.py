@@ -124,6 +124,22 @@ def test_fsdp_shards_what_the_zero_paper_says() -> None:
     assert states_bytes(zero(3, "fsdp")) / 1e9 == pytest.approx(1.875, rel=0.01)
 
 
+def test_a_whole_model_kept_on_every_rank_adds_its_weights_to_the_shards() -> None:
+    # LitGPT's 2023 FSDP fine-tuning: the model built on each GPU, then wrapped and kept
+    sharded = zero(3, "fsdp")
+    kept = zero(3, "fsdp", full_model_per_rank=True)
+    assert kept["unsharded_model"] * MiB / 1e9 == pytest.approx(15.0, rel=0.01)  # 2 B x 7.5B
+    assert states_bytes(kept) == states_bytes(sharded)
+    assert "unsharded_model" not in zero(0, "fsdp", full_model_per_rank=True)  # nothing sharded
+    prediction = predict(
+        training(gpus=8, gradient_checkpointing=True, zero_stage=3, sharding="fsdp",
+                 full_model_per_rank=True)
+    )  # fmt: skip
+    assert prediction.timeline is not None
+    peak = max(p.gpu_memory_mb for p in prediction.timeline.points)
+    assert peak == prediction.gpu_memory_per_gpu_mb
+
+
 def test_zero_offload_moves_the_states_to_the_host() -> None:
     # DeepSpeed: stage 2 with the optimizer offloaded keeps 2Ψ on the GPU
     breakdown = zero(2, offload_optimizer=True)

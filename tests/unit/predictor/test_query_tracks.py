@@ -34,6 +34,10 @@ def request() -> TaskRequest:
     )
 
 
+async def noop_many(events: Any) -> list[BaseException | None]:
+    return [None for _ in events]
+
+
 async def noop(_: Any) -> None:
     return None
 
@@ -46,6 +50,7 @@ async def test_dry_runs_read_the_store_once_per_window_and_submissions_always() 
         Assumptions(),
         Rule(),
         noop,
+        noop_many,
     )
     for _ in range(5):
         answer = await handlers.prediction_query(PredictionQuery(task=request()))

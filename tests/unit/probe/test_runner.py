@@ -9,9 +9,12 @@ from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
     Event,
+    LatencySamplesReported,
     ReleaseReason,
     TaskPreempted,
+    TaskProfiled,
     TaskStatusReported,
+    TaskType,
     derived_event_id,
     utc_now,
 )
@@ -19,6 +22,7 @@ from crater.probe.reports import GrantOutcome
 from crater.probe.sim.fleet import open_fleet
 from crater.probe.sim.runner import TaskRunner
 from crater.probe.sim.simulation import FleetSimulator
+from tests.support.profiles import small_training
 
 
 def grant(allocation: str, node: str = "t4-01", expires_in: float = 30.0) -> AllocationGranted:
@@ -190,4 +194,75 @@ async def test_only_long_expired_grants_are_stale(
         update={"reservation_expires_at": now - timedelta(seconds=expired_seconds_ago)}
     )
     assert tasks.granted(old) is outcome
+    await tasks.close()
+
+
+async def test_a_replica_serving_traffic_serves_until_released() -> None:
+    """A replica that reports its latencies does not finish by itself (the shared-day demo's
+    fleet vanished when the simulator ended its replicas); an inference task that serves no
+    traffic here, and a training task, still end after their duration."""
+    recorder = Recorder()
+    tasks = runner(recorder, seconds=0.1)
+    server, batch, job = grant("a-1"), grant("a-2", node="t4-02"), grant("a-3", node="t4-03")
+    tasks.profiled(small_task(server.task_id, "inference"))
+    tasks.profiled(small_task(batch.task_id, "inference"))
+    tasks.profiled(small_task(job.task_id, "training"))
+    for each in (server, batch, job):
+        tasks.granted(each)
+    assert tasks.served(traffic(server.task_id, None)) is False  # serving; no pressure said
+    await wait_until(lambda: ("task-a-3", "succeeded") in recorder.statuses())
+    await wait_until(lambda: ("task-a-2", "succeeded") in recorder.statuses())
+    await asyncio.sleep(0.3)  # three times its duration
+    assert ("task-a-1", "running") in recorder.statuses()
+    assert not {t for t, s in recorder.statuses() if s != "running"} & {"task-a-1"}
+    assert tasks.running == 1
+    released = AllocationReleased(
+        allocation_id="a-1",
+        task_id=server.task_id,
+        node=server.node,
+        gpu_ids=[0],
+        cpu_cores=[0, 1, 2, 3],
+        reason=ReleaseReason.CANCELLED,
+    )
+    assert tasks.released(released)
+    await wait_until(lambda: tasks.running == 0)
+    assert tasks.simulator.busy_gpus("t4-01") == set()
+    assert tasks.served(traffic(server.task_id, 0.5)) is False  # gone: nothing to set
+    await tasks.close()
+
+
+def traffic(task_id: str, pressure: float | None) -> LatencySamplesReported:
+    return LatencySamplesReported(
+        service="chat", replica_id=task_id, latencies_ms=[50.0], gpu_memory_pressure=pressure
+    )
+
+
+def small_task(task_id: str, task_type: str) -> TaskProfiled:
+    profiled = small_training(task_id)
+    task = profiled.task.model_copy(update={"task_type": TaskType(task_type)})
+    return profiled.model_copy(update={"task": task})
+
+
+async def test_a_replica_s_cards_hold_the_memory_it_reports() -> None:
+    """What the autoscaler reads from node.metrics follows the replica's own pressure."""
+    tasks = runner(Recorder(), seconds=30)
+    server, job = grant("a-1"), grant("a-2", node="t4-02")
+    tasks.profiled(small_task(server.task_id, "inference"))
+    tasks.profiled(small_task(job.task_id, "training"))
+    tasks.granted(server)
+    tasks.granted(job)
+    card_mb = tasks.simulator.card_memory_mb("a-1")
+    assert card_mb == tasks.simulator.topology("t4-01").gpus[0].memory_mb
+
+    def sample(task_id: str, pressure: float | None) -> LatencySamplesReported:
+        return LatencySamplesReported(
+            service="chat", replica_id=task_id, latencies_ms=[50.0], gpu_memory_pressure=pressure
+        )
+
+    for pressure in (0.9, 0.2):
+        assert tasks.served(sample(server.task_id, pressure))
+        used = tasks.simulator.step_node("t4-01").gpus[0].memory_used_mb
+        assert 0.85 * pressure * card_mb - 1 <= used <= pressure * card_mb, (pressure, used)
+    assert not tasks.served(sample("task-unknown", 0.9))  # not placed here
+    assert not tasks.served(sample(server.task_id, None))  # no pressure said: unchanged
     await tasks.close()

@@ -3,6 +3,8 @@ goes first to the cohort mate that borrowed least lately; decided the same way e
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,37 +75,55 @@ def test_with_a_half_life_the_pool_that_borrowed_least_lately_goes_first() -> No
 
 
 POOLS = ("training", "research")
+Script = list[tuple[str, str, int, int]]  # (submit | end, borrower, GPUs | which, gap s)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    st.lists(
+def scripts(borrowers: Sequence[str]) -> st.SearchStrategy[Script]:
+    """Random days of submissions and ends among `borrowers` (pools or tenants)."""
+    return st.lists(
         st.tuples(
             st.sampled_from(("submit", "end")),
-            st.sampled_from(POOLS),
+            st.sampled_from(borrowers),
             st.integers(1, 4),
             st.integers(1, 30),
         ),
         min_size=1,
         max_size=30,
-    ),
-    st.sampled_from((10.0, 100.0, 3600.0)),
-)
-def test_fair_share_is_decided_the_same_way_every_time_and_within_capacity(
-    script: list[tuple[str, str, int, int]], half_life: float
-) -> None:
-    events: list[Event] = [*topology()]
-    clock, names = 0.0, []
-    for i, (kind, pool, gpus, gap) in enumerate(script):
+    )
+
+
+def scripted(
+    script: Script, submitted: Callable[[str, float, str, int, int], Event]
+) -> list[Event]:
+    """The script's events: `submitted(task, when, borrower, count, step)` for a submission,
+    the end of a running one (picked by its count) otherwise."""
+    events: list[Event] = []
+    clock, names = 0.0, list[str]()
+    for i, (kind, borrower, count, gap) in enumerate(script):
         clock += gap
         if kind == "submit" or not names:
-            names.append(f"{pool}-{i}")
-            events.append(submit(names[-1], clock, pool, min(gpus, 2) if i % 3 else gpus))
+            names.append(f"{borrower}-{i}")
+            events.append(submitted(names[-1], clock, borrower, count, i))
         else:
-            done = names.pop(gpus % len(names))
+            done = names.pop(count % len(names))
             events.append(
                 TaskStatusReported(occurred_at=at(clock), task_id=done, status=TaskStatus.SUCCEEDED)
             )
+    return events
+
+
+@settings(max_examples=40, deadline=None)
+@given(scripts(POOLS), st.sampled_from((10.0, 100.0, 3600.0)))
+def test_fair_share_is_decided_the_same_way_every_time_and_within_capacity(
+    script: Script, half_life: float
+) -> None:
+    events: list[Event] = [
+        *topology(),
+        *scripted(
+            script,
+            lambda name, t, pool, gpus, i: submit(name, t, pool, min(gpus, 2) if i % 3 else gpus),
+        ),
+    ]
     runs = []
     for _ in range(2):
         scheduler = Scheduler(config=three_pools(half_life))

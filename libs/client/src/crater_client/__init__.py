@@ -1,8 +1,8 @@
 """Crater's Python client.
 
 Inside a placed task: `get_allocation_config()`, `bind()`, `start_monitoring()`,
-`on_preempt()`, `resume_from()`, and `with run_task():` (confirm the allocation, heartbeat,
-report the end).
+`on_preempt()`, `resume_from()`, `with cpu_phase():` (lend the GPUs while they idle), and
+`with run_task():` (confirm the allocation, heartbeat, report the end).
 For AllData: `CraterClient` and `AsyncCraterClient`, and the errors they raise.
 """
 
@@ -40,6 +40,7 @@ from crater_client.client import (
 )
 from crater_client.launcher import RunningTask, RunRefused, run_task
 from crater_client.monitoring import Monitor, read_tree, start_monitoring
+from crater_client.phase import CpuPhase, cpu_phase
 
 __all__ = [
     "FINAL_STATUSES",
@@ -49,6 +50,7 @@ __all__ = [
     "AsyncCraterClient",
     "Bound",
     "Conflict",
+    "CpuPhase",
     "CraterClient",
     "CraterError",
     "EndedOtherwise",
@@ -66,6 +68,7 @@ __all__ = [
     "checkpoint_dir",
     "checkpoint_file",
     "checkpoint_step",
+    "cpu_phase",
     "get_allocation_config",
     "get_placement",
     "on_preempt",

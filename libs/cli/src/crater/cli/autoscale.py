@@ -20,6 +20,7 @@ from crater.autoscaler.sim import (
     RunResult,
     SimulationConfig,
     TraceShape,
+    describe_departures,
     generate_trace,
     read_trace,
     simulate,
@@ -29,10 +30,11 @@ from crater.cli.output import cli_console, emit_json
 from crater.cli.output import table as print_table
 
 console = cli_console(highlight=True)
-# The service's defaults (its settings default to these too), except where a flag says.
+# The service's defaults (its settings default to these too): every flag's default is the
+# shipped value; a run with other values says so in its output.
 _POLICY = ScalingPolicy()
-# The simulator's scale-in step (set CRATER_AUTOSCALER_MAX_SCALE_IN_STEP to run the same).
-SIMULATED_SCALE_IN_STEP = 16
+_FLEET = FleetModel()
+_CONFIG = SimulationConfig()
 
 
 def autoscale_sim(
@@ -83,24 +85,31 @@ def autoscale_sim(
     drain_seconds: Annotated[
         float, typer.Option(help="Crater (demand): serve the queue within this as well.")
     ] = _POLICY.drain_seconds,
-    warm_pool: Annotated[int, typer.Option(help="Crater: standby replicas kept placed.")] = 0,
-    max_replicas: Annotated[int, typer.Option(help="Both: most replicas serving.")] = 24,
-    min_replicas: Annotated[int, typer.Option(help="Both: fewest replicas serving.")] = 1,
+    warm_pool: Annotated[
+        int, typer.Option(help="Crater: standby replicas kept placed.")
+    ] = _POLICY.warm_pool_size,
+    max_replicas: Annotated[
+        int, typer.Option(help="Both: most replicas serving or starting.")
+    ] = _POLICY.max_replicas,
+    min_replicas: Annotated[
+        int, typer.Option(help="Both: fewest replicas serving.")
+    ] = _POLICY.min_replicas,
     scale_in_step: Annotated[
-        int,
-        typer.Option(
-            help="Crater: replicas removed per scale-in at most (the service's default is 1; "
-            "with demand the stabilisation window is the brake, as in HPA's scale-down)."
-        ),
-    ] = SIMULATED_SCALE_IN_STEP,
+        int, typer.Option(help="Crater: replicas removed per scale-in at most.")
+    ] = _POLICY.max_scale_in_step,
     headroom: Annotated[
         float,
         typer.Option(
             help="Crater (rule): also scale in when fewer replicas keep p95 and mean pressure "
             "within this share of the scale-out lines (0: the field's rule alone)."
         ),
-    ] = 0.9,
-    startup_s: Annotated[float, typer.Option(help="Cold start of a replica, seconds.")] = 90.0,
+    ] = _POLICY.scale_in_headroom or 0.0,
+    initial_replicas: Annotated[
+        int, typer.Option(help="Both: the replicas serving when the trace starts.")
+    ] = _CONFIG.initial_replicas,
+    startup_s: Annotated[
+        float, typer.Option(help="Cold start of a replica, seconds (placement to serving).")
+    ] = _FLEET.startup_s,
     hpa_target: Annotated[
         list[float] | None,
         typer.Option(
@@ -154,6 +163,7 @@ def autoscale_sim(
                 scale_in_headroom=headroom or None,
             ),
             hpa=HpaBaseline(target_utilisation=hpa_targets[0]),
+            initial_replicas=initial_replicas,
             slo_ms=slo_ms,
             seed=seed,
         )
@@ -171,6 +181,18 @@ def autoscale_sim(
                 )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
+    notes = sorted(
+        {
+            note
+            for name, _, config in runs
+            if name == "crater" and (note := describe_departures(config.policy)) is not None
+        }
+    )
+    for note in notes:  # loudly, before the results: what runs is not what ships
+        if as_json:
+            _say(note)
+        else:
+            console.print(f"[bold red]{note}[/]", soft_wrap=True)
     results: list[RunResult] = []
     with Progress(
         TextColumn("{task.description}"),
@@ -205,7 +227,9 @@ def autoscale_sim(
                 "max_replicas": max_replicas,
                 "scale_in_step": scale_in_step,
                 "scale_in_headroom": headroom or None,
+                "initial_replicas": initial_replicas,
                 "startup_s": startup_s,
+                "not_the_shipped_defaults": notes,
                 "hpa_target_utilisation": hpa_targets,
             },
             "results": [r.summary() for r in results],
@@ -242,7 +266,16 @@ def show(results: list[RunResult], trace: Path) -> None:
             [f"{len(r.scale_events)} ({r.scale_outs} / {r.scale_ins})" for r in results],
         ),
         ("panic scale-outs", [str(r.panics) for r in results]),
+        ("reversals within 120 s", [str(r.reversals) for r in results]),
         ("replicas from the warm pool", [str(r.promoted) for r in results]),
+        (
+            "decisions not carried out as asked",
+            [str(r.disagreements) for r in results],
+        ),
+        (
+            "peak replicas / max",
+            [f"{r.peak_replicas} / {r.max_replicas}" for r in results],
+        ),
         ("requests dropped", [str(r.dropped) for r in results]),
     ]
     for label, values in rows:

@@ -1,8 +1,10 @@
 """`crater bench`: the scheduler's throughput end to end over a real nats-server.
 
 The harness is `benchmarks/scheduler/throughput.py` (found from the checkout,
-`crater.cli.checkout`); this command reads its options and hands them over. Writes
-benchmarks/results/bench_<path>_<nodes>.json and a PNG beside it.
+`crater.cli.checkout`); this command reads its options and hands them over. `--path http`
+runs the services as `crater up` does and submits over the gateway's HTTP API; `--deep-queue`
+adds a stage whose tasks wait. Writes benchmarks/results/bench_<path>_<nodes>.json and a PNG
+beside it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from crater.cli.output import cli_console
 
 console = cli_console(highlight=True)
 RESULTS = Path("benchmarks/results")
-PATHS = ("scheduler", "full")
+PATHS = ("scheduler", "full", "http")
 
 
 def parse_rates(text: str) -> list[float]:
@@ -39,7 +41,12 @@ def bench(
         float, typer.Option(min=0.5, help="How long each rate is offered.")
     ] = 8.0,
     path: Annotated[
-        str, typer.Option(help="scheduler: publish task.profiled; full: task.submitted.")
+        str,
+        typer.Option(
+            help="scheduler: publish task.profiled; full: task.submitted (predictor and "
+            "scheduler); http: POST /api/v1/schedule to the gateway of a stack as `crater up` "
+            "runs it, timed to the receiver's `scheduled` webhook."
+        ),
     ] = "scheduler",
     database_url: Annotated[
         str | None,
@@ -59,11 +66,24 @@ def bench(
     keep_going: Annotated[
         bool, typer.Option(help="Offer every rate, even after the scheduler fell behind.")
     ] = False,
+    deep_queue: Annotated[
+        bool,
+        typer.Option(
+            help="After the rates, a stage of GPU tasks asking twice the fleet's cards, "
+            "offered at once: most wait, and are placed as others finish."
+        ),
+    ] = False,
+    deep_queue_hold: Annotated[
+        float,
+        typer.Option(min=0.0, max=60.0, help="Seconds each deep-queue task holds its GPUs."),
+    ] = 1.0,
 ) -> None:
     """The scheduler's throughput end to end over a real nats-server, beside the raw
     JetStream rate measured in the same run."""
     if path not in PATHS:
         raise typer.BadParameter(f"path: {path!r} is not one of {', '.join(PATHS)}")
+    if profile and path == "http":
+        raise typer.BadParameter("profile: the scheduler path and the full path only")
     offered = parse_rates(rates)
     (throughput,) = benchmark("scheduler", "throughput", console=console)
     throughput.run(
@@ -79,5 +99,7 @@ def bench(
             out_dir=out_dir,
             profile=profile,
             keep_going=keep_going,
+            deep_queue=deep_queue,
+            deep_queue_hold=deep_queue_hold,
         )
     )

@@ -22,6 +22,7 @@ from typing import Any
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 
+from crater.cli import demo_day
 from crater.cli.errors import CliError
 from crater.cli.output import cli_console
 from crater.cli.stack import LOCAL_POOL, Stack, port_is_free
@@ -34,6 +35,7 @@ from crater.contracts import (
     ScaleDecided,
     Subjects,
     TaskPending,
+    TaskPreempted,
     TaskProfiled,
     TaskRejected,
     TaskStatusReported,
@@ -169,13 +171,29 @@ DEMO_ENV = {
 
 
 # `crater cost` prices the demo's usage with these, unless CRATER_PREDICTOR_PRICE_FILE is set.
-DEMO_PRICES = Path(__file__).resolve().parents[5] / "examples" / "prices.yaml"
+EXAMPLES = Path(__file__).resolve().parents[5] / "examples"
+DEMO_PRICES = EXAMPLES / "prices.yaml"
+LENDING_POOLS = EXAMPLES / "pools-lending.yaml"
+MIXED, SHARED_DAY = "mixed", "shared-day"
+SCENARIOS = (MIXED, SHARED_DAY)
+# shared-day: what differs from the shipped settings, so that a day fits in minutes. Printed
+# in the banner: the autoscaler's calm before a scale-in is scaled with the day, and training
+# runs 1-3 minutes (an hour or two of the demo's day).
+SHARED_DAY_ENV = {
+    "CRATER_PROBE_TASK_SECONDS_MIN": "60",
+    "CRATER_PROBE_TASK_SECONDS_MAX": "180",
+    "CRATER_AUTOSCALER_STABILISATION_SECONDS": "30",
+}
 
 
-def demo_env() -> dict[str, str]:
+def demo_env(scenario: str = MIXED) -> dict[str, str]:
     env = dict(DEMO_ENV)
     if DEMO_PRICES.is_file() and "CRATER_PREDICTOR_PRICE_FILE" not in os.environ:
         env["CRATER_PREDICTOR_PRICE_FILE"] = str(DEMO_PRICES)
+    if scenario == SHARED_DAY:
+        env.update(SHARED_DAY_ENV)
+        if "CRATER_SCHEDULER_POOLS_FILE" not in os.environ:
+            env["CRATER_SCHEDULER_POOLS_FILE"] = str(LENDING_POOLS)
     return env
 
 
@@ -186,7 +204,11 @@ def run_demo(
     seed: int,
     local: bool = True,
     secure: bool = True,
+    scenario: str = MIXED,
+    day_seconds: float = demo_day.DAY_SECONDS,
 ) -> None:
+    if scenario not in SCENARIOS:
+        raise CliError(f"--scenario: {scenario!r} is not one of {', '.join(SCENARIOS)}", 2)
     if data_dir.exists():
         shutil.rmtree(data_dir)  # each demo starts from an empty cluster and database
     gateway_port = 8080 if port_is_free(8080) else 0
@@ -202,9 +224,11 @@ def run_demo(
     # SIGTERM stops the demo the way Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        stack.start(extra_env=demo_env(), local_node=local and EXAMPLE_SCRIPT.is_file())
+        stack.start(extra_env=demo_env(scenario), local_node=local and EXAMPLE_SCRIPT.is_file())
         _banner(stack, time.monotonic() - started)
-        failure = asyncio.run(_watch_and_drive(stack, duration, rate, seed))
+        if scenario == SHARED_DAY:
+            _shared_day_banner(day_seconds)
+        failure = asyncio.run(_watch_and_drive(stack, duration, rate, seed, scenario, day_seconds))
     except KeyboardInterrupt:  # while the stack was starting
         pass
     finally:
@@ -246,6 +270,18 @@ def _banner(stack: Stack, seconds: float) -> None:
         "sign in to the console with that key)"
     )
     console.print("Ctrl-C stops everything.")
+    console.rule()
+
+
+def _shared_day_banner(day_seconds: float) -> None:
+    changed = ", ".join(f"{k}={v}" for k, v in SHARED_DAY_ENV.items())
+    console.print(
+        f"scenario shared-day: a day in {day_seconds:.0f} s, "
+        f"from {demo_day.clock(demo_day.START_HOUR)}"
+        f"; pools from {LENDING_POOLS.name} (inference lends its idle cards to training). "
+        f"Differs from the shipped settings so that a day fits: {changed}.",
+        soft_wrap=True,
+    )
     console.rule()
 
 
@@ -292,7 +328,12 @@ def write_env_file(stack: Stack) -> Path:
 
 
 async def _watch_and_drive(
-    stack: Stack, duration: float, rate: float, seed: int
+    stack: Stack,
+    duration: float,
+    rate: float,
+    seed: int,
+    scenario: str = MIXED,
+    day_seconds: float = demo_day.DAY_SECONDS,
 ) -> BaseException | None:
     """Show the decisions and drive the workload until `duration` passes (0: for ever) or
     Ctrl-C / SIGTERM; then close what it opened. The loop takes the signals itself, so the
@@ -312,7 +353,12 @@ async def _watch_and_drive(
     try:
         await connection.subscribe("crater.v1.>", cb=watcher.on_message)
         await broker.start()
-        driving = asyncio.create_task(_drive(stack, broker, rate, seed, watcher))
+        drive = (
+            _drive_shared_day(stack, broker, rate, seed, watcher, day_seconds)
+            if scenario == SHARED_DAY
+            else _drive(stack, broker, rate, seed, watcher)
+        )
+        driving = asyncio.create_task(drive)
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait(
             {driving, stopping}, timeout=duration or None, return_when=asyncio.FIRST_COMPLETED
@@ -347,6 +393,111 @@ async def _drive(
     if "agent" in stack.processes:
         work.append(_submit_local_tasks(stack, watcher))
     await asyncio.gather(*work)
+
+
+# shared-day's training: one-card fine-tunes of a 3B model that fit an inference card too (so
+# they borrow the cards inference lends at night), and two-card A100 runs that stay home.
+SMALL_TUNE: dict[str, Any] = {
+    "task_type": "fine-tuning",
+    "model_config": {"name": "Qwen/Qwen2.5-3B", "precision": "bf16"},
+    "training_config": {
+        "batch_size": 2,
+        "sequence_length": 1024,
+        "gradient_checkpointing": True,
+        "lora": {"rank": 16, "target_modules": ["q_proj", "v_proj"]},
+    },
+    "resource_requirements": {
+        "gpu": {"count": 1, "memory_mb": 14336},
+        "cpu": {"cores": 8},
+        "memory": {"capacity_mb": 32768},
+    },
+    "preemptible": True,
+    "priority": "low",
+}
+DAY_TRAINING: list[tuple[int, dict[str, Any]]] = [(3, SMALL_TUNE), (1, WORKLOAD[0][2])]
+# No more training is submitted while this many tasks wait: enough to fill what is lent.
+DAY_WAITING_CAP = 24
+
+
+async def _drive_shared_day(
+    stack: Stack,
+    broker: NatsBroker,
+    rate: float,
+    seed: int,
+    watcher: Watcher,
+    day_seconds: float,
+) -> None:
+    """shared-day's workload: the inference service's day of traffic, and training all day."""
+    pools = await _fleet_pools(stack, watcher)
+    missing = {"inference", "training"} - pools
+    if missing:
+        raise CliError(f"shared-day needs the pools inference and training; missing {missing}")
+    await _start_inference_service(stack, pools)
+    started = time.monotonic()
+    await asyncio.gather(
+        _submit_day_training(stack, rate, seed, watcher),
+        _serve_the_day(broker, seed, watcher, started, day_seconds),
+        _tell_the_time(watcher, started, day_seconds),
+    )
+
+
+async def _submit_day_training(stack: Stack, rate: float, seed: int, watcher: Watcher) -> None:
+    rng = random.Random(seed)
+    weights = [w for w, _ in DAY_TRAINING]
+    async with stack.gateway_client(timeout=10) as client:
+        for n in range(1, 1_000_000):
+            await asyncio.sleep(rng.expovariate(rate))
+            if len(watcher.waiting) >= DAY_WAITING_CAP:
+                continue
+            template = rng.choices([t for _, t in DAY_TRAINING], weights)[0]
+            body = json.loads(json.dumps(template))
+            body["task_id"] = f"{SHORT_NAMES[template['task_type']]}-{n:04d}"
+            body["pool"] = "training"
+            body["tenant"] = rng.choice(["search", "ads", "research"])
+            response = await client.post("/api/v1/schedule", json=body)
+            if response.status_code != 202:
+                watcher.line("red", "✘", f"gateway refused {body['task_id']}: {response.text}")
+
+
+async def _serve_the_day(
+    broker: NatsBroker, seed: int, watcher: Watcher, started: float, day_seconds: float
+) -> None:
+    """Every second, each serving replica reports its latencies and memory pressure under its
+    share of the hour's load, as the replicas of a real service would."""
+    rng = random.Random(seed + 1)
+    while True:
+        hour = demo_day.hour_of_day(time.monotonic() - started, day_seconds)
+        load = demo_day.load_at(hour)
+        replicas = sorted(watcher.serving)
+        for replica in replicas:
+            report = demo_day.replica_report(load, len(replicas), rng)
+            await publish(
+                broker,
+                LatencySamplesReported(
+                    service=SERVICE,
+                    replica_id=replica,
+                    task_id=replica,
+                    latencies_ms=report.latencies_ms,
+                    gpu_memory_pressure=report.pressure,
+                    replicas=len(replicas),
+                ),
+            )
+        await asyncio.sleep(1.0)
+
+
+async def _tell_the_time(watcher: Watcher, started: float, day_seconds: float) -> None:
+    """Each hour of the demo's day: the hour, the load, the fleet, and what training borrows."""
+    while True:
+        hour = demo_day.hour_of_day(time.monotonic() - started, day_seconds)
+        own, borrowed = watcher.training_gpus()
+        watcher.line(
+            "bold",
+            "◷",
+            f"{demo_day.clock(hour)} {demo_day.part_of_day(hour)}: inference load "
+            f"{demo_day.load_at(hour):.1f} replicas' worth, {len(watcher.serving)} serving; "
+            f"training on {own} GPUs of its own + {borrowed} borrowed from inference",
+        )
+        await asyncio.sleep(day_seconds / 24)
 
 
 async def _fleet_pools(stack: Stack, watcher: Watcher, timeout: float = 30.0) -> set[str]:
@@ -484,6 +635,33 @@ class Watcher:
         self.started = time.monotonic()
         self.counts: Counter[str] = Counter()
         self.requests: dict[str, TaskSubmitted] = {}
+        self.waiting: set[str] = set()  # submitted, neither placed nor refused yet
+        # task -> (its pool, the pool it borrows from, its GPUs) while it holds them
+        self.held: dict[str, tuple[str, str | None, int]] = {}
+        self.serving: set[str] = set()  # the inference service's placed replicas, not draining
+
+    def training_gpus(self) -> tuple[int, int]:
+        """GPUs training holds in its own pool, and borrowed from another."""
+        own = sum(n for pool, lender, n in self.held.values() if pool == "training" and not lender)
+        borrowed = sum(n for pool, lender, n in self.held.values() if pool == "training" and lender)
+        return own, borrowed
+
+    def track(self, event: Event) -> None:
+        """What the shared-day scenario counts: waiting tasks, held GPUs, serving replicas."""
+        if isinstance(event, TaskSubmitted):
+            self.waiting.add(event.task_id)
+        elif isinstance(event, TaskRejected):
+            self.waiting.discard(event.task_id)
+        elif isinstance(event, AllocationGranted):
+            self.waiting.discard(event.task_id)
+            self.held[event.task_id] = (event.pool, event.borrowed_from, len(event.gpu_ids))
+            if event.task_id.startswith(SERVICE):
+                self.serving.add(event.task_id)
+        elif isinstance(event, AllocationReleased):
+            self.held.pop(event.task_id, None)
+            self.serving.discard(event.task_id)
+        elif isinstance(event, ScaleDecided):
+            self.serving.difference_update(event.drain_replicas)
 
     def line(self, style: str, icon: str, text: str) -> None:
         elapsed = time.monotonic() - self.started
@@ -506,6 +684,7 @@ class Watcher:
         except ValueError:
             return
         self.counts[type(event).__name__] += 1
+        self.track(event)
         self.show(event)
 
     def show(self, event: Event) -> None:
@@ -544,6 +723,13 @@ class Watcher:
             self.line("blue", "●", f"{event.task_id} {event.status}")
         elif isinstance(event, AllocationReleased):
             self.line("dim", "↺", f"{event.task_id} released {event.node} GPUs {event.gpu_ids}")
+        elif isinstance(event, TaskPreempted):
+            self.line(
+                "yellow",
+                "✂",
+                f"{event.task_id} preempted, {event.cause()}: "
+                f"{event.grace_period_seconds} s to checkpoint",
+            )
         elif isinstance(event, WebhookDelivered):
             self.line(
                 "magenta",
@@ -583,6 +769,7 @@ class Watcher:
             "TaskPending",
             "TaskRejected",
             "AllocationReleased",
+            "TaskPreempted",
             "WebhookDelivered",
             "ScaleDecided",
         ):

@@ -3,8 +3,6 @@ this machine or for a node of a simulated fleet."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -259,18 +257,13 @@ def topology_export(
     node: Annotated[str, typer.Option("--node", help=f"A node id, or {LOCAL!r}.")] = LOCAL,
     fleet: FleetOption = None,
     output: Annotated[Path | None, typer.Option(help="Write DOT here, not stdout.")] = None,
-    png: Annotated[Path | None, typer.Option(help="Also render a PNG (needs Graphviz).")] = None,
+    png: Annotated[
+        Path | None, typer.Option(help="Also draw the topology as a PNG (no Graphviz needed).")
+    ] = None,
 ) -> None:
-    """A node's GPU-NVLink-PCIe-CPU-memory-disk graph as Graphviz DOT."""
+    """A node's GPU-NVLink-PCIe-CPU-memory-disk graph as Graphviz DOT (and, with --png, drawn)."""
     if export_format != "dot":
         raise typer.BadParameter("only --format dot is supported")
-    renderer = shutil.which("dot") if png is not None else None
-    if png is not None and renderer is None:  # before anything is printed or written
-        raise CliError(
-            "--png needs Graphviz's `dot`, which is not installed (apt-get install graphviz); "
-            "without --png the DOT text is printed",
-            USAGE,
-        )
     topology, _ = _find(node, fleet)
     dot = topology_to_dot(topology)
     if output is None:
@@ -278,15 +271,8 @@ def topology_export(
     else:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(dot)
-    if png is not None and renderer is not None:
-        png.parent.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            [renderer, "-Tpng", "-o", str(png)],
-            input=dot.encode(),
-            capture_output=True,
-            check=False,
-        )
-        if done.returncode:
-            why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
-            raise CliError(f"Graphviz could not render {png}: {why}")
-        cli_console(stderr=True, highlight=True).print(f"wrote {png}")
+    if png is not None:
+        from crater.cli.topology_png import draw_topology_png
+
+        width, height = draw_topology_png(topology, png)
+        cli_console(stderr=True, highlight=True).print(f"wrote {png} ({width}x{height} px)")

@@ -201,12 +201,32 @@ def up(
             "(a development CA and passwords made under the data dir; docs/security.md)."
         ),
     ] = True,
+    scenario: Annotated[
+        str,
+        typer.Option(
+            help="mixed: a stream of every kind of task. shared-day: a day in minutes, where "
+            "inference lends its idle cards to training at night and takes them back by day "
+            "(examples/pools-lending.yaml)."
+        ),
+    ] = "mixed",
+    day_seconds: Annotated[
+        float, typer.Option(min=120, help="shared-day: how long the demo's day lasts.")
+    ] = 480.0,
 ) -> None:
     """Crater on embedded defaults: nats-server, SQLite, every service, a simulated fleet,
     a stand-in for AllData, and a stream of tasks. Ctrl-C stops it cleanly."""
     from crater.cli.demo import run_demo
 
-    run_demo(data_dir=data_dir, duration=duration, rate=rate, seed=seed, local=local, secure=secure)
+    run_demo(
+        data_dir=data_dir,
+        duration=duration,
+        rate=rate,
+        seed=seed,
+        local=local,
+        secure=secure,
+        scenario=scenario,
+        day_seconds=day_seconds,
+    )
 
 
 @app.command()

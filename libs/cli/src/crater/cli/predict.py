@@ -26,6 +26,7 @@ COMPONENTS = (
     "gradients",
     "optimizer",
     "gathered_parameters",
+    "unsharded_model",
     "activations",
     "logits",
     "kv_cache",

@@ -46,6 +46,20 @@ PUBLISHED: dict[str, tuple[float, float, int]] = {
 }
 
 
+def trace_name(pods_file: Path) -> str:
+    """The trace a pod list holds, by its file's name: openb_pod_list_<name>.csv (the public
+    traces: default, gpuspec10, multigpu20, cpu050, ...) is <name>; any other file, its stem."""
+    stem = pods_file.name.removesuffix(".csv")
+    return stem.removeprefix("openb_pod_list_") or stem
+
+
+def result_stem(trace: str, variant: str | None, policy: str) -> str:
+    """The results' file stem: openb_[<trace>_][<variant>_]<policy> (the default trace's
+    results keep their names, openb_<policy>)."""
+    parts = ["openb", *([trace] if trace != "default" else []), *([variant] if variant else [])]
+    return "_".join([*parts, policy])
+
+
 def parse_seeds(text: str) -> list[int]:
     """ "42-51" or "42,43,50" (or a mix) -> the seeds."""
     seeds: list[int] = []
@@ -106,7 +120,8 @@ def simulate(
     out: Annotated[
         Path,
         typer.Option(
-            help="Where openb_<policy>.{csv,png,json} go (benchmarks/results: the committed "
+            help="Where openb_[<trace>_][<variant>_]<policy>.{csv,png,json} go (the trace named "
+            "by the pods file, openb_pod_list_<trace>.csv; benchmarks/results: the committed "
             "figures, only when asked)."
         ),
     ] = DEFAULT_OUT,
@@ -146,6 +161,7 @@ def simulate(
     pods_file = _trace_file(pods, PODS_CSV, "--pods")
     with progress.status(f"reading {nodes_file} and {pods_file}"):
         node_list, pod_list = load_nodes(nodes_file), load_pods(pods_file)
+    trace = trace_name(pods_file)
     if variant is not None:
         pod_list = derive(pod_list, node_list, variant, variant_seed)
     run_seeds = parse_seeds(seeds) if seeds else [seed]
@@ -162,9 +178,13 @@ def simulate(
             for s in run_seeds:
                 task = bar.add_task(f"{policy} seed {s}: pods", total=None)
 
-                def tick(done: int, total: int, task: Any = task) -> None:
+                def tick(done: int, total: int, task: Any = task, s: int = s) -> None:
                     if done % 100 == 0 or done == total:
                         bar.update(task, completed=done, total=total)
+                    # no bar where stderr is not a terminal: a line per tenth of the pods
+                    tenth = max(1, total // 10)
+                    if not progress.is_terminal and (done % tenth == 0 or done == total):
+                        progress.print(f"{policy} seed {s}: {done}/{total} pods")
 
                 results.append(
                     run_protocol(
@@ -185,14 +205,12 @@ def simulate(
                     _done(results[-1], len(results), len(run_seeds))
     results.sort(key=lambda r: r.seed)
     wall = time.perf_counter() - started
-    summary = write_results(results, out, policy, wall, cpu_unit_milli, variant)
+    summary = write_results(results, out, policy, wall, cpu_unit_milli, variant, trace)
     if as_json:
         emit_json(summary)
         return
     _print(summary, mean_curve(results))
-    console.print(
-        f"wrote {out}/{'openb_' + (variant + '_' if variant else '')}{policy}.{{csv,json,png}}"
-    )
+    console.print(f"wrote {out}/{result_stem(trace, variant, policy)}.{{csv,json,png}}")
 
 
 def _done(result: RunResult, done: int, total: int) -> None:
@@ -208,10 +226,12 @@ def write_results(
     wall: float,
     cpu_unit_milli: int,
     variant: str | None = None,
+    trace: str = "default",
 ) -> dict[str, Any]:
     curve = mean_curve(results)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / (f"openb_{variant}_{policy}" if variant else f"openb_{policy}")
+    stem = out / result_stem(trace, variant, policy)
+    published = PUBLISHED.get(policy) if trace == "default" and variant is None else None
     lines = ["arrived_pct,gpu_alloc_pct,cpu_alloc_pct,memory_alloc_pct"]
     lines += [f"{x},{g:.4f},{c:.4f},{m:.4f}" for x, (g, c, m) in curve.items()]
     stem.with_suffix(".csv").write_text("\n".join(lines) + "\n")
@@ -226,7 +246,8 @@ def write_results(
     top = max(curve)
     summary: dict[str, Any] = {
         "policy": policy,
-        "trace": variant or "default",
+        "trace": trace,
+        "variant": variant,
         "seeds": [r.seed for r in results],
         "gpus": gpus,
         "at_100": at(100),
@@ -235,8 +256,9 @@ def write_results(
         "failed_pods_mean": sum(r.failed[-1] for r in results) / len(results),
         "pods_arrived_mean": sum(len(r.arrived_gpu) for r in results) / len(results),
         "wall_seconds": round(wall, 1),
-        "published": dict(zip(("at_100", "at_130", "unallocated"), PUBLISHED[policy], strict=True))
-        if policy in PUBLISHED and variant is None
+        # the paper's figures are the default trace's: shown for that trace only
+        "published": dict(zip(("at_100", "at_130", "unallocated"), published, strict=True))
+        if published is not None
         else None,
         "cpu_unit_milli": cpu_unit_milli,
         "notes": (
@@ -247,7 +269,7 @@ def write_results(
         "curve": {str(x): [round(v, 4) for v in curve[x]] for x in curve},
     }
     stem.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
-    _plot(curve, stem.with_suffix(".png"), policy, len(results), variant)
+    _plot(curve, stem.with_suffix(".png"), policy, len(results), variant, trace)
     return summary
 
 
@@ -257,6 +279,7 @@ def _plot(
     policy: str,
     n: int,
     variant: str | None = None,
+    trace: str = "default",
 ) -> None:
     import matplotlib
 
@@ -267,13 +290,13 @@ def _plot(
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for k, label in enumerate(("GPU", "CPU", "memory")):
         ax.plot(xs, [curve[x][k] for x in xs], label=f"{label} allocated")
-    if policy in PUBLISHED and variant is None:
+    if policy in PUBLISHED and variant is None and trace == "default":
         p100, p130, _ = PUBLISHED[policy]
         ax.scatter([100, 130], [p100, p130], marker="x", color="k", label="published (GPU)")
     ax.set_xlabel("GPU request arrived, % of cluster GPUs")
     ax.set_ylabel("allocated, % of cluster capacity")
-    trace = f"openb {variant} variant" if variant else "openb"
-    ax.set_title(f"{trace}, policy {policy}, mean of {n} seed(s)")
+    name = f"openb {trace}" + (f", {variant} variant" if variant else "")
+    ax.set_title(f"{name}, policy {policy}, mean of {n} seed(s)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -283,7 +306,9 @@ def _plot(
 
 def _print(summary: dict[str, Any], curve: dict[int, tuple[float, float, float]]) -> None:
     table = Table(
-        title=f"openb ({summary['trace']}): {summary['policy']}, seeds {summary['seeds']}"
+        title=f"openb ({summary['trace']}"
+        + (f", {summary['variant']} variant" if summary["variant"] else "")
+        + f"): {summary['policy']}, seeds {summary['seeds']}"
     )
     for name in ("arrived %", "GPU alloc %", "CPU alloc %", "memory alloc %"):
         table.add_column(name, justify="right")

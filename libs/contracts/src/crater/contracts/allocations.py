@@ -36,6 +36,12 @@ TASK_ENVIRONMENT: dict[str, str] = {
     "(its disk, the cores and memory granted).",
     "CRATER_DATALOADER_PREFETCH_FACTOR": "DataLoader prefetch_factor, for the node chosen.",
     "CRATER_MIG_PROFILE": "The MIG slice held on the first GPU (`3g.40gb`); absent: whole cards.",
+    "CRATER_LENT_BY": "An inference replica on a card lent by this training task during its CPU "
+    "phase (docs/pools.md, Lending by phase): it is told to go when the task wants the card "
+    "back; absent: the card is not lent.",
+    "CRATER_GPU_MEMORY_LIMIT_MB": "With CRATER_LENT_BY: the GPU memory the replica may use on "
+    "the lent card (the lender's resident memory stays there); the replica's runtime enforces "
+    "it (an MPS or framework memory limit).",
     "CRATER_GANG_RANK": "A gang member's rank, from 0; absent: not a gang.",
     "CRATER_GANG_SIZE": "How many members the gang has; absent: not a gang.",
     "CRATER_GANG_LEADER_NODE": "The node (id) rank 0 was placed on; absent: not a gang.",

@@ -17,6 +17,7 @@ from crater.contracts.autoscaling import (
 from crater.contracts.base import Event
 from crater.contracts.budgets import TenantBudgetExceeded, TenantBudgetRestored
 from crater.contracts.nodes import NodeHealthReported, NodeMetricsReported, NodeTopologyReported
+from crater.contracts.phases import TaskGpusLending, TaskPhaseReported
 from crater.contracts.rejections import MessageDeadLettered, MessageRejected, MessageReplayed
 from crater.contracts.tasks import (
     TaskEnded,
@@ -251,6 +252,23 @@ class Subjects:
         producers=("probe", "gateway (cancel)"),
         consumers=("scheduler", "callback", "predictor"),
     )
+    TASK_PHASE = Channel(
+        f"{PREFIX}.task.phase",
+        TaskPhaseReported,
+        Streams.TASKS,
+        "A running task enters (`cpu`) or leaves (`gpu`) a phase in which its GPUs are idle: "
+        "they may be lent to inference replicas meanwhile (docs/pools.md, Lending by phase).",
+        producers=("gateway (POST /api/v1/tasks/{task_id}/phase)",),
+        consumers=("scheduler",),
+    )
+    TASK_LENDING = Channel(
+        f"{PREFIX}.task.lending",
+        TaskGpusLending,
+        Streams.TASKS,
+        "Where the lending of a task's GPUs stands: lent, reclaiming (replicas leaving by a "
+        "deadline), returned (its cards are its own again), or refused with the reason.",
+        producers=("scheduler",),
+    )
     TASK_UNDERUTILIZED = Channel(
         f"{PREFIX}.task.underutilized",
         TaskUnderutilized,
@@ -297,7 +315,10 @@ class Subjects:
         Streams.AUTOSCALING,
         "Batches of inference request latencies per service.",
         producers=("inference replicas",),
-        consumers=("autoscaler",),
+        consumers=(
+            "autoscaler",
+            "probe (simulated fleet: a replica's cards hold the memory it reports)",
+        ),
     )
     SCALE_DECIDED = Channel(
         f"{PREFIX}.scale.decided",
@@ -400,6 +421,8 @@ class Subjects:
         TASK_ESCALATED,
         TASK_ENDED,
         TASK_STATUS,
+        TASK_PHASE,
+        TASK_LENDING,
         TASK_UNDERUTILIZED,
         TASK_USAGE,
         ALLOCATION_GRANTED,

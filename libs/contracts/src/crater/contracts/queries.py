@@ -1,6 +1,7 @@
 """Read queries answered over NATS request-reply (core NATS, not JetStream): the scheduler owns
 cluster and task state, the predictor its memory model, and the gateway and CLI ask them.
-Answering one changes nothing anywhere."""
+Answering one changes nothing anywhere; the one exception, `CONFIG_APPLY` (an operator's new
+pools or quotas file, admin only at the gateway), says so in its name."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from crater.contracts.base import Contract
 from crater.contracts.catalog import PREFIX
 from crater.contracts.jobs import JobDescription
 from crater.contracts.nodes import NodeCondition, Toleration
+from crater.contracts.phases import LendingState
 from crater.contracts.tasks import (
     Affinity,
     Confidence,
@@ -38,6 +40,8 @@ class QuerySubjects:
     ALLOCATION = f"{PREFIX}.query.allocation"
     AUDIT_EXPLAIN = f"{PREFIX}.query.audit-explain"
     POOLS = f"{PREFIX}.query.pools"
+    # not a read: applies a new pools or quotas file (the gateway's admin routes)
+    CONFIG_APPLY = f"{PREFIX}.admin.config-apply"
     # answered by the predictor
     PREDICTION = f"{PREFIX}.query.prediction"
     RESOLVE = f"{PREFIX}.query.resolve"
@@ -163,8 +167,45 @@ class PoolsAnswer(Contract):
     )
 
 
+ConfigFile = Literal["pools", "quotas"]
+CONFIG_TEXT_MAX = 1_048_576  # characters of a pools or quotas file sent over the API
+
+
+class ConfigApply(Contract):
+    """A new pools or quotas file for the scheduler to validate and apply without a restart,
+    as if the file had changed on disk (docs/pools.md); the file on disk is not written."""
+
+    file: ConfigFile = Field(description="Which file this replaces.")
+    text: str = Field(
+        max_length=CONFIG_TEXT_MAX,
+        description="The file's content: YAML, or JSON (YAML reads it).",
+    )
+    requested_by: str | None = Field(
+        default=None, max_length=200, description="Who asked (the gateway's caller), logged."
+    )
+
+
+class ConfigApplied(Contract):
+    file: ConfigFile
+    applied: bool = Field(description="False: refused, the running configuration kept.")
+    errors: list[FieldError] = Field(
+        default_factory=list, description="Why it was refused: each field and its reason."
+    )
+    pools: list[str] = Field(default_factory=list, description="The pools configured now.")
+    tenants: list[str] = Field(
+        default_factory=list, description="The tenants with a quota now (hard or elastic)."
+    )
+    summary: str
+
+
 class TasksQuery(Contract):
     task_id: str | None = None
+    task_ids: list[str] | None = Field(
+        default=None,
+        max_length=1000,
+        description="Only these tasks, each summary without its history: one question for "
+        "many submissions (the gateway's check of known ids).",
+    )
     status: TaskStatus | None = None
     limit: int = Field(default=100, ge=1, le=10_000)
     tenant: str | None = Field(default=None, max_length=63, description="Only this tenant's.")
@@ -471,6 +512,14 @@ class AllocationCheck(Contract):
     running: bool = Field(default=False, description="Confirmed: it no longer expires.")
     reservation_expires_at: AwareDatetime | None = Field(
         default=None, description="Its real deadline (from when the grant was stored)."
+    )
+    lending: LendingState | None = Field(
+        default=None,
+        description="Held now and in a CPU phase: `lent` (its cards may serve replicas) or "
+        "`reclaiming` (replicas leave by `must_be_free_by`); None: nothing of it is lent.",
+    )
+    must_be_free_by: AwareDatetime | None = Field(
+        default=None, description="`reclaiming`: when the replicas are gone at the latest."
     )
 
 

@@ -504,6 +504,16 @@ class CrossEntropy(StrEnum):
     FUSED = "fused"  # head and loss fused (Liger, Cut Cross-Entropy): no logits kept
 
 
+class CheckpointPolicy(StrEnum):
+    """What activation (gradient) checkpointing keeps for backward and what it recomputes."""
+
+    NONE = "none"  # every layer's activations kept
+    FULL = "full"  # HF gradient_checkpointing_enable: each block's input kept, block recomputed
+    SELECTIVE = "selective"  # Megatron-LM selective: only the attention core (s^2) recomputed
+    OFFLOADED = "offloaded"  # Unsloth "unsloth": as full, the kept inputs moved to host memory
+    EVERY_K = "every-k"  # torchtune ac_option=k: every k-th block checkpointed, others kept
+
+
 class Sharding(StrEnum):
     DEEPSPEED = "deepspeed"
     FSDP = "fsdp"
@@ -560,7 +570,26 @@ class TrainingConfig(Contract):
         description="Each parameter stepped as soon as its gradient is ready, which is then "
         "freed (torchtune optimizer_in_bwd): no full set of gradients is held.",
     )
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="Full recomputation (Hugging Face gradient_checkpointing_enable); "
+        "checkpoint_policy, when set, says which policy instead.",
+    )
+    checkpoint_policy: CheckpointPolicy | None = Field(
+        default=None,
+        description="Which checkpointing: none, full (each block's input kept, the block "
+        "recomputed in backward), selective (Megatron-LM: only the attention core's s^2 "
+        "scores, softmax and dropout recomputed), offloaded (Unsloth: as full, the kept "
+        "inputs moved to host memory, predicted there) or every-k (torchtune ac_option: "
+        "every checkpoint_every-th block checkpointed). Unset: full when "
+        "gradient_checkpointing, else none.",
+    )
+    checkpoint_every: int = Field(
+        default=2,
+        ge=1,
+        le=1024,
+        description="For checkpoint_policy every-k: one block in this many checkpointed.",
+    )
     offload_activations: bool = Field(
         default=False,
         description="Saved activations moved to host memory until backward needs them "
@@ -591,6 +620,14 @@ class TrainingConfig(Contract):
         "partition, 4x the largest layer gathered at stage 3) or PyTorch FSDP (stage 3: "
         "FULL_SHARD, 2: SHARD_GRAD_OP; one transformer block gathered at a time).",
     )
+    full_model_per_rank: bool = Field(
+        default=False,
+        description="Every data-parallel rank builds the whole model on its GPU and keeps it "
+        "there beside the shards (FSDP wrapping a module already moved to the GPU, as "
+        "LitGPT's 2023 multi-GPU fine-tuning did): the whole model's weights add to each "
+        "GPU's sharded states. False: only the shard reaches the GPU (meta-device or host "
+        "initialisation).",
+    )
     offload_optimizer: bool = Field(
         default=False,
         description="Optimizer states, fp32 master weights and gradients in host memory "
@@ -614,6 +651,13 @@ class TrainingConfig(Contract):
     sample_bytes: int | None = Field(
         default=None, ge=1, le=1 << 34, description="Bytes read from disk per sample."
     )
+
+    @property
+    def recompute(self) -> CheckpointPolicy:
+        """The checkpointing policy in effect: the named one, else full for the bool."""
+        if self.checkpoint_policy is not None:
+            return self.checkpoint_policy
+        return CheckpointPolicy.FULL if self.gradient_checkpointing else CheckpointPolicy.NONE
 
 
 class InferenceEngine(StrEnum):
@@ -980,9 +1024,27 @@ class TaskPending(TaskEvent):
     )
 
 
+# Control characters (but tab and newline) and lone surrogates: what a refusal may echo of
+# its input (a field named by the user's own keys) but what is not text to print or to send
+# (a NUL makes the whole answer invalid JSON text to its reader: the gateway refuses it).
+_NOT_PRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
+
+
+def _escaped(text: str) -> str:
+    return _NOT_PRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 class FieldError(Contract):
+    """One reason for a refusal: the field (a dotted path) and why. Control characters and
+    lone surrogates taken from the input are written as `\\uXXXX` escapes."""
+
     field: str = Field(examples=["resource_requirements.gpu.count"])
     reason: str
+
+    @field_validator("field", "reason")
+    @classmethod
+    def _printable(cls, text: str) -> str:
+        return _escaped(text)
 
 
 class TaskRejected(TaskEvent):
@@ -1037,9 +1099,32 @@ class TaskPreempted(TaskEvent):
         description="Set when the task ran on capacity borrowed from this pool, whose own "
         "task needs it back (reclaim, whatever the priorities); None: a priority preemption.",
     )
+    lent_by: TaskId | None = Field(
+        default=None,
+        description="Set when it ran on GPUs this task lent during a CPU phase, and the task "
+        "wants them back (its phase ended, by itself or at its maximum, or the task went).",
+    )
+    reclaimed_by_tenant: str | None = Field(
+        default=None,
+        description="Set when the task's tenant held it above its guarantee (borrowed) and "
+        "this tenant, within its own guarantee, needs the capacity back (reclaim, whatever "
+        "the priorities).",
+    )
 
     def cause(self) -> str:
         """Why, as a phrase ("preempted by t-9")."""
+        if self.lent_by is not None:
+            return f"the GPUs lent by {self.lent_by} taken back"
+        if self.preempted_by is not None and self.reclaimed_by_tenant is not None:
+            return (
+                f"preempted by {self.preempted_by}: tenant {self.reclaimed_by_tenant} takes "
+                "back its guarantee"
+            )
+        if self.preempted_by is not None and self.reclaimed_by_pool is not None:
+            return (
+                f"preempted by {self.preempted_by}: pool {self.reclaimed_by_pool} takes back "
+                "the capacity it lent"
+            )
         if self.preempted_by is not None:
             return f"preempted by {self.preempted_by}"
         return f"taken back by pool {self.reclaimed_by_pool} ahead of its expected demand"

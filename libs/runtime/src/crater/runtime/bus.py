@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import random
@@ -20,7 +21,7 @@ import nats.js.errors
 from faststream import AckPolicy
 from faststream._internal.middlewares import BaseMiddleware
 from faststream.exceptions import HandlerException, NackMessage, RejectMessage
-from faststream.message import StreamMessage
+from faststream.message import StreamMessage, decode_message
 from faststream.nats import (
     DeliverPolicy,
     JStream,
@@ -42,6 +43,7 @@ from faststream.prometheus import ConsumeAttrs, MetricsSettingsProvider
 from faststream.prometheus.middleware import PrometheusMiddleware
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 from nats.js.errors import BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
@@ -71,6 +73,7 @@ from crater.runtime.leadership import EPOCH_HEADER, DeposedLeader, EpochGuard
 from crater.runtime.nats_connection import NatsConnection, reconnect_options
 from crater.runtime.settings import ServiceSettings
 from crater.runtime.telemetry import current_trace_context
+from crater.runtime.together import Together
 
 log = logging.getLogger("crater.bus")
 
@@ -198,7 +201,11 @@ class Delivery:
 
 def _delivery(msg: StreamMessage[Any]) -> Delivery | None:
     """The JetStream side of a message; None for a core NATS one (a request)."""
-    raw = getattr(msg, "raw_message", None)
+    return delivery_of(getattr(msg, "raw_message", None))
+
+
+def delivery_of(raw: Any) -> Delivery | None:
+    """The JetStream side of a raw nats-py message; None for a core NATS one (a request)."""
     if not isinstance(raw, Msg) or not raw.reply or not raw.reply.startswith("$JS.ACK."):
         return None
     metadata = raw.metadata
@@ -210,6 +217,38 @@ def _delivery(msg: StreamMessage[Any]) -> Delivery | None:
         deliveries=metadata.num_delivered,
         headers=dict(raw.headers or {}),
     )
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """A message as the refusal of bad input sees it, whoever consumed it: FastStream's
+    per-message subscriber (`durable`) or a batch consumer (crater.runtime.batches)."""
+
+    body: bytes
+    subject: str
+    headers: Mapping[str, Any]
+    delivery: Delivery | None  # None: a core NATS request
+    content_type: str | None = None
+
+    @classmethod
+    def of(cls, msg: StreamMessage[Any]) -> Inbound:
+        delivery = _delivery(msg)
+        return cls(
+            body=msg.body,
+            subject=delivery.subject if delivery else _subject(msg),
+            headers=msg.headers,
+            delivery=delivery,
+            content_type=msg.content_type,
+        )
+
+    async def decode(self) -> Any:
+        """The body as FastStream decodes it (by its content type; JSON when it has none)."""
+        return decode_message(self)  # type: ignore[arg-type]  # reads .body, .content_type
+
+
+# What `Rejections.admit` returns for a message it refused (a core NATS request: nothing to
+# terminate; a JetStream delivery's refusal ends in an ack decision raised instead).
+REFUSED: Any = object()
 
 
 class Rejections:
@@ -282,30 +321,52 @@ class Rejections:
         )
         await publish(self.broker, event)
 
-    async def undecodable(
-        self, msg: StreamMessage[Any], delivery: Delivery | None, error: Exception
-    ) -> None:
-        """Refuse a message that cannot be decoded: never retried."""
-        await self.refuse(msg, delivery, error, _explain(msg.body, error))
+    async def admit(
+        self, message: Inbound, decode: Callable[[], Awaitable[Any]] | None = None
+    ) -> Any:
+        """The message's decoded body (`decode`: the consumer's own decoding, by default
+        `message.decode`), once it passed every check made before handling: JSON depth, text,
+        decoding, the node its subject names, the epoch of the leader that sent it. A message
+        that fails one is refused (`refuse`): a JetStream delivery ends in an ack decision
+        raised (terminate; handed back if it could not be dead-lettered), a core NATS request
+        in REFUSED returned."""
+        delivery = message.delivery
+        try:
+            check_json_depth(message.body, self.policy.max_json_depth)
+            check_json_text(message.body)
+            body = await (decode or message.decode)()
+        except NotText as error:
+            not_text = FieldError(field=error.field, reason=error.what)
+            await self.refuse(message, error, [not_text])
+            return REFUSED
+        except Exception as error:
+            await self.undecodable(message, error)
+            return REFUSED
+        if (wrong := node_mismatch(message.subject, body)) is not None:
+            await self.refuse(message, NodeMismatch(wrong.reason), [wrong])
+            return REFUSED
+        stored = (delivery.stream, delivery.stream_sequence) if delivery else (None, None)
+        if (stale := self.epochs.stale(message.headers, *stored)) is not None:
+            field = FieldError(field=f"headers.{EPOCH_HEADER}", reason=stale)
+            await self.refuse(message, DeposedLeader(stale), [field])
+            return REFUSED
+        return body
 
-    async def refuse(
-        self,
-        msg: StreamMessage[Any],
-        delivery: Delivery | None,
-        error: Exception,
-        errors: list[FieldError],
-    ) -> None:
+    async def undecodable(self, message: Inbound, error: Exception) -> None:
+        """Refuse a message that cannot be decoded: never retried."""
+        await self.refuse(message, error, _explain(message.body, error))
+
+    async def refuse(self, message: Inbound, error: Exception, errors: list[FieldError]) -> None:
         """Refuse a message before handling, for what it is (never retried): dead-lettered,
         and a MessageRejected naming `errors`."""
-        subject = delivery.subject if delivery else _subject(msg)
         reason = type(error).__name__
-        self.decode_refused.labels(subject=metric_subject(subject), reason=reason).inc()
-        if delivery is None:  # a core NATS request: nothing to keep or to terminate
-            await self.reject(subject, msg.body, errors, error_class=reason)
+        self.decode_refused.labels(subject=metric_subject(message.subject), reason=reason).inc()
+        if message.delivery is None:  # a core NATS request: nothing to keep or to terminate
+            await self.reject(message.subject, message.body, errors, error_class=reason)
             return
-        await self._give_up(msg, delivery, "decode", error, errors)
+        await self._give_up(message.body, message.delivery, "decode", error, errors)
 
-    async def failed(self, msg: StreamMessage[Any], delivery: Delivery, error: Exception) -> None:
+    async def failed(self, body: bytes, delivery: Delivery, error: Exception) -> None:
         """A handler raised: redeliver after a delay, or give up once the limit is reached.
         Always ends in a FastStream ack exception (nack with delay, or terminate)."""
         reason = _describe(error)
@@ -342,11 +403,11 @@ class Rejections:
                 reason=_clip(f"{reason} (on each of {delivery.deliveries} deliveries)"),
             )
         ]
-        await self._give_up(msg, delivery, "apply", error, errors)
+        await self._give_up(body, delivery, "apply", error, errors)
 
     async def _give_up(
         self,
-        msg: StreamMessage[Any],
+        body: bytes,
         delivery: Delivery,
         kind: FailureKind,
         error: Exception,
@@ -355,12 +416,12 @@ class Rejections:
         """Dead-letter the message, say so, and terminate it; if the dead letter cannot be
         published, the message is handed back instead, so it is never lost."""
         reason = type(error).__name__
-        letter = dead_letter(self.service, delivery, msg.body, kind, reason, errors)
+        letter = dead_letter(self.service, delivery, body, kind, reason, errors)
         try:
             await publish(self.broker, letter)
             await self.reject(
                 delivery.subject,
-                msg.body,
+                body,
                 errors,
                 kind=kind,
                 error_class=reason,
@@ -391,38 +452,20 @@ class Rejections:
             failure to apply; every failure becomes a rejection or a delayed redelivery."""
 
             async def consume_scope(self, call_next: Any, msg: StreamMessage[Any]) -> Any:
-                delivery = _delivery(msg)
-                try:
-                    check_json_depth(msg.body, rejections.policy.max_json_depth)
-                    check_json_text(msg.body)
-                    body = await msg.decode()
-                except NotText as error:
-                    not_text = FieldError(field=error.field, reason=error.what)
-                    await rejections.refuse(msg, delivery, error, [not_text])
-                    return None
-                except Exception as error:
-                    await rejections.undecodable(msg, delivery, error)
-                    return None
-                subject = delivery.subject if delivery else _subject(msg)
-                if (wrong := node_mismatch(subject, body)) is not None:
-                    await rejections.refuse(msg, delivery, NodeMismatch(wrong.reason), [wrong])
-                    return None
-                stored = (delivery.stream, delivery.stream_sequence) if delivery else (None, None)
-                if (stale := rejections.epochs.stale(msg.headers, *stored)) is not None:
-                    field = FieldError(field=f"headers.{EPOCH_HEADER}", reason=stale)
-                    await rejections.refuse(msg, delivery, DeposedLeader(stale), [field])
+                message = Inbound.of(msg)
+                if await rejections.admit(message, msg.decode) is REFUSED:
                     return None
                 try:
                     return await call_next(msg)
                 except HandlerException:
                     raise  # an ack decision already taken
                 except ValidationError as error:
-                    await rejections.undecodable(msg, delivery, error)
+                    await rejections.undecodable(message, error)
                     return None
                 except Exception as error:
-                    if delivery is None:
+                    if message.delivery is None:
                         raise  # a request: its caller hears of it
-                    await rejections.failed(msg, delivery, error)
+                    await rejections.failed(msg.body, message.delivery, error)
                     raise  # not reached: failed() always raises an ack decision
 
         return RefusePoisonMessages
@@ -657,13 +700,38 @@ def make_broker(
     )
     rejections = Rejections(broker, service, registry, policy)
     broker.add_middleware(rejections.middleware())
-    _POLICIES[broker] = rejections.policy
+    _WIRING[broker] = Wiring(rejections, registry, tracer_provider)
     return broker, rejections
 
 
-# Each broker's delivery policy, for the consumers registered on it (`_pull_consumer`), and
-# those consumers as (stream, durable name), for `align_consumers`.
-_POLICIES: WeakKeyDictionary[NatsBroker, DeliveryPolicy] = WeakKeyDictionary()
+@dataclass(frozen=True)
+class Wiring:
+    """What `make_broker` gave a broker, for the consumers registered on it later: its
+    refusal of bad input (and delivery policy), metrics registry and tracer provider."""
+
+    rejections: Rejections
+    registry: CollectorRegistry
+    tracer_provider: TracerProvider | None
+
+
+def wiring(broker: NatsBroker) -> Wiring | None:
+    """The broker's `Wiring`; None for one `make_broker` did not make."""
+    return _WIRING.get(broker)
+
+
+def policy_of(broker: NatsBroker) -> DeliveryPolicy:
+    found = _WIRING.get(broker)
+    return found.rejections.policy if found is not None else DeliveryPolicy()
+
+
+def remember_durable(broker: NatsBroker, stream: str, durable_name: str) -> None:
+    """Register a durable consumer of `broker` for `align_consumers`."""
+    _DURABLES.setdefault(broker, []).append((stream, durable_name))
+
+
+# Each broker's wiring, for the consumers registered on it (`_pull_consumer`, batch
+# consumers), and those consumers as (stream, durable name), for `align_consumers`.
+_WIRING: WeakKeyDictionary[NatsBroker, Wiring] = WeakKeyDictionary()
 _DURABLES: WeakKeyDictionary[NatsBroker, list[tuple[str, str]]] = WeakKeyDictionary()
 
 
@@ -687,13 +755,14 @@ async def publish(
         context = current_trace_context()
         if context is not None:
             event = event.model_copy(update={"trace": context})
+    message = outgoing(event)
     await publish_raw(
         broker,
-        subject=subject_of(event),
-        stream=channel_for(type(event)).stream.name,
-        payload=encode(event),
-        event_id=str(event.event_id),
-        traceparent=event.trace.traceparent if event.trace else None,
+        subject=message.subject,
+        stream=message.stream,
+        payload=message.payload,
+        event_id=message.event_id,
+        traceparent=message.traceparent,
         extra_headers=extra_headers,
     )
 
@@ -729,6 +798,133 @@ async def publish_raw(
     finally:
         if token is not None:
             otel_context.detach(token)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One message of `publish_batch`: where it goes, its body, its de-dup id, and the trace
+    context it carries (the span that caused it)."""
+
+    subject: str
+    stream: str
+    payload: bytes
+    event_id: str
+    traceparent: str | None = None
+
+
+def outgoing(event: Event) -> Outgoing:
+    """`event` as a message of `publish_batch`, carrying its own trace context."""
+    return Outgoing(
+        subject=subject_of(event),
+        stream=channel_for(type(event)).stream.name,
+        payload=encode(event),
+        event_id=str(event.event_id),
+        traceparent=event.trace.traceparent if event.trace else None,
+    )
+
+
+# One JetStream context per connection: its asynchronous publishes share one reply inbox.
+_JETSTREAMS: WeakKeyDictionary[Client, JetStreamContext] = WeakKeyDictionary()
+
+
+def _jetstream(connection: Client) -> JetStreamContext:
+    found = _JETSTREAMS.get(connection)
+    if found is None:
+        found = _JETSTREAMS[connection] = connection.jetstream()
+    return found
+
+
+async def publish_batch(
+    broker: NatsBroker,
+    messages: Sequence[Outgoing],
+    extra_headers: Mapping[str, str] | None = None,
+) -> list[BaseException | None]:
+    """Publish `messages` in their order, every one sent before any ack is awaited, the acks
+    then awaited together: one round trip for the batch instead of one each. Straight on the
+    connection (no per-message middleware): each message carries its own trace context as its
+    `traceparent` header and its event id as Nats-Msg-Id, as `publish_raw` would give it.
+
+    A message whose ack does not come in time, or is an error, is published again on its own
+    (`publish_raw`, with its retries): its Nats-Msg-Id lets JetStream drop it if it had in fact
+    arrived. Returns each message's outcome: None once JetStream holds it, else the error."""
+    if not messages:
+        return []
+    js = _jetstream(broker.connection)
+    sent: list[asyncio.Future[Any] | BaseException] = []
+    for message in messages:
+        headers = {
+            "Nats-Msg-Id": message.event_id,
+            "content-type": "application/json",
+            **(extra_headers or {}),
+        }
+        if message.traceparent:
+            headers["traceparent"] = message.traceparent
+        try:
+            sent.append(
+                await js.publish_async(
+                    message.subject,
+                    message.payload,
+                    wait_stall=PUBLISH_ACK_TIMEOUT_SECONDS,
+                    stream=message.stream,
+                    headers=headers,
+                )
+            )
+        except Exception as error:  # the connection is away, or too many acks outstanding
+            sent.append(error)
+    waiting = [f for f in sent if isinstance(f, asyncio.Future)]
+    if waiting:
+        _, late = await asyncio.wait(waiting, timeout=PUBLISH_ACK_TIMEOUT_SECONDS)
+        for future in late:
+            future.cancel()  # frees its slot among the acks outstanding
+    again = [
+        i
+        for i, outcome in enumerate(sent)
+        if not isinstance(outcome, asyncio.Future)
+        or outcome.cancelled()
+        or outcome.exception() is not None
+    ]
+    outcomes: list[BaseException | None] = [None] * len(messages)
+    if again:
+        retried = await asyncio.gather(
+            *(
+                publish_raw(
+                    broker,
+                    subject=messages[i].subject,
+                    stream=messages[i].stream,
+                    payload=messages[i].payload,
+                    event_id=messages[i].event_id,
+                    traceparent=messages[i].traceparent,
+                    extra_headers=extra_headers,
+                )
+                for i in again
+            ),
+            return_exceptions=True,
+        )
+        for i, outcome in zip(again, retried, strict=True):
+            outcomes[i] = outcome
+    return outcomes
+
+
+class PublishTogether:
+    """Publishes from many concurrent callers sent together (`Together` over
+    `publish_batch`, acks awaited together). Each caller still returns only once JetStream
+    holds its own message (or raises its own error), so a 202 is never answered early: only
+    the serial wait for one ack after another is gone. For a service's request handlers (the
+    gateway's submissions)."""
+
+    def __init__(self, broker: NatsBroker, max_batch: int = 256) -> None:
+        async def send(messages: list[Outgoing]) -> list[BaseException | None]:
+            return await publish_batch(broker, messages)
+
+        self._together: Together[Outgoing, None] = Together(send, max_batch)
+
+    async def publish(self, event: Event) -> None:
+        """`event` on the bus, in the current span's trace unless it names its own."""
+        if event.trace is None:
+            context = current_trace_context()
+            if context is not None:
+                event = event.model_copy(update={"trace": context})
+        await self._together(outgoing(event))
 
 
 async def retry_transient(
@@ -846,8 +1042,8 @@ def _pull_consumer(
     """The durable pull subscriber both `durable` and `durable_stream` register: acked after
     the handler returns; if it raises, redelivered after a delay up to the broker's delivery
     limit, then dead-lettered (`Rejections`)."""
-    policy = _POLICIES.get(broker) or DeliveryPolicy()
-    _DURABLES.setdefault(broker, []).append((stream_name, durable_name))
+    policy = policy_of(broker)
+    remember_durable(broker, stream_name, durable_name)
     subscriber = (router or broker).subscriber(
         subject,
         stream=JStream(stream_name, declare=False),
@@ -872,17 +1068,28 @@ async def align_consumers(nats_url: str | NatsConnection, broker: NatsBroker) ->
     """Give the broker's durable consumers that already exist JetStream's backstop for its
     delivery limit (`max_deliver`): nats-py binds to an existing consumer as it is, so one
     created before the limit (or under another limit) would otherwise keep its own."""
-    wanted = (_POLICIES.get(broker) or DeliveryPolicy()).server_max_deliver
+    wanted = policy_of(broker).server_max_deliver
     connection = await NatsConnection.coerce(nats_url).connect(connect_timeout=5)
     try:
         js = connection.jetstream()
         for stream, durable_name in _DURABLES.get(broker, []):
+            # A loaded cluster may let a JetStream API call time out: retried, as
+            # `ensure_streams` waits, rather than failing the service's start.
             try:
-                info = await js.consumer_info(stream, durable_name)
+                info = await retry_transient(
+                    functools.partial(js.consumer_info, stream, durable_name),
+                    what=f"consumer info {durable_name}",
+                    seconds=ENSURE_STREAMS_SECONDS,
+                )
             except NotFoundError:
                 continue  # created with it when the subscriber starts
             if info.config.max_deliver != wanted:
-                await js.add_consumer(stream, config=info.config.evolve(max_deliver=wanted))
+                config = info.config.evolve(max_deliver=wanted)
+                await retry_transient(
+                    functools.partial(js.add_consumer, stream, config=config),
+                    what=f"align {durable_name}",
+                    seconds=ENSURE_STREAMS_SECONDS,
+                )
                 log.info("%s: max_deliver %s -> %d", durable_name, info.config.max_deliver, wanted)
     finally:
         await connection.close()
@@ -929,13 +1136,19 @@ async def ensure_streams(
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "REFUSED",
     "Delivery",
     "DeliveryPolicy",
+    "Inbound",
     "NodeMismatch",
+    "Outgoing",
+    "PublishTogether",
     "Rejections",
     "Subjects",
+    "Wiring",
     "align_consumers",
     "dead_letter",
+    "delivery_of",
     "durable",
     "durable_stream",
     "encode",
@@ -945,10 +1158,15 @@ __all__ = [
     "make_broker",
     "metric_subject",
     "node_mismatch",
+    "outgoing",
+    "policy_of",
     "publish",
+    "publish_batch",
     "publish_raw",
+    "remember_durable",
     "replicas_for",
     "retry_transient",
     "stream_config",
     "subject_of",
+    "wiring",
 ]

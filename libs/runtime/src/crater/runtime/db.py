@@ -8,17 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg  # type: ignore[import-untyped]
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import MetaData, event, pool
-from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy import MetaData, Table, event, pool
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL, Connection, CursorResult, make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 # SQLite's `synchronous` in WAL mode, chosen with `?synchronous=` on the database URL.
 # FULL (the default) syncs the WAL at every commit: a commit survives power loss, so acking
@@ -141,3 +148,37 @@ async def fresh_postgres_database(server_url: str, prefix: str = "crater") -> As
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await admin.close()
+
+
+def _insert_ignoring_conflicts(
+    session: AsyncSession | AsyncConnection, table: Table
+) -> postgresql.Insert | sqlite.Insert:
+    """`INSERT ... ON CONFLICT DO NOTHING` into `table`, in the session's dialect."""
+    bind = session if isinstance(session, AsyncConnection) else session.bind
+    dialect = bind.dialect.name if bind is not None else None
+    if dialect == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    if dialect == "sqlite":
+        return sqlite.insert(table).on_conflict_do_nothing()
+    # Crater runs on these two (docs/configuration.md)
+    raise ValueError(f"insert_if_absent: no ON CONFLICT for database {dialect!r}")
+
+
+async def insert_if_absent(
+    session: AsyncSession | AsyncConnection, table: Table, values: dict[str, Any]
+) -> bool:
+    """Insert the row unless one with its key is there; True when it went in. One statement,
+    `INSERT ... ON CONFLICT DO NOTHING`, so two transactions inserting one key at once do not
+    both read "absent" and then collide on the key: the second waits for the first's commit
+    and inserts nothing."""
+    statement = _insert_ignoring_conflicts(session, table).values(**values)
+    done = cast(CursorResult[Any], await session.execute(statement))
+    return done.rowcount == 1
+
+
+async def insert_all_if_absent(
+    session: AsyncSession | AsyncConnection, table: Table, rows: Sequence[dict[str, Any]]
+) -> None:
+    """`insert_if_absent` for many rows in one executemany (which rows went in is not told)."""
+    if rows:
+        await session.execute(_insert_ignoring_conflicts(session, table), list(rows))

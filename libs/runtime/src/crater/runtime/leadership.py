@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from faststream.nats import NatsBroker, NatsRouter
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
@@ -405,25 +405,43 @@ CONSUMER_LOOK_PAUSE_SECONDS = 0.1
 CONSUMER_WAIT_SECONDS = 30.0  # then the subscribers are started anyway (and may fail)
 
 
+class GatedConsumer(Protocol):
+    """A consumer a `LeaderGate` starts and stops besides its router's subscribers: a batch
+    consumer (crater.runtime.batches.BatchConsumer)."""
+
+    stream_name: str
+    durable_name: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 class LeaderGate:
     """The subscribers only the leader runs (its durable consumers, the queries it answers):
-    registered on `router` when the app is built (`durable(..., router=gate.router)`), started
-    when this process leads, stopped when it steps down. A standby binds no consumer, so it
-    takes none of the leader's messages."""
+    registered on `router` when the app is built (`durable(..., router=gate.router)`), or
+    added (`add`: batch consumers), started when this process leads, stopped when it steps
+    down. A standby binds no consumer, so it takes none of the leader's messages."""
 
     def __init__(self, broker: NatsBroker) -> None:
         self.broker = broker
         self.router = NatsRouter()
+        self.consumers: list[GatedConsumer] = []
         self._included = False
 
+    def add(self, consumer: GatedConsumer) -> None:
+        self.consumers.append(consumer)
+
     def durables(self) -> list[tuple[str, str]]:
-        """(stream, durable name) of each JetStream durable consumer on the router."""
+        """(stream, durable name) of each JetStream durable consumer on the router, and of
+        each one added."""
         found = []
         for subscriber in self.router.subscribers:
             stream = getattr(subscriber, "stream", None)
             name = getattr(getattr(subscriber, "config", None), "durable_name", None)
             if stream is not None and isinstance(name, str):
                 found.append((stream.name, name))
+        found += [(c.stream_name, c.durable_name) for c in self.consumers]
         return found
 
     async def open(self) -> None:
@@ -435,6 +453,8 @@ class LeaderGate:
             self._included = True
         for subscriber in self.router.subscribers:
             await subscriber.start()
+        for consumer in self.consumers:
+            await consumer.start()
 
     async def consumers_answering(self, wait_seconds: float = CONSUMER_WAIT_SECONDS) -> float:
         """Wait until each durable consumer answers a lookup (it has a raft leader; one not
@@ -460,6 +480,9 @@ class LeaderGate:
         return loop.time() - started
 
     async def close(self) -> None:
+        for consumer in self.consumers:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
         for subscriber in self.router.subscribers:
             with contextlib.suppress(Exception):
                 await subscriber.stop()

@@ -41,6 +41,7 @@ QUERY_ANSWERERS: Mapping[str, str] = {
     QuerySubjects.ALLOCATION: "scheduler",
     QuerySubjects.AUDIT_EXPLAIN: "scheduler",
     QuerySubjects.POOLS: "scheduler",
+    QuerySubjects.CONFIG_APPLY: "scheduler",
     QuerySubjects.PREDICTION: "predictor",
     QuerySubjects.RESOLVE: "predictor",
     QuerySubjects.USAGE: "predictor",

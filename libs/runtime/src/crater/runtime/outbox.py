@@ -35,7 +35,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from crater.contracts import Event, TaskEvent, TaskSequence
 from crater.contracts.catalog import channel_for
-from crater.runtime.bus import encode, publish_raw, subject_of
+from crater.runtime.bus import Outgoing, encode, publish_batch, subject_of
+from crater.runtime.db import insert_if_absent
 from crater.runtime.telemetry import current_trace_context
 
 log = logging.getLogger("crater.outbox")
@@ -142,20 +143,14 @@ def _unstamped(event: Event) -> bool:
 async def first_delivery(
     session: AsyncSession | AsyncConnection, inbox: Table, consumer: str, event_id: UUID
 ) -> bool:
-    """True the first time `consumer` sees `event_id`; records it in the caller's transaction."""
-    seen = await session.scalar(
-        select(inbox.c.event_id).where(
-            inbox.c.consumer == consumer, inbox.c.event_id == str(event_id)
-        )
-    )
-    if seen is not None:
-        return False
-    await session.execute(
-        insert(inbox).values(
-            consumer=consumer, event_id=str(event_id), processed_at=datetime.now(UTC)
-        )
-    )
-    return True
+    """True the first time `consumer` sees `event_id`; records it in the caller's transaction.
+
+    One statement, `INSERT ... ON CONFLICT DO NOTHING`: two transactions marking one id at
+    once (a redelivery racing its first delivery, or two messages carrying the same id) do
+    not both read "unseen" and then collide on the key: the second finds the mark (it waits
+    for the first's commit) and is told it is not the first."""
+    values = {"consumer": consumer, "event_id": str(event_id), "processed_at": datetime.now(UTC)}
+    return await insert_if_absent(session, inbox, values)
 
 
 async def first_deliveries(
@@ -263,24 +258,24 @@ class OutboxRelay:
             rows = (await connection.execute(self.pending)).all()
             if not rows:
                 return 0
-            # The whole batch in flight at once, acks awaited together: one round trip, not
-            # one per row. Started in row order, so they go out on the wire in that order.
-            # A row whose ack failed stays unpublished and goes again next time; the id it
-            # carries as Nats-Msg-Id lets JetStream drop it if it had in fact arrived.
-            outcomes = await asyncio.gather(
-                *(
-                    publish_raw(
-                        self.broker,
+            # The whole batch in flight at once, straight on the connection, acks awaited
+            # together: one round trip, not one per row. Sent in row order, so they go out on
+            # the wire in that order. A row whose ack failed stays unpublished and goes again
+            # next time; the id it carries as Nats-Msg-Id lets JetStream drop it if it had in
+            # fact arrived.
+            outcomes = await publish_batch(
+                self.broker,
+                [
+                    Outgoing(
                         subject=row.subject,
                         stream=row.stream,
                         payload=row.payload.encode(),
                         event_id=row.event_id,
                         traceparent=row.traceparent,
-                        extra_headers=self.headers,
                     )
                     for row in rows
-                ),
-                return_exceptions=True,
+                ],
+                self.headers,
             )
             published = [
                 row.id for row, outcome in zip(rows, outcomes, strict=True) if outcome is None

@@ -28,7 +28,7 @@ from crater.runtime.bus import (
     make_broker,
 )
 from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
-from crater.runtime.leadership import Leadership
+from crater.runtime.leadership import GatedConsumer, Leadership
 from crater.runtime.nats_connection import NatsConnection
 from crater.runtime.nats_permissions import SERVICES, is_node_identity, streams_of
 from crater.runtime.settings import ServiceSettings
@@ -78,6 +78,13 @@ class Service:
         if port is None:
             raise ValueError(f"{self.name}: http_port is 0 and its settings name no default_port")
         return port
+
+    def consume(self, consumer: GatedConsumer) -> None:
+        """Run `consumer` (a batch consumer) while the service runs: started once the broker
+        is, stopped first on shutdown; call it before `asgi`, which takes the hooks as they
+        are then. (A leader's: `LeaderGate.add` instead.)"""
+        self.after_startup.insert(0, consumer.start)
+        self.on_shutdown.insert(0, consumer.stop)
 
     def database(self, migrations_dir: Path) -> async_sessionmaker[Any]:
         """The service's database: its Alembic migrations applied first on start (unless

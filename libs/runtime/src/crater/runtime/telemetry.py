@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from typing import IO
 
 from opentelemetry import trace
-from opentelemetry.propagate import inject
+from opentelemetry.propagate import extract, inject
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.trace import SpanContext
 from prometheus_client import CollectorRegistry
 
 from crater.contracts import TraceContext
@@ -77,6 +78,28 @@ def current_trace_context() -> TraceContext | None:
     if "traceparent" not in carrier:
         return None
     return TraceContext(traceparent=carrier["traceparent"], tracestate=carrier.get("tracestate"))
+
+
+def incoming_span_context(
+    headers: Mapping[str, str] | None, fallback: TraceContext | None = None
+) -> SpanContext | None:
+    """The span a message came from: its W3C `traceparent` header (what every publish sends),
+    else `fallback` (the context its body names); None when neither is a valid one."""
+    for carrier in (headers, fallback.model_dump(exclude_none=True) if fallback else None):
+        if carrier and "traceparent" in carrier:
+            found = trace.get_current_span(extract(carrier)).get_span_context()
+            if found.is_valid:
+                return found
+    return None
+
+
+def trace_context_of(span: SpanContext) -> TraceContext:
+    """A span's W3C context as an event carries it."""
+    state = span.trace_state.to_header() if span.trace_state else None
+    return TraceContext(
+        traceparent=f"00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}",
+        tracestate=state or None,
+    )
 
 
 def make_registry() -> CollectorRegistry:

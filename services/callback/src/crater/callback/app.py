@@ -27,7 +27,6 @@ import random
 from pathlib import Path
 
 from faststream.asgi import AsgiFastStream
-from faststream.nats.annotations import NatsMessage
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from crater.callback.adapters import tables
@@ -40,14 +39,14 @@ from crater.callback.domain.payload import WebhookFormat
 from crater.callback.domain.retry import RetryPolicy
 from crater.callback.domain.signing import decode_secret
 from crater.callback.service_layer.recorder import (
+    CONSUMED,
     LIFECYCLE_CHANNELS,
     NUMBERED_ELSEWHERE,
     Recorder,
-    StreamTurns,
-    delivery_turn,
     order_of,
 )
 from crater.contracts import (
+    Event,
     QuerySubjects,
     Streams,
     Subjects,
@@ -55,7 +54,8 @@ from crater.contracts import (
     WebhookDeliveriesAnswer,
     WebhookDeliveriesQuery,
 )
-from crater.runtime.bus import durable, durable_stream
+from crater.runtime.batches import Outcome, Received, batch_durable_stream
+from crater.runtime.bus import durable
 from crater.runtime.outbox import OutboxRelay
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
@@ -204,10 +204,8 @@ __all__ = [
     "NUMBERED_ELSEWHERE",
     "CallbackSettings",
     "Recorder",
-    "StreamTurns",
     "build",
     "create_app",
-    "delivery_turn",
     "main",
     "order_of",
 ]
@@ -251,14 +249,18 @@ def build(settings: CallbackSettings | None = None) -> tuple[Service, AsgiFastSt
     batch = settings.consumer_batch
     broker, name = service.broker, service.name
 
-    # One consumer per stream, so a stream's events are recorded in the order published.
-    @durable_stream(broker, Streams.TASKS, name, batch=batch)
-    async def on_task_event(message: NatsMessage) -> None:
-        await recorder.on_message(message)
+    # One consumer per stream, so a stream's events are recorded in the order published; a
+    # pull batch at a time (crater.runtime.batches), in the recorder's group commit.
+    @batch_durable_stream(broker, Streams.TASKS, name, CONSUMED, batch=batch)
+    async def on_task_events(received: list[Received[Event]]) -> list[Outcome]:
+        return await recorder.record_batch([r.event for r in received])
 
-    @durable_stream(broker, Streams.ALLOCATIONS, name, batch=batch)
-    async def on_allocation_event(message: NatsMessage) -> None:
-        await recorder.on_message(message)
+    @batch_durable_stream(broker, Streams.ALLOCATIONS, name, CONSUMED, batch=batch)
+    async def on_allocation_events(received: list[Received[Event]]) -> list[Outcome]:
+        return await recorder.record_batch([r.event for r in received])
+
+    service.consume(on_task_events)
+    service.consume(on_allocation_events)
 
     # Any replica answers from the shared log: the first answer is taken.
     @broker.subscriber(QuerySubjects.WEBHOOKS, title="callback-query-webhooks")

@@ -19,7 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from crater.contracts import FieldError, TaskRequest, TaskUsageReported
+from crater.contracts import FieldError, TaskPhaseReported, TaskRequest, TaskUsageReported
 from crater.gateway import console
 from crater.gateway.auth import Authenticator, Denied
 from crater.gateway.bodies import request_errors
@@ -66,6 +66,11 @@ class GatewayApi(FastAPI):
         )
         components.update(usage_schema.pop("$defs", {}))
         components["TaskUsageReported"] = usage_schema
+        phase_schema = TaskPhaseReported.model_json_schema(
+            by_alias=True, ref_template="#/components/schemas/{model}"
+        )
+        components.update(phase_schema.pop("$defs", {}))
+        components["TaskPhaseReported"] = phase_schema
         document_field_errors(schema)
         add_auth_answers(schema)
         return schema

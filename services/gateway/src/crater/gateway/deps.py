@@ -51,6 +51,7 @@ AuthDep = Annotated[Authenticator, Depends(auth)]
 Submitter = Annotated[Principal, Depends(require(Scope.SUBMIT))]
 Reader = Annotated[Principal, Depends(require(Scope.READ))]
 Canceller = Annotated[Principal, Depends(require(Scope.CANCEL))]
+Administrator = Annotated[Principal, Depends(require(Scope.ADMIN))]
 
 
 async def usage_reporter(

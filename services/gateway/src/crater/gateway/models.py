@@ -14,6 +14,8 @@ from pydantic import BaseModel, Field
 from crater.contracts import (
     Contract,
     FieldError,
+    GpuPhase,
+    LendingState,
     ResourcePrediction,
     TaskRequest,
     TaskStatus,
@@ -77,6 +79,27 @@ class CancelAccepted(BaseModel):
 class UsageAccepted(BaseModel):
     task_id: str
     event_id: UUID
+
+
+class PhaseAccepted(BaseModel):
+    """A phase report published: where the lending stands comes on `crater.v1.task.lending`."""
+
+    task_id: str
+    event_id: UUID
+    phase: GpuPhase
+
+
+class PhaseStanding(BaseModel):
+    """Where the lending of a task's cards stands (the scheduler's word, now)."""
+
+    task_id: str
+    allocation_id: str
+    lending: LendingState = Field(
+        description="`lent`, `reclaiming` (replicas leaving), `returned` (nothing is lent)."
+    )
+    must_be_free_by: datetime | None = Field(
+        default=None, description="`reclaiming`: when the replicas are gone at the latest."
+    )
 
 
 class AllocationConfirm(Contract):

@@ -29,6 +29,7 @@ gauges and budgets are refreshed from them, and each finished hour can be export
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from faststream.asgi import AsgiFastStream
@@ -63,7 +64,8 @@ from crater.predictor.service_layer.usage import (
     TenantMetrics,
     UsageReporter,
 )
-from crater.runtime.bus import durable, publish
+from crater.runtime.batches import Outcome, Received, batch_durable
+from crater.runtime.bus import durable, outgoing, publish, publish_batch
 from crater.runtime.service import Service, create_service, serve
 from crater.runtime.settings import ServiceSettings
 
@@ -192,12 +194,16 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
     async def publish_event(event: Event) -> None:
         await publish(broker, event)
 
+    async def publish_events(events: Sequence[Event]) -> list[BaseException | None]:
+        return await publish_batch(broker, [outgoing(e) for e in events])
+
     handlers = PredictorHandlers(
         store,
         PredictorMetrics(service),
         settings.assumptions(),
         rule,
         publish_event,
+        publish_events,
         model_config_dir=settings.model_config_dir,
     )
 
@@ -213,11 +219,15 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
         PriceWatch(settings.price_file),
     )
 
-    # Handlers name their message `event` (rejections report field paths below it).
-    @durable(broker, Subjects.TASK_SUBMITTED, name, batch=batch)
-    async def on_task_submitted(event: TaskSubmitted) -> None:
-        await handlers.task_submitted(event)
+    # The hot path, a pull batch at a time (crater.runtime.batches): predicted in one pass,
+    # recorded in one transaction, answered with asynchronous acks.
+    @batch_durable(broker, Subjects.TASK_SUBMITTED, name, batch=batch)
+    async def on_task_submitted(received: list[Received[TaskSubmitted]]) -> list[Outcome]:
+        return await handlers.tasks_submitted([(r.event, r.trace) for r in received])
 
+    service.consume(on_task_submitted)
+
+    # Handlers name their message `event` (rejections report field paths below it).
     @broker.subscriber(QuerySubjects.PREDICTION, title="predictor-query-prediction")
     async def on_prediction_query(event: PredictionQuery) -> PredictionAnswer:
         return await handlers.prediction_query(event)

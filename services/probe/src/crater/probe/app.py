@@ -19,7 +19,7 @@ from crater.probe.executor import TaskExecutor
 from crater.probe.service_layer.metrics import ProbeMetrics
 from crater.probe.service_layer.nodes import FleetNodes, LocalNode, Nodes
 from crater.probe.service_layer.reporting import Publisher, Reporting
-from crater.probe.service_layer.tasks import subscribe_runner
+from crater.probe.service_layer.tasks import subscribe_runner, subscribe_served
 from crater.probe.settings import ProbeSettings
 from crater.probe.sim.fleet import open_fleet
 from crater.probe.sim.runner import TaskRunner
@@ -63,6 +63,7 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
             failure_rate=settings.task_failure_rate,
         )
         subscribe_runner(service, runner, metrics, f"fleet-{fleet.name}")
+        subscribe_served(service, runner, f"fleet-{fleet.name}")
         service.state = runner
     else:
         nodes = LocalNode(settings)

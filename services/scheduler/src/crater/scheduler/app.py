@@ -7,7 +7,6 @@ from pathlib import Path
 
 from faststream.asgi import AsgiFastStream
 from faststream.nats import DeliverPolicy
-from faststream.nats.annotations import NatsMessage
 from pydantic import Field, SecretStr, model_validator
 
 from crater.contracts import (
@@ -19,6 +18,8 @@ from crater.contracts import (
     AllocationQuery,
     AuditExplainAnswer,
     AuditExplainQuery,
+    ConfigApplied,
+    ConfigApply,
     NodeHealthReported,
     NodesAnswer,
     NodesQuery,
@@ -31,6 +32,7 @@ from crater.contracts import (
     ReplicaReleaseRequested,
     ReplicasRequested,
     Subjects,
+    TaskPhaseReported,
     TaskPlacementAnswer,
     TaskPlacementQuery,
     TaskProfiled,
@@ -40,6 +42,7 @@ from crater.contracts import (
     TenantBudgetExceeded,
     TenantBudgetRestored,
 )
+from crater.runtime.batches import Outcome, Received, batch_durable
 from crater.runtime.bus import durable
 from crater.runtime.leadership import (
     LeaderGate,
@@ -60,6 +63,7 @@ from crater.scheduler.adapters.quotas_file import load_quotas
 from crater.scheduler.audit import SNAPSHOT_EVERY, AuditLog, load_private_key
 from crater.scheduler.domain.core import NODE_LOST_SECONDS, SchedulerConfig
 from crater.scheduler.domain.inputs import ReservationArmed
+from crater.scheduler.domain.quotas import TenantQuotas
 from crater.scheduler.service_layer.cluster_metrics import ClusterSeries
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
 
@@ -124,6 +128,20 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
     prediction_margin: float = Field(
         default=0.10, ge=0, le=2, description="Headroom placed over a predicted memory peak."
     )
+    phase_reclaim_grace_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        le=3_600,
+        description="Lending by phase: when a task asks its GPUs back, the inference replicas "
+        "on them must be gone within this long (then they are released).",
+    )
+    phase_max_seconds: float = Field(
+        default=3_600.0,
+        gt=0,
+        le=7 * 86_400,
+        description="Lending by phase: a CPU phase longer than this ends by itself (its "
+        "cards are taken back as if the task had asked).",
+    )
     pending_interval_seconds: float = Field(
         default=60.0,
         ge=0,
@@ -161,19 +179,26 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
     )
     quotas_file: Path | None = Field(
         default=None,
-        description="YAML: tenants: {NAME: {gpus, gpu_memory_mb, cpu_cores, memory_mb}}.",
+        description="YAML (or JSON): tenants: {NAME: {gpus, gpu_memory_mb, cpu_cores, "
+        "memory_mb, disk_gb}} for a hard limit, or {NAME: {guarantee: {...}, borrow: {...}, "
+        "reserved: {...}}} for an elastic quota (docs/pools.md); reloaded on change, and "
+        "replaceable over the API (PUT /api/v1/admin/quotas).",
     )
     pools_file: Path | None = Field(
         default=None,
         description="YAML: pools: {NAME: {filters: [...], scores: {PLUGIN: weight}, "
-        "overcommit: {cpu, memory, gpu}, restart_policy: {...}, reservation_timeout_ms}}; "
-        "unset: every filter, default scores, no over-commit, the default timeout.",
+        "overcommit: {cpu, memory, gpu}, restart_policy: {...}, reservation_timeout_ms, "
+        "cohort, lend: {limit, keep_idle, reserved, prewarm}, borrow: {limit}}} "
+        "(docs/pools.md); unset: every filter, default scores, no over-commit, the default "
+        "timeout, no lending. Reloaded on change, and replaceable over the API "
+        "(PUT /api/v1/admin/pools).",
     )
     borrow_half_life_seconds: float | None = Field(
         default=None,
         gt=0,
-        description="Fair share among pools that borrow (docs/pools.md): a lender's idle "
-        "capacity goes first to the cohort mate that borrowed least lately, its dominant share "
+        description="Fair share among borrowers (docs/pools.md): a lender's idle capacity "
+        "goes first to the cohort mate that borrowed least lately, and freed capacity to the "
+        "elastic tenant that held least above its guarantee lately, each one's dominant share "
         "integrated over time and halved every this many seconds; unset: the queue order.",
     )
     task_metrics_limit: int = Field(
@@ -250,13 +275,15 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
 
 def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
     """The core's configuration from the settings: the service's, and an audit replay's."""
+    tenants = load_quotas(settings.quotas_file) if settings.quotas_file else TenantQuotas()
     return SchedulerConfig(
         reservation_timeout_ms=settings.reservation_timeout_ms,
         gateway_url=settings.gateway_url,
         heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
         token_secret=settings.token_secret.get_secret_value().encode(),
         checkpoint_root=settings.checkpoint_root,
-        quotas=load_quotas(settings.quotas_file) if settings.quotas_file else {},
+        quotas=tenants.limits,
+        tenant_shares=tenants.shares,
         pools=load_pools(settings.pools_file) if settings.pools_file else {},
         grace_period_seconds=settings.grace_period_seconds,
         prediction_margin=settings.prediction_margin,
@@ -267,6 +294,8 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         task_heartbeat_grace_seconds=settings.task_heartbeat_grace_seconds,
         require_report_tokens=settings.require_report_tokens,
         borrow_half_life_seconds=settings.borrow_half_life_seconds,
+        phase_reclaim_grace_seconds=settings.phase_reclaim_grace_seconds,
+        phase_max_seconds=settings.phase_max_seconds,
     )
 
 
@@ -301,36 +330,53 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     gate = LeaderGate(broker)
     leader = gate.router
 
-    @durable(broker, Subjects.TASK_PROFILED, name, batch=batch, router=leader)
-    async def on_task_profiled(event: TaskProfiled) -> None:
-        await core.handle(event, "task-profiled")
+    # The hot path, a pull batch at a time (crater.runtime.batches): decided and committed in
+    # one pass and one transaction, each message acked once its commit is done; the rest
+    # (rarer: scaling, budgets) one message at a time.
+    @batch_durable(broker, Subjects.TASK_PROFILED, name, batch=batch)
+    async def on_task_profiled(received: list[Received[TaskProfiled]]) -> list[Outcome]:
+        return await core.handle_batch("task-profiled", [(r.event, r.trace) for r in received])
 
-    @durable(broker, Subjects.TASK_STATUS, name, batch=batch, router=leader)
-    async def on_task_status(event: TaskStatusReported) -> None:
-        await core.handle(event, "task-status")
+    @batch_durable(broker, Subjects.TASK_STATUS, name, batch=batch)
+    async def on_task_status(received: list[Received[TaskStatusReported]]) -> list[Outcome]:
+        return await core.handle_batch("task-status", [(r.event, r.trace) for r in received])
 
-    @durable(broker, Subjects.NODE_TOPOLOGY, name, batch=batch, router=leader)
-    async def on_node_topology(event: NodeTopologyReported) -> None:
-        await core.handle(event, "node-topology")
-
-    @durable(broker, Subjects.NODE_HEALTH, name, batch=batch, router=leader)
-    async def on_node_health(event: NodeHealthReported) -> None:
-        await core.handle(event, "node-health")
+    # Lending by phase: a task enters or leaves a CPU phase (phases.py).
+    @durable(broker, Subjects.TASK_PHASE, name, batch=batch, router=leader)
+    async def on_task_phase(event: TaskPhaseReported) -> None:
+        await core.handle(event, "task-phase")
 
     # From new grants on: allocations granted before this consumer existed count as armed.
-    @durable(
+    @batch_durable(
         broker,
         Subjects.ALLOCATION_GRANTED,
         name,
         batch=batch,
         name="own-grants",
         deliver_policy=DeliverPolicy.NEW,
-        router=leader,
     )
-    async def on_own_grant(event: AllocationGranted, message: NatsMessage) -> None:
+    async def on_own_grant(received: list[Received[AllocationGranted]]) -> list[Outcome]:
         # Its own grant, read back: the stream's time of it is when its node could know.
-        stored_at = message.raw_message.metadata.timestamp
-        await core.handle(ReservationArmed.of(event, stored_at), "own-grants")
+        armed = [(ReservationArmed.of(r.event, r.stored_at), r.trace) for r in received]
+        return await core.handle_batch("own-grants", armed)
+
+    # Every node's reports: heartbeats are as many as the nodes, every few seconds.
+    @batch_durable(broker, Subjects.NODE_TOPOLOGY, name, batch=batch)
+    async def on_node_topology(received: list[Received[NodeTopologyReported]]) -> list[Outcome]:
+        return await core.handle_batch("node-topology", [(r.event, r.trace) for r in received])
+
+    @batch_durable(broker, Subjects.NODE_HEALTH, name, batch=batch)
+    async def on_node_health(received: list[Received[NodeHealthReported]]) -> list[Outcome]:
+        return await core.handle_batch("node-health", [(r.event, r.trace) for r in received])
+
+    for consumer in (
+        on_node_topology,
+        on_node_health,
+        on_task_profiled,
+        on_task_status,
+        on_own_grant,
+    ):
+        gate.add(consumer)
 
     @durable(broker, Subjects.SCALE_REPLICAS_REQUESTED, name, batch=batch, router=leader)
     async def on_replicas_requested(event: ReplicasRequested) -> None:
@@ -356,6 +402,10 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @leader.subscriber(QuerySubjects.POOLS, title="scheduler-query-pools")
     async def on_pools_query(event: PoolsQuery) -> PoolsAnswer:
         return core.pools(event)
+
+    @leader.subscriber(QuerySubjects.CONFIG_APPLY, title="scheduler-admin-config-apply")
+    async def on_config_apply(event: ConfigApply) -> ConfigApplied:
+        return await core.apply_config(event)
 
     @leader.subscriber(QuerySubjects.PLACEMENT, title="scheduler-query-placement")
     async def on_placement_query(event: PlacementQuery) -> PlacementAnswer:

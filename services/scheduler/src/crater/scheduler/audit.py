@@ -46,6 +46,7 @@ from crater.contracts import (
     NodeHealthReported,
     NodeTopologyReported,
     ReplicaReleaseRequested,
+    TaskPhaseReported,
     TaskProfiled,
     TaskStatusReported,
     TenantBudgetExceeded,
@@ -87,6 +88,7 @@ INPUTS: dict[str, type[Event]] = {
         ReplicaReleaseRequested,
         TenantBudgetExceeded,
         TenantBudgetRestored,
+        TaskPhaseReported,
     )
 }
 READ_CHUNK = 5_000

@@ -9,10 +9,18 @@ sample.
   any `scale_out_period_seconds` the fleet grows by at most max(+N, xk) of its size at the
   period's start; a scale-in removes at most `max_scale_in_step` replicas per stabilisation
   window (domain/guards.py).
-- Panic (after Knative): when p95 over the short `panic_window_seconds` passes
-  `panic_p95_ms`, scale out at once, ahead of the cooldown and whatever the pressure (a burst
+- Panic (after Knative): when p95 over each of `panic_windows` consecutive short
+  `panic_window_seconds` windows passes `panic_p95_ms` (queueing that lasts, not one slow
+  request), scale out at once, ahead of the cooldown and whatever the pressure (a burst
   queues requests before it fills memory), and take no scale-in until the panic has been
   over for `panic_hold_seconds`.
+- No reversal: within `reversal_window_seconds` of a decision, one the other way is taken
+  only when the load (summed GPU memory pressure) fell by more than `scale_in_load_drop`
+  (after a scale-out) or rose by more than `scale_out_load_rise` (after a scale-in); a panic
+  scale-out is not held (domain/guards.py).
+- The fleet is what it is, not what reported lately: a replica heard of stays counted while
+  its allocation lives (a silent replica is idle, not gone), with those asked for and not
+  heard of yet; a scale-in drains from them, the newest first.
 - Warm pool: `warm_pool_size` standby replicas are kept placed; a scale-out promotes them
   first (the decision names them) and asks for the rest cold, then refills the pool.
 - Pressure from the GPUs each replica holds: `allocation_granted` says which GPUs a replica's
@@ -76,11 +84,15 @@ class Autoscaler:
         self._service_of_task: dict[str, str] = {}
 
     def replicas(self, service: str) -> int:
-        """The replica count believed now: the latest of a decision and a reported count."""
+        """The replica count believed now: the fleet as known by name (a silent replica is
+        idle, not gone), else the latest of a decision and a reported count."""
         state = self._services.get(service)
-        if state is None or state.replicas is None:
+        if state is None:
             return self.policy.min_replicas
-        return state.replicas
+        known = state.fleet_size()
+        if known is not None:
+            return known
+        return self.policy.min_replicas if state.replicas is None else state.replicas
 
     def warm_pool(self, service: str) -> list[str]:
         """The standbys placed for a service, oldest first."""
@@ -152,6 +164,17 @@ class Autoscaler:
         if state.standby_pending.pop(task_id, None) is not None:
             state.standby[task_id] = at
 
+    def adopt(self, service: str, task_ids: Sequence[str], at: float) -> None:
+        """Replicas of a service known other than by their samples (the fleet a simulation
+        starts with): counted, and drained on a scale-in, as any replica heard of, until
+        their allocation is released. (The service itself learns its replicas from their
+        samples and from the replicas it asks for.)"""
+        state = self._state(service)
+        for task in task_ids:
+            if task not in state.seen:
+                state.seen[task] = Replica(at, at, task)
+            self._service_of_task.setdefault(task, service)
+
     def allocation_released(self, task_id: str) -> None:
         self._allocations.pop(task_id, None)
         service = self._service_of_task.pop(task_id, None)
@@ -205,16 +228,7 @@ class Autoscaler:
 
     def _observe(self, sample: LatencySamplesReported) -> Assessment:
         policy = self.policy
-        state = self._services.get(sample.service)
-        if state is None:
-            horizon = max(policy.demand_window_seconds, policy.panic_window_seconds)
-            state = ServiceState(
-                LatencyWindow(policy.window_seconds, policy.max_window_samples),
-                loads=TimeSeries(horizon),
-                waits=TimeSeries(horizon),
-                recommendations=SlidingMax(policy.stabilisation_seconds),
-            )
-            self._services[sample.service] = state
+        state = self._state(sample.service)
 
         at = sample.occurred_at.timestamp()
         state.window.add(at, sample.latencies_ms)
@@ -224,7 +238,7 @@ class Autoscaler:
         self._record_replica(state, sample, at, cutoff)
         if sample.replicas is not None and at >= state.replicas_at:
             state.replicas, state.replicas_at = sample.replicas, at
-            state.reported_serving = sample.replicas
+            state.reported_serving, state.reported_at = sample.replicas, at
         # Queueing shows as time to first token beyond the fast (scale-in) line.
         fast = policy.scale_in_p95_ms
         waited = sum(v - fast for v in sample.latencies_ms if v > fast) / 1000
@@ -257,6 +271,13 @@ class Autoscaler:
                 state, sample, now, current, evidence, panic_p95, held, pressure, mean_pressure
             )
         )
+        load = self._load(state, now, current, mean_pressure)
+        if (
+            decision is not None
+            and not decision.panic
+            and guards.reversal_held(policy, state, now, decision.direction, load) is not None
+        ):
+            decision = None  # no undoing the latest decision while its cause lasts
 
         if decision is not None:
             decision = decision.model_copy(update={"pressure_source": source})
@@ -265,6 +286,7 @@ class Autoscaler:
             state.last_decision_at = now
             state.calm_since = None
             state.replicas, state.replicas_at = decision.desired_replicas, now
+            state.last_direction, state.load_at_decision = decision.direction, load
             if decision.direction is ScaleDirection.OUT:
                 state.last_scale_out_at = now
                 state.growth.append((now, current))
@@ -283,6 +305,34 @@ class Autoscaler:
 
     # -- the shared parts -----------------------------------------------------------------
 
+    def _state(self, service: str) -> ServiceState:
+        state = self._services.get(service)
+        if state is None:
+            policy = self.policy
+            horizon = max(policy.demand_window_seconds, policy.panic_window_seconds)
+            state = ServiceState(
+                LatencyWindow(policy.window_seconds, policy.max_window_samples),
+                loads=TimeSeries(horizon),
+                waits=TimeSeries(horizon),
+                recommendations=SlidingMax(policy.stabilisation_seconds),
+            )
+            self._services[service] = state
+        return state
+
+    def _load(
+        self, state: ServiceState, now: float, current: int, mean_pressure: float | None
+    ) -> float | None:
+        """The load, as summed GPU memory pressure: the demand strategy's average over its
+        window, else the mean pressure times the replicas counted."""
+        averaged = state.loads.mean(now - self.policy.demand_window_seconds)
+        if averaged is not None:
+            return averaged
+        return None if mean_pressure is None else mean_pressure * current
+
+    def _placed(self, task_id: str | None) -> bool:
+        """The task holds a live allocation (granted, not released)."""
+        return task_id is not None and task_id in self._allocations
+
     def _record_replica(
         self, state: ServiceState, sample: LatencySamplesReported, at: float, cutoff: float
     ) -> None:
@@ -296,8 +346,10 @@ class Autoscaler:
             self._service_of_task.setdefault(task, sample.service)
             state.starting.pop(task, None)
             state.standby.pop(task, None)  # a standby that serves has been promoted
+        # A replica silent for the window is idle, not gone, while its allocation lives (its
+        # release forgets it); one whose allocation was never seen is forgotten.
         for name in [r for r, info in state.seen.items() if info.last_seen <= cutoff]:
-            if name not in state.draining:
+            if name not in state.draining and not self._placed(state.seen[name].task_id):
                 del state.seen[name]
         if sample.gpu_memory_pressure is None or at <= cutoff:
             return
@@ -397,21 +449,16 @@ class Autoscaler:
                     update={"from_warm_pool": len(promoted), "promoted_replicas": promoted}
                 )
             return decision, requests
-        candidates = [
-            (info.first_seen, name)
-            for name, info in state.seen.items()
-            if name not in state.draining and info.task_id not in state.standby
-        ]
+        # The newest first: replicas heard of (silent ones too) and those still starting.
+        candidates = sorted(state.members(), reverse=True)
         removing = decision.current_replicas - decision.desired_replicas
-        chosen = [name for _, name in sorted(candidates, reverse=True)[:removing]]
-        for name in chosen:
+        chosen = candidates[:removing]
+        for _, name, task_id in chosen:
             state.draining[name] = Drain(
-                name,
-                state.seen[name].task_id,
-                now + self.policy.drain_timeout_seconds,
-                decision.event_id,
+                name, task_id, now + self.policy.drain_timeout_seconds, decision.event_id
             )
-        return decision.model_copy(update={"drain_replicas": chosen}), requests
+        drained = [name for _, name, _ in chosen]
+        return decision.model_copy(update={"drain_replicas": drained}), requests
 
     def _fill_warm_pool(
         self, state: ServiceState, sample: LatencySamplesReported, now: float
@@ -455,7 +502,10 @@ class Autoscaler:
         timeout = self.policy.replica_start_timeout_seconds
         for pending in (state.starting, state.standby_pending):
             for task in [t for t, asked in pending.items() if now - asked >= timeout]:
-                del pending[task]
+                asked = pending.pop(task)
+                if pending is state.starting and self._placed(task):
+                    # Placed and silent this long: it serves, idle (not lost, not starting).
+                    state.seen.setdefault(task, Replica(asked, asked, task))
 
     def _expire_drains(self, service: str, state: ServiceState, now: float) -> list[Event]:
         overdue = sorted(r for r, d in state.draining.items() if d.deadline <= now)
@@ -469,6 +519,7 @@ class Autoscaler:
     ) -> ReplicaReleaseRequested:
         state = self._services[service]
         state.seen.pop(drain.replica_id, None)
+        state.starting.pop(drain.replica_id, None)
         state.pressures.pop(drain.replica_id, None)
         how = "drained" if drained else f"drain timed out ({self.policy.drain_timeout_seconds:g} s)"
         return ReplicaReleaseRequested(

@@ -8,6 +8,7 @@ import math
 
 from crater.autoscaler.domain.scaling_policy import ScalingPolicy
 from crater.autoscaler.domain.state import ServiceState
+from crater.contracts import ScaleDirection
 
 QUANTILE = 0.95
 
@@ -55,14 +56,61 @@ def cooling_down(policy: ScalingPolicy, last: float | None, now: float) -> bool:
 
 
 def panic_p95(policy: ScalingPolicy, state: ServiceState, now: float) -> float | None:
-    """p95 over the short panic window (new samples only) when it is over the panic
-    threshold on enough samples; else None."""
+    """The lowest p95 of the last `panic_windows` consecutive panic windows when every one of
+    them is over the panic threshold, on enough samples together; else None. New samples
+    only: the windows hold what came after the last decision, and one that ends before it
+    fails. Queueing that lasts, not one slow request."""
     if policy.panic_p95_ms is None:
         return None
-    since = now - policy.panic_window_seconds
-    if state.last_decision_at is not None:
-        since = max(since, state.last_decision_at)
-    short = state.window.percentile(QUANTILE, since=since)
-    if short is None or short[1] < policy.min_samples or short[0] <= policy.panic_p95_ms:
+    width = policy.panic_window_seconds
+    last = -math.inf if state.last_decision_at is None else state.last_decision_at
+    lowest, total = math.inf, 0
+    for i in range(policy.panic_windows):
+        until = now - i * width
+        if until <= last:
+            return None
+        since = max(now - (i + 1) * width, last)
+        short = state.window.percentile(QUANTILE, since=since, until=until)
+        if short is None or short[0] <= policy.panic_p95_ms:
+            return None
+        lowest, total = min(lowest, short[0]), total + short[1]
+    return lowest if total >= policy.min_samples else None
+
+
+def reversal_held(
+    policy: ScalingPolicy,
+    state: ServiceState,
+    now: float,
+    direction: ScaleDirection,
+    load: float | None,
+) -> str | None:
+    """Why a decision the other way from the latest one must wait, or None. Within
+    `reversal_window_seconds` of a scale-out, a scale-in needs the load to have fallen by
+    more than `scale_in_load_drop` of what it was then; within the window of a scale-in, a
+    scale-out needs it to have risen by more than `scale_out_load_rise` (a panic, sustained
+    queueing, is not held). So no decision undoes the one before while its cause lasts."""
+    last = state.last_direction
+    if last is None or last is direction or state.last_decision_at is None:
         return None
-    return short[0]
+    since = now - state.last_decision_at
+    if since > policy.reversal_window_seconds:
+        return None
+    before = state.load_at_decision
+    if before is None or load is None:
+        moved = False
+    elif direction is ScaleDirection.IN:
+        moved = load < before * (1 - policy.scale_in_load_drop)
+    else:
+        moved = load > before * (1 + policy.scale_out_load_rise)
+    if moved:
+        return None
+    margin = (
+        f"fallen by {policy.scale_in_load_drop:.0%}"
+        if direction is ScaleDirection.IN
+        else f"risen by {policy.scale_out_load_rise:.0%}"
+    )
+    shown = "unknown" if before is None else f"{before:.2f}"
+    return (
+        f"{since:.0f} s after a scale-{last.value} (window {policy.reversal_window_seconds:g} s), "
+        f"the load has not {margin} from {shown}"
+    )

@@ -176,11 +176,45 @@ class ScalingPolicy:
     panic_window_seconds: Annotated[float, Bounds(gt=0), Field(description="The panic window.")] = (
         6.0
     )
+    panic_windows: Annotated[
+        int,
+        Bounds(ge=1),
+        Field(
+            description="Panic only when p95 is over panic_p95_ms in each of this many "
+            "consecutive panic windows since the last decision: sustained queueing, not one "
+            "slow request."
+        ),
+    ] = 3
     panic_hold_seconds: Annotated[
         float,
         Bounds(ge=0),
         Field(description="No scale-in until the panic has been over this long."),
     ] = 60.0
+    reversal_window_seconds: Annotated[
+        float,
+        Bounds(ge=0),
+        Field(
+            description="No decision the other way within this of a scale-out or scale-in, "
+            "unless the load (summed GPU memory pressure) moved by more than the margins "
+            "below since; a panic scale-out is not held."
+        ),
+    ] = 120.0
+    scale_in_load_drop: Annotated[
+        float,
+        Bounds(ge=0, le=1),
+        Field(
+            description="Within that window of a scale-out, a scale-in needs the load down "
+            "by more than this share."
+        ),
+    ] = 0.5
+    scale_out_load_rise: Annotated[
+        float,
+        Bounds(ge=0),
+        Field(
+            description="Within that window of a scale-in, a scale-out needs the load up "
+            "by more than this share."
+        ),
+    ] = 0.25
     warm_pool_size: Annotated[
         int,
         Bounds(ge=0),
@@ -194,7 +228,10 @@ class ScalingPolicy:
     replica_start_timeout_seconds: Annotated[
         float,
         Bounds(gt=0),
-        Field(description="A requested replica silent this long is not counted."),
+        Field(
+            description="A requested replica silent this long is no longer counted as "
+            "starting: forgotten if never placed, counted as serving (idle) if placed."
+        ),
     ] = 600.0
     strategy: Annotated[
         Strategy,
@@ -232,8 +269,8 @@ class ScalingPolicy:
             raise ValueError("need 0 <= min_replicas <= max_replicas")
         if self.panic_p95_ms is not None and self.panic_p95_ms < self.scale_out_p95_ms:
             raise ValueError("need panic_p95_ms >= scale_out_p95_ms")
-        if not self.panic_window_seconds <= self.window_seconds:
-            raise ValueError("need 0 < panic_window_seconds <= window_seconds")
+        if not self.panic_window_seconds * self.panic_windows <= self.window_seconds:
+            raise ValueError("need 0 < panic_window_seconds x panic_windows <= window_seconds")
         return self
 
 

@@ -9,7 +9,7 @@ from uuid import UUID
 
 from crater.autoscaler.domain.demand import SlidingMax, TimeSeries
 from crater.autoscaler.domain.window import LatencyWindow
-from crater.contracts import ScaleDecided
+from crater.contracts import ScaleDecided, ScaleDirection
 
 # Decisions kept per service for people to read (`crater.v1.query.fleets`).
 RECENT_DECISIONS = 100
@@ -41,6 +41,9 @@ class ServiceState:
     replicas_at: float = -math.inf
     last_decision_at: float | None = None
     last_scale_out_at: float | None = None
+    # The latest decision's direction, and the load (summed GPU memory pressure) then.
+    last_direction: ScaleDirection | None = None
+    load_at_decision: float | None = None
     calm_since: float | None = None
     # (when, replicas before) of each scale-out within the rate-limit period.
     growth: deque[tuple[float, int]] = field(default_factory=deque)
@@ -61,6 +64,7 @@ class ServiceState:
     recommending_since: float | None = None
     # The replicas serving, as the latest sample reported it (None: never reported).
     reported_serving: int | None = None
+    reported_at: float = -math.inf
     # The fleet's template: the latest of its tasks seen placed. Kept after that replica
     # ends (the scheduler keeps every task's request), so a fleet whose replicas all came and
     # went still names a request to copy.
@@ -75,3 +79,38 @@ class ServiceState:
     panic: bool = False
     heard_at: float | None = None
     decisions: deque[ScaleDecided] = field(default_factory=lambda: deque(maxlen=RECENT_DECISIONS))
+
+    def members(self) -> list[tuple[float, str, str | None]]:
+        """The fleet as known by name, (since, replica id, task id) each: the replicas heard
+        of (a silent one is idle, not gone: it stays until its allocation is released) and
+        those asked for and not heard of yet; not those draining, nor standbys."""
+        known = [
+            (info.first_seen, name, info.task_id)
+            for name, info in self.seen.items()
+            if name not in self.draining and info.task_id not in self.standby
+        ]
+        known += [
+            (asked, task, task)
+            for task, asked in self.starting.items()
+            if task not in self.draining and task not in self.seen
+        ]
+        return known
+
+    def fleet_size(self) -> int | None:
+        """The replicas of the fleet (serving or starting), from what is known of it: its
+        members by name; or, when a count reported since the latest decision says more
+        serve (some serve unnamed), that count and those starting. None: no replica known
+        by name, only counts."""
+        if not self.seen:
+            return None
+        known = self.members()
+        reported = self.reported_serving
+        if reported is None or (
+            self.last_decision_at is not None and self.reported_at <= self.last_decision_at
+        ):
+            return len(known)
+        return max(len(known), reported + self.unheard())
+
+    def unheard(self) -> int:
+        """Replicas asked for and not heard of yet (loading, or idle since they started)."""
+        return sum(1 for task in self.starting if task not in self.seen)

@@ -51,7 +51,12 @@ class RuleStrategy:
     def decide(self, evaluation: Evaluation) -> ScaleDecided | None:
         policy = self.policy
         state, sample, now = evaluation.state, evaluation.sample, evaluation.now
-        current, evidence, panic_p95 = evaluation.current, evaluation.evidence, evaluation.panic_p95
+        evidence, panic_p95 = evaluation.evidence, evaluation.panic_p95
+        # The rule sizes from the replicas serving (those starting are subtracted from what
+        # a scale-out asks for): the fleet known by name less those not heard of yet.
+        current = evaluation.current
+        if state.fleet_size() is not None:
+            current = max(0, current - state.unheard())
         pressure, mean_pressure = evaluation.pressure, evaluation.mean_pressure
         panicking = panic_p95 is not None
         decided: ScaleDecided | None = None
@@ -224,7 +229,8 @@ class DemandStrategy:
         evidence, panic_p95, held = evaluation.evidence, evaluation.panic_p95, evaluation.held
         serving = self._serving(state)
         starting = len(state.starting)
-        provisioned = serving + starting
+        # The fleet as known by name (idle replicas included), else the counts reported.
+        provisioned = state.fleet_size() or serving + starting
         if serving > 0:
             state.loads.add(now, mean_pressure * serving)
         panic = panic_p95 is not None
@@ -248,7 +254,7 @@ class DemandStrategy:
             now, demand.desired_for_arrivals(policy.min_replicas, policy.max_replicas)
         )
         p95, count = evidence
-        counts = f"{serving} serving + {starting} starting"
+        counts = f"{provisioned - starting} serving + {starting} starting"
         if wanted > provisioned:
             if not panic and guards.cooling_down(policy, state.last_scale_out_at, now):
                 return None

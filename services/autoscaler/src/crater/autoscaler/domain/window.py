@@ -102,20 +102,29 @@ class LatencyWindow:
             self._evict_oldest()
         return len(batch)
 
-    def samples(self, since: float | None = None) -> list[float]:
-        """Every sample in the window observed after `since` (all when None), sorted."""
-        if since is None or not self._times or since < self._times[0]:
+    def samples(self, since: float | None = None, until: float | None = None) -> list[float]:
+        """Every sample in the window observed after `since` (all when None) and at or
+        before `until` (the latest when None), sorted."""
+        whole = until is None or (bool(self._times) and until >= self._times[-1])
+        if whole and (since is None or not self._times or since < self._times[0]):
             return list(self._sorted)
         values: list[float] = []
         for at, batch in zip(reversed(self._times), reversed(self._batches), strict=True):
             if since is not None and at <= since:
                 break
-            values.extend(batch)
+            if until is None or at <= until:
+                values.extend(batch)
         values.sort()
         return values
 
-    def percentile(self, quantile: float, since: float | None = None) -> tuple[float, int] | None:
-        """(nearest-rank percentile, sample count) over the window, or None when empty."""
+    def percentile(
+        self, quantile: float, since: float | None = None, until: float | None = None
+    ) -> tuple[float, int] | None:
+        """(nearest-rank percentile, sample count) over the window (after `since`, up to
+        `until`, when given), or None when empty."""
+        if until is not None:
+            values = self.samples(since, until)
+            return (nearest_rank(values, quantile), len(values)) if values else None
         if since is None or not self._times or since < self._times[0]:
             if not self._sorted:
                 return None

@@ -15,12 +15,22 @@ one FIFO queue at the router until a serving replica has room (a slot free and t
 fit its KV cache), and go to the least busy such replica; so a replica that becomes ready
 takes queued requests at once.
 
+Faithful to what the service would know: a replica reports samples only when it started
+requests since its last report (an idle replica is silent), and reports no fleet count; the
+autoscaler knows the fleet by name (the initial fleet, `initial_replicas`, adopted at the
+start; the replicas it asked for; those heard of), and a silent replica stays in it until its
+allocation is released. Each decision is recorded with what it asked and what the fleet then
+did (`ScaleEvent`): the replicas before and after, added and drained; `RunResult.disagreements`
+counts the decisions the fleet did not carry out as asked, and `peak_replicas` the most
+replicas (serving or starting) ever held, to hold against `max_replicas`.
+
 Deterministic: the same trace and configuration give the same result, bit for bit.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -43,6 +53,9 @@ from crater.contracts import (
 )
 
 SERVICE = "chat"
+# A change of direction (a scale-in after a scale-out, or the reverse) this soon is a reversal:
+# flapping, counted in every report.
+REVERSAL_S = 120.0
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 DROPPED = math.inf  # the latency of a request cut off by a release
 
@@ -86,15 +99,36 @@ class SimulationConfig:
     bucket_s: float = 60.0
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        policy = self.policy
+        if not policy.min_replicas <= self.initial_replicas <= policy.max_replicas:
+            raise ValueError(
+                f"initial_replicas {self.initial_replicas} must be within min_replicas "
+                f"{policy.min_replicas} and max_replicas {policy.max_replicas}"
+            )
+
 
 @dataclass(frozen=True)
 class ScaleEvent:
+    """A decision: what it asked (current -> desired, as the scaler counted) and what the
+    simulated fleet did (its replicas serving or starting before and after; added, drained)."""
+
     at: float
     direction: str
     current: int
     desired: int
     panic: bool = False
     from_warm_pool: int = 0
+    fleet_before: int | None = None
+    fleet_after: int | None = None
+    added: int = 0
+    drained: int = 0
+    reason: str = ""
+
+    @property
+    def agrees(self) -> bool:
+        """The fleet was what the decision counted, and became what it asked for."""
+        return (self.fleet_before, self.fleet_after) == (self.current, self.desired)
 
 
 @dataclass(frozen=True)
@@ -121,6 +155,9 @@ class RunResult:
     scale_events: list[ScaleEvent]
     timeline: list[Bucket]
     duration_s: float
+    peak_replicas: int = 0  # the most replicas serving or starting at any time
+    max_replicas: int = 0  # the cap they ran under
+    initial_replicas: int = 0
 
     @property
     def scale_outs(self) -> int:
@@ -138,6 +175,16 @@ class RunResult:
     def promoted(self) -> int:
         return sum(e.from_warm_pool for e in self.scale_events)
 
+    @property
+    def reversals(self) -> int:
+        """Changes of direction within `REVERSAL_S` of the decision before."""
+        return count_reversals(self.scale_events)
+
+    @property
+    def disagreements(self) -> int:
+        """Decisions the fleet did not carry out as asked (see `ScaleEvent.agrees`)."""
+        return sum(1 for e in self.scale_events if not e.agrees)
+
     def summary(self) -> dict[str, object]:
         return {
             "policy": self.policy,
@@ -154,8 +201,24 @@ class RunResult:
             "scale_outs": self.scale_outs,
             "scale_ins": self.scale_ins,
             "panic_scale_outs": self.panics,
+            f"reversals_within_{REVERSAL_S:g}_s": self.reversals,
             "promoted_from_warm_pool": self.promoted,
+            "decisions_not_carried_out": self.disagreements,
+            "initial_replicas": self.initial_replicas,
+            "peak_replicas": self.peak_replicas,
+            "max_replicas": self.max_replicas,
         }
+
+
+def count_reversals(events: Sequence[ScaleEvent], within: float = REVERSAL_S) -> int:
+    """How many decisions went the other way from the one before, within `within` seconds
+    of it (11 -> 10 -> 11 in 8 s is one)."""
+    ordered = sorted(events, key=lambda e: e.at)
+    return sum(
+        1
+        for before, after in itertools.pairwise(ordered)
+        if after.direction != before.direction and after.at - before.at <= within
+    )
 
 
 class _Replica:
@@ -217,6 +280,7 @@ class _Simulation:
         self.hpa_history: deque[tuple[float, int]] = deque([(0.0, config.initial_replicas)])
         self.namespace = uuid5(NAMESPACE_URL, f"crater-autoscale-sim/{config.seed}/{mode}")
         self.counter = 0
+        self.peak = 0
 
     # -- bookkeeping ----------------------------------------------------------------------
 
@@ -233,6 +297,14 @@ class _Simulation:
 
     def serving(self) -> list[_Replica]:
         return [r for r in self.replicas.values() if r.state == "serving"]
+
+    def fleet(self) -> int:
+        """Replicas serving or on their way to serve (not standbys, not draining)."""
+        size = sum(
+            1 for r in self.replicas.values() if r.state in ("starting", "promoting", "serving")
+        )
+        self.peak = max(self.peak, size)
+        return size
 
     def add_replica(self, replica_id: str, now: float, state: str, loaded_at: float) -> _Replica:
         replica = _Replica(replica_id, state, now, loaded_at)
@@ -322,9 +394,9 @@ class _Simulation:
     # -- scaling, both ways ---------------------------------------------------------------
 
     def drain(self, replica: _Replica, now: float) -> None:
-        if replica.state != "serving":
+        if replica.state not in ("serving", "starting", "promoting"):
             return
-        replica.state = "draining"
+        replica.state = "draining"  # one still loading has nothing in flight: released now
         if replica.active == 0:
             self.drained(replica, now)
 
@@ -340,24 +412,16 @@ class _Simulation:
         )
         self.handle(self.autoscaler.replica_drained(done), now)
 
-    def newest_serving(self) -> _Replica | None:
-        serving = self.serving()
-        return max(serving, key=lambda r: (r.created, r.id)) if serving else None
-
     def handle(self, events: Sequence[Event], now: float) -> None:
+        """Carry out what the autoscaler published, in order; a decision is recorded with
+        the fleet before it and after everything published with it."""
         model = self.model
+        decided: ScaleDecided | None = None
+        before = self.fleet()
+        added = drained = 0
         for event in events:
             if isinstance(event, ScaleDecided):
-                self.events.append(
-                    ScaleEvent(
-                        now,
-                        event.direction.value,
-                        event.current_replicas,
-                        event.desired_replicas,
-                        event.panic,
-                        event.from_warm_pool,
-                    )
-                )
+                decided = event
                 if event.direction is ScaleDirection.OUT:
                     for task in event.promoted_replicas:
                         standby = self.replicas.get(task)
@@ -365,28 +429,45 @@ class _Simulation:
                             standby.state = "promoting"
                             at = max(now, standby.loaded_at) + model.promote_s
                             self.push(at, _READY, standby)
+                            added += 1
                 else:
                     named = [self.replicas.get(name) for name in event.drain_replicas]
                     chosen = [r for r in named if r is not None]
-                    newest = self.newest_serving()
-                    if not chosen and newest is not None:
-                        chosen = [newest]  # the decision named no replica: the router picks
                     for victim in chosen:
+                        if victim.state in ("serving", "starting", "promoting"):
+                            drained += 1
                         self.drain(victim, now)
             elif isinstance(event, ReplicasRequested):
                 for task in event.task_ids:
                     state = "standby" if event.standby else "starting"
                     placed = self.add_replica(task, now, state, now + model.startup_s)
                     self.push(now + model.place_s, _GRANT, placed)
+                    if not event.standby:
+                        added += 1
             elif isinstance(event, ReplicaReleaseRequested):
                 released = self.replicas.get(event.replica_id)
                 if released is not None:
                     self.remove(released, now)
+        if decided is not None:
+            self.events.append(
+                ScaleEvent(
+                    now,
+                    decided.direction.value,
+                    decided.current_replicas,
+                    decided.desired_replicas,
+                    decided.panic,
+                    decided.from_warm_pool,
+                    fleet_before=before,
+                    fleet_after=self.fleet(),
+                    added=added,
+                    drained=drained,
+                    reason=decided.reason,
+                )
+            )
 
     def report(self, now: float) -> None:
         autoscaler = self.autoscaler
         assert autoscaler is not None
-        serving = len(self.serving())
         for replica in sorted(self.replicas.values(), key=lambda r: r.id):
             if replica.state not in ("serving", "draining") or not replica.reported:
                 continue
@@ -398,7 +479,6 @@ class _Simulation:
                 task_id=replica.id,
                 latencies_ms=replica.reported[-10_000:],
                 gpu_memory_pressure=round(self.pressure(replica), 4),
-                replicas=serving,
             )
             replica.reported = []
             self.handle(autoscaler.observe(sample).events, now)
@@ -433,7 +513,19 @@ class _Simulation:
             for _ in range(desired - current):
                 task = f"{SERVICE}-hpa-{self.event_id('hpa').hex[:12]}"
                 self.add_replica(task, now, "starting", now + self.model.startup_s)
-            self.events.append(ScaleEvent(now, "out", current, desired))
+            self.events.append(
+                ScaleEvent(
+                    now,
+                    "out",
+                    current,
+                    desired,
+                    fleet_before=current,
+                    fleet_after=self.fleet(),
+                    added=desired - current,
+                    reason=f"slot utilisation {utilisation:.2f} / target "
+                    f"{hpa.target_utilisation:g}: {current} -> {desired}",
+                )
+            )
             return
         stabilised = max(r for _, r in self.hpa_history)
         if stabilised >= current:
@@ -444,16 +536,32 @@ class _Simulation:
             remove -= 1
         for replica in sorted(ready, key=lambda r: (r.created, r.id), reverse=True)[:remove]:
             self.drain(replica, now)
-        self.events.append(ScaleEvent(now, "in", current, stabilised))
+        self.events.append(
+            ScaleEvent(
+                now,
+                "in",
+                current,
+                stabilised,
+                fleet_before=current,
+                fleet_after=self.fleet(),
+                drained=current - stabilised,
+                reason=f"highest recommendation over {hpa.scale_in_window_s:g} s: "
+                f"{current} -> {stabilised}",
+            )
+        )
 
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> RunResult:
         config = self.config
-        for i in range(config.initial_replicas):
-            replica = self.add_replica(f"{SERVICE}-initial-{i}", 0.0, "serving", 0.0)
+        initial = [f"{SERVICE}-initial-{i}" for i in range(config.initial_replicas)]
+        for i, task in enumerate(initial):
+            self.add_replica(task, 0.0, "serving", 0.0)
             if self.autoscaler is not None:
-                self.autoscaler.allocation_granted(replica.id, f"node-{i}", [0], T0.timestamp())
+                self.autoscaler.allocation_granted(task, f"node-{i}", [0], T0.timestamp())
+        if self.autoscaler is not None:
+            self.autoscaler.adopt(SERVICE, initial, T0.timestamp())
+        self.fleet()
         if self.autoscaler is not None:
             self.push(config.report_interval_s, _REPORT, None)
         else:
@@ -529,6 +637,9 @@ class _Simulation:
             scale_events=self.events,
             timeline=self.timeline(),
             duration_s=end,
+            peak_replicas=self.peak,
+            max_replicas=config.policy.max_replicas,
+            initial_replicas=config.initial_replicas,
         )
 
     def timeline(self) -> list[Bucket]:
@@ -554,6 +665,27 @@ class _Simulation:
                 )
             )
         return buckets
+
+
+def departures(policy: ScalingPolicy) -> dict[str, tuple[object, object]]:
+    """The fields of `policy` that are not what the service ships (its settings default to
+    `ScalingPolicy()`): name -> (this value, the shipped one). What a run measured is what
+    ships only when this is empty; a report says so when it is not."""
+    shipped = ScalingPolicy()
+    return {
+        name: (getattr(policy, name), getattr(shipped, name))
+        for name in ScalingPolicy.__dataclass_fields__
+        if getattr(policy, name) != getattr(shipped, name)
+    }
+
+
+def describe_departures(policy: ScalingPolicy) -> str | None:
+    """`departures` in words, for a report's header; None when the policy is the shipped one."""
+    found = departures(policy)
+    if not found:
+        return None
+    parts = ", ".join(f"{name} {mine} (ships {theirs})" for name, (mine, theirs) in found.items())
+    return f"NOT THE SHIPPED DEFAULTS: {parts}"
 
 
 def simulate(

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-
-from faststream.nats.annotations import NatsMessage
+from collections.abc import Sequence
 
 from crater.callback.adapters.store import DeliveryLog, Enqueued
 from crater.callback.delivery import Dispatcher
@@ -24,6 +23,7 @@ from crater.callback.domain.payload import (
 from crater.contracts import (
     AllocationGranted,
     Channel,
+    Event,
     Streams,
     Subjects,
     TaskEvent,
@@ -33,44 +33,6 @@ from crater.contracts import (
 )
 
 log = logging.getLogger("crater.callback")
-
-
-class StreamTurns:
-    """Each stream's deliveries handed in by their consumer sequence: a handler waits for the
-    previous delivery's, `patience` seconds at most (that one may have gone to another
-    replica sharing the consumer, or come before this process started)."""
-
-    def __init__(self, patience: float = 0.25) -> None:
-        self.patience = patience
-        self._last: dict[str, int] = {}
-        self._waiting: dict[tuple[str, int], asyncio.Future[None]] = {}
-
-    async def wait(self, stream: str, sequence: int) -> None:
-        if sequence - 1 <= self._last.get(stream, 0):
-            return
-        key = (stream, sequence - 1)
-        turn = self._waiting.get(key)
-        if turn is None:
-            turn = self._waiting[key] = asyncio.get_running_loop().create_future()
-        try:
-            await asyncio.wait_for(asyncio.shield(turn), self.patience)
-        except TimeoutError:
-            self._waiting.pop(key, None)  # it went elsewhere: not waited for again
-
-    def done(self, stream: str, sequence: int) -> None:
-        self._last[stream] = max(self._last.get(stream, 0), sequence)
-        turn = self._waiting.pop((stream, sequence), None)
-        if turn is not None and not turn.done():
-            turn.set_result(None)
-
-
-def delivery_turn(message: NatsMessage) -> tuple[str, int] | None:
-    """(stream, consumer sequence) of a JetStream delivery; None for any other message."""
-    try:
-        metadata = message.raw_message.metadata
-    except Exception:  # not a JetStream message (an in-memory test broker)
-        return None
-    return metadata.stream, metadata.sequence.consumer
 
 
 class Recorder:
@@ -96,7 +58,6 @@ class Recorder:
         self.order_wait_seconds = order_wait_seconds
         self._unrecorded: list[tuple[Enqueued, asyncio.Future[int | None]]] = []
         self._recording: asyncio.Task[None] | None = None
-        self.turns = StreamTurns()
 
     async def record(self, event: LifecycleEvent) -> int | None:
         """Record the event's deliveries: how many (0 for an event that is no webhook), or
@@ -141,38 +102,32 @@ class Recorder:
             self._recording = asyncio.create_task(self._record_batches())
         return committed
 
-    async def on_message(self, message: NatsMessage) -> None:
-        """A message of a consumed stream: recorded if its subject is a lifecycle event.
+    async def record_batch(self, events: Sequence[Event]) -> list[BaseException | None]:
+        """A pull batch of one stream, in stream order, each event as its subject's model
+        (`CONSUMED`): recorded in the next group commit, in that order. Returns each one's
+        outcome: None once committed (or when it is nothing to tell AllData), else why not
+        (that message alone is delivered again)."""
+        taken = [self._take(event) for event in events]
+        outcomes: list[BaseException | None] = []
+        for committed in taken:
+            try:
+                if committed is not None:
+                    await self._committed(committed)
+            except Exception as error:
+                outcomes.append(error)
+            else:
+                outcomes.append(None)
+        return outcomes
 
-        A pull batch is handled concurrently, and its handlers need not get here in order:
-        each waits for its stream's previous delivery to be handed in first (`StreamTurns`).
-        """
-        turn = delivery_turn(message)
-        if turn is not None:
-            await self.turns.wait(*turn)
-        try:
-            committed = self._take(message)
-        finally:
-            if turn is not None:
-                self.turns.done(*turn)
-        if committed is not None:
-            await self._committed(committed)
-
-    def _take(self, message: NatsMessage) -> asyncio.Future[int | None] | None:
-        subject = message.raw_message.subject
-        channel = LIFECYCLE_CHANNELS.get(subject)
-        if channel is not None:
-            # A ValidationError is turned into a MessageRejected by the broker's middleware.
-            event = channel.event.model_validate_json(message.body)
-            if not has_webhook(event):  # type: ignore[arg-type]
+    def _take(self, event: Event) -> asyncio.Future[int | None] | None:
+        if isinstance(event, LifecycleEvent):
+            if not has_webhook(event):
                 return None  # a node's terminal report: task.ended tells the end
-            return self._queue(self._enqueued(event))  # type: ignore[arg-type]
-        numbered = NUMBERED_ELSEWHERE.get(subject)
-        if numbered is not None:
+            return self._queue(self._enqueued(event))
+        if isinstance(event, TaskEvent):
             # No webhook, but its number may be the previous of one that has: noted.
-            noted = numbered.event.model_validate_json(message.body)
-            return self._note(noted)  # type: ignore[arg-type]
-        return None  # task.submitted, task.profiled, ...: nothing to tell AllData
+            return self._note(event)
+        return None
 
     def _note(self, event: TaskEvent) -> asyncio.Future[int | None] | None:
         """A numbered task event with no webhook, recorded so it completes its chain."""
@@ -265,6 +220,13 @@ NUMBERED_ELSEWHERE: dict[str, Channel] = {
     if channel.stream in (Streams.TASKS, Streams.ALLOCATIONS)
     and issubclass(channel.event, TaskEvent)
     and channel.subject not in LIFECYCLE_CHANNELS
+}
+
+# What the stream consumers read, by subject; the streams' other subjects (task.submitted,
+# task.profiled, ...: nothing to tell AllData) are acked and skipped unread.
+CONSUMED: dict[str, type[Event]] = {
+    subject: channel.event
+    for subject, channel in {**LIFECYCLE_CHANNELS, **NUMBERED_ELSEWHERE}.items()
 }
 
 

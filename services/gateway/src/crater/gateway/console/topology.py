@@ -1,14 +1,16 @@
-"""A node's topology as an SVG drawing, made here in Python: one column per NUMA node with
-its CPUs, memory, GPUs and disks, the inter-socket link, and the GPUs' NVLink links (pairs
-as arcs, an all-to-all fabric as one NVSwitch bar). `crater topology-export` writes the same
-graph as Graphviz DOT; rendering DOT needs the Graphviz binary, which a gateway image need not
-carry, so the console draws its own. Colours come from the console's stylesheet (classes)."""
+"""A node's topology drawn in Python: one column per NUMA node with its CPUs, memory, GPUs and
+disks, the inter-socket link, and the GPUs' NVLink links (pairs as arcs, an all-to-all fabric as
+one NVSwitch bar). `layout` places the shapes; `topology_svg` writes them for the console and
+`crater topology-export --png` paints the same shapes with matplotlib, so neither needs the
+Graphviz binary (`topology-export` still writes Graphviz DOT for those who have it). Shapes are
+named by style class; the console's stylesheet and the PNG palette give the colours."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
 from html import escape
+from typing import Literal
 
 from markupsafe import Markup
 
@@ -22,6 +24,59 @@ TOP = 56  # below the title
 ROW = 44  # a device box and the space under it
 BOX = 36  # a device box's height
 UNKNOWN = -1  # the column of devices whose NUMA node is not known
+TITLE_CHAR = 8  # about one title character's width, to leave the title room
+CORNER = {"t-switch": 4}  # corner radius where it is not 6
+
+Anchor = Literal["start", "middle"]
+
+
+@dataclass(frozen=True)
+class Rect:
+    x: float
+    y: float
+    w: float
+    h: float
+    css: str
+
+
+@dataclass(frozen=True)
+class Text:
+    x: float
+    y: float  # the baseline
+    text: str
+    css: str = "t-label"
+    anchor: Anchor = "start"
+
+
+@dataclass(frozen=True)
+class Line:
+    x1: float
+    y1: float
+    x2: float
+    y2: float
+    css: str
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A cubic Bézier from `start` to `end` pulled towards the two controls."""
+
+    start: tuple[float, float]
+    control1: tuple[float, float]
+    control2: tuple[float, float]
+    end: tuple[float, float]
+    css: str = "t-nvlink"
+
+
+Shape = Rect | Text | Line | Curve
+
+
+@dataclass(frozen=True)
+class Drawing:
+    node_id: str
+    width: float
+    height: float
+    shapes: list[Shape]
 
 
 @dataclass
@@ -88,25 +143,15 @@ def columns(node: NodeTopology) -> list[Column]:
     return [found[k] for k in sorted(found, key=lambda k: (k == UNKNOWN, k))]
 
 
-def _text(x: float, y: float, text: str, css: str = "t-label", anchor: str = "start") -> str:
-    return (
-        f'<text x="{x:.0f}" y="{y:.0f}" class="{css}" text-anchor="{anchor}">{escape(text)}</text>'
-    )
-
-
-def _box(x: float, y: float, w: float, h: float, css: str) -> str:
-    return f'<rect x="{x:.0f}" y="{y:.0f}" width="{w:.0f}" height="{h:.0f}" rx="6" class="{css}"/>'
-
-
 def short_model(model: str) -> str:
     return model.removeprefix("NVIDIA ").removeprefix("Tesla ")
 
 
-def _gpu(x: float, y: float, gpu: Gpu, used: GpuMetrics | None) -> list[str]:
+def _gpu(x: float, y: float, gpu: Gpu, used: GpuMetrics | None) -> list[Shape]:
     w = COLUMN - 20
-    parts = [
-        _box(x, y, w, BOX, "t-gpu"),
-        _text(x + 8, y + 15, f"GPU {gpu.index} · {short_model(gpu.model)}"),
+    shapes: list[Shape] = [
+        Rect(x, y, w, BOX, "t-gpu"),
+        Text(x + 8, y + 15, f"GPU {gpu.index} · {short_model(gpu.model)}"),
     ]
     detail = gib(gpu.memory_mb)
     if gpu.mig_enabled:
@@ -114,26 +159,23 @@ def _gpu(x: float, y: float, gpu: Gpu, used: GpuMetrics | None) -> list[str]:
     if used is not None:
         share = used.memory_used_mb / used.memory_total_mb if used.memory_total_mb else 0.0
         detail += f" · {used.utilization_percent:.0f} % busy · {share:.0%} memory"
-        parts.append(
-            f'<rect x="{x + 1:.0f}" y="{y + BOX - 5:.0f}" width="{(w - 2) * min(share, 1):.0f}" '
-            'height="4" class="t-used"/>'
-        )
-    parts.append(_text(x + 8, y + 29, detail, "t-small"))
-    return parts
+        shapes.append(Rect(x + 1, y + BOX - 5, (w - 2) * min(share, 1), 4, "t-used"))
+    shapes.append(Text(x + 8, y + 29, detail, "t-small"))
+    return shapes
 
 
-def _disk(x: float, y: float, disk: Disk) -> list[str]:
+def _disk(x: float, y: float, disk: Disk) -> list[Shape]:
     kind = "NVMe" if disk.nvme else "HDD" if disk.rotational else "SSD"
     gb = disk.capacity_gb
     size = f"{gb / 1000:.1f} TB" if gb >= 1000 else f"{gb} GB"
     return [
-        _box(x, y, COLUMN - 20, BOX - 6, "t-disk"),
-        _text(x + 8, y + 19, f"{disk.name} · {kind} {size} · {disk.mount_path or 'not mounted'}"),
+        Rect(x, y, COLUMN - 20, BOX - 6, "t-disk"),
+        Text(x + 8, y + 19, f"{disk.name} · {kind} {size} · {disk.mount_path or 'not mounted'}"),
     ]
 
 
-def topology_svg(node: NodeTopology, metrics: NodeMetricsReported | None = None) -> Markup:
-    """The drawing, ready to put in a page (every text escaped)."""
+def layout(node: NodeTopology, metrics: NodeMetricsReported | None = None) -> Drawing:
+    """Every shape of the drawing, placed (y grows downwards, as in SVG)."""
     cols = columns(node)
     used = {g.index: g for g in (metrics.gpus if metrics else [])}
     pairs = nvlink_pairs(node)
@@ -149,83 +191,100 @@ def topology_svg(node: NodeTopology, metrics: NodeMetricsReported | None = None)
     width = MARGIN * 2 + len(cols) * COLUMN + (len(cols) - 1) * GAP
     if fabric and len(cols) == 1:
         width += GAP  # the fabric right of the one column
-    width = max(width, MARGIN * 2 + 8 * len(title))  # the title's room
-    body: list[str] = [_text(MARGIN, 24, title, "t-title")]
+    width = max(width, MARGIN * 2 + TITLE_CHAR * len(title))  # the title's room
+    shapes: list[Shape] = [Text(MARGIN, 24, title, "t-title")]
     anchors: dict[int, tuple[float, float, int]] = {}  # GPU: (left x, middle y, column)
     cpu_boxes: list[tuple[float, float]] = []
     for i, col in enumerate(cols):
         x = MARGIN + i * (COLUMN + GAP)
         frame_h = height - TOP + 6 - 14
-        body.append(_box(x - 6, TOP - 22, COLUMN + 2 - 10 + 12, frame_h, "t-numa"))
-        body.append(_text(x, TOP - 6, col.title, "t-head"))
-        body.append(_box(x, TOP, COLUMN - 20, BOX, "t-cpu"))
-        body.append(_text(x + 8, TOP + 22, f"CPU · {col.cpu}"[:44]))
+        shapes.append(Rect(x - 6, TOP - 22, COLUMN + 2 - 10 + 12, frame_h, "t-numa"))
+        shapes.append(Text(x, TOP - 6, col.title, "t-head"))
+        shapes.append(Rect(x, TOP, COLUMN - 20, BOX, "t-cpu"))
+        shapes.append(Text(x + 8, TOP + 22, f"CPU · {col.cpu}"[:44]))
         cpu_boxes.append((x, TOP + BOX / 2))
         y = TOP + ROW
         if col.memory:
-            body.append(_box(x, y, COLUMN - 20, BOX - 6, "t-mem"))
-            body.append(_text(x + 8, y + 19, f"Memory · {col.memory}"))
+            shapes.append(Rect(x, y, COLUMN - 20, BOX - 6, "t-mem"))
+            shapes.append(Text(x + 8, y + 19, f"Memory · {col.memory}"))
         y += ROW
         for gpu in col.gpus:
-            body += _gpu(x, y, gpu, used.get(gpu.index))
+            shapes += _gpu(x, y, gpu, used.get(gpu.index))
             anchors[gpu.index] = (x, y + BOX / 2, i)
             y += ROW
         for disk in col.disks:
-            body += _disk(x, y, disk)
+            shapes += _disk(x, y, disk)
             y += ROW
     for (ax, ay), (bx, by) in itertools.pairwise(cpu_boxes):
-        body.append(
-            f'<line x1="{ax + COLUMN - 20:.0f}" y1="{ay:.0f}" x2="{bx:.0f}" y2="{by:.0f}" '
-            'class="t-socket"/>'
+        shapes.append(Line(ax + COLUMN - 20, ay, bx, by, "t-socket"))
+        shapes.append(
+            Text((ax + COLUMN - 20 + bx) / 2, ay - 6, "inter-socket", "t-small", "middle")
         )
-        body.append(_text((ax + COLUMN - 20 + bx) / 2, ay - 6, "inter-socket", "t-small", "middle"))
-    body += _nvlinks(anchors, pairs, fabric)
-    svg = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="topology" role="img" '
-        f'viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}">'
-        f"<title>{escape(node.node_id)} topology</title>{''.join(body)}</svg>"
-    )
-    return Markup(svg)  # every text above went through escape()
+    shapes += _nvlinks(anchors, pairs, fabric)
+    return Drawing(node.node_id, width, height, shapes)
 
 
 def _nvlinks(
     anchors: dict[int, tuple[float, float, int]],
     pairs: list[tuple[int, int]],
     fabric: bool,
-) -> list[str]:
+) -> list[Shape]:
     right = COLUMN - 20
     if fabric:
         # between the first two columns (or right of the only one): each GPU's nearest side
         bar = MARGIN + COLUMN - 20 + (GAP + 20) / 2 - 6
         ys = [y for _, y, _ in anchors.values()]
-        parts = [
-            f'<rect x="{bar:.0f}" y="{min(ys) - 14:.0f}" width="12" '
-            f'height="{max(ys) - min(ys) + 28:.0f}" rx="4" class="t-switch"/>',
-            _text(bar + 6, min(ys) - 20, "NVSwitch", "t-small", "middle"),
+        shapes: list[Shape] = [
+            Rect(bar, min(ys) - 14, 12, max(ys) - min(ys) + 28, "t-switch"),
+            Text(bar + 6, min(ys) - 20, "NVSwitch", "t-small", "middle"),
         ]
         for x, y, column in anchors.values():
             start, end = (x + right, bar) if column == 0 else (x, bar + 12)
-            parts.append(
-                f'<line x1="{start:.0f}" y1="{y:.0f}" x2="{end:.0f}" y2="{y:.0f}" '
-                'class="t-nvlink"/>'
-            )
-        return parts
-    parts = []
+            shapes.append(Line(start, y, end, y, "t-nvlink"))
+        return shapes
+    shapes = []
     for k, (a, b) in enumerate(pairs):
         if a not in anchors or b not in anchors:
             continue
         (ax, ay, ac), (bx, by, bc) = anchors[a], anchors[b]
         if ac == bc:
             bulge = ax + right + 14 + 8 * (k % 6)
-            path = (
-                f"M{ax + right:.0f},{ay:.0f} C{bulge:.0f},{ay:.0f} {bulge:.0f},{by:.0f} "
-                f"{bx + right:.0f},{by:.0f}"
-            )
+            shapes.append(Curve((ax + right, ay), (bulge, ay), (bulge, by), (bx + right, by)))
         else:
             (ax, ay), (bx, by) = sorted([(ax, ay), (bx, by)])
-            path = (
-                f"M{ax + right:.0f},{ay:.0f} C{bx - 30:.0f},{ay:.0f} "
-                f"{ax + right + 30:.0f},{by:.0f} {bx:.0f},{by:.0f}"
+            shapes.append(Curve((ax + right, ay), (bx - 30, ay), (ax + right + 30, by), (bx, by)))
+    return shapes
+
+
+def _svg(shape: Shape) -> str:
+    match shape:
+        case Rect(x, y, w, h, css):
+            rounded = "" if css == "t-used" else f'rx="{CORNER.get(css, 6)}" '
+            return (
+                f'<rect x="{x:.0f}" y="{y:.0f}" width="{w:.0f}" height="{h:.0f}" '
+                f'{rounded}class="{css}"/>'
             )
-        parts.append(f'<path d="{path}" class="t-nvlink"/>')
-    return parts
+        case Text(x, y, text, css, anchor):
+            return (
+                f'<text x="{x:.0f}" y="{y:.0f}" class="{css}" text-anchor="{anchor}">'
+                f"{escape(text)}</text>"
+            )
+        case Line(x1, y1, x2, y2, css):
+            return f'<line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" y2="{y2:.0f}" class="{css}"/>'
+        case Curve((sx, sy), (ax, ay), (bx, by), (ex, ey), css):
+            path = f"M{sx:.0f},{sy:.0f} C{ax:.0f},{ay:.0f} {bx:.0f},{by:.0f} {ex:.0f},{ey:.0f}"
+            return f'<path d="{path}" class="{css}"/>'
+    raise TypeError(shape)
+
+
+def topology_svg(node: NodeTopology, metrics: NodeMetricsReported | None = None) -> Markup:
+    """The drawing, ready to put in a page (every text escaped)."""
+    drawing = layout(node, metrics)
+    w, h = drawing.width, drawing.height
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="topology" role="img" '
+        f'viewBox="0 0 {w:.0f} {h:.0f}" width="{w:.0f}" height="{h:.0f}">'
+        f"<title>{escape(node.node_id)} topology</title>"
+        f"{''.join(_svg(s) for s in drawing.shapes)}</svg>"
+    )
+    return Markup(svg)  # every text above went through escape()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from crater.gateway.routes import allocations, nodes, ops, schedule, tasks, usage
+from crater.gateway.routes import admin, allocations, nodes, ops, schedule, tasks, usage
 
 ROUTERS: tuple[APIRouter, ...] = (
     schedule.router,
@@ -12,5 +12,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     tasks.router,
     allocations.router,
     usage.router,
+    admin.router,
     ops.router,
 )

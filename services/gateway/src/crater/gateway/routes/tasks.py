@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
 from pydantic import ValidationError
 
-from crater.contracts import FieldError, TaskStatus, TaskStatusReported, TaskUsageReported
+from crater.contracts import (
+    FieldError,
+    LendingState,
+    TaskPhaseReported,
+    TaskStatus,
+    TaskStatusReported,
+    TaskUsageReported,
+)
 from crater.contracts.queries import (
     AllocationCheck,
     AllocationQuery,
@@ -38,15 +45,20 @@ from crater.gateway.models import (
     VERDICT_STATUS,
     CancelAccepted,
     FieldErrors,
+    PhaseAccepted,
+    PhaseStanding,
     Problem,
     UsageAccepted,
     field_errors_response,
     nats_unavailable,
     problem,
 )
+from crater.gateway.settings import GatewaySettings
 from crater.runtime.service import BUS_ERRORS
 
 log = logging.getLogger("crater.gateway")
+# What a running task reports about itself with its reservation token.
+Report = TypeVar("Report", TaskUsageReported, TaskPhaseReported)
 
 router = APIRouter()
 
@@ -215,30 +227,37 @@ router.add_api_route(
 )
 
 
+# What a running task's own report (a usage sample, a phase) may be answered, by its token.
+OWN_REPORT_ANSWERS: dict[int | str, dict[str, Any]] = {
+    403: {"model": FieldErrors, "description": "`token`: forged or another allocation's."},
+    404: {
+        "model": FieldErrors | Problem,
+        "description": "`allocation_id`: never granted; or a task not the credential's.",
+    },
+    409: {"model": FieldErrors, "description": "`token`: the allocation was released."},
+    410: {"model": FieldErrors, "description": "`token`: the reservation expired."},
+    413: {"model": FieldErrors, "description": "Body larger than max_body_bytes."},
+    422: {"model": FieldErrors, "description": "Every invalid field and why."},
+    503: {"model": Problem, "description": "NATS unavailable."},
+}
+
+
+def own_report_body(schema: str) -> dict[str, Any]:
+    """The OpenAPI request body of a report read raw (checked by own_report, not FastAPI)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
+        }
+    }
+
+
 @router.post(
     "/api/v1/tasks/{task_id}/usage",
     status_code=202,
     response_model=UsageAccepted,
-    responses={
-        403: {"model": FieldErrors, "description": "`token`: forged or another allocation's."},
-        404: {
-            "model": FieldErrors | Problem,
-            "description": "`allocation_id`: never granted; or a task not the credential's.",
-        },
-        409: {"model": FieldErrors, "description": "`token`: the allocation was released."},
-        410: {"model": FieldErrors, "description": "`token`: the reservation expired."},
-        413: {"model": FieldErrors, "description": "Body larger than max_body_bytes."},
-        422: {"model": FieldErrors, "description": "Every invalid field and why."},
-        503: {"model": Problem, "description": "NATS unavailable."},
-    },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/TaskUsageReported"}}
-            },
-        }
-    },
+    responses=OWN_REPORT_ANSWERS,
+    openapi_extra=own_report_body("TaskUsageReported"),
 )
 async def usage(
     task_id: str,
@@ -253,20 +272,101 @@ async def usage(
     With auth on: the `submit` scope, and a tenant's credential reports on its own tasks
     only (the scheduler must know the task); or, without a credential, the task's own
     reservation token in `Crater-Reservation-Token`, with the sample's `allocation_id`."""
+    sample = await own_report(task_id, request, settings, bus, auth, reporter, TaskUsageReported)
+    if isinstance(sample, JSONResponse):
+        return sample
+    return UsageAccepted(task_id=task_id, event_id=sample.event_id)
+
+
+@router.post(
+    "/api/v1/tasks/{task_id}/phase",
+    status_code=202,
+    response_model=PhaseAccepted,
+    responses=OWN_REPORT_ANSWERS,
+    openapi_extra=own_report_body("TaskPhaseReported"),
+)
+async def phase(
+    task_id: str,
+    request: Request,
+    settings: SettingsDep,
+    bus: BusDep,
+    auth: AuthDep,
+    reporter: UsageReporter,
+) -> PhaseAccepted | JSONResponse:
+    """A running task enters (`cpu`) or leaves (`gpu`) a phase in which its GPUs are idle
+    (crater_client's `cpu_phase`): published for the scheduler, which lends its cards to
+    inference replicas meanwhile and says where that stands on `crater.v1.task.lending`.
+    Authenticated as a usage sample is: the task's own reservation token (or a credential
+    with `submit` on its tenant's tasks)."""
+    report = await own_report(task_id, request, settings, bus, auth, reporter, TaskPhaseReported)
+    if isinstance(report, JSONResponse):
+        return report
+    return PhaseAccepted(task_id=task_id, event_id=report.event_id, phase=report.phase)
+
+
+@router.get(
+    "/api/v1/tasks/{task_id}/phase",
+    response_model=PhaseStanding,
+    responses={
+        403: {"model": FieldErrors, "description": "`token`: forged or another allocation's."},
+        404: {"model": FieldErrors, "description": "`allocation_id`: never granted."},
+        409: {"model": FieldErrors, "description": "`token`: the allocation was released."},
+        410: {"model": FieldErrors, "description": "`token`: the reservation expired."},
+        422: {"model": FieldErrors, "description": "Every invalid field and why."},
+        503: {"model": Problem, "description": "NATS unavailable."},
+    },
+)
+async def phase_standing(
+    task_id: str,
+    bus: BusDep,
+    _: UsageReporter,
+    allocation_id: Annotated[str, Query(min_length=1, max_length=256)],
+    crater_reservation_token: Annotated[str | None, Header(max_length=4096)] = None,
+) -> PhaseStanding | JSONResponse:
+    """Where the lending of a task's cards stands, asked with its own reservation token (as
+    `crater_client.cpu_phase` does on leaving, until its cards are its own): `lent`,
+    `reclaiming` (the replicas gone by `must_be_free_by`), or `returned` (nothing is lent)."""
+    if not crater_reservation_token:
+        reason = "required: the task's own reservation token (CRATER_RESERVATION_TOKEN)"
+        missing = FieldError(field="crater-reservation-token", reason=reason)
+        return field_errors_response(422, [missing])
+    check = await checked_allocation(bus, task_id, allocation_id, crater_reservation_token)
+    if isinstance(check, JSONResponse):
+        return check
+    return PhaseStanding(
+        task_id=task_id,
+        allocation_id=allocation_id,
+        lending=check.lending or LendingState.RETURNED,
+        must_be_free_by=check.must_be_free_by,
+    )
+
+
+async def own_report(
+    task_id: str,
+    request: Request,
+    settings: GatewaySettings,
+    bus: Bus,
+    auth: Authenticator,
+    reporter: Principal | str,
+    kind: type[Report],
+) -> Report | JSONResponse:
+    """A running task's report about itself, read (bounded), checked (the path's task; the
+    reservation token's allocation, held now by that task, or the credential's tenant) and
+    published; or the refusal, naming the field."""
     try:
         body = await read_limited(
             request.stream(), settings.max_body_bytes, request.headers.get("content-length")
         )
     except BodyTooLarge as error:
         return field_errors_response(413, [FieldError(field="body", reason=str(error))])
-    sample = parse_body(body, TaskUsageReported, settings.max_json_depth)
-    if not isinstance(sample, TaskUsageReported):
-        return field_errors_response(422, sample)
-    if sample.task_id != task_id:
-        reason = f"{sample.task_id!r} is not the task in the path, {task_id!r}"
+    report = parse_body(body, kind, settings.max_json_depth)
+    if isinstance(report, list):
+        return field_errors_response(422, report)
+    if report.task_id != task_id:
+        reason = f"{report.task_id!r} is not the task in the path, {task_id!r}"
         return field_errors_response(422, [FieldError(field="task_id", reason=reason)])
     if isinstance(reporter, str):
-        refused = await own_allocation(bus, sample, reporter)
+        refused = await own_allocation(bus, report, reporter)
         if refused is not None:
             return refused
     elif not reporter.sees_all:
@@ -277,21 +377,33 @@ async def usage(
             return hidden(auth, request, reporter, task_id)
     trace.get_current_span().set_attribute("crater.task_id", task_id)
     try:
-        await bus.publish(sample)
+        await bus.publish(report)
     except BUS_ERRORS as error:
-        log.warning("could not publish a usage sample of %s: %r", task_id, error)
+        log.warning("could not publish a %s of %s: %r", kind.__name__, task_id, error)
         return nats_unavailable(error)
-    return UsageAccepted(task_id=task_id, event_id=sample.event_id)
+    return report
 
 
-async def own_allocation(bus: Bus, sample: TaskUsageReported, token: str) -> JSONResponse | None:
+async def own_allocation(
+    bus: Bus, sample: TaskUsageReported | TaskPhaseReported, token: str
+) -> JSONResponse | None:
     """None when `token` is the reservation token of the sample's allocation, held now by
     its task; else the refusal, by the scheduler's verdict."""
     if sample.allocation_id is None:
         reason = "required with a reservation token: the allocation it was signed for"
         return field_errors_response(422, [FieldError(field="allocation_id", reason=reason)])
+    check = await checked_allocation(bus, sample.task_id, sample.allocation_id, token)
+    return check if isinstance(check, JSONResponse) else None
+
+
+async def checked_allocation(
+    bus: Bus, task_id: str, allocation_id: str, token: str
+) -> AllocationCheck | JSONResponse:
+    """The scheduler's word on `allocation_id`, when `token` is its reservation token and it
+    is held now by `task_id`; else the refusal (403 forged or another's, 404 unknown, 409
+    released, 410 expired, 422 a malformed id or token)."""
     try:
-        query = AllocationQuery(allocation_id=sample.allocation_id, reservation_token=token)
+        query = AllocationQuery(allocation_id=allocation_id, reservation_token=token)
     except ValidationError as error:  # no allocation has such an id, no token such a form
         names = {"reservation_token": "crater-reservation-token"}
         refused = [
@@ -305,7 +417,7 @@ async def own_allocation(bus: Bus, sample: TaskUsageReported, token: str) -> JSO
     if check.verdict != "accepted":
         code, field = VERDICT_STATUS.get(check.verdict, (409, "token"))
         return field_errors_response(code, [FieldError(field=field, reason=check.reason or "")])
-    if check.task_id != sample.task_id:
-        reason = f"allocation {sample.allocation_id!r} is not task {sample.task_id!r}'s"
+    if check.task_id != task_id:
+        reason = f"allocation {allocation_id!r} is not task {task_id!r}'s"
         return field_errors_response(403, [FieldError(field="allocation_id", reason=reason)])
-    return None
+    return check

@@ -6,7 +6,7 @@ grant is recorded once per allocation id whatever its event id."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -52,6 +52,7 @@ from crater.predictor.domain.learning import (
 )
 from crater.predictor.domain.sla import SlaRule, Window, fold
 from crater.predictor.domain.usage import HeldTask, UsageRecord
+from crater.runtime.db import insert_all_if_absent
 from crater.runtime.unit_of_work import unit_of_work
 
 Key = tuple[str, str]  # (model family, task type)
@@ -112,32 +113,15 @@ class LearningStore:
             rows = (await session.execute(select(corrections))).all()
         return {(r.family, r.task_type): _track(r) for r in rows}
 
-    async def record_prediction(
-        self,
-        task_id: str,
-        family: str,
-        task_type: str,
-        raw_mb: int,
-        predicted_mb: int,
-        min_gpu_utilization_percent: float | None = None,
-    ) -> None:
-        """Keep what was predicted; a redelivery (same task) leaves the first record."""
+    async def record_predictions(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Keep what was predicted (`prediction_record` rows), in one transaction; a
+        redelivery (same task) leaves the first record."""
+        if not rows:
+            return
+        # ON CONFLICT DO NOTHING: two submissions of one task profiled at once (a redelivery
+        # racing the first, or a task id submitted again) must not collide on the key.
         async with self.sessions() as session, session.begin():
-            exists = await session.scalar(
-                select(predictions.c.task_id).where(predictions.c.task_id == task_id)
-            )
-            if exists is None:
-                await session.execute(
-                    insert(predictions).values(
-                        task_id=task_id,
-                        family=family,
-                        task_type=task_type,
-                        raw_mb=raw_mb,
-                        predicted_mb=predicted_mb,
-                        created_at=datetime.now(UTC),
-                        min_gpu_utilization_percent=min_gpu_utilization_percent,
-                    )
-                )
+            await insert_all_if_absent(session, predictions, rows)
 
     async def predicted(self, task_id: str) -> bool:
         """Whether a submission of `task_id` was profiled here before."""
@@ -642,3 +626,24 @@ def _track(row: Any) -> Track:
     if row is None:
         return Track()
     return Track(row.factor, row.samples, row.abs_pct_error_sum)
+
+
+def prediction_record(
+    task_id: str,
+    family: str,
+    task_type: str,
+    raw_mb: int,
+    predicted_mb: int,
+    min_gpu_utilization_percent: float | None = None,
+) -> dict[str, Any]:
+    """A row of `record_predictions`: what was predicted for `task_id`, and before the
+    learned correction (`raw_mb`)."""
+    return {
+        "task_id": task_id,
+        "family": family,
+        "task_type": task_type,
+        "raw_mb": raw_mb,
+        "predicted_mb": predicted_mb,
+        "created_at": datetime.now(UTC),
+        "min_gpu_utilization_percent": min_gpu_utilization_percent,
+    }

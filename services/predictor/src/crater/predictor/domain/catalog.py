@@ -16,6 +16,7 @@ resolution says which architecture it chose and from what.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -157,6 +158,9 @@ class Resolution:
     exact: bool = True  # the name says this architecture; False: the nearest of its family
 
 
+# A pure function of a fixed catalog, asked once or twice per submission with the names a
+# platform's tasks use over and over: the answer is kept (a frozen Resolution).
+@functools.lru_cache(maxsize=4096)
 def resolve_name(name: str, parameters_billion: float | None = None) -> Resolution | None:
     """The catalog architecture `name` stands for. A name of a known family whose size the
     catalog does not hold (qwen2.5-9b) gets the family's nearest size, and says so."""
@@ -166,6 +170,8 @@ def resolve_name(name: str, parameters_billion: float | None = None) -> Resoluti
         if found:
             said = "" if found == name else f" for {name!r}"
             return Resolution(CATALOG[found], f"catalog {found}{said}")
+    if not forms:  # nothing of the name is a word (control characters only)
+        return None
     # "<family>-<size>-...": the family's entry of the nearest size
     bare = forms[-1]
     best: tuple[float, str] | None = None

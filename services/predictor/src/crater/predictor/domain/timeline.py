@@ -7,8 +7,15 @@ al. 2020; Narayanan et al. 2021); step time at a model FLOPs utilisation (Chowdh
 
 from __future__ import annotations
 
+import math
+
 from crater.contracts import IoPattern, Precision, TaskRequest
-from crater.contracts.tasks import TimelinePoint, TrainingConfig, TrainingTimeline
+from crater.contracts.tasks import (
+    CheckpointPolicy,
+    TimelinePoint,
+    TrainingConfig,
+    TrainingTimeline,
+)
 from crater.predictor.domain.assumptions import Assumptions
 from crater.predictor.domain.catalog import Architecture, Kind, lora_trainable_parameters
 from crater.predictor.domain.memory import _mb
@@ -59,11 +66,32 @@ def _step_seconds(
     else:
         forward = 2 * arch.active_parameters / shape.tensor_parallel * b * s
     backward = forward if config.lora is not None else 2 * forward
-    recompute = forward if config.gradient_checkpointing else 0
+    recompute = _recompute_flops(arch, config, shape, forward)
     rate = peak_flops(request.resource_requirements.gpu.type) * a.model_flops_utilisation
     if request.model_spec.precision is Precision.FP32:
         rate /= 2  # TF32 tensor cores: half the 16-bit rate
     return (forward + backward + recompute) / rate
+
+
+def _recompute_flops(
+    arch: Architecture, config: TrainingConfig, shape: _Shape, forward: float
+) -> float:
+    """FLOPs backward spends recomputing what checkpointing dropped."""
+    policy = config.recompute
+    if policy in (CheckpointPolicy.FULL, CheckpointPolicy.OFFLOADED):
+        return forward  # every block's forward again (offloading moves memory, not FLOPs)
+    if policy is CheckpointPolicy.EVERY_K:
+        layers = max(arch.layers + arch.encoder_layers, 1)
+        return forward * math.ceil(layers / config.checkpoint_every) / layers
+    if policy is CheckpointPolicy.SELECTIVE and arch.kind is not Kind.CONV:
+        # only the attention core: Q·K^T and the scores times V, 2·2·s²·q per sample and
+        # layer (Korthikanti et al. 2022 §4.2: a few percent of the step). Flash attention
+        # recomputes its scores in backward anyway, so selective adds nothing to it.
+        if config.flash_attention:
+            return 0.0
+        s = shape.sequence_length
+        return 4 * config.batch_size * s * s * arch.q_dim * arch.layers / shape.tensor_parallel
+    return 0.0
 
 
 def sample_bytes(arch: Architecture, config: TrainingConfig, shape: _Shape) -> int:
@@ -89,7 +117,7 @@ def _timeline(
     optimizer = breakdown.get("optimizer", 0)
     activations = breakdown.get("activations", 0) + breakdown.get("logits", 0)
     fixed = breakdown.get("cuda_context", 0) + breakdown.get("allocator_overhead", 0)
-    fixed += breakdown.get("gathered_parameters", 0)
+    fixed += breakdown.get("gathered_parameters", 0) + breakdown.get("unsharded_model", 0)
     # Gradient buffers live for the whole run (DDP buckets, DeepSpeed's partitioned buffers);
     # Adam allocates its states lazily at the first step, so step 0 starts without them.
     points: list[TimelinePoint] = []

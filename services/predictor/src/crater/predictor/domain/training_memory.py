@@ -34,7 +34,13 @@ Sources:
 from __future__ import annotations
 
 from crater.contracts import Precision, TaskRequest
-from crater.contracts.tasks import CrossEntropy, Optimizer, Sharding, TrainingConfig
+from crater.contracts.tasks import (
+    CheckpointPolicy,
+    CrossEntropy,
+    Optimizer,
+    Sharding,
+    TrainingConfig,
+)
 from crater.predictor.domain.catalog import (
     Architecture,
     Kind,
@@ -161,6 +167,10 @@ def _training_memory(
                 compute
             )
 
+    # The whole model kept on every rank beside its shard (built on the GPU before wrapping)
+    unsharded = frozen + trainable / split * compute if config.lora is not None else psi * compute
+    unsharded = unsharded if config.full_model_per_rank and zero >= 3 and dp > 1 else 0.0
+
     # Offload: states (and master, fp32 gradients) to host; parameters too at stage 3
     if config.offload_optimizer:
         host["offloaded optimizer"] = (
@@ -198,8 +208,10 @@ def _training_memory(
     for what in host:
         parts.method.append(f"{what} in host memory")
 
-    activations, logits = _training_activations(arch, config, shape, compute)
-    if config.offload_activations:
+    activations, logits, checkpoints_on_host = _training_activations(arch, config, shape, compute)
+    if checkpoints_on_host:
+        host["offloaded checkpoints"] = checkpoints_on_host * shape.ranks_per_node
+    elif config.offload_activations:
         host["offloaded activations"] = activations * shape.ranks_per_node
         layers = max(arch.layers + arch.encoder_layers, 1)
         activations = activations * min(1.0, 2 / layers)  # the layer computing, one in flight
@@ -214,6 +226,9 @@ def _training_memory(
     }
     if gathered:
         parts.breakdown["gathered_parameters"] = gathered
+    if unsharded:
+        parts.breakdown["unsharded_model"] = unsharded
+        parts.method.append("the whole model kept on every rank beside its shard")
     if logits:
         parts.breakdown["logits"] = logits
     parts.host = host
@@ -221,7 +236,7 @@ def _training_memory(
     parts.method.append(
         f"micro-batch {config.batch_size}"
         + (f" x {shape.sequence_length} tokens" if arch.kind is not Kind.CONV else "")
-        + (", gradient checkpointing" if config.gradient_checkpointing else "")
+        + _checkpointing_label(config)
         + (", activations offloaded" if config.offload_activations else "")
         + (f", {config.cross_entropy.value} cross-entropy" if logits else "")
     )
@@ -232,18 +247,33 @@ def _training_memory(
     return parts
 
 
+def _checkpointing_label(config: TrainingConfig) -> str:
+    policy = config.recompute
+    if policy is CheckpointPolicy.NONE:
+        return ""
+    if policy is CheckpointPolicy.EVERY_K:
+        return f", checkpointing every {config.checkpoint_every} blocks (every-k policy)"
+    return f", {policy.value} gradient checkpointing"
+
+
 def _training_activations(
     arch: Architecture, config: TrainingConfig, shape: _Shape, act_bytes: float
-) -> tuple[float, float]:
-    """Activations one GPU keeps for backward, and the logits with their fp32 loss copies."""
+) -> tuple[float, float, float]:
+    """Activations one GPU keeps for backward, the logits with their fp32 loss copies, and
+    the checkpoints an offloading policy keeps in host memory instead."""
     b, s, t = config.batch_size, shape.sequence_length, shape.tensor_parallel
     scale = act_bytes / 2  # the published coefficients count 16-bit activations
+    policy = config.recompute
     if arch.kind is Kind.CONV:
         per_sample = arch.activation_bytes_per_sample * act_bytes / arch.activation_dtype_bytes
         kept = per_sample * b
-        if config.gradient_checkpointing:
+        # no attention core: selective recomputation keeps everything; the others as full
+        if policy is CheckpointPolicy.EVERY_K:
+            share = 1 / config.checkpoint_every
+            kept *= share * checkpoint_fraction(arch) + 1 - share
+        elif policy in (CheckpointPolicy.FULL, CheckpointPolicy.OFFLOADED):
             kept *= checkpoint_fraction(arch)
-        return kept, 0.0
+        return kept, 0.0, 0.0
     h, q, kv = arch.hidden, arch.q_dim, arch.kv_dim
     # Korthikanti et al. 2022, §4.1, per layer at 16 bits, written for any attention width:
     #   attention: its input 2·sbh, Q and K 2·sb(q + kv), V 2·sb·kv, the output projection's
@@ -252,9 +282,9 @@ def _training_activations(
     #   the MLP: 3·sbh + 4·sbf for a two-matrix GeLU MLP (19·sbh at f = 4h), 3·sbh + 8·sbf for
     #   a gated one (gate, up, activation and product, each 2·sbf); two norms 4·sbh.
     #   An MoE layer keeps its routed experts' and shared experts' MLP activations per token.
-    attention = s * b * (3 * h + 4 * q + 4 * kv)
-    if not config.flash_attention:
-        attention += 5 * arch.heads * s * s * b
+    attention: float = s * b * (3 * h + 4 * q + 4 * kv)
+    core = 0.0 if config.flash_attention else 5 * arch.heads * s * s * b
+    attention += core
     gated = 8 if arch.mlp is Mlp.SWIGLU else 4
 
     def mlp(width: int) -> float:
@@ -277,14 +307,38 @@ def _training_activations(
         width = lora_input_width(arch, lora.target_modules) / max(len(per_layer), 1)
         per_layer = [x + s * b * width * (act_bytes + 1) / t for x in per_layer]
         stage = per_layer[: max(1, len(per_layer) // pp)] if pp > 1 else per_layer
-    if config.gradient_checkpointing:
+    checkpoint = 2 * s * b * h * scale / t  # one block's 16-bit input
+    on_host = 0.0
+    if policy is CheckpointPolicy.FULL:
         # full recomputation keeps each layer's 16-bit input (2·sbh), plus one layer's full
         # activations while it is recomputed in backward (Korthikanti et al. 2022, §3)
-        kept = len(stage) * 2 * s * b * h * scale / t + max(stage, default=0)
+        kept = len(stage) * checkpoint + max(stage, default=0)
+    elif policy is CheckpointPolicy.OFFLOADED:
+        # Unsloth's offloaded checkpointing: as full, but each block input is copied to host
+        # memory asynchronously (non_blocking) in forward and back in backward, so the GPU
+        # holds about two inputs in flight plus the block being recomputed; the inputs
+        # themselves take host memory (unsloth.ai/blog/long-context)
+        kept = min(len(stage), 2) * checkpoint + max(stage, default=0)
+        on_host = len(stage) * checkpoint
+    elif policy is CheckpointPolicy.SELECTIVE:
+        # Megatron-LM --recompute-granularity selective (Korthikanti et al. 2022, §4.2): only
+        # the attention core (scores, softmax, dropout: 5·a·s²·b) is dropped and recomputed,
+        # so each layer keeps 34·sbh; one layer's core exists again while it is recomputed.
+        # With flash attention there is no such core to drop: the same as no checkpointing.
+        dropped = core * scale / t
+        kept = sum(stage) - len(stage) * dropped + (dropped if stage else 0.0)
+    elif policy is CheckpointPolicy.EVERY_K:
+        # torchtune's selective activation checkpointing, ac_option k: blocks 0, k, 2k, ...
+        # wrapped in checkpoint (keep their input, recompute one at a time), the rest keep
+        # their full activations
+        k = config.checkpoint_every
+        wrapped = [x for i, x in enumerate(stage) if i % k == 0]
+        plain = [x for i, x in enumerate(stage) if i % k != 0]
+        kept = sum(plain) + len(wrapped) * checkpoint + max(wrapped, default=0)
     else:
         kept = sum(stage)
     if config.task_head == "classification":
-        return kept, 0.0
+        return kept, 0.0, on_host
     # The output layer (vocabulary-parallel over t): the logits in the compute dtype, and
     # the loss's fp32 copies (logits upcast, log-probabilities) for every token at once, or
     # for one chunk of tokens. An encoder's MLM head is the same shape.
@@ -296,4 +350,4 @@ def _training_activations(
         logits = (tokens * act_bytes + chunk * LOSS_FP32_BYTES) * arch.vocab / t
     else:
         logits = chunk * arch.vocab * (act_bytes + LOSS_FP32_BYTES) / t
-    return kept, logits
+    return kept, logits, on_host

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter as Tally
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -28,10 +30,11 @@ from crater.contracts import (
     TaskSubmitted,
     TaskUnderutilized,
     TaskUsageReported,
+    TraceContext,
     derived_event_id,
 )
 from crater.predictor.adapters.model_configs import with_model_config
-from crater.predictor.adapters.store import LearningStore
+from crater.predictor.adapters.store import LearningStore, prediction_record
 from crater.predictor.domain.estimate import Assumptions, Correction, Refused, predict
 from crater.predictor.domain.estimate import family as model_family
 from crater.predictor.domain.learning import Rule, Track
@@ -41,6 +44,8 @@ from crater.runtime.service import Service
 log = logging.getLogger("crater.predictor")
 
 Publish = Callable[[Event], Awaitable[None]]
+# Events published together; each one's outcome: None once JetStream holds it, else why not.
+PublishMany = Callable[[Sequence[Event]], Awaitable[list[BaseException | None]]]
 
 
 class PredictorMetrics:
@@ -132,8 +137,10 @@ class PredictorHandlers:
         assumptions: Assumptions,
         rule: Rule,
         publish: Publish,
+        publish_many: PublishMany,
         model_config_dir: Path | None = None,
     ) -> None:
+        self.publish_many = publish_many
         self.model_config_dir = model_config_dir
         self.store = store
         self.metrics = metrics
@@ -159,12 +166,51 @@ class PredictorHandlers:
             return None
         return Correction(self.rule.bounded(track.factor), track.samples, track.mape)
 
-    async def task_submitted(self, event: TaskSubmitted) -> None:
+    async def tasks_submitted(
+        self, received: Sequence[tuple[TaskSubmitted, TraceContext | None]]
+    ) -> list[BaseException | None]:
+        """A pull batch of submissions, each with the trace context it came with: predicted
+        in one pass (a model family's learned track read once), the predictions recorded in
+        one transaction, then every answer (`task.profiled`, or `task.rejected`) published
+        together with asynchronous acks, each carrying its own submission's trace context.
+        Returns each submission's outcome: None once its answer is on the bus, else why not
+        (that message alone is delivered again; its answer's event id is derived from the
+        submission's, so JetStream drops a copy)."""
+        tracks: dict[tuple[str, str], Correction | None] = {}
+        answers: list[Event | BaseException] = []
+        records: list[dict[str, Any]] = []
+        confidences: Tally[str] = Tally()
+        for event, trace in received:
+            try:
+                answer = await self._answer(event, tracks, records, confidences)
+            except Exception as error:  # not this submission's answer: delivered again
+                answers.append(error)
+                continue
+            answers.append(answer if trace is None else answer.model_copy(update={"trace": trace}))
+        for confidence, count in confidences.items():
+            self.metrics.predictions.labels(confidence=confidence).inc(count)
+        # Recorded before any answer goes out: a task profiled is one the predictor knows.
+        await self.store.record_predictions(records)
+        ready = [a for a in answers if not isinstance(a, BaseException)]
+        published = iter(await self.publish_many(ready))
+        return [a if isinstance(a, BaseException) else next(published) for a in answers]
+
+    async def _answer(
+        self,
+        event: TaskSubmitted,
+        tracks: dict[tuple[str, str], Correction | None],
+        records: list[dict[str, Any]],
+        confidences: Tally[str],
+    ) -> Event:
+        """One submission's answer; its prediction's record is added to `records`."""
         request = event.request()
         try:
             request = with_model_config(request, self.model_config_dir)
             family = model_family(request)
-            prediction = predict(request, self.assumptions, await self.correction_for(request))
+            key = (family, request.task_type.value)
+            if key not in tracks:
+                tracks[key] = await self.correction_for(request)
+            prediction = predict(request, self.assumptions, tracks[key])
         except Refused as refused:
             self.metrics.rejected.inc()
             # A refused body under the id of a task profiled before is not that task's end:
@@ -174,32 +220,29 @@ class PredictorHandlers:
             if duplicate:
                 errors = [FieldError(field="task_id", reason=_profiled_before(request.task_id))]
                 errors += refused.errors
-            await self.publish(
-                TaskRejected(
-                    event_id=derived_event_id(event.event_id, "rejected"),
-                    task_id=request.task_id,
-                    errors=errors,
-                    duplicate=duplicate,
-                ),
+            return TaskRejected(
+                event_id=derived_event_id(event.event_id, "rejected"),
+                task_id=request.task_id,
+                errors=errors,
+                duplicate=duplicate,
             )
-            return
-        self.metrics.predictions.labels(confidence=prediction.confidence.value).inc()
+        confidences[prediction.confidence.value] += 1
         self.metrics.predicted_mb.observe(prediction.gpu_memory_per_gpu_mb)
         learned = prediction.breakdown_mb.get("learned_correction", 0)
-        await self.store.record_prediction(
-            request.task_id,
-            family,
-            request.task_type.value,
-            raw_mb=prediction.gpu_memory_per_gpu_mb - learned,
-            predicted_mb=prediction.gpu_memory_per_gpu_mb,
-            min_gpu_utilization_percent=request.sla.min_gpu_utilization_percent,
+        records.append(
+            prediction_record(
+                request.task_id,
+                family,
+                request.task_type.value,
+                raw_mb=prediction.gpu_memory_per_gpu_mb - learned,
+                predicted_mb=prediction.gpu_memory_per_gpu_mb,
+                min_gpu_utilization_percent=request.sla.min_gpu_utilization_percent,
+            )
         )
-        await self.publish(
-            TaskProfiled(
-                event_id=derived_event_id(event.event_id, "profiled"),
-                task=request,
-                prediction=prediction,
-            ),
+        return TaskProfiled(
+            event_id=derived_event_id(event.event_id, "profiled"),
+            task=request,
+            prediction=prediction,
         )
 
     # Queries: what a submission would be predicted, what a job description resolves to.

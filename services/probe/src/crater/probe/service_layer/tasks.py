@@ -6,6 +6,7 @@ from __future__ import annotations
 from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
+    LatencySamplesReported,
     Subjects,
     TaskPreempted,
     TaskProfiled,
@@ -67,3 +68,18 @@ def subscribe_runner(
     async def on_task_preempted(event: TaskPreempted) -> None:
         runner.preempted(event)
         metrics.tasks.set(runner.running)
+
+
+def subscribe_served(service: Service, runner: TaskRunner, consumer: str) -> None:
+    """The simulated fleet only: an inference replica's own reports set its cards' memory use
+    (a real node's NVML sees the KV cache the replica's load fills)."""
+
+    @durable(
+        service.broker,
+        Subjects.INFERENCE_LATENCY,
+        service.name,
+        batch=service.settings.consumer_batch,
+        name=f"{consumer}-{Subjects.INFERENCE_LATENCY.short_name}",
+    )
+    async def on_inference_latency(event: LatencySamplesReported) -> None:
+        runner.served(event)

@@ -2,8 +2,10 @@
 
 A grant for a node this fleet simulates puts the task's load on the node, then, without
 holding up the consumer, reports `running` shortly after and `succeeded` (or `failed`) after
-a seeded duration. Status event ids derive from the grant's, so a redelivered grant, or a
-restarted probe re-running it inside JetStream's duplicate window, cannot double a report.
+a seeded duration. An inference replica that serves traffic (it reports its latencies on
+`inference.latency`) does not finish by itself: it serves until released or preempted.
+Status event ids derive from the grant's, so a redelivered grant, or a restarted probe
+re-running it inside JetStream's duplicate window, cannot double a report.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TypeVar
 from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
+    LatencySamplesReported,
     TaskPreempted,
     TaskProfiled,
     TaskStatus,
@@ -70,6 +73,9 @@ class TaskRunner:
         self._use: OrderedDict[str, int | None] = OrderedDict()
         # task id -> its allocations placed before its profile was seen here
         self._unprofiled: OrderedDict[str, list[str]] = OrderedDict()
+        # replicas heard serving traffic: they serve until released, never end alone
+        self._servers: OrderedDict[str, None] = OrderedDict()
+        self._allocation_of: OrderedDict[str, str] = OrderedDict()  # task id -> allocation
 
     @property
     def running(self) -> int:
@@ -109,6 +115,7 @@ class TaskRunner:
             _remember(self._unprofiled, event.task_id, [])
             self._unprofiled[event.task_id].append(allocation)
         self.simulator.place(event.node, load)
+        _remember(self._allocation_of, event.task_id, allocation)
         run = asyncio.create_task(
             self._run(event, self.plan(allocation)), name=f"task-{allocation}"
         )
@@ -134,6 +141,23 @@ class TaskRunner:
         for allocation in self._unprofiled.pop(task.task_id, []):
             self.simulator.set_use(allocation, use)
         return use is not None
+
+    def served(self, sample: LatencySamplesReported) -> bool:
+        """A replica placed here serves traffic: it runs until released, and its own report
+        of its GPU memory pressure (its KV cache as the load fills it) is what its simulated
+        cards show, so the node's metrics tell the autoscaler what a real node's NVML would.
+        False: no task placed here, or no pressure said."""
+        task = sample.task_id or sample.replica_id
+        allocation = self._allocation_of.get(task) if task else None
+        if task is None or allocation is None or allocation not in self._runs:
+            return False
+        _remember(self._servers, task, None)
+        if sample.gpu_memory_pressure is None:
+            return False
+        card_mb = self.simulator.card_memory_mb(allocation)
+        if card_mb is None:
+            return False
+        return self.simulator.set_use(allocation, int(sample.gpu_memory_pressure * card_mb))
 
     def true_use(self, task_id: str) -> int | None:
         """What the task will use per card, MiB, when its profile has been seen and its
@@ -175,6 +199,8 @@ class TaskRunner:
         await asyncio.sleep(plan.start_delay_seconds)
         await self._report(grant, TaskStatus.RUNNING, f"running on {grant.node}")
         await asyncio.sleep(plan.duration_seconds)
+        if grant.task_id in self._servers:  # judged now: its profile may have come late
+            await asyncio.Event().wait()  # serves until released or preempted (cancelled)
         if plan.succeeds:
             await self._report(grant, TaskStatus.SUCCEEDED, "simulated run completed")
         else:

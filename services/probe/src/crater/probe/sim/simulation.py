@@ -253,6 +253,15 @@ class FleetSimulator:
         loads[allocation_id] = replace(loads[allocation_id], used_mb=used_mb)
         return True
 
+    def card_memory_mb(self, allocation_id: str) -> int | None:
+        """The memory of the first card a placed task holds (its cards are alike)."""
+        node_id = self._node_of.get(allocation_id)
+        if node_id is None:
+            return None
+        state = self._nodes[node_id]
+        gpus = [g for g in state.loads[allocation_id].gpu_ids if g in state.gpus]
+        return int(state.gpus[gpus[0]].total_mb) if gpus else None
+
     def release(self, allocation_id: str) -> bool:
         node_id = self._node_of.pop(allocation_id, None)
         if node_id is None:

@@ -11,6 +11,8 @@ Why a poll and not a command (`crater pools reload` over NATS): the files are wh
 edit (a ConfigMap mounted into the pod is updated in place), so noticing the change needs no
 one to remember a second step, adds no message contract nor who-may-call-it, and a standby
 that takes over reads the same files.
+The API (`SchedulerService.apply_config`, the gateway's `PUT /api/v1/admin/pools|quotas`)
+applies a file's content too, without writing it: the next change of a file here wins.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 from crater.scheduler.adapters.pools_file import PoolsFileError, load_pools
 from crater.scheduler.adapters.quotas_file import QuotasFileError, load_quotas
 from crater.scheduler.domain.config import SchedulerConfig
+from crater.scheduler.domain.pools import PoolPolicy
+from crater.scheduler.domain.quotas import TenantQuotas
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +88,20 @@ class ConfigWatch:
         self.stamps = stamps  # a refused version is said once, not on every look
         try:
             pools = running.pools if self.pools_file is None else load_pools(self.pools_file)
-            quotas = running.quotas if self.quotas_file is None else load_quotas(self.quotas_file)
+            tenants = (
+                TenantQuotas(running.quotas, running.tenant_shares)
+                if self.quotas_file is None
+                else load_quotas(self.quotas_file)
+            )
         except (PoolsFileError, QuotasFileError) as error:
             return Reload(refused=str(error))
         except OSError as error:
             return Reload(refused=f"{error.filename}: cannot be read: {error.strerror}")
-        return Reload(config=replace(running, pools=pools, quotas=quotas))
+        return Reload(config=with_files(running, pools, tenants))
+
+
+def with_files(
+    running: SchedulerConfig, pools: dict[str, PoolPolicy], tenants: TenantQuotas
+) -> SchedulerConfig:
+    """`running` with the pools and quotas files' contents in place of its own."""
+    return replace(running, pools=pools, quotas=tenants.limits, tenant_shares=tenants.shares)

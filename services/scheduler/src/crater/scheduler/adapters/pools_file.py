@@ -9,7 +9,7 @@ pools:
     restart_policy: {when: [failure, node-lost], max_attempts: 3, backoff_seconds: 10}
     reservation_timeout_ms: 15000            # a placement waits this long for `running`
     cohort: shared                           # lends its idle nodes to the cohort's pools
-    lend: {limit: {gpus: 16}}                # at most this much of its capacity lent at once
+    lend: {limit: {gpus: 16}, reserved: {cpu_cores: 64}}  # at most 16 GPUs lent; 64 cores never
     borrow: {limit: {gpus: 0}}               # and it borrows none (see docs/pools.md)
 
 A pool left out, or a field left out, keeps the default: every filter, the default scores,
@@ -37,7 +37,7 @@ from crater.contracts import (
     RESERVATION_TIMEOUT_MS_MIN,
     RestartPolicy,
 )
-from crater.scheduler.adapters.yaml_spec import parse_yaml_spec
+from crater.scheduler.adapters.yaml_spec import SpecError, parse_yaml_spec
 from crater.scheduler.domain.cluster import Overcommit
 from crater.scheduler.domain.plugins import (
     CONFIGURED_SCORES,
@@ -53,7 +53,7 @@ from crater.scheduler.domain.quotas import Quota
 REQUIRED_FILTERS = ("NodeReady", "Pool")
 
 
-class PoolsFileError(ValueError):
+class PoolsFileError(SpecError):
     """A pools file that cannot be used, with the field and the reason."""
 
 
@@ -74,9 +74,10 @@ class _Limit(BaseModel):
     gpu_memory_mb: int | None = Field(default=None, ge=0, description="GPU memory, MiB.")
     cpu_cores: int | None = Field(default=None, ge=0, description="CPU cores.")
     memory_mb: int | None = Field(default=None, ge=0, description="Host memory, MiB.")
+    disk_gb: int | None = Field(default=None, ge=0, description="Disk (ssd.capacity_gb), GB.")
 
     def quota(self) -> Quota:
-        return Quota(self.gpus, self.gpu_memory_mb, self.cpu_cores, self.memory_mb)
+        return Quota(self.gpus, self.gpu_memory_mb, self.cpu_cores, self.memory_mb, self.disk_gb)
 
 
 class _Prewarm(BaseModel):
@@ -110,6 +111,11 @@ class _Loans(BaseModel):
     keep_idle: _Limit = Field(
         default_factory=_Limit, description="lend only: GPUs kept idle, never lent (gpus only)"
     )
+    reserved: _Limit = Field(
+        default_factory=_Limit,
+        description="lend only: of the pool's capacity, what is never lent (it lends at most "
+        "its capacity less this), per resource",
+    )
     prewarm: _Prewarm | None = None
 
 
@@ -134,6 +140,8 @@ class _Pool(BaseModel):
             raise ValueError("lend and borrow need a cohort (the pools that lend each other)")
         if self.borrow is not None and self.borrow.prewarm is not None:
             raise ValueError("prewarm is a lender's: put it under lend")
+        if self.borrow is not None and self.borrow.reserved != _Limit():
+            raise ValueError("reserved is a lender's: put it under lend")
         return self
 
     @field_validator("filters")
@@ -182,6 +190,7 @@ class _Pool(BaseModel):
             lend_limit=(self.lend or _Loans()).limit.quota(),
             borrow_limit=(self.borrow or _Loans()).limit.quota(),
             keep_idle_gpus=(self.lend or _Loans()).keep_idle.gpus or 0,
+            reserved=(self.lend or _Loans()).reserved.quota(),
             prewarm=None
             if self.lend is None or self.lend.prewarm is None
             else self.lend.prewarm.settings(),
@@ -201,7 +210,7 @@ def parse_pools(text: str, origin: str = "pools file") -> dict[str, PoolPolicy]:
         try:
             policies[name] = pool.policy()
         except (TypeError, ValueError) as error:  # plugin arguments the plugin does not take
-            raise PoolsFileError(f"{origin}: pools.{name}.args: {error}") from error
+            raise PoolsFileError(origin, [(f"pools.{name}.args", str(error))]) from error
     return policies
 
 

@@ -37,6 +37,7 @@ from crater.contracts import (
     TenantBudgetRestored,
 )
 from crater.runtime.outbox import IN_LIST_LIMIT
+from crater.runtime.writes import HeldWrites, Rows
 from crater.scheduler.adapters.orm import allocations, budget_holds, early_cancels, nodes, tasks
 from crater.scheduler.domain.core import (
     Allocation,
@@ -79,13 +80,37 @@ ARM_RESERVATION = (
     .where(allocations.c.armed.is_(False))
 )
 SET_NODE = update(nodes).where(nodes.c.node_id == bindparam("b_node_id"))
+DELETE_EARLY_CANCEL = delete(early_cancels).where(early_cancels.c.task_id == bindparam("b_task_id"))
+
+
+def task_row(task_id: str) -> Rows:
+    return Rows("tasks", task_id)
+
+
+def allocation_row(allocation_id: str) -> Rows:
+    return Rows("allocations", allocation_id)
 
 
 class SchedulerRepository:
+    """Reads, and the writes of decisions. The hot writes are held (crater.runtime.writes)
+    and sent grouped by `flush`, which the caller runs before its transaction commits; every
+    read here flushes first."""
+
     def __init__(self, session: AsyncSession | AsyncConnection) -> None:
         self.session = session
+        self.writes = HeldWrites()
 
     # -- writes ------------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Send the held writes (before a read, and before the commit)."""
+        if len(self.writes):
+            await self.writes.flush(self.session)
+
+    async def _now(self, statement: Any, params: dict[str, Any] | None = None) -> Any:
+        """Run a statement that is not held, after what is."""
+        await self.flush()
+        return await self.session.execute(statement, params)
 
     async def record(
         self,
@@ -101,29 +126,32 @@ class SchedulerRepository:
         if isinstance(event, TaskProfiled) and seq is not None:
             await self._insert_task(event, seq, now)
         elif isinstance(event, ReservationArmed):
-            await self.session.execute(
+            self.writes.add(
                 ARM_RESERVATION,
                 {
                     "b_allocation_id": event.allocation_id,
                     "armed": True,
                     "reservation_expires_at": _armed_expiry(core, event),
                 },
+                allocation_row(event.allocation_id),
             )
         elif isinstance(event, TaskStatusReported):
             if event.status is TaskStatus.CANCELLED and event.allocation_id is None:
                 await self._remember_early_cancel(event.task_id, now)
             if event.status is TaskStatus.RUNNING:
-                await self.session.execute(
+                self.writes.add(
                     REPORT_RUNNING,
                     {"b_task_id": event.task_id, "status": event.status.value, "updated_at": now},
+                    task_row(event.task_id),
                 )
-                await self.session.execute(MARK_RUNNING, {"b_task_id": event.task_id})
+                # Every allocation of the task: their ids are not known here.
+                self.writes.add(MARK_RUNNING, {"b_task_id": event.task_id}, Rows("allocations"))
                 if event.reservation_token is not None and core is not None:
                     await self._held_to_heartbeats(event, core)
         elif isinstance(event, NodeTopologyReported):
             await self._upsert_node(event.node, None, event.occurred_at.timestamp(), now)
         elif isinstance(event, NodeHealthReported):
-            await self.session.execute(
+            self.writes.add(
                 SET_NODE,
                 {
                     "b_node_id": event.node_id,
@@ -131,6 +159,7 @@ class SchedulerRepository:
                     "last_heartbeat_at": event.occurred_at.timestamp(),
                     "updated_at": now,
                 },
+                Rows("nodes", event.node_id),
             )
         elif isinstance(event, TenantBudgetExceeded | TenantBudgetRestored) and core is not None:
             await self._hold(event.tenant, core.quotas.holds.get(event.tenant), now)
@@ -139,9 +168,9 @@ class SchedulerRepository:
 
     async def _hold(self, tenant: str, hold: TenantBudgetExceeded | None, now: datetime) -> None:
         """The tenant's hold as the core has it now: stored, replaced or gone."""
-        await self.session.execute(delete(budget_holds).where(budget_holds.c.tenant == tenant))
+        await self._now(delete(budget_holds).where(budget_holds.c.tenant == tenant))
         if hold is not None:
-            await self.session.execute(
+            await self._now(
                 insert(budget_holds).values(
                     tenant=tenant, event=hold.model_dump(mode="json"), held_at=now
                 )
@@ -152,16 +181,18 @@ class SchedulerRepository:
         head = core.allocations.get(event.task_id)
         for member in head.members() if head is not None else ():
             if member.allocation_id == event.allocation_id:
-                await self.session.execute(
+                self.writes.add(
                     SET_ALLOCATION,
                     {
                         "b_allocation_id": member.allocation_id,
                         "heartbeat_grace_seconds": member.heartbeat_grace,
                     },
+                    allocation_row(member.allocation_id),
                 )
 
     async def _nominate(self, task_id: str, node: str, now: datetime) -> None:
         """Victims yield on `node` for `task_id` (a gang's may yield on several nodes)."""
+        await self.flush()
         known = await self.session.scalar(
             select(tasks.c.nominated_nodes).where(tasks.c.task_id == task_id)
         )
@@ -170,15 +201,13 @@ class SchedulerRepository:
 
     async def _remember_early_cancel(self, task_id: str, now: datetime) -> None:
         """A cancel of a task not received yet waits for it (the core does the same)."""
-        if await self.task_known(task_id):
+        if await self.task_known(task_id):  # flushes
             return
         waiting = await self.session.scalar(
             select(early_cancels.c.task_id).where(early_cancels.c.task_id == task_id)
         )
         if waiting is None:
-            await self.session.execute(
-                insert(early_cancels).values(task_id=task_id, cancelled_at=now)
-            )
+            await self._now(insert(early_cancels).values(task_id=task_id, cancelled_at=now))
 
     async def _apply(self, decision: Event, now: datetime, core: Scheduler | None) -> None:
         if isinstance(decision, TaskEnded):
@@ -190,11 +219,13 @@ class SchedulerRepository:
                 not_before=None,
             )
             # A task cancelled before it arrived has ended: the cancel has been used.
-            await self.session.execute(
-                delete(early_cancels).where(early_cancels.c.task_id == decision.task_id)
+            self.writes.add(
+                DELETE_EARLY_CANCEL,
+                {"b_task_id": decision.task_id},
+                Rows("early_cancels", decision.task_id),
             )
         elif isinstance(decision, AllocationGranted):
-            await self.session.execute(
+            self.writes.add(
                 INSERT_ALLOCATION,
                 {
                     "allocation_id": decision.allocation_id,
@@ -214,6 +245,8 @@ class SchedulerRepository:
                     "attempt": decision.attempt,
                     "environment": decision.environment,
                 },
+                allocation_row(decision.allocation_id),
+                task_row(decision.task_id),  # after its task's row
             )
             if decision.gang_index:
                 return  # the task's row shows its first member; every member is a row above
@@ -245,9 +278,10 @@ class SchedulerRepository:
         elif isinstance(decision, TaskEscalated):
             await self._set_task(decision.task_id, now, escalated=True)
         elif isinstance(decision, TaskPreempted):
-            await self.session.execute(
+            self.writes.add(
                 SET_ALLOCATION,
                 {"b_allocation_id": decision.allocation_id, "yield_by": decision.must_stop_by},
+                allocation_row(decision.allocation_id),
             )
             if decision.preempted_by is not None:
                 await self._nominate(decision.preempted_by, decision.node, now)
@@ -257,19 +291,20 @@ class SchedulerRepository:
                 reason=f"{decision.cause()}: {decision.grace_period_seconds} s to checkpoint",
             )
         elif isinstance(decision, AllocationReleased):
-            await self.session.execute(
+            self.writes.add(
                 SET_ALLOCATION,
                 {
                     "b_allocation_id": decision.allocation_id,
                     "released_at": decision.occurred_at,
                     "release_reason": decision.reason.value,
                 },
+                allocation_row(decision.allocation_id),
             )
             # What becomes of the task (retried, or its end) is the decision that follows.
 
     async def _insert_task(self, event: TaskProfiled, seq: int, now: datetime) -> None:
         request = event.task
-        await self.session.execute(
+        self.writes.add(
             INSERT_TASK,
             {
                 "task_id": request.task_id,
@@ -290,10 +325,13 @@ class SchedulerRepository:
                 "submitted_at": event.occurred_at,
                 "updated_at": now,
             },
+            task_row(request.task_id),
         )
 
     async def _set_task(self, task_id: str, now: datetime, **values: Any) -> None:
-        await self.session.execute(SET_TASK, {"b_task_id": task_id, "updated_at": now, **values})
+        self.writes.add(
+            SET_TASK, {"b_task_id": task_id, "updated_at": now, **values}, task_row(task_id)
+        )
 
     async def _upsert_node(
         self,
@@ -302,6 +340,7 @@ class SchedulerRepository:
         heartbeat: float,
         now: datetime,
     ) -> None:
+        await self.flush()
         exists = await self.session.scalar(
             select(nodes.c.node_id).where(nodes.c.node_id == topology.node_id)
         )
@@ -311,7 +350,7 @@ class SchedulerRepository:
             "updated_at": now,
         }
         if exists is None:
-            await self.session.execute(
+            await self._now(
                 insert(nodes).values(
                     node_id=topology.node_id,
                     condition=(condition or NodeCondition.READY).value,
@@ -320,7 +359,7 @@ class SchedulerRepository:
                 )
             )
         else:
-            await self.session.execute(
+            await self._now(
                 update(nodes).where(nodes.c.node_id == topology.node_id).values(**values)
             )
 
@@ -340,6 +379,7 @@ class SchedulerRepository:
 
     async def task_states(self, task_ids: list[str]) -> dict[str, str]:
         """Those of `task_ids` stored already, each with its status."""
+        await self.flush()
         known: dict[str, str] = {}
         for start in range(0, len(task_ids), IN_LIST_LIMIT):
             rows = await self.session.execute(
@@ -371,6 +411,7 @@ class SchedulerRepository:
         return row.task_id, TaskRequest.model_validate(row.request), prediction
 
     async def task_known(self, task_id: str) -> bool:
+        await self.flush()
         found = await self.session.scalar(select(tasks.c.task_id).where(tasks.c.task_id == task_id))
         return found is not None
 
@@ -438,6 +479,8 @@ class SchedulerRepository:
                     attempt=r.attempt,
                     heartbeat_grace=r.heartbeat_grace_seconds,
                     task=_pending(r, config.prediction_margin),
+                    # on a card lent during a CPU phase: its grant said so to the replica
+                    lent_by=(r.environment or {}).get("CRATER_LENT_BY"),
                 )
                 for r in alloc_rows
             ],
@@ -452,6 +495,8 @@ class SchedulerRepository:
         statement = select(tasks).order_by(tasks.c.seq.desc()).limit(query.limit)
         if query.task_id is not None:
             statement = statement.where(tasks.c.task_id == query.task_id)
+        if query.task_ids is not None:
+            statement = statement.where(tasks.c.task_id.in_(query.task_ids))
         if query.status is not None:
             statement = statement.where(tasks.c.status == query.status.value)
         if query.tenant is not None:

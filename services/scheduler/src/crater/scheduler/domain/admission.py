@@ -25,6 +25,7 @@ from crater.scheduler.domain.events import (
     rejected,
 )
 from crater.scheduler.domain.lending import Lending
+from crater.scheduler.domain.phases import Phases
 from crater.scheduler.domain.placer import Pick, Placer
 from crater.scheduler.domain.plugins import judged_field
 from crater.scheduler.domain.preemptor import Preemptor
@@ -52,8 +53,10 @@ class Admission:
         reasons: Reasons,
         preemptor: Preemptor,
         lending: Lending | None = None,
+        phasing: Phases | None = None,
     ) -> None:
         self.lending = lending if lending is not None and lending.active else None
+        self.phasing = phasing
         self.state = state
         self.placer = placer
         self.waitlist = waitlist
@@ -90,6 +93,10 @@ class Admission:
             loaned, task.borrow_reason = self.lending.borrow(task, event)
             if loaned:
                 return list(loaned)
+        if self.phasing is not None and self.state.phases and not over:
+            lent = self.phasing.place(task, event)  # a card lent during a CPU phase
+            if lent:
+                return list(lent)
         self.waitlist.enqueue(task)
         found = None if over else self.placer.diagnose(task.filter_demand)
         reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
@@ -136,7 +143,7 @@ class Admission:
         demand = task.demand
         if not len(self.state.cluster):
             return []
-        in_pool = self.state.cluster.pool == demand.pool
+        in_pool = self.state.cluster.in_pool(demand.pool)
         if not in_pool.any():
             pools = ", ".join(sorted(set(self.state.cluster.pool.tolist())))
             return [FieldError(field="pool", reason=f"no node in pool {demand.pool!r} ({pools})")]

@@ -61,11 +61,19 @@ class Node:
     _cpu_total: int = field(init=False, repr=False, compare=False)
     _cpu_capacity: int = field(init=False, repr=False, compare=False)
     _cpu_holders_max: int = field(init=False, repr=False, compare=False)
+    # What every placement on the node reads (placement.select): built here, not each time.
+    _numa_cpus: dict[int, frozenset[int]] = field(init=False, repr=False, compare=False)
+    _nvlink_peers: dict[int, frozenset[int]] = field(init=False, repr=False, compare=False)
+    _pci_roots: dict[int, str | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._cpu_total = sum(len(n.cpus) for n in self.topology.numa_nodes)
         self._cpu_capacity = math.floor(self._cpu_total * self.overcommit.cpu)
         self._cpu_holders_max = max(1, math.ceil(self.overcommit.cpu))
+        topology = self.topology
+        self._numa_cpus = {numa.id: frozenset(numa.cpus) for numa in topology.numa_nodes}
+        self._nvlink_peers = {g.index: frozenset(g.nvlink_peers) for g in topology.gpus}
+        self._pci_roots = {g.index: g.pci_root for g in topology.gpus}
 
     @classmethod
     def empty(cls, topology: NodeTopology, overcommit: Overcommit = NO_OVERCOMMIT) -> Node:
@@ -80,6 +88,21 @@ class Node:
     def cpu_numa(self) -> dict[int, int]:
         """Each CPU's NUMA node (the topology never changes under a Node)."""
         return {cpu: numa.id for numa in self.topology.numa_nodes for cpu in numa.cpus}
+
+    @property
+    def numa_cpus(self) -> dict[int, frozenset[int]]:
+        """Each NUMA node's CPUs."""
+        return self._numa_cpus
+
+    @property
+    def nvlink_peers(self) -> dict[int, frozenset[int]]:
+        """Each card's NVLink peers."""
+        return self._nvlink_peers
+
+    @property
+    def pci_roots(self) -> dict[int, str | None]:
+        """Each card's PCIe root complex."""
+        return self._pci_roots
 
     @property
     def gpu_capacity_milli(self) -> int:
@@ -369,6 +392,9 @@ class ClusterArrays:
         self.card_milli: IntArray = self._cards_backing
         # Counts node additions and topology changes: what depends on totals caches on it.
         self.topology_version = 0
+        # Each pool's rows (`in_pool`), valid for `_pools_for` (a topology_version) only.
+        self._pool_rows: dict[str, BoolArray] = {}
+        self._pools_for = -1
         self.label_sets: list[dict[str, str]] = []
         self.taint_sets: list[tuple[Taint, ...]] = []
         self._label_ids: dict[tuple[tuple[str, str], ...], int] = {}
@@ -382,10 +408,11 @@ class ClusterArrays:
     _VIEWS: tuple[str, ...] = (*_COLUMNS, "name_rank", "everywhere", "card_milli")
 
     def __getstate__(self) -> dict[str, object]:
-        return {k: v for k, v in self.__dict__.items() if k not in self._VIEWS}
+        kept = {k: v for k, v in self.__dict__.items() if k not in self._VIEWS}
+        return kept | {"_pool_rows": {}, "_pools_for": -1}  # a cache: left out
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"_pool_rows": {}, "_pools_for": -1} | state)
         _read_only(self._everywhere_backing)
         self._views()
 
@@ -397,6 +424,17 @@ class ClusterArrays:
         self.name_rank = self._rank_backing[:rows]
         self.everywhere = self._everywhere_backing[:rows]
         self.card_milli = self._cards_backing[:rows]
+
+    def in_pool(self, pool: str) -> BoolArray:
+        """Which rows are in `pool` (read-only, shared). The pool column changes only with an
+        upsert, and comparing it (strings) costs more than the rest of a filter walk on a
+        large fleet: each pool's rows are kept until the topology changes."""
+        if self._pools_for != self.topology_version:
+            self._pool_rows, self._pools_for = {}, self.topology_version
+        rows = self._pool_rows.get(pool)
+        if rows is None:
+            rows = self._pool_rows[pool] = _read_only(np.asarray(self.pool == pool))
+        return rows
 
     def get(self, name: str) -> Node | None:
         i = self.index.get(name)

@@ -18,7 +18,7 @@ from crater.scheduler.domain.cluster import (
 from crater.scheduler.domain.demand import PREDICTION_MARGIN
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
 from crater.scheduler.domain.pools import NEVER_RESTART, PoolPolicy
-from crater.scheduler.domain.quotas import Quota
+from crater.scheduler.domain.quotas import Quota, Share
 
 # How long a node may stay silent past its heartbeat timeout before what it holds is given
 # back (`node-lost`).
@@ -34,6 +34,8 @@ class SchedulerConfig:
     token_secret: bytes = b"crater-development-only"
     checkpoint_root: str = "/var/lib/crater/checkpoints"
     quotas: dict[str, Quota] = field(default_factory=dict)
+    # elastic tenants (guarantee, borrowing limit, reserved), from the same quotas file
+    tenant_shares: dict[str, Share] = field(default_factory=dict)
     grace_period_seconds: int = 30
     prediction_margin: float = PREDICTION_MARGIN
     # per pool: its pipeline and over-commit; a pool not named uses `pipeline`, no over-commit
@@ -60,8 +62,13 @@ class SchedulerConfig:
     require_report_tokens: bool = False
     # Fair share among borrowers: a lender's idle capacity goes first to the cohort mate that
     # borrowed least lately (its dominant share of its mates' capacity, integrated over time
-    # and halved every this many seconds). None: borrowers in the ordinary queue order.
+    # and halved every this many seconds), freed capacity to the elastic tenant that held least
+    # above its guarantee lately (guarantees.py). None: borrowers in the ordinary queue order.
     borrow_half_life_seconds: float | None = None
+    # Lending by phase (phases.py): the replicas on a lender's cards are gone this long after
+    # it asks them back; a phase ends by itself after the maximum.
+    phase_reclaim_grace_seconds: float = 10.0
+    phase_max_seconds: float = 3_600.0
 
     def restart_for(self, request: TaskRequest) -> RestartPolicy:
         """The task's own restart policy, else its pool's, else never."""

@@ -29,6 +29,7 @@ from crater.contracts import (
     PlacementAnswer,
     ReplicaReleaseRequested,
     ResourcePrediction,
+    TaskPhaseReported,
     TaskPlacementAnswer,
     TaskProfiled,
     TaskRequest,
@@ -45,11 +46,13 @@ from crater.scheduler.domain.cluster import (
 from crater.scheduler.domain.config import NODE_LOST_SECONDS, SchedulerConfig
 from crater.scheduler.domain.cycle import Cycle
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.guarantees import Guarantees
 from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.ledger import Ledger
 from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.lifecycle import END_REASON, END_STATUS, RESTART_ON, Lifecycle
 from crater.scheduler.domain.nodes import NODE_LOST_SCAN_SECONDS, NodeWatch
+from crater.scheduler.domain.phases import Phases, restored_lent_milli
 from crater.scheduler.domain.placer import Diagnosis, Pick, Placer, Ranked
 from crater.scheduler.domain.preemptor import Preemptor
 from crater.scheduler.domain.quotas import Over
@@ -99,11 +102,15 @@ class Scheduler(SchedulerState):
     admission: Admission = field(init=False, repr=False, compare=False)
     cycle: Cycle = field(init=False, repr=False, compare=False)
     lending: Lending = field(init=False, repr=False, compare=False)
+    phasing: Phases = field(init=False, repr=False, compare=False)
+    guarantees: Guarantees = field(init=False, repr=False, compare=False)
     # A reloaded configuration was taken: the next event retries every waiting task.
     reconfigured: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.quotas.limits = dict(self.config.quotas)
+        self.quotas.configure(self.config.quotas, self.config.tenant_shares)
+        self.guarantees = Guarantees(self)
+        self.quotas.borrow_check = self.guarantees
         pipelines = [self.config.pipeline, *(p.pipeline for p in self.config.pools.values())]
         self.pools_independent = all(map(pool_filtered_first, pipelines))
         self.retries = RetryIndex(self)
@@ -111,14 +118,21 @@ class Scheduler(SchedulerState):
         # The collaborators run the filters through `self.diagnose`, looked up at each call.
         self.placer = Placer(self, self.ledger, owner=self)
         self.waitlist = Waitlist(self, self.retries, self.placer)
-        self.reasons = Reasons(self, self.placer)
-        self.preemptor = Preemptor(self, self.retries, self.ledger, self.placer)
+        self.reasons = Reasons(self, self.placer, self.guarantees)
+        self.preemptor = Preemptor(self, self.retries, self.ledger, self.placer, self.guarantees)
         self.lifecycle = Lifecycle(self, self.retries, self.ledger, self.waitlist)
         self.reservations = Reservations(self, self.lifecycle)
         self.nodes = NodeWatch(self, self.lifecycle)
         self.lending = Lending(self, self.retries, self.placer)
+        self.phasing = Phases(self, self.placer, self.preemptor)
         self.admission = Admission(
-            self, self.placer, self.waitlist, self.reasons, self.preemptor, self.lending
+            self,
+            self.placer,
+            self.waitlist,
+            self.reasons,
+            self.preemptor,
+            self.lending,
+            self.phasing,
         )
         self.cycle = Cycle(
             self,
@@ -128,6 +142,8 @@ class Scheduler(SchedulerState):
             self.reasons,
             self.preemptor,
             self.lending,
+            self.phasing,
+            self.guarantees,
         )
 
     # -- entry point -------------------------------------------------------------------------
@@ -151,7 +167,7 @@ class Scheduler(SchedulerState):
         if why is not None:
             return why
         self.config = config
-        self.quotas.limits = dict(config.quotas)
+        self.quotas.configure(config.quotas, config.tenant_shares)
         pipelines = [config.pipeline, *(p.pipeline for p in config.pools.values())]
         self.pools_independent = all(map(pool_filtered_first, pipelines))
         self.retries.cohorts = {
@@ -183,6 +199,7 @@ class Scheduler(SchedulerState):
             node.last_heartbeat_at = heartbeat
             self.cluster.upsert(node)
         members = sorted(allocations, key=lambda a: (a.task_id, a.gang_index))
+        restored_lent_milli(members)
         for allocation in members:
             head = self.allocations.get(allocation.task_id)
             if head is None:
@@ -198,6 +215,8 @@ class Scheduler(SchedulerState):
             # A preempted gang yields as a whole: every member carries the head's deadline.
             for peer in head.peers:
                 peer.yield_by = peer.yield_by or head.yield_by
+        self.phases = {}
+        self.phasing.restore()
         self.pending = {}
         for task in pending:
             self.waitlist.enqueue(task)
@@ -205,7 +224,7 @@ class Scheduler(SchedulerState):
         # The workload fragmentation is measured against, rebuilt from what is still here:
         # the live allocations as granted, then the queue (what had left is forgotten).
         for live in sorted(self.allocations.values(), key=lambda a: a.granted_seq):
-            if live.mig_profile is None:
+            if live.mig_profile is None and live.lent_by is None:
                 self.cluster.workload.observe_shape(
                     len(live.gpu_ids), live.gpu_milli, None, len(live.cpu_cores), live.memory_mb
                 )
@@ -235,6 +254,7 @@ class Scheduler(SchedulerState):
         self.clock = max(self.clock or event.occurred_at, event.occurred_at)
         now = self.clock
         self.lending.age(now)
+        self.guarantees.age(now)
         if self.restored:
             self._resume(now)
         if isinstance(event, TaskStatusReported):
@@ -276,12 +296,17 @@ class Scheduler(SchedulerState):
             changed = changed or bool(decisions)
         elif isinstance(event, TenantBudgetExceeded | TenantBudgetRestored):
             changed = self._on_budget(event, now) or changed
+        elif isinstance(event, TaskPhaseReported):
+            decisions += self.phasing.on_phase(event)
+            changed = True
         # After the event: a node's own heartbeat shows it is not lost.
         lost = self.nodes.release_lost_nodes(now, event)
         decisions += lost
         changed = changed or bool(lost)
         if changed:
             decisions += self._retry_pending(event)
+        if self.phases:
+            decisions += self.phasing.settle(event)
         self.lending.observe(now)
         if self.lending.forecasts:
             decisions += self.preemptor.reclaim_ahead(self.lending, event)
@@ -310,6 +335,8 @@ class Scheduler(SchedulerState):
 
     def _budget_periods_over(self, now: datetime) -> bool:
         """Holds whose budget period has ended let their tenants' work go."""
+        if not self.quotas.holds:
+            return False  # none held (every event asks)
         over = [t for t, hold in self.quotas.holds.items() if hold.period_end <= now]
         for tenant in over:
             del self.quotas.holds[tenant]

@@ -3,6 +3,8 @@ placed, or told why it waits, made its pool's head, and given victims to preempt
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from crater.contracts import (
     Event,
     FilterReason,
@@ -11,7 +13,9 @@ from crater.scheduler.domain.cluster import (
     BoolArray,
 )
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.guarantees import Guarantees
 from crater.scheduler.domain.lending import Lending
+from crater.scheduler.domain.phases import Phases
 from crater.scheduler.domain.placer import Diagnosis, Placer
 from crater.scheduler.domain.preemptor import Preemptor
 from crater.scheduler.domain.queue import (
@@ -31,6 +35,25 @@ from crater.scheduler.domain.waitlist import Waitlist
 Deferred = tuple[PendingTask, BoolArray | None, list[Over], Diagnosis | None]
 
 
+@dataclass
+class Pass:
+    """What one retry pass remembers between its tasks."""
+
+    # a (demand, reserved nodes) that found no candidate node since the last grant
+    no_candidates: dict[tuple[Demand, Backfill | None], Diagnosis] = field(default_factory=dict)
+    # ... and, for such a task, why it waits: a function of the same, and of its gang
+    said: dict[tuple[Demand, Backfill | None, int, bool], tuple[list[FilterReason], str]] = field(
+        default_factory=dict
+    )
+    masks: dict[Backfill, BoolArray] = field(default_factory=dict)
+    deferred: list[Deferred] = field(default_factory=list)
+
+    def granted(self) -> None:
+        """Something was placed: less is free, what found no node may find one now."""
+        self.no_candidates.clear()
+        self.said.clear()
+
+
 class Cycle:
     """Runs the retry pass."""
 
@@ -43,6 +66,8 @@ class Cycle:
         reasons: Reasons,
         preemptor: Preemptor,
         lending: Lending | None = None,
+        phasing: Phases | None = None,
+        guarantees: Guarantees | None = None,
     ) -> None:
         self.state = state
         self.retries = retries
@@ -51,10 +76,14 @@ class Cycle:
         self.reasons = reasons
         self.preemptor = preemptor
         self.lending = lending if lending is not None and lending.active else None
+        self.phasing = phasing
+        self.guarantees = guarantees
 
     def retry_pending(self, cause: Event) -> list[Event]:
         """Try the waiting tasks again, in queue order. Only those of stale pools: in any
-        other, nothing a task's decision reads has changed since its last try.
+        other, nothing a task's decision reads has changed since its last try. With fair
+        share among tenants, the tasks that would borrow above their tenant's guarantee come
+        last, the tenants by their standing (`Guarantees.standing`), least first.
 
         Within the pass, a task whose demand and reserved nodes equal those of one that found
         no candidate node since the last grant finds none either: it takes that diagnosis
@@ -67,69 +96,87 @@ class Cycle:
         else:
             for pool in pools:
                 self.state.backfill.pop(pool, None)
-        no_candidates: dict[tuple[Demand, Backfill | None], Diagnosis] = {}
-        # ... and, for such a task, why it waits: a function of the same, and of its gang
-        said: dict[tuple[Demand, Backfill | None, int, bool], tuple[list[FilterReason], str]] = {}
-        masks: dict[Backfill, BoolArray] = {}
         if self.lending is not None:
             self.lending.begin_pass()
-        deferred: list[Deferred] = []
+        run = Pass()
+        borrowing: list[PendingTask] = []
+        tenant_fair = self.guarantees is not None and self.guarantees.fair
         for task in self.waitlist.queue(pools):
             if task.request.task_id not in self.state.pending or task.not_before is not None:
                 continue  # placed or cancelled in this pass, or waiting out a backoff
-            head = self.waitlist.reserving_head(task)
-            avoid = None if head is None else masks.get(head)
-            if head is not None and avoid is None:
-                avoid = masks[head] = head.mask(self.state.cluster)
-            over = self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
-            found: Diagnosis | None = None
-            why: tuple[list[FilterReason], str] | None = None
-            if not over:
-                memo = (task.filter_demand, head)
-                found = no_candidates.get(memo)
-                if found is not None:
-                    why = said.get((*memo, task.gang_size, task.same_node))
-                    if why is None:
-                        why = said[(*memo, task.gang_size, task.same_node)] = (
-                            self.reasons.why_waiting(task, avoid, over, found)
-                        )
-                else:
-                    found = self.placer.diagnose(task.filter_demand)
-                    if (found[0] if avoid is None else found[0] & ~avoid).any():
-                        granted = self.placer.place(task, cause, found[0], avoid)
-                        if granted:
-                            del self.state.pending[task.request.task_id]
-                            decisions += granted
-                            no_candidates.clear()  # less is free now
-                            said.clear()
-                            continue
-                    else:
-                        no_candidates[memo] = found
-                if self.lending is not None and self.lending.fair:
-                    # fair share: borrowers are served after the pass, least usage first
-                    deferred.append((task, avoid, over, found))
-                    continue
-                if self.lending is not None:
-                    # not on its own pool's nodes: on a cohort mate's idle ones?
-                    loaned, task.borrow_reason = self.lending.borrow(task, cause)
-                    if loaned:
-                        del self.state.pending[task.request.task_id]
-                        decisions += loaned
-                        no_candidates.clear()
-                        said.clear()
-                        self.lending.begin_pass()
-                        continue
-                    why = None  # the reason to borrow is the task's own
-            reasons, summary = why or self.reasons.why_waiting(task, avoid, over, found)
-            decisions += self.reasons.announce(task, cause, reasons, summary)
-            pool = task.request.pool
-            if pool not in self.state.backfill and not over:
-                self.waitlist.make_head(task)
-            decisions += self.preemptor.preempt_for(task, cause)
-        decisions += self.borrow_fairly(deferred, cause)
+            if tenant_fair and self.state.quotas.would_borrow(
+                task.request.tenant, task.demand, task.gang_size
+            ):
+                borrowing.append(task)
+                continue
+            decisions += self.try_task(task, cause, run)
+        if borrowing and self.guarantees is not None:
+            standing = {
+                t: self.guarantees.standing(t) for t in {x.request.tenant for x in borrowing}
+            }
+            for task in sorted(borrowing, key=lambda t: standing[t.request.tenant]):
+                if task.request.task_id in self.state.pending:
+                    decisions += self.try_task(task, cause, run)
+        decisions += self.borrow_fairly(run.deferred, cause)
         # A pool where nodes were ranked would rank (and draw) again: retry it.
         if self.state.stale_pools is not None:
             self.state.stale_pools |= self.state.ranked_pools
+        return decisions
+
+    def try_task(self, task: PendingTask, cause: Event, run: Pass) -> list[Event]:
+        """One waiting task of the pass: placed (on its pool, a cohort mate's idle nodes or
+        a lent card), deferred to borrow fairly, or told why it waits, made its pool's head
+        and given victims."""
+        decisions: list[Event] = []
+        head = self.waitlist.reserving_head(task)
+        avoid = None if head is None else run.masks.get(head)
+        if head is not None and avoid is None:
+            avoid = run.masks[head] = head.mask(self.state.cluster)
+        over = self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
+        found: Diagnosis | None = None
+        why: tuple[list[FilterReason], str] | None = None
+        if not over:
+            memo = (task.filter_demand, head)
+            found = run.no_candidates.get(memo)
+            if found is not None:
+                said = (*memo, task.gang_size, task.same_node)
+                why = run.said.get(said)
+                if why is None:
+                    why = run.said[said] = self.reasons.why_waiting(task, avoid, over, found)
+            else:
+                found = self.placer.diagnose(task.filter_demand)
+                if (found[0] if avoid is None else found[0] & ~avoid).any():
+                    granted = self.placer.place(task, cause, found[0], avoid)
+                    if granted:
+                        self.state.dequeue(task.request.task_id)
+                        run.granted()  # less is free now
+                        return list(granted)
+                else:
+                    run.no_candidates[memo] = found
+            if self.lending is not None and self.lending.fair:
+                # fair share: borrowers are served after the pass, least usage first
+                run.deferred.append((task, avoid, over, found))
+                return decisions
+            if self.lending is not None:
+                # not on its own pool's nodes: on a cohort mate's idle ones?
+                loaned, task.borrow_reason = self.lending.borrow(task, cause)
+                if loaned:
+                    self.state.dequeue(task.request.task_id)
+                    run.granted()
+                    self.lending.begin_pass()
+                    return list(loaned)
+                why = None  # the reason to borrow is the task's own
+            lent = self.on_lent_card(task, cause)
+            if lent:
+                self.state.dequeue(task.request.task_id)
+                run.granted()
+                return lent
+        reasons, summary = why or self.reasons.why_waiting(task, avoid, over, found)
+        decisions += self.reasons.announce(task, cause, reasons, summary)
+        pool = task.request.pool
+        if pool not in self.state.backfill and not over:
+            self.waitlist.make_head(task)
+        decisions += self.preemptor.preempt_for(task, cause)
         return decisions
 
     def borrow_fairly(
@@ -151,9 +198,14 @@ class Cycle:
                 continue
             loaned, task.borrow_reason = self.lending.borrow(task, cause)
             if loaned:
-                del self.state.pending[task.request.task_id]
+                self.state.dequeue(task.request.task_id)
                 decisions += loaned
                 self.lending.begin_pass()
+                continue
+            lent = self.on_lent_card(task, cause)
+            if lent:
+                self.state.dequeue(task.request.task_id)
+                decisions += lent
                 continue
             reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
             decisions += self.reasons.announce(task, cause, reasons, summary)
@@ -161,3 +213,10 @@ class Cycle:
                 self.waitlist.make_head(task)
             decisions += self.preemptor.preempt_for(task, cause)
         return decisions
+
+    def on_lent_card(self, task: PendingTask, cause: Event) -> list[Event]:
+        """`task` (an inference replica that fits nowhere else) on a card a training task
+        lends during its CPU phase, if one fits (phases.py)."""
+        if self.phasing is None or not self.state.phases:
+            return []
+        return list(self.phasing.place(task, cause))

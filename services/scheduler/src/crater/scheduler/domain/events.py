@@ -20,6 +20,7 @@ from crater.contracts import (
 )
 from crater.contracts.dataloader import dataloader_for_node
 from crater.scheduler.domain.cluster import (
+    WHOLE,
     Node,
 )
 from crater.scheduler.domain.config import SchedulerConfig
@@ -106,6 +107,12 @@ def granted(
             f"; borrowed {allocation.usage.brief()} from pool {allocation.borrowed_from}"
             " (reclaimable)"
         )
+    borrowing = state.quotas.borrowing(request.tenant)
+    if borrowing and member + 1 == size:  # after the last member: what the task takes
+        loan += (
+            f"; tenant {request.tenant} over its guarantee: borrowing {borrowing.brief()}"
+            " (reclaimable)"
+        )
     token = sign_token(
         state.config.token_secret, allocation_id, request.task_id, node.name, expires
     )
@@ -121,7 +128,8 @@ def granted(
         gpu_ids=list(selection.gpu_ids),
         gpu_memory_mb=task.demand.gpu_memory_mb,
         gpu_model=(node.gpu_model or None) if selection.gpu_ids else None,
-        gpu_milli=allocation.gpu_milli,
+        # a replica on a lent card holds none of it (its lender does): its own share
+        gpu_milli=allocation.gpu_milli or task.demand.gpu_milli or WHOLE,
         mig_profile=selection.mig_profile,
         cpu_cores=list(selection.cpu_cores),
         numa_node=selection.numa_node,

@@ -43,45 +43,81 @@ def cards_after(cards: IntArray, d: Demand) -> IntArray:
     """The cards once the task lands as `placement.select` puts it: a share on the fullest
     card that still holds it, whole cards anywhere free (which ones changes nothing here)."""
     after = cards.copy()
+    _land(after, d)
+    return after
+
+
+def _land(cards: IntArray, d: Demand) -> None:
+    """`cards_after` in place (on a view of the rows to change: no copy)."""
     if not d.gpus:
-        return after
-    rows = np.arange(len(cards))
+        return
     if d.gpu_milli < WHOLE:
         room = np.where(cards >= d.gpu_milli, cards, np.iinfo(np.int64).max)
-        after[rows, room.argmin(axis=1)] -= d.gpu_milli
-        return after
+        cards[np.arange(len(cards)), room.argmin(axis=1)] -= d.gpu_milli
+        return
     whole = cards >= WHOLE  # more than 1000 on a card time-sliced by over-commit
-    after[whole & (np.cumsum(whole, axis=1) <= d.gpus)] -= WHOLE
-    return after
+    cards[whole & (whole.cumsum(axis=1) <= d.gpus)] -= WHOLE
+
+
+def _host_columns(gpu_shapes: list[LearnedShape]) -> FloatArray:
+    """The shapes' CPU, memory and popularity as rows, one column a shape: one array where
+    three were (each numpy call on a few rows costs its call, not its rows)."""
+    return np.array(
+        [
+            [s.cpu_cores for s in gpu_shapes],
+            [s.memory_mb for s in gpu_shapes],
+            [s.popularity for s in gpu_shapes],
+        ],
+        np.float64,
+    )
 
 
 def expected_fragmentation(
     cards: IntArray,
     cpu_free: IntArray,
     memory_free: IntArray,
-    model_ok: BoolArray,
+    model_ok: BoolArray | None,
     shapes: tuple[LearnedShape, ...],
 ) -> FloatArray:
     """Per node (row of `cards`): sum over GPU shapes of popularity x the free thousandths a
-    task of that shape could not use there. `model_ok[s, n]`: shape s may run on node n.
-    Shapes without GPUs are left out: every GPU is theirs to strand wherever a task lands,
-    the same amount on every node."""
+    task of that shape could not use there. `model_ok[s, n]`: shape s may run on node n
+    (None: every shape on every node). Shapes without GPUs are left out: every GPU is theirs
+    to strand wherever a task lands, the same amount on every node."""
     gpu_shapes = [s for s in shapes if s.gpus]
     if not gpu_shapes:
         return np.zeros(len(cards))
-    milli = np.asarray([s.gpu_milli for s in gpu_shapes], np.int64)[:, None, None]
-    fits_card = cards[None, :, :] >= milli  # (shape, node, card)
-    stranded = np.where(fits_card, 0, cards[None, :, :]).sum(axis=2)
-    total = cards.sum(axis=1)[None, :]
-    runs = (
-        (fits_card.sum(axis=2) >= np.asarray([s.gpus for s in gpu_shapes])[:, None])
-        & (cpu_free[None, :] >= np.asarray([s.cpu_cores for s in gpu_shapes])[:, None])
-        & (memory_free[None, :] >= np.asarray([s.memory_mb for s in gpu_shapes])[:, None])
-        & model_ok
-    )
+    return _expected(cards, cards.sum(axis=1), cpu_free, memory_free, model_ok, gpu_shapes)
+
+
+def _expected(
+    cards: IntArray,
+    total: IntArray,
+    cpu_free: IntArray,
+    memory_free: IntArray,
+    model_ok: BoolArray | None,
+    gpu_shapes: list[LearnedShape],
+) -> FloatArray:
+    """`expected_fragmentation` of GPU shapes, the cards' sums (`total`) given."""
+    host = _host_columns(gpu_shapes)
+    wanted = host[:2, :, None]  # CPU and memory as columns: they broadcast over the nodes
+    # Which cards fit, and what they strand, per distinct share (most shapes ask whole
+    # cards): the (share, node, card) arrays are the large ones on a large fleet.
+    millis = [s.gpu_milli for s in gpu_shapes]
+    shares = list(dict.fromkeys(millis))
+    fits_card = cards >= np.asarray(shares, np.int64)[:, None, None]  # (share, node, card)
+    stranded = np.where(fits_card, 0, cards).sum(axis=2)
+    fitting = fits_card.sum(axis=2)
+    if 1 < len(shares) < len(millis):  # one row a shape (one share broadcasts as it is)
+        which = [shares.index(m) for m in millis]
+        stranded, fitting = stranded[which], fitting[which]
+    # integers compared as integers (no cast of the large arrays to floats)
+    runs = fitting >= np.asarray([s.gpus for s in gpu_shapes], np.int64)[:, None]
+    runs &= cpu_free >= wanted[0]
+    runs &= memory_free >= wanted[1]
+    if model_ok is not None:
+        runs &= model_ok
     fragment = np.where(runs, stranded, total).astype(np.float64)
-    popularity = np.asarray([s.popularity for s in gpu_shapes])
-    return np.asarray(popularity @ fragment, np.float64)
+    return np.asarray(host[2] @ fragment, np.float64)
 
 
 def host_stranded(
@@ -93,6 +129,17 @@ def host_stranded(
 ) -> FloatArray:
     """Free GPU thousandths the node's free CPU or memory cannot feed, at the CPU and memory
     per GPU thousandth the workload asks: GPUs stranded by the host."""
+    return _host_stranded(cards.sum(axis=1), cpu_free, memory_free, cpu_per_milli, memory_per_milli)
+
+
+def _host_stranded(
+    total: IntArray,
+    cpu_free: IntArray,
+    memory_free: IntArray,
+    cpu_per_milli: float,
+    memory_per_milli: float,
+) -> FloatArray:
+    """`host_stranded`, the cards' sums (`total`) given."""
     # min(inf, x) is x (NaN too): the first bound stands alone, no array of inf to fold in
     feedable: FloatArray | None = None
     if cpu_per_milli > 0:
@@ -101,8 +148,8 @@ def host_stranded(
         by_memory = np.maximum(memory_free, 0) / memory_per_milli
         feedable = by_memory if feedable is None else np.minimum(feedable, by_memory)
     if feedable is None:
-        feedable = np.full(len(cards), np.inf)
-    return np.asarray(np.maximum(cards.sum(axis=1) - feedable, 0.0), np.float64)
+        feedable = np.full(len(total), np.inf)
+    return np.asarray(np.maximum(total - feedable, 0.0), np.float64)
 
 
 def models_ok(c: ClusterArrays, idx: IntArray, shapes: tuple[LearnedShape, ...]) -> BoolArray:
@@ -122,25 +169,29 @@ def fragmentation_growth(c: ClusterArrays, d: Demand, idx: IntArray) -> FloatArr
     if d.mig_profile is not None:  # a MIG slice takes no share of the cards counted here
         return growth
     model = c.workload
-    gpu_rows = np.flatnonzero(c.gpus_total[idx] > 0)
-    shapes = model.shapes()
-    if not len(gpu_rows) or not any(s.gpus for s in shapes):
+    gpu_shapes = [s for s in model.shapes() if s.gpus]
+    cards_each = c.gpus_total[idx]
+    gpu_rows = np.flatnonzero(cards_each)  # a count is never below 0
+    if not len(gpu_rows) or not gpu_shapes:
         return growth
+    # before and after in one pass: rows [0, n) before, [n, 2n) after, each half gathered
+    # and changed in place (the arrays and their order as ever: the sums come out the same)
+    n = len(gpu_rows)
     nodes = idx[gpu_rows]
-    cards = card_matrix(c, nodes)
-    ok = models_ok(c, nodes, shapes)
-    cpu, memory = c.cpu_free[nodes], c.memory_free_mb[nodes]
-    # before and after in one pass: rows [0, n) before, [n, 2n) after
-    all_cards = np.concatenate([cards, cards_after(cards, d)])
-    all_cpu = np.concatenate([cpu, cpu - d.cpu_cores])
-    all_memory = np.concatenate([memory, memory - d.memory_mb])
-    both = expected_fragmentation(
-        all_cards, all_cpu, all_memory, np.concatenate([ok, ok], axis=1), shapes
-    )
+    both = np.concatenate((nodes, nodes))
+    cards = c.card_milli[both, : max(int(cards_each.max()), 1)]
+    _land(cards[n:], d)
+    cpu = c.cpu_free[both]
+    cpu[n:] -= d.cpu_cores
+    memory = c.memory_free_mb[both]
+    memory[n:] -= d.memory_mb
+    ok = models_ok(c, both, model.shapes()) if any(s.gpu_model for s in gpu_shapes) else None
+    total = cards.sum(axis=1)
+    value = _expected(cards, total, cpu, memory, ok, gpu_shapes)
     # GPUs the host cannot feed count like those too small for any task: a stranded card
     # is a stranded card, whichever resource strands it
-    both += host_stranded(all_cards, all_cpu, all_memory, *model.host_per_gpu_milli())
-    growth[gpu_rows] = both[len(nodes) :] - both[: len(nodes)]
+    value += _host_stranded(total, cpu, memory, *model.host_per_gpu_milli())
+    growth[gpu_rows] = value[n:] - value[:n]
     return growth
 
 

@@ -33,7 +33,12 @@ class Ledger:
         key = (allocation.pool, allocation.tenant)
         self.state.pool_usage[key] = self.state.pool_usage.get(key, Usage()) + allocation.usage
         node = self.state.cluster.get(allocation.node)
-        if node is not None and node.topology.pool in self.retries.cohorts.get(allocation.pool, ()):
+        if allocation.lent_by is not None:
+            # On a card lent during a CPU phase: not a pool's loan (its lender takes it back).
+            self.state.lent_cards[(allocation.node, allocation.gpu_ids[0])] = allocation.task_id
+        elif node is not None and node.topology.pool in self.retries.cohorts.get(
+            allocation.pool, ()
+        ):
             allocation.borrowed_from = node.topology.pool
             loan = (allocation.borrowed_from, allocation.pool)
             self.state.lent[loan] = self.state.lent.get(loan, Usage()) + allocation.usage
@@ -57,18 +62,38 @@ class Ledger:
         self.count_preemptible(allocation, -1)
         return [self.release_member(m, reason, cause) for m in allocation.members()]
 
+    def hand_over_lent_cards(self, lender: Allocation) -> tuple[int, ...]:
+        """A lender going while replicas are on its cards: each such replica takes the
+        lender's hold of its card over (so nothing else is placed there before it leaves).
+        Returns the lender's cards that go back to the node."""
+        back: list[int] = []
+        for card in lender.gpu_ids:
+            replica_task = self.state.lent_cards.get((lender.node, card))
+            replica = self.state.allocations.get(replica_task) if replica_task else None
+            if replica is None or replica.lent_by != lender.task_id or replica.gpu_milli:
+                back.append(card)
+                continue
+            replica.gpu_milli = lender.gpu_milli
+        return tuple(back)
+
     def release_member(
         self, allocation: Allocation, reason: ReleaseReason, cause: Event
     ) -> AllocationReleased:
         node = self.state.cluster.get(allocation.node)
+        gpu_ids = allocation.gpu_ids
+        if allocation.lent_by is not None:
+            self.state.lent_cards.pop((allocation.node, gpu_ids[0]), None)
+            self.state.stale_pools = None  # a lent card is free: any pool's replica may fit
+        elif self.state.lent_cards:
+            gpu_ids = self.hand_over_lent_cards(allocation)
         if node is not None:
             node.give_back(
-                allocation.gpu_ids,
+                gpu_ids,
                 allocation.gpu_milli,
                 allocation.cpu_cores,
                 allocation.memory_mb,
                 allocation.group,
-                allocation.mig_profile,
+                allocation.carved,
             )
             self.state.cluster.refresh(node.name)
         self.state.quotas.give_back(allocation.tenant, allocation.usage)
@@ -78,7 +103,9 @@ class Ledger:
         if allocation.borrowed_from is not None:
             loan = (allocation.borrowed_from, allocation.pool)
             left = self.state.lent.get(loan, Usage()) - allocation.usage
-            if left.gpus < 1e-9 and not (left.gpu_memory_mb or left.cpu_cores or left.memory_mb):
+            if left.gpus < 1e-9 and not (
+                left.gpu_memory_mb or left.cpu_cores or left.memory_mb or left.disk_gb
+            ):
                 self.state.lent.pop(loan, None)  # no float residue: the loan is over
             else:
                 self.state.lent[loan] = left

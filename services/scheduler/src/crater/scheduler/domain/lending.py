@@ -24,11 +24,14 @@ import numpy as np
 import numpy.typing as npt
 
 from crater.contracts import AllocationGranted, Event
+from crater.scheduler.domain.fairshare import DecayedUsage
 from crater.scheduler.domain.placer import Placer
 from crater.scheduler.domain.prewarm import Forecast
-from crater.scheduler.domain.quotas import Over, Usage
+from crater.scheduler.domain.quotas import QUOTA_FIELDS, Over, Quota, Usage
 from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import PendingTask, SchedulerState
+
+NO_LIMIT = Quota()
 
 
 def limits_text(over: list[Over]) -> str:
@@ -44,12 +47,9 @@ class Lending:
         self.placer = placer
         # Pools with a task of their own waiting, for the current retry pass (None: unknown).
         self.waiting: set[str] | None = None
-        # Per borrower pool: its dominant share of its mates' capacity, integrated over time
-        # with the half-life (share-seconds), as of `history_at`. Not stored: a restart
-        # starts every pool at zero.
-        self.history: dict[str, float] = {}
-        self.history_at: datetime | None = None
-        # Per lending pool with pre-warm: its learned demand (prewarm.py); not stored either.
+        # Per borrower pool: its dominant share of its mates' capacity, decayed (fairshare.py).
+        self.usage = DecayedUsage()
+        # Per lending pool with pre-warm: its learned demand (prewarm.py); not stored.
         self.forecasts: dict[str, Forecast] = {}
 
     @property
@@ -57,26 +57,21 @@ class Lending:
         """Whether borrowers are served by their decayed usage (a half-life is set)."""
         return self.active and self.state.config.borrow_half_life_seconds is not None
 
+    @property
+    def history(self) -> dict[str, float]:
+        return self.usage.history
+
     def age(self, now: datetime) -> None:
-        """Fold the time since the last event into each borrower's decayed usage: the share
-        it held since then, integrated, the older part halved every half-life."""
+        """Fold the time since the last event into each borrower pool's decayed usage."""
         half_life = self.state.config.borrow_half_life_seconds
-        if half_life is None or not self.active:
-            return
-        last, self.history_at = self.history_at, now
-        if last is None or now <= last:
-            self.history_at = max(now, last or now)
-            return
-        keep = 0.5 ** ((now - last).total_seconds() / half_life)
-        for pool in sorted(self.history):
-            self.history[pool] *= keep
-        for pool, share in sorted(self.shares().items()):
-            gained = share * half_life / math.log(2) * (1 - keep)
-            self.history[pool] = self.history.get(pool, 0.0) + gained
+        if half_life is not None and self.active:
+            self.usage.age(now, half_life, self.shares)
 
     def observe(self, now: datetime) -> None:
         """Each pre-warming pool's demand now, into its forecast."""
         policies = self.state.config.pools
+        if not policies and not self.forecasts:
+            return  # no pool, no forecast: nothing to observe (every event asks)
         for pool in sorted(self.forecasts.keys() - policies.keys()):
             del self.forecasts[pool]  # a reload took its pre-warm away
         for pool, policy in sorted(policies.items()):
@@ -138,7 +133,7 @@ class Lending:
 
     def standing(self, pool: str) -> tuple[float, float]:
         """The order borrowers are served in: least decayed usage, then least held now."""
-        return (round(self.history.get(pool, 0.0), 9), round(self.shares().get(pool, 0.0), 9))
+        return self.usage.standing(pool, self.shares().get(pool, 0.0))
 
     @property
     def active(self) -> bool:
@@ -164,10 +159,31 @@ class Lending:
                 total = total + usage
         return total
 
+    def lendable(self, pool: str) -> Quota:
+        """The most of `pool`'s capacity (its ready nodes') it lends: the rest of its
+        `reserved` amount, per resource it reserves."""
+        cluster = self.state.cluster
+        rows = cluster.in_pool(pool) & cluster.ready
+        capacity = {
+            "gpus": int(cluster.gpus_total[rows].sum()),
+            "gpu_memory_mb": int((cluster.gpus_total[rows] * cluster.gpu_memory_mb[rows]).sum()),
+            "cpu_cores": int(cluster.cpu_total[rows].sum()),
+            "memory_mb": int(cluster.memory_total_mb[rows].sum()),
+            "disk_gb": int(cluster.disk_gb[rows].sum()),
+        }
+        reserved = self.state.config.pools[pool].reserved
+        return Quota(
+            **{
+                r: max(0, capacity[r] - kept)
+                for r in QUOTA_FIELDS
+                if (kept := getattr(reserved, r)) is not None
+            }
+        )
+
     def idle_gpus(self, pool: str) -> int:
         """Whole GPUs free on `pool`'s ready nodes now."""
         cluster = self.state.cluster
-        rows = (cluster.pool == pool) & cluster.ready
+        rows = cluster.in_pool(pool) & cluster.ready
         return int(cluster.gpus_free[rows].sum())
 
     def owner_gpus(self, pool: str) -> npt.NDArray[np.int64]:
@@ -217,6 +233,12 @@ class Lending:
             if over:
                 why.append(f"pool {lender} lends no more ({limits_text(over)})")
                 continue
+            reserved = policies[lender].reserved
+            if reserved != NO_LIMIT:
+                over = self.lendable(lender).excess(self.lent(lender) + usage)
+                if over:
+                    why.append(f"pool {lender} keeps its reserved capacity ({limits_text(over)})")
+                    continue
             keep = self.keep_idle(lender)
             if keep and self.idle_gpus(lender) - usage.gpus < keep:
                 static = policies[lender].keep_idle_gpus

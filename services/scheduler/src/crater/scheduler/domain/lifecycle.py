@@ -72,7 +72,7 @@ class Lifecycle:
             waiting = self.state.pending.get(event.task_id)
             if event.status is TaskStatus.CANCELLED and event.allocation_id is None:
                 if waiting is not None:  # cancelled before placed (or between attempts)
-                    del self.state.pending[event.task_id]
+                    self.state.dequeue(event.task_id)
                     self.retries.stale(waiting.request.pool)
                     reason = event.message or "cancelled while waiting"
                     return [
@@ -120,6 +120,8 @@ class Lifecycle:
                 return [*released, self.retry(task, attempt + 1, reason, policy, cause)]
         if why is not None:
             pass
+        elif reason is ReleaseReason.PREEMPTED and allocation.lent_by is not None:
+            why = f"the GPUs lent by {allocation.lent_by} were taken back"
         elif reason is ReleaseReason.PREEMPTED and allocation.yield_by is not None:
             why = "it yielded its resources to a higher-priority task"
         elif reason in (ReleaseReason.SUCCEEDED, ReleaseReason.FAILED, ReleaseReason.CANCELLED):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from crater.scheduler.domain.cluster import WHOLE, Node
@@ -24,7 +25,6 @@ def select(node: Node, demand: Demand) -> Selection | None:
         return None
     if node.cpu_slots_free < demand.cpu_cores:
         return None
-    numa_cpus = {n.id: set(n.cpus) for n in node.topology.numa_nodes}
     if demand.mig_profile is not None:
         picked = _mig_card(node, MigProfile.parse(demand.mig_profile))
         if picked is None:
@@ -38,7 +38,7 @@ def select(node: Node, demand: Demand) -> Selection | None:
     else:
         gpu_ids = ()
         numa = _roomiest_numa(node)
-    cores = _cores(node, demand, numa_cpus, numa)
+    cores = _cores(node, demand, numa)
     if cores is None:
         return None
     return Selection(gpu_ids, cores, numa, demand.mig_profile)
@@ -144,8 +144,7 @@ def _shared_card(node: Node, demand: Demand) -> tuple[tuple[int, ...], int | Non
 def _nvlink_set(node: Node, candidates: list[int], count: int) -> tuple[int, ...]:
     """Greedy: start from the lowest index, add the GPU with most NVLinks into the set, then
     the one sharing most PCIe root complexes with it."""
-    peers = {g.index: set(g.nvlink_peers) for g in node.topology.gpus}
-    roots = {g.index: g.pci_root for g in node.topology.gpus}
+    peers, roots = node.nvlink_peers, node.pci_roots
     pool = sorted(candidates)
     chosen = [pool.pop(0)]
     while len(chosen) < count:
@@ -169,16 +168,16 @@ def _roomiest_numa(node: Node) -> int | None:
     return max(sorted(node.numa_room), key=lambda n: node.numa_room[n])
 
 
-def _cores(
-    node: Node, demand: Demand, numa_cpus: dict[int, set[int]], numa: int | None
-) -> tuple[int, ...] | None:
+def _cores(node: Node, demand: Demand, numa: int | None) -> tuple[int, ...] | None:
     """Distinct cores, the least shared first (over-commit), lowest number on ties."""
     free = node.cpu_free
 
-    def order(cores: set[int]) -> list[int]:
-        return sorted(cores, key=lambda c: (node.cpu_held.get(c, 0), c))
+    def order(cores: Iterable[int]) -> list[int]:
+        # By (tasks holding it, number): numbers first, then a stable sort by holders, with
+        # the dict's own look-up as the key (every free core is one of cpu_held's).
+        return sorted(sorted(cores), key=node.cpu_held.__getitem__)
 
-    local = order(numa_cpus.get(numa, set()) & free) if numa is not None else []
+    local = order(node.numa_cpus.get(numa, frozenset()) & free) if numa is not None else []
     if len(local) >= demand.cpu_cores:
         return tuple(sorted(local[: demand.cpu_cores]))
     if demand.numa_strict and numa is not None:

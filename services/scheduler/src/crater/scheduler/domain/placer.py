@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from crater.contracts import (
     AllocationGranted,
@@ -97,16 +96,19 @@ class Placer:
         exclude and how many. `diagnose` and `dry_run` both read this one walk."""
         cluster = self.state.cluster
         alive = np.ones(len(cluster), np.bool_) if among is None else among.copy()
+        living = len(cluster) if among is None else int(np.count_nonzero(alive))
         excluded: list[tuple[Filter, BoolArray, int]] = []
         for f in self.state.config.pipeline_for(demand.pool).filters:
             passes = f.passes(cluster, demand, free)
             if passes is cluster.everywhere:
                 continue  # a filter that asks nothing excludes no node: skip the array work
-            out = alive & ~passes
-            count = int(np.count_nonzero(out))
-            if count:
-                excluded.append((f, out, count))
-            alive &= passes
+            # Most filters exclude no node still alive: count the survivors (two calls), and
+            # build the excluded rows only when there are some.
+            kept = alive & passes
+            left = int(np.count_nonzero(kept))
+            if left < living:
+                excluded.append((f, alive & ~passes, living - left))
+            alive, living = kept, left
         return alive, excluded
 
     def run_filters(
@@ -153,15 +155,22 @@ class Placer:
         if not len(idx):
             return
         self.state.ranked_pools.add(demand.pool)
+        cluster = self.state.cluster
+        scores = self.state.config.pipeline_for(demand.pool).scores
+        # One row per plugin, clipped in one call (on a few candidates a numpy call costs
+        # its call, not its rows); the weighted sum is added up plugin by plugin as ever.
+        rows = np.array([s.rate(cluster, demand, idx) for s in scores], np.float64)
+        rows = rows.reshape(len(scores), len(idx)).clip(0.0, 1.0)
         total = np.zeros(len(idx))
-        parts: list[tuple[str, npt.NDArray[np.float64]]] = []
-        for score in self.state.config.pipeline_for(demand.pool).scores:
-            values = score.rate(self.state.cluster, demand, idx).clip(0.0, 1.0)
-            parts.append((score.name, values))
+        for score, values in zip(scores, rows, strict=True):
             total += score.weight * values
         total = np.round(total, 9)  # equal scores must compare equal on every machine
-        for k in np.lexsort((self.state.cluster.name_rank[idx], -total)):
-            details = [ScoreDetail(plugin=name, score=round(float(v[k]), 4)) for name, v in parts]
+        names = [s.name for s in scores]
+        for k in np.lexsort((cluster.name_rank[idx], -total)):
+            details = [
+                ScoreDetail(plugin=name, score=round(float(v), 4))
+                for name, v in zip(names, rows[:, k], strict=True)
+            ]
             yield int(idx[k]), float(total[k]), details
 
     def dry_run(self, demand: Demand) -> PlacementAnswer:
@@ -328,7 +337,10 @@ class Placer:
         details: list[ScoreDetail],
         cause: Event,
         member: int = 0,
+        lent_by: str | None = None,
     ) -> AllocationGranted:
+        """`task` (its member `member`) on `selection` of `node`. `lent_by`: on a card that
+        task lends during its CPU phase (phases.py), which keeps holding it."""
         request = task.request
         suffix = (f":{member}" if member else "") + attempt_key(task.attempt)
         event_id = derived_event_id(cause.event_id, f"granted:{request.task_id}{suffix}")
@@ -356,7 +368,10 @@ class Placer:
             armed=False,  # until the grant is read back from the stream
             attempt=task.attempt,
             task=task,
+            lent_by=lent_by,
         )
+        if lent_by is not None:
+            allocation.gpu_milli = 0  # the card stays its lender's hold
         self.ledger.take(allocation)
         hold(node, allocation)
         self.state.cluster.refresh(node.name)

@@ -31,6 +31,8 @@ class PoolPolicy:
     borrow_limit: Quota = field(default_factory=Quota)
     # whole GPUs this pool keeps idle, never lent (warm headroom for its own bursts)
     keep_idle_gpus: int = 0
+    # of its own capacity, what it never lends: it lends at most its capacity less this
+    reserved: Quota = field(default_factory=Quota)
     # a lender that learns its demand and takes its capacity back ahead of it (prewarm.py)
     prewarm: Prewarm | None = None
 

@@ -16,15 +16,18 @@ from crater.contracts import (
 from crater.scheduler.domain.events import (
     member_key,
 )
+from crater.scheduler.domain.guarantees import Guarantees, covers, gives_back, held
 from crater.scheduler.domain.ledger import Ledger
 from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.placer import Placer
 from crater.scheduler.domain.preemption import Candidate, plan, plan_gang
+from crater.scheduler.domain.quotas import Usage
 from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import (
     Allocation,
     PendingTask,
     SchedulerState,
+    yielding_on,
 )
 
 # A borrower on the pool's nodes ranks below every priority: reclaimed first.
@@ -35,12 +38,18 @@ class Preemptor:
     """Chooses victims for a waiting task and tells them to yield."""
 
     def __init__(
-        self, state: SchedulerState, retries: RetryIndex, ledger: Ledger, placer: Placer
+        self,
+        state: SchedulerState,
+        retries: RetryIndex,
+        ledger: Ledger,
+        placer: Placer,
+        guarantees: Guarantees,
     ) -> None:
         self.state = state
         self.retries = retries
         self.ledger = ledger
         self.placer = placer
+        self.guarantees = guarantees
 
     def preempt_for(self, task: PendingTask, cause: Event) -> list[Event]:
         """Ask lower-priority preemptible tasks to yield so `task` fits; they get a grace
@@ -50,7 +59,10 @@ class Preemptor:
         pool = task.request.pool
         # Its pool's capacity lent out: the borrowers there yield to it whatever their
         # priority (reclaim), and before any task of its own pool.
-        reclaims = any(lender == pool for lender, _ in self.state.lent)
+        lent = any(lender == pool for lender, _ in self.state.lent)
+        # Within its tenant's guarantee: other tenants' work above theirs yields to it too.
+        borrowing = self.guarantees.reclaimable(task)
+        reclaims = lent or bool(borrowing)
         if task.nominated and reclaims and not self.yielding_on(task.nominated):
             # Its victims are gone and others took the room: an owner chooses again, so it
             # never waits past a grace period for its pool's capacity.
@@ -63,12 +75,22 @@ class Preemptor:
             return []
         owners: dict[str, Allocation] = {}
         candidates: list[Candidate] = []
+        # tasks that are victims only as their tenant's borrowing: taken from a tenant only
+        # while it holds more than its guarantee (the last may take it below by part of one
+        # task: else a guarantee held in tasks larger than the borrowed part never comes back)
+        above: dict[str, str] = {}
         for head in self.state.allocations.values():
-            if head.yield_by is not None:
+            if head.yield_by is not None or head.lent_by is not None:
+                continue  # yielding already; or on lent cards, which only their lender takes
+            borrower = lent and head.borrowed_from == pool
+            outranked = head.preemptible and head.priority < mine
+            room = borrowing.get(head.tenant)
+            over_guarantee = room is not None and gives_back(held(head), room)
+            if not (borrower or outranked or over_guarantee):
                 continue
-            borrower = reclaims and head.borrowed_from == pool
-            if not borrower and (not head.preemptible or head.priority >= mine):
-                continue
+            if over_guarantee and not (borrower or outranked):
+                above[head.task_id] = head.tenant
+            borrower = borrower or over_guarantee
             for a in head.members():
                 owners[a.allocation_id] = head
                 candidates.append(
@@ -81,7 +103,7 @@ class Preemptor:
                         a.memory_mb,
                         RECLAIM_RANK if borrower else PRIORITY_MAX - a.priority,
                         a.granted_seq,
-                        a.mig_profile,
+                        a.carved,
                         a.task_id,
                     )
                 )
@@ -91,14 +113,23 @@ class Preemptor:
         fits_empty, _ = self.placer.diagnose(task.filter_demand, free=False)
         ready = fits_empty & self.state.cluster.ready
         nodes = [self.state.cluster.nodes[i] for i in np.flatnonzero(ready)]
+        roomy: set[str] | None = None
         if task.gang_size > 1 and not task.same_node:
             fits_now, _ = self.placer.diagnose(task.demand)
             roomy = {self.state.cluster.nodes[i].name for i in np.flatnonzero(fits_now & ready)}
-            chosen = plan_gang(nodes, task.demand, candidates, task.gang_size, roomy)
-        else:
-            chosen = plan(nodes, task.demand, candidates, task.gang_size)
-        if chosen is None:
-            return []
+        while True:
+            if roomy is not None:
+                chosen = plan_gang(nodes, task.demand, candidates, task.gang_size, roomy)
+            else:
+                chosen = plan(nodes, task.demand, candidates, task.gang_size)
+            if chosen is None:
+                return []
+            # A plan taking victims of a tenant no longer above its guarantee: without them,
+            # again (each round leaves out at least one; bounded).
+            excess = self._past_borrowing(chosen.victims, owners, above, borrowing)
+            if not excess:
+                break
+            candidates = [c for c in candidates if c.task_id not in excess]
         task.nominated = chosen.nodes
         self.retries.stale(task.request.pool)
         now = self.state.clock or cause.occurred_at
@@ -107,16 +138,42 @@ class Preemptor:
         victims = {owners[v.allocation_id].task_id: owners[v.allocation_id] for v in chosen.victims}
         for victim in victims.values():
             reclaim = victim.borrowed_from if victim.borrowed_from == pool else None
+            tenant = task.request.tenant if victim.task_id in above else None
             must_stop_by = full
-            if reclaim is not None:
+            if reclaim is not None or tenant is not None:
                 # A grace never starts over for an owner: borrowers it picks again (others
                 # of its pool took the room the first ones left) go by its first deadline,
                 # at once when that has passed.
                 if task.reclaim_by is None:
                     task.reclaim_by = full
                 must_stop_by = max(now, min(full, task.reclaim_by))
-            decisions += self._yield(victim, must_stop_by, cause, task.request.task_id, reclaim)
+            by = task.request.task_id
+            decisions += self.order_yield(victim, must_stop_by, cause, by, reclaim, tenant=tenant)
         return decisions
+
+    def _past_borrowing(
+        self,
+        victims: tuple[Candidate, ...],
+        owners: dict[str, Allocation],
+        above: dict[str, str],
+        borrowing: dict[str, Usage],
+    ) -> set[str]:
+        """The victims (task ids) chosen only as their tenant's borrowing that come after
+        those before them (in the plan's order) gave back all it holds above its guarantee."""
+        taken: dict[str, Usage] = {}
+        counted: set[str] = set()  # a gang's members are one victim
+        past: set[str] = set()
+        for victim in victims:
+            tenant = above.get(victim.task_id)
+            if tenant is None or victim.task_id in counted:
+                continue
+            counted.add(victim.task_id)
+            before = taken.get(tenant, Usage())
+            if covers(before, borrowing[tenant]):
+                past.add(victim.task_id)
+            else:
+                taken[tenant] = before + held(owners[victim.allocation_id])
+        return past
 
     def reclaim_ahead(self, lending: Lending, cause: Event) -> list[Event]:
         """Borrowers on a pre-warming pool's nodes are told to yield (with the grace period)
@@ -144,16 +201,18 @@ class Preemptor:
                     victim = max(standing, key=lambda h: (_gpus(h), h.granted_seq, h.task_id))
                 standing.remove(victim)
                 missing -= _gpus(victim)
-                decisions += self._yield(victim, must_stop_by, cause, None, lender)
+                decisions += self.order_yield(victim, must_stop_by, cause, None, lender)
         return decisions
 
-    def _yield(
+    def order_yield(
         self,
         victim: Allocation,
         must_stop_by: datetime,
         cause: Event,
         preempted_by: str | None,
         reclaim: str | None,
+        lent_by: str | None = None,
+        tenant: str | None = None,
     ) -> list[Event]:
         """`victim` (a whole gang) is told to be gone by `must_stop_by`."""
         now = self.state.clock or cause.occurred_at
@@ -175,17 +234,15 @@ class Preemptor:
                     grace_period_seconds=max(0, int((must_stop_by - now).total_seconds())),
                     must_stop_by=must_stop_by,
                     reclaimed_by_pool=reclaim,
+                    lent_by=lent_by,
+                    reclaimed_by_tenant=tenant,
                 )
             )
         return decisions
 
     def yielding_on(self, nodes: tuple[str, ...]) -> bool:
         """Whether some allocation on `nodes` is yielding now."""
-        return any(
-            a.yield_by is not None and a.node in nodes
-            for head in self.state.allocations.values()
-            for a in head.members()
-        )
+        return yielding_on(self.state, nodes)
 
 
 def _gpus(head: Allocation) -> int:

@@ -53,7 +53,7 @@ def escalated_priority(priority: int) -> int:
 
 
 def pool_capacity(cluster: ClusterArrays, pool: str) -> Usage:
-    rows = cluster.pool == pool
+    rows = cluster.in_pool(pool)
     return Usage(
         gpus=float(cluster.gpus_total[rows].sum()),
         cpu_cores=int(cluster.cpu_total[rows].sum()),

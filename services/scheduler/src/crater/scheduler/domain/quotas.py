@@ -1,17 +1,27 @@
 """Tenant quotas: how much of the cluster a tenant may hold at once, across its tasks; and
-the tenants held by their hard budget (`budget_exceeded`), whose new work waits."""
+the tenants held by their hard budget (`budget_exceeded`), whose new work waits.
+
+A tenant's quota is either a hard limit (`Quota`: it never holds more) or elastic (`Share`:
+a guarantee, a borrowing limit above it and a reserved part of it; docs/pools.md, "Tenant
+guarantees"). An elastic tenant's hard limit is its guarantee plus its borrowing limit;
+what it holds above its guarantee is reclaimable (`guarantees.Guarantees`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from crater.contracts import TenantBudgetExceeded
 from crater.scheduler.domain.demand import Demand
 
 # What stops a tenant taking more now: (resource, wanted, limit) for each limit passed; the
-# resource "budget" (its cost, its hard budget) when its budget holds it.
+# resource "budget" (its cost, its hard budget) when its budget holds it; "claimed" when
+# it would borrow past its guarantee while another tenant waits for its own guarantee, and
+# "reserved" when that would take capacity reserved for another tenant (guarantees.py).
 Over = tuple[str, float, float]
 BUDGET = "budget"
+CLAIMED = "claimed"
+RESERVED = "reserved"
 
 
 @dataclass(frozen=True)
@@ -20,6 +30,7 @@ class Usage:
     gpu_memory_mb: int = 0
     cpu_cores: int = 0
     memory_mb: int = 0
+    disk_gb: int = 0  # asked (resource_requirements.ssd.capacity_gb), checked per node
 
     @classmethod
     def of(cls, demand: Demand) -> Usage:
@@ -28,6 +39,7 @@ class Usage:
             gpu_memory_mb=demand.gpus * demand.gpu_memory_mb,
             cpu_cores=demand.cpu_cores,
             memory_mb=demand.memory_mb,
+            disk_gb=demand.disk_gb,
         )
 
     def __add__(self, other: Usage) -> Usage:
@@ -36,6 +48,7 @@ class Usage:
             self.gpu_memory_mb + other.gpu_memory_mb,
             self.cpu_cores + other.cpu_cores,
             self.memory_mb + other.memory_mb,
+            self.disk_gb + other.disk_gb,
         )
 
     def times(self, copies: int) -> Usage:
@@ -44,16 +57,21 @@ class Usage:
             self.gpu_memory_mb * copies,
             self.cpu_cores * copies,
             self.memory_mb * copies,
+            self.disk_gb * copies,
         )
 
     def __bool__(self) -> bool:
-        return any((self.gpus, self.gpu_memory_mb, self.cpu_cores, self.memory_mb))
+        return any((self.gpus, self.gpu_memory_mb, self.cpu_cores, self.memory_mb, self.disk_gb))
 
     def brief(self) -> str:
         """In a reason: its GPUs, else its CPU cores ("4 GPUs")."""
         if self.gpus:
             return f"{self.gpus:g} GPU" + ("" if self.gpus == 1 else "s")
-        return f"{self.cpu_cores} CPU cores"
+        if self.cpu_cores or not (self.memory_mb or self.disk_gb):
+            return f"{self.cpu_cores} CPU cores"
+        if self.memory_mb:
+            return f"{self.memory_mb} MiB of memory"
+        return f"{self.disk_gb} GB of disk"
 
     def __sub__(self, other: Usage) -> Usage:
         return Usage(
@@ -61,6 +79,7 @@ class Usage:
             self.gpu_memory_mb - other.gpu_memory_mb,
             self.cpu_cores - other.cpu_cores,
             self.memory_mb - other.memory_mb,
+            self.disk_gb - other.disk_gb,
         )
 
 
@@ -70,6 +89,7 @@ QUOTA_FIELDS = {
     "gpu_memory_mb": "resource_requirements.gpu.memory_mb",
     "cpu_cores": "resource_requirements.cpu.cores",
     "memory_mb": "resource_requirements.memory.capacity_mb",
+    "disk_gb": "resource_requirements.ssd.capacity_gb",
 }
 
 
@@ -81,6 +101,7 @@ class Quota:
     gpu_memory_mb: int | None = None
     cpu_cores: int | None = None
     memory_mb: int | None = None
+    disk_gb: int | None = None
 
     def excess(self, usage: Usage) -> list[Over]:
         """(resource, wanted, limit) for every limit `usage` would pass."""
@@ -92,14 +113,86 @@ class Quota:
                 over.append((resource, wanted, limit))
         return over
 
+    def plus(self, more: Quota) -> Quota:
+        """Each resource this sets, raised by `more`'s (unlimited where `more` sets none)."""
+        return Quota(
+            **{
+                r: None
+                if (mine := getattr(self, r)) is None or (extra := getattr(more, r)) is None
+                else mine + extra
+                for r in QUOTA_FIELDS
+            }
+        )
+
+    def unused(self, usage: Usage) -> Usage:
+        """What of each resource this sets `usage` leaves (0 where it is reached or passed)."""
+        return Usage(
+            **{
+                r: max(0, limit - getattr(usage, r))
+                for r in QUOTA_FIELDS
+                if (limit := getattr(self, r)) is not None
+            }
+        )
+
+
+@dataclass(frozen=True)
+class Share:
+    """An elastic tenant's quota (Kueue's nominal quota and borrowing limit): it may always
+    hold its `guarantee` (a task of its own within it takes back what others borrowed of it,
+    by preemption with the grace period), and up to `borrow_limit` more while others leave
+    theirs idle; what it holds above its guarantee is reclaimable. `reserved`, part of the
+    guarantee, is never lent: others borrow only what leaves it free. Only the resources the
+    guarantee sets count; a `borrow_limit` resource left out is unlimited."""
+
+    guarantee: Quota
+    borrow_limit: Quota = field(default_factory=Quota)
+    reserved: Quota = field(default_factory=Quota)
+
+    @property
+    def cap(self) -> Quota:
+        """The most it ever holds: its hard limit."""
+        return self.guarantee.plus(self.borrow_limit)
+
+    def above(self, usage: Usage) -> Usage:
+        """What of `usage` is above the guarantee (its borrowed part), per resource it sets
+        (shared cards' fractions summed and taken back leave float residue: not borrowing)."""
+        return Usage(
+            **{
+                r: excess if (excess := getattr(usage, r) - limit) > 1e-9 else 0
+                for r in QUOTA_FIELDS
+                if (limit := getattr(self.guarantee, r)) is not None
+            }
+        )
+
+
+@dataclass(frozen=True)
+class TenantQuotas:
+    """A quotas file: the tenants with a hard limit, and the elastic ones."""
+
+    limits: dict[str, Quota] = field(default_factory=dict)
+    shares: dict[str, Share] = field(default_factory=dict)
+
+
+class BorrowCheck(Protocol):
+    """`guarantees.Guarantees` (an object, not a function: the core is pickled whole)."""
+
+    def refusal(self, tenant: str, pool: str, adding: Usage) -> list[Over]:
+        """Why an elastic tenant may not borrow `adding` more now in `pool` ([]: it may)."""
+        ...
+
 
 @dataclass
 class Quotas:
+    # hard limits: a `Quota`'s, and each elastic tenant's cap (guarantee + borrowing)
     limits: dict[str, Quota] = field(default_factory=dict)
     used: dict[str, Usage] = field(default_factory=dict)
+    shares: dict[str, Share] = field(default_factory=dict)
+    borrow_check: BorrowCheck | None = field(default=None, repr=False, compare=False)
     # Tenants over their hard budget, each with what said so: until its period ends or the
     # budget is raised (`budget_restored`), their work not yet placed waits.
     holds: dict[str, TenantBudgetExceeded] = field(default_factory=dict)
+    # Counts every change of `used` and of the configuration: what reads them may memoize.
+    version: int = field(default=0, compare=False)
 
     def blocking(self, tenant: str, demand: Demand, copies: int = 1) -> list[Over]:
         """What stops `tenant` taking `copies` of `demand` (a gang's members) now, given
@@ -110,7 +203,31 @@ class Quotas:
         quota = self.limits.get(tenant)
         if quota is None:
             return []
-        return quota.excess(self.used.get(tenant, Usage()) + Usage.of(demand).times(copies))
+        adding = Usage.of(demand).times(copies)
+        after = self.used.get(tenant, Usage()) + adding
+        over = quota.excess(after)
+        share = self.shares.get(tenant)
+        if over or share is None or self.borrow_check is None or not share.above(after):
+            return over
+        return self.borrow_check.refusal(tenant, demand.pool, adding)
+
+    def configure(self, limits: dict[str, Quota], shares: dict[str, Share]) -> None:
+        """The hard limits and elastic shares in force from now on."""
+        self.shares = dict(shares)
+        self.limits = {**limits, **{tenant: s.cap for tenant, s in shares.items()}}
+        self.version += 1
+
+    def would_borrow(self, tenant: str, demand: Demand, copies: int = 1) -> bool:
+        """Whether `copies` of `demand` would take an elastic tenant above its guarantee."""
+        share = self.shares.get(tenant)
+        if share is None:
+            return False
+        return bool(share.above(self.used.get(tenant, Usage()) + Usage.of(demand).times(copies)))
+
+    def borrowing(self, tenant: str) -> Usage:
+        """What `tenant` holds above its guarantee now (nothing without a share)."""
+        share = self.shares.get(tenant)
+        return Usage() if share is None else share.above(self.used.get(tenant, Usage()))
 
     def never(self, tenant: str, demand: Demand, copies: int = 1) -> list[Over]:
         """What `copies` of `demand` alone exceed: it could never run for this tenant."""
@@ -119,6 +236,8 @@ class Quotas:
 
     def take(self, tenant: str, usage: Usage) -> None:
         self.used[tenant] = self.used.get(tenant, Usage()) + usage
+        self.version += 1
 
     def give_back(self, tenant: str, usage: Usage) -> None:
         self.used[tenant] = self.used.get(tenant, Usage()) - usage
+        self.version += 1

@@ -20,8 +20,9 @@ from crater.scheduler.domain.cluster import (
 from crater.scheduler.domain.events import (
     attempt_key,
 )
+from crater.scheduler.domain.guarantees import Guarantees
 from crater.scheduler.domain.placer import Diagnosis, Placer
-from crater.scheduler.domain.quotas import BUDGET, Over
+from crater.scheduler.domain.quotas import BUDGET, CLAIMED, RESERVED, Over, Usage
 from crater.scheduler.domain.wording import for_nodes, sentence
 
 __all__ = ["Reasons", "for_nodes", "kind_of", "sentence"]
@@ -38,9 +39,10 @@ TRANSIENT_FILTERS = frozenset({"Backfill"})
 class Reasons:
     """Builds the pending reasons of a task and announces them."""
 
-    def __init__(self, state: SchedulerState, placer: Placer) -> None:
+    def __init__(self, state: SchedulerState, placer: Placer, guarantees: Guarantees) -> None:
         self.state = state
         self.placer = placer
+        self.guarantees = guarantees
 
     def why_waiting(
         self,
@@ -65,20 +67,7 @@ class Reasons:
                 )
             ]
         elif over:
-            reasons = [
-                FilterReason(
-                    filter="TenantQuota",
-                    code="QuotaExceeded",
-                    nodes=total,
-                    message=(
-                        f"tenant {task.request.tenant!r} is over its quota: "
-                        + ", ".join(
-                            f"{resource} would reach {wanted:g}, over its limit of {limit}"
-                            for resource, wanted, limit in over
-                        )
-                    ),
-                )
-            ]
+            reasons = [self.over_quota(task, over, total)]
         else:
             fits, reasons = found or self.placer.diagnose(task.filter_demand)
         if fits is not None and avoid is not None and (kept := int(np.count_nonzero(fits & avoid))):
@@ -117,6 +106,47 @@ class Reasons:
         else:
             summary = f"0/{total} nodes available: {detail}"
         return reasons, summary
+
+    def over_quota(self, task: PendingTask, over: list[Over], total: int) -> FilterReason:
+        """Why a tenant's quota holds `task`: its hard limit; or, elastic, its borrowing
+        limit, another tenant waiting for its guarantee, or capacity reserved for others."""
+        tenant = task.request.tenant
+        quotas = self.state.quotas
+        share = quotas.shares.get(tenant)
+        kind = over[0][0]
+        if kind == CLAIMED:
+            claimant = self.guarantees.claimant(tenant, task.request.pool)
+            who = "another tenant" if claimant is None else f"tenant {claimant.request.tenant}"
+            code = "GuaranteeClaimed"
+            message = (
+                f"tenant {tenant} is at its guarantee and borrows no more while {who} "
+                f"waits for its own guarantee in pool {task.request.pool}"
+            )
+        elif kind.startswith(RESERVED):
+            code = "ReservedForTenants"
+            message = f"tenant {tenant} would borrow capacity reserved for other tenants: " + (
+                ", ".join(
+                    f"{resource.split('.', 1)[1]} {max(left, 0):g} free after it, {need:g} reserved"
+                    for resource, left, need in over
+                )
+            )
+        elif share is not None:
+            code = "BorrowingLimit"
+            used = quotas.used.get(tenant, Usage())
+            message = f"tenant {tenant} at its borrowing limit: " + ", ".join(
+                f"{getattr(used, resource):g} of {limit:g} {resource} held "
+                f"(guarantee {getattr(share.guarantee, resource)} + borrowing "
+                f"{limit - getattr(share.guarantee, resource):g}), "
+                f"the task would take it to {wanted:g}"
+                for resource, wanted, limit in over
+            )
+        else:
+            code = "QuotaExceeded"
+            message = f"tenant {tenant!r} is over its quota: " + ", ".join(
+                f"{resource} would reach {wanted:g}, over its limit of {limit}"
+                for resource, wanted, limit in over
+            )
+        return FilterReason(filter="TenantQuota", code=code, nodes=total, message=message)
 
     def announce(
         self, task: PendingTask, cause: Event, reasons: list[FilterReason], summary: str

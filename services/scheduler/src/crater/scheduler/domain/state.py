@@ -124,9 +124,37 @@ class Allocation:
     heard_at: datetime | None = field(default=None, compare=False)
     # The task as it waited (request, prediction): a retried attempt queues it again.
     task: PendingTask | None = field(default=None, compare=False, repr=False)
+    # An inference replica on a card lent by this task during its CPU phase (phases.py):
+    # the lender holds the card (this holds 0 of it) until the lender goes, when this one
+    # takes the lender's hold over until it leaves too.
+    lent_by: str | None = None
+
+    @property
+    def carved(self) -> str | None:
+        """The MIG slice this allocation cuts on its node's card: its own, except a replica's
+        on a lent card, which the lender keeps holding whole (its slice is the node's doing
+        for the phase, not the core's accounting)."""
+        return self.mig_profile if self.lent_by is None else None
 
     def members(self) -> list[Allocation]:
         return [self, *self.peers]
+
+
+@dataclass
+class LendingPhase:
+    """A running task's CPU phase: its whole cards may be lent to inference replicas."""
+
+    task_id: str
+    allocation_id: str
+    node: str
+    gpu_ids: tuple[int, ...]
+    # What the task keeps resident on each card (MiB): a replica is capped to the rest.
+    resident_mb: dict[int, int]
+    # When the phase ends by itself; None: restored, set from the first event after.
+    lent_until: datetime | None
+    # Asked back (or the phase over): the replicas are gone by then. None: lending.
+    must_be_free_by: datetime | None = None
+    why_back: str = ""
 
 
 @dataclass
@@ -201,6 +229,18 @@ class SchedulerState:
     lent: dict[QueueKey, Usage] = field(default_factory=dict)
     # Each allocation held (a gang's every member) by id: the task it belongs to.
     held_by: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    # Lending by phase: the tasks in a CPU phase, by task id, and each lent card that a
+    # replica holds now, (node, card) -> the replica's task id.
+    phases: dict[str, LendingPhase] = field(default_factory=dict)
+    lent_cards: dict[tuple[str, int], str] = field(default_factory=dict)
+    # Waiting tasks taken off the queue so far (placed, cancelled): with the queue's length
+    # and `next_seq`, it says whether the queue only grew since (`Guarantees.claiming`).
+    dequeued: int = field(default=0, compare=False, repr=False)
+
+    def dequeue(self, task_id: str) -> None:
+        """`task_id` leaves the queue (placed, or cancelled while waiting)."""
+        del self.pending[task_id]
+        self.dequeued += 1
 
 
 def consumed_until(stream_clock: datetime | None, now: datetime, allowance: float) -> datetime:
@@ -219,5 +259,14 @@ def hold(node: Node, allocation: Allocation) -> None:
         allocation.cpu_cores,
         allocation.memory_mb,
         allocation.group,
-        allocation.mig_profile,
+        allocation.carved,
+    )
+
+
+def yielding_on(state: SchedulerState, nodes: tuple[str, ...]) -> bool:
+    """Whether some allocation on `nodes` is yielding now."""
+    return any(
+        a.yield_by is not None and a.node in nodes
+        for head in state.allocations.values()
+        for a in head.members()
     )

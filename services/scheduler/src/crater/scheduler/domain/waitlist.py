@@ -34,6 +34,7 @@ from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import (
     PendingTask,
     SchedulerState,
+    yielding_on,
 )
 
 # The most nodes a blocked head examines for the ones to keep (backfill), closest first.
@@ -148,7 +149,15 @@ class Waitlist:
         return None if head is None else head.mask(self.state.cluster)
 
     def make_head(self, task: PendingTask) -> None:
-        """`task` heads its pool's queue and cannot start: keep the node(s) it waits on."""
+        """`task` heads its pool's queue and cannot start: keep the node(s) it waits on.
+        Not a task that would borrow above its tenant's guarantee (docs/pools.md) with no
+        victims yielding for it now: borrowed capacity is what is idle, and keeping nodes
+        for it would keep them from the tasks of tenants within their guarantees."""
+        if self.state.quotas.would_borrow(task.request.tenant, task.demand, task.gang_size) and (
+            not task.nominated or not yielding_on(self.state, task.nominated)
+        ):
+            task.nominated = ()  # its victims are gone: it may choose again
+            return
         if task.nominated:
             nodes: tuple[str, ...] = task.nominated
         else:

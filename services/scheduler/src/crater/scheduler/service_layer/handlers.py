@@ -8,7 +8,7 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,6 +26,8 @@ from crater.contracts import (
     AuditExplainQuery,
     AuditStep,
     Confidence,
+    ConfigApplied,
+    ConfigApply,
     Event,
     FieldError,
     NodeHealthReported,
@@ -47,6 +49,7 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
     TaskSummary,
+    TraceContext,
     derived_event_id,
 )
 from crater.contracts.tasks import DEFAULT_HOST_MEMORY_MB
@@ -62,14 +65,19 @@ from crater.runtime.outbox import (
 from crater.runtime.unit_of_work import unit_of_work
 from crater.scheduler import audit
 from crater.scheduler.adapters import fence
-from crater.scheduler.adapters.config_watch import ConfigWatch
+from crater.scheduler.adapters.config_watch import ConfigWatch, with_files
 from crater.scheduler.adapters.orm import inbox, outbox
+from crater.scheduler.adapters.pools_file import parse_pools
+from crater.scheduler.adapters.quotas_file import parse_quotas
 from crater.scheduler.adapters.repository import SchedulerRepository
+from crater.scheduler.adapters.yaml_spec import SpecError
 from crater.scheduler.audit import CORE, LEADER, SERVICE, AuditLog
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.inputs import ReservationArmed
-from crater.scheduler.domain.quotas import QUOTA_FIELDS, Usage
+from crater.scheduler.domain.phases import phase_state
+from crater.scheduler.domain.pools import PoolPolicy
+from crater.scheduler.domain.quotas import QUOTA_FIELDS, TenantQuotas, Usage
 from crater.scheduler.domain.tokens import token_allocation, token_refusal
 from crater.scheduler.domain.views import node_summaries, pool_summaries
 
@@ -175,6 +183,9 @@ class Waiting:
     event: Event
     consumer: str
     outcome: asyncio.Future[list[Event]]
+    # The context its message came with (a batch consumer's): what its decisions carry, so a
+    # task's trace goes on through the scheduler. None: the span handling it (per message).
+    trace: TraceContext | None = None
 
 
 class SchedulerService:
@@ -266,6 +277,39 @@ class SchedulerService:
                 await self._commit(batch)
         return waiting.outcome.result()
 
+    async def handle_batch(
+        self, consumer: str, arrivals: Sequence[tuple[Event, TraceContext | None]]
+    ) -> list[BaseException | None]:
+        """A batch consumer's pull batch, each event with the trace context it came with:
+        decided and committed, in order, in one transaction with whatever else arrived
+        meanwhile. Returns each event's outcome: None once committed (its message is then
+        acked), else why not; a failing commit is tried again event by event (`_commit`), so
+        only an event to blame fails. An event's decisions carry its own trace context."""
+        loop = asyncio.get_running_loop()
+        now = datetime.now(UTC)
+        waiting: list[Waiting | None] = []
+        for event, trace in arrivals:
+            if event.occurred_at - now > self.max_skew:
+                waiting.append(None)  # refused below, never decided
+                continue
+            waiting.append(Waiting(event, consumer, loop.create_future(), trace))
+        self.arrived.extend(w for w in waiting if w is not None)
+        async with self.lock:
+            if any(w is not None and not w.outcome.done() for w in waiting):
+                batch, self.arrived = self.arrived, []
+                await self._commit(batch)
+        outcomes: list[BaseException | None] = []
+        for (event, _), arrived in zip(arrivals, waiting, strict=True):
+            if arrived is not None:
+                outcomes.append(arrived.outcome.exception())
+                continue
+            try:
+                await self._refuse_future(event)
+                outcomes.append(None)
+            except Exception as error:  # the refusal could not be said: delivered again
+                outcomes.append(error)
+        return outcomes
+
     async def _commit(self, batch: list[Waiting]) -> None:
         self.metrics.batch_size.observe(len(batch))
         try:
@@ -341,7 +385,13 @@ class SchedulerService:
                 outcomes.append(
                     await self._decide(repository, waiting.event, known) if first else []
                 )
-            stamped = await self.sequencer.stamp(connection, [d for o in outcomes for d in o])
+            await repository.flush()  # the batch's rows, a statement at a time
+            traced = [
+                d.model_copy(update={"trace": w.trace}) if w.trace and d.trace is None else d
+                for w, decisions in zip(batch, outcomes, strict=True)
+                for d in decisions
+            ]
+            stamped = await self.sequencer.stamp(connection, traced)
             await stage(connection, outbox, *stamped)
             await self.audit.flush(connection, self.scheduler)  # a periodic snapshot when due
             numbered = iter(stamped)
@@ -456,6 +506,9 @@ class SchedulerService:
         live = self.scheduler.allocation_check(allocation_id, token, datetime.now(UTC))
         if live is not None:
             member, refusal = live
+            phase = self.scheduler.phases.get(member.task_id)
+            if phase is not None and phase.allocation_id != allocation_id:
+                phase = None  # another member's (never: a gang does not lend) or attempt's
             found = AllocationCheck(
                 allocation_id=allocation_id,
                 verdict="accepted",
@@ -463,6 +516,8 @@ class SchedulerService:
                 node=member.node,
                 running=member.running,
                 reservation_expires_at=member.expires_at,
+                lending=None if phase is None else phase_state(phase),
+                must_be_free_by=None if phase is None else phase.must_be_free_by,
             )
             if refusal is None:
                 return found
@@ -681,6 +736,96 @@ class SchedulerService:
         self.audit.add(SERVICE, None, [], self.epoch, kind=audit.CONFIG_REFUSED, body=body)
         return why
 
+    async def apply_config(self, request: ConfigApply) -> ConfigApplied:
+        """A pools or quotas file sent over the API (the gateway's admin routes): validated,
+        then applied from the next event on exactly as a changed file is (`reload`), its
+        configuration record committed first; or refused naming each field, the running
+        configuration kept. Either way the audit log says so. The file on disk is not written
+        (docs/pools.md, "Reloading over the API", says why)."""
+        origin = f"{request.file} (API)"
+        pools: dict[str, PoolPolicy] | None = None
+        tenants: TenantQuotas | None = None
+        try:
+            if request.file == "pools":
+                pools = parse_pools(request.text, origin)
+            else:
+                tenants = parse_quotas(request.text, origin)
+        except SpecError as error:
+            async with self.lock:
+                return await self._config_answer(request, None, error.problems)
+        async with self.lock:  # over the configuration running now, between two decisions
+            running = self.config
+            proposed = with_files(
+                running,
+                running.pools if pools is None else pools,
+                tenants or TenantQuotas(running.quotas, running.tenant_shares),
+            )
+            why = self.scheduler.refuse_config(proposed)
+            if why is not None:
+                field, _, reason = why.partition(": ")
+                return await self._config_answer(request, None, [(field, reason)])
+            return await self._config_answer(request, proposed, [])
+
+    async def _config_answer(
+        self,
+        request: ConfigApply,
+        config: SchedulerConfig | None,
+        problems: list[tuple[str, str]],
+    ) -> ConfigApplied:
+        """Record `config` (applied) or `problems` (refused) in the audit log, in their own
+        transaction, then apply `config` to the core; the answer says what runs now. Called
+        holding the lock: no decision commits meanwhile."""
+        who = request.requested_by or "unknown"
+        try:
+            async with self.sessions() as session, session.begin():
+                connection = await session.connection()
+                await fence.check(connection, self.epoch)  # only the leader changes its core
+                self.audit.begin()
+                if config is not None:
+                    self.audit.add_config(audit.CONFIG_RELOADED, config, self.epoch)
+                else:
+                    body = json.dumps(
+                        {
+                            "reason": "; ".join(f"{f}: {r}" for f, r in problems),
+                            "file": request.file,
+                            "requested_by": who,
+                        }
+                    )
+                    kind = audit.CONFIG_REFUSED
+                    self.audit.add(SERVICE, None, [], self.epoch, kind=kind, body=body)
+                await self.audit.flush(connection)
+        except Deposed as error:
+            self.epoch = None
+            self.on_deposed()
+            problems = [("scheduler", f"this scheduler no longer leads ({error}): try again")]
+            config = None
+        errors = [FieldError(field=f, reason=r) for f, r in problems]
+        if config is None:
+            self.metrics.config_reloads.labels(outcome="refused").inc()
+            log.warning("%s file from %s refused: %s", request.file, who, errors)
+        else:
+            self.scheduler.reconfigure(config)  # refuse_config passed under the same lock
+            self.config = config
+            self.metrics.config_reloads.labels(outcome="applied").inc()
+            log.info("%s file from %s applied over the API", request.file, who)
+        running = self.config
+        tenants = sorted({*running.quotas, *running.tenant_shares})
+        summary = (
+            f"applied: {len(running.pools)} pools, {len(tenants)} tenant quotas, from the next "
+            "event on (the file on disk is unchanged)"
+            if config is not None
+            else "refused, the running configuration kept: "
+            + "; ".join(f"{e.field}: {e.reason}" for e in errors)
+        )
+        return ConfigApplied(
+            file=request.file,
+            applied=config is not None,
+            errors=errors,
+            pools=sorted(running.pools),
+            tenants=tenants,
+            summary=summary,
+        )
+
     def _observe(self) -> None:
         self.metrics.pending.set(len(self.scheduler.pending))
         self.metrics.allocations.set(len(self.scheduler.allocations))
@@ -701,7 +846,8 @@ class SchedulerService:
 
     def _log(self, decisions: list[Event]) -> None:
         """Count the decisions by kind and log them. Cheap on the hot path: one counter
-        update per kind, and the messages are formatted only if INFO is on (lazy %-args)."""
+        update per kind, and the messages are formatted only if DEBUG is on (lazy %-args):
+        no line per message at INFO (the events and the audit log say each decision)."""
         for kind, count in collections.Counter(type(d).__name__ for d in decisions).items():
             self.metrics.decisions.labels(kind=kind).inc(count)
         for d in decisions:
@@ -711,15 +857,17 @@ class SchedulerService:
                 if waiting is not None and waiting.submitted_at is not None:
                     seconds = (d.occurred_at - waiting.submitted_at).total_seconds()
                     self.metrics.placement_wait.labels(pool=d.pool).observe(max(0.0, seconds))
-        if not log.isEnabledFor(logging.INFO):
+        if not log.isEnabledFor(logging.DEBUG):
             return
         for d in decisions:
             if isinstance(d, AllocationGranted):
-                log.info("placed %s on %s gpus=%s: %s", d.task_id, d.node, d.gpu_ids, d.explanation)
+                log.debug(
+                    "placed %s on %s gpus=%s: %s", d.task_id, d.node, d.gpu_ids, d.explanation
+                )
             elif isinstance(d, TaskPending):
-                log.info("pending %s: %s", d.task_id, d.summary)
+                log.debug("pending %s: %s", d.task_id, d.summary)
             elif isinstance(d, TaskRejected):
-                log.info("rejected %s: %s", d.task_id, d.errors)
+                log.debug("rejected %s: %s", d.task_id, d.errors)
 
 
 def duplicate_submission(source: UUID, task_id: str, status: str) -> TaskRejected:

@@ -26,7 +26,7 @@ def _ready(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
 
 
 def _pool(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
-    return np.asarray(c.pool == d.pool)
+    return c.in_pool(d.pool)
 
 
 def _node_labels(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
