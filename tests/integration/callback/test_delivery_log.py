@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from crater.callback.adapters import tables
 from crater.callback.adapters.sender import WebhookSender
 from crater.callback.adapters.store import DeliveryLog
+from crater.callback.adapters.task_records import _lock_tasks
 from crater.callback.app import MIGRATIONS_DIR
 from crater.callback.delivery import Dispatcher, Route, WebhookMetrics
 from crater.callback.domain.breaker import CircuitBreaker
@@ -267,6 +268,32 @@ async def test_a_lapsed_claim_is_taken_over_and_sent_with_the_same_id(
     await survivor.run()
     [request] = survivor.requests
     assert request.headers["webhook-id"] == str(event.event_id)
+
+
+async def test_a_claim_waits_while_another_replica_holds_the_task(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    """The guard reads what was released to a task and then claims on it: another replica's
+    claim of the same task must wait until this one commits, or both could release out of
+    order (SQLite took no lock before its first write, so the reads raced)."""
+    harness = Harness(engine, [status(200)])
+    await harness.record(granted("locked"))
+    other_engine = make_engine(database_url)
+    try:
+        other = DeliveryLog(make_session_factory(other_engine))
+        now = datetime.now(UTC)
+        async with harness.log.sessions() as session:
+            await _lock_tasks(session, ["locked"])
+            claiming = asyncio.create_task(
+                other.claim_due({"http://alldata/hooks": 5}, "other", now, now + timedelta(60))
+            )
+            await asyncio.sleep(0.5)
+            assert not claiming.done(), "the other replica claimed a task this one holds"
+            await session.commit()
+        claimed = await asyncio.wait_for(claiming, 30)
+        assert [x.task_id for x in claimed.due] == ["locked"]
+    finally:
+        await other_engine.dispose()
 
 
 async def test_no_endpoint_records_skipped(engine: AsyncEngine) -> None:

@@ -69,6 +69,22 @@ def make_engine(database_url: str, **kwargs: Any) -> AsyncEngine:
     return create_async_engine(url, pool_pre_ping=True, **kwargs)
 
 
+async def take_write_lock(session: AsyncSession) -> None:
+    """SQLite: take the database's write lock now, for the rest of the session's transaction.
+    pysqlite opens a transaction only at the first write, so the reads before it run outside
+    any transaction (and SELECT ... FOR UPDATE is a no-op): two connections could both read a
+    row, then both write on what they read. Holding the lock from the start, this session's
+    reads see every commit before it and no other writer commits until it ends.
+    PostgreSQL: nothing (the caller locks its rows with FOR UPDATE)."""
+    if session.get_bind().dialect.name != "sqlite":
+        return
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    if raw.driver_connection is not None and raw.driver_connection.in_transaction:
+        return  # a write already took it
+    await connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
 def make_session_factory(engine: AsyncEngine) -> async_sessionmaker[Any]:
     return async_sessionmaker(engine, expire_on_commit=False)
 

@@ -15,6 +15,7 @@ from crater.callback.adapters.records import d, k, t
 from crater.callback.domain.lifecycle import End
 from crater.callback.domain.ordering import Placement
 from crater.callback.domain.retry import DeliveryState
+from crater.runtime.db import take_write_lock
 
 
 async def _insert_ignoring_existing(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
@@ -38,11 +39,13 @@ async def _lock_tasks(
     session: AsyncSession, task_ids: Sequence[str], create: bool = False
 ) -> dict[str, End | None]:
     """Lock the tasks' rows (PostgreSQL: FOR UPDATE, in task id order, so two transactions
-    never wait on each other in a circle; SQLite: the single writer) and read their ends.
+    never wait on each other in a circle; SQLite: the database's write lock, taken first)
+    and read their ends.
     What this transaction reads of the tasks afterwards includes whatever a transaction that
     held them committed."""
     if not task_ids:
         return {}
+    await take_write_lock(session)
     if create:
         await _insert_ignoring_existing(session, [{"task_id": x} for x in sorted(task_ids)])
     rows = (
