@@ -210,6 +210,8 @@ def to_request(row: Row, parameters: dict[str, float]) -> tuple[dict[str, Any], 
             inference["flash_attention"] = False
         if s.get("tensor_parallel"):
             inference["tensor_parallel"] = s["tensor_parallel"]
+        if s.get("cuda_graphs"):
+            unexpressed.append("CUDA graphs captured")
         body["inference_config"] = inference
         return body, unexpressed
 

@@ -324,4 +324,8 @@ ALIASES: dict[str, str] = {
     "phi-3-medium-128k": "phi-3-medium",
     "phi-3.5-mini": "phi-3-mini",
     "llama-2-7b-32k": "llama-2-7b",
+    # Yi-1.5: Yi continued on more tokens, the same shapes
+    "yi-1.5-6b": "yi-6b",
+    "yi-1.5-9b": "yi-9b",
+    "yi-1.5-34b": "yi-34b",
 }
