@@ -510,6 +510,7 @@ class CheckpointPolicy(StrEnum):
     NONE = "none"  # every layer's activations kept
     FULL = "full"  # HF gradient_checkpointing_enable: each block's input kept, block recomputed
     SELECTIVE = "selective"  # Megatron-LM selective: only the attention core (s^2) recomputed
+    SELECTIVE_OP = "selective-op"  # torchtitan op-level: every other matmul's output kept
     OFFLOADED = "offloaded"  # Unsloth "unsloth": as full, the kept inputs moved to host memory
     EVERY_K = "every-k"  # torchtune ac_option=k: every k-th block checkpointed, others kept
 
@@ -579,7 +580,9 @@ class TrainingConfig(Contract):
         default=None,
         description="Which checkpointing: none, full (each block's input kept, the block "
         "recomputed in backward), selective (Megatron-LM: only the attention core's s^2 "
-        "scores, softmax and dropout recomputed), offloaded (Unsloth: as full, the kept "
+        "scores, softmax and dropout recomputed), selective-op (torchtitan's op-level "
+        "selective AC: the block's input, every other matmul's output and the attention's "
+        "output kept, the rest recomputed), offloaded (Unsloth: as full, the kept "
         "inputs moved to host memory, predicted there) or every-k (torchtune ac_option: "
         "every checkpoint_every-th block checkpointed). Unset: full when "
         "gradient_checkpointing, else none.",
@@ -670,6 +673,13 @@ class InferenceConfig(Contract):
     context_length: int | None = Field(
         default=None, ge=1, le=1 << 24, description="Prompt + generated tokens; unset: model's."
     )
+    prompt_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 24,
+        description="Tokens of the prompt, encoded at once before the first generated token "
+        "(the prefill's workspace scales with it); unset: the whole context_length.",
+    )
     kv_cache_dtype: Literal["auto", "fp32", "fp16", "bf16", "fp8", "int8", "int4"] = "auto"
     tensor_parallel: int = Field(default=1, ge=1, le=1024)
     engine: InferenceEngine = Field(
@@ -684,6 +694,16 @@ class InferenceConfig(Contract):
         le=1,
         description="Paged engines: the share of each card taken (vLLM's "
         "--gpu-memory-utilization; unset: 0.9).",
+    )
+    flash_attention: bool = Field(
+        default=True,
+        description="No s^2 attention scores kept while the prompt is encoded. False: eager "
+        "attention, each layer's scores and their fp32 softmax materialised over the prompt.",
+    )
+    prompt_logits: bool = Field(
+        default=False,
+        description="generate() computes the logits of every prompt token, upcast to fp32 "
+        "(Transformers before 4.45, without num_logits_to_keep), not the last token's only.",
     )
 
 

@@ -79,12 +79,32 @@ def _inference_memory(request: TaskRequest, arch: Architecture, config: Inferenc
         # The prefill: a paged engine in chunks of 8192 tokens, generate() the whole prompt
         # at once; per token the widest intermediates (the MLP's gate, up and product, the
         # attention's Q, K, V and the hidden state), and the fp32 logits of each sequence's
-        # last token (and its sampling copy).
+        # last token (and its sampling copy). Eager attention (not a paged engine's) also
+        # materialises each layer's scores over the prompt with their fp32 softmax; generate()
+        # of Transformers before 4.45 the logits of every prompt token, in 16 bits and upcast
+        # to fp32. The scores: Q·K^T scaled and masked (16-bit), its fp32 softmax, and the
+        # softmax cast back while the masked scores are still referenced: 2 x 16-bit + fp32
+        # per score. The layers' intermediates come and go one layer at a time, so the wider
+        # of them and the logits is the workspace; but the score blocks, the largest a layer
+        # frees, stay reserved by the caching allocator and are split for the KV cache the
+        # later layers add, so the logits after the last layer take fresh memory beside
+        # them (DeepSeek LLM's published 7B runs: batch 4 x 4096 tokens out of memory on 40
+        # GB where 8 x 2048, the same KV cache and logits, fits).
         paged = config.engine is InferenceEngine.PAGED
-        tokens = min(b * context, PREFILL_CHUNK) if paged else b * context
+        prompt = min(config.prompt_length or context, context)
+        tokens = min(b * prompt, PREFILL_CHUNK) if paged else b * prompt
         ffn = arch.active_ffn if arch.moe else arch.ffn
         widths = 2 * arch.hidden + arch.q_dim + 2 * arch.kv_dim + 3 * ffn
-        workspace = tokens * widths * compute / tp + 2 * b * arch.vocab * 4
+        layer = tokens * widths * compute / tp
+        scores = logits = 0.0
+        if not config.flash_attention and not paged:
+            heads = math.ceil(arch.heads / tp)
+            scores = b * heads * prompt * prompt * (2 * compute + 4)
+            parts.method.append(f"eager attention: {heads} heads x {prompt}^2 scores + fp32")
+        if config.prompt_logits and not paged:
+            logits = tokens * arch.vocab * (compute + 4)
+            parts.method.append(f"logits of {tokens} prompt tokens, 16-bit and fp32")
+        workspace = max(layer, scores + logits) + 2 * b * arch.vocab * 4
     parts.breakdown = {"weights": weights, "kv_cache": kv, "workspace": workspace}
     if config.engine is InferenceEngine.PAGED:
         share = config.gpu_memory_utilization or PAGED_DEFAULT_UTILIZATION

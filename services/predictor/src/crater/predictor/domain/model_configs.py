@@ -252,6 +252,9 @@ K = [
     Known("bloom-560m", "bloom", 0.56,
           {"model_type": "bloom", "hidden_size": 1024, "n_layer": 24, "n_head": 16,
            "vocab_size": 250880, "seq_length": 2048}),
+    Known("bloom-1b1", "bloom", 1.07,
+          {"model_type": "bloom", "hidden_size": 1536, "n_layer": 24, "n_head": 16,
+           "vocab_size": 250880, "seq_length": 2048}),
     Known("bloom-7b1", "bloom", 7.07,
           {"model_type": "bloom", "hidden_size": 4096, "n_layer": 30, "n_head": 32,
            "vocab_size": 250880, "seq_length": 2048}),
@@ -324,4 +327,8 @@ ALIASES: dict[str, str] = {
     "phi-3-medium-128k": "phi-3-medium",
     "phi-3.5-mini": "phi-3-mini",
     "llama-2-7b-32k": "llama-2-7b",
+    # Yi-1.5: Yi continued on more tokens, the same shapes
+    "yi-1.5-6b": "yi-6b",
+    "yi-1.5-9b": "yi-9b",
+    "yi-1.5-34b": "yi-34b",
 }

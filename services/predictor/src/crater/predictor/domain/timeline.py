@@ -80,6 +80,9 @@ def _recompute_flops(
     policy = config.recompute
     if policy in (CheckpointPolicy.FULL, CheckpointPolicy.OFFLOADED):
         return forward  # every block's forward again (offloading moves memory, not FLOPs)
+    if policy is CheckpointPolicy.SELECTIVE_OP:
+        # every other matmul and the elementwise ops again: about half the forward
+        return forward / 2
     if policy is CheckpointPolicy.EVERY_K:
         layers = max(arch.layers + arch.encoder_layers, 1)
         return forward * math.ceil(layers / config.checkpoint_every) / layers

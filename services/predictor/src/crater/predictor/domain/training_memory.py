@@ -327,6 +327,23 @@ def _training_activations(
         # With flash attention there is no such core to drop: the same as no checkpointing.
         dropped = core * scale / t
         kept = sum(stage) - len(stage) * dropped + (dropped if stage else 0.0)
+    elif policy is CheckpointPolicy.SELECTIVE_OP:
+        # torchtitan's op-level selective AC (activation_checkpoint mode selective, option
+        # op): inside each block only the outputs of matmuls and of the attention kernel are
+        # kept, and of the matmuls only every other one (the 1st, 3rd, ...; in execution
+        # order Q, K, V, output, then gate, up, down), beside the block's input; norms and
+        # elementwise products are recomputed. One block's full activations exist again
+        # while it is recomputed in backward.
+        def op_saved(width: int) -> float:
+            mlp_out = [width, width, h] if arch.mlp is Mlp.SWIGLU else [width, h]
+            matmuls = [q, kv, kv, h, *mlp_out]
+            return 2 * s * b * (h + q + sum(matmuls[0::2])) * scale / t
+
+        dense = [op_saved(arch.ffn)] * (arch.layers - arch.moe_layers)
+        saved = dense + [op_saved(arch.active_ffn)] * arch.moe_layers
+        saved += [op_saved(arch.ffn)] * arch.encoder_layers
+        saved = saved[: len(stage)]
+        kept = sum(saved) + max(stage, default=0)
     elif policy is CheckpointPolicy.EVERY_K:
         # torchtune's selective activation checkpointing, ac_option k: blocks 0, k, 2k, ...
         # wrapped in checkpoint (keep their input, recompute one at a time), the rest keep
