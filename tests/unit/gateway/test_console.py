@@ -142,6 +142,15 @@ def test_quota_cells_say_the_limit_or_none() -> None:
     assert (memory.used, memory.limit, memory.percent) == ("128 GiB", "no limit", None)
 
 
+def test_an_elastic_tenants_cell_says_its_guarantee_cap_and_borrowing() -> None:
+    quota = TenantQuota(
+        tenant="acme",
+        resources=[QuotaUse(resource="gpus", used=5, limit=6, guarantee=2, borrowed=3)],
+    )
+    [cell] = views.quota_row(quota).cells
+    assert (cell.used, cell.limit) == ("5 (3 borrowed)", "2 guaranteed, up to 6")
+
+
 def test_an_empty_or_unlearned_pool_says_so() -> None:
     pool = (
         pools_answer().pools[0].model_copy(update={"fragmented_gpus": None, "fragmentation": None})

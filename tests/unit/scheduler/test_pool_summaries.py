@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from crater.contracts import AllocationGranted, NodeTopologyReported, TaskPending
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
-from crater.scheduler.domain.quotas import Quota
+from crater.scheduler.domain.quotas import Quota, Share
 from crater.scheduler.domain.views import pool_summaries
 from tests.support.topologies import node
 from tests.unit.scheduler.test_core import at, profiled
@@ -62,6 +62,22 @@ def test_tenants_holdings_by_share_and_quotas_with_their_limits() -> None:
     assert quotas["search"]["cpu_cores"] == (8, 64)
     assert quotas["search"]["memory_mb"] == (16000, None)
     assert quotas["ads"]["gpus"] == (2, None)  # no quota: holdings only
+
+
+def test_an_elastic_tenant_shows_its_guarantee_cap_reserved_and_what_it_borrows() -> None:
+    share = Share(Quota(gpus=2, disk_gb=100), Quota(gpus=4), Quota(gpus=1))
+    scheduler = Scheduler(SchedulerConfig(tenant_shares={"acme": share}))
+    scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node("a100-01", gpus=8)))
+    [granted] = scheduler.handle(profiled("wide", gpus=5, tenant="acme"))
+    assert isinstance(granted, AllocationGranted)
+    [acme] = pool_summaries(scheduler).quotas
+    uses = {r.resource: r for r in acme.resources}
+    gpus = uses["gpus"]
+    assert (gpus.used, gpus.guarantee, gpus.limit, gpus.reserved) == (5, 2, 6, 1)
+    assert gpus.borrowed == 3  # above its guarantee: what owners may take back
+    disk = uses["disk_gb"]
+    assert (disk.guarantee, disk.limit, disk.borrowed) == (100, None, 0)  # no borrow limit set
+    assert uses["cpu_cores"].guarantee is None  # the guarantee does not set it
 
 
 def test_a_tenant_sees_its_own_holdings_and_quota_and_one_pool_can_be_asked_for() -> None:

@@ -146,13 +146,29 @@ class PoolSummary(Contract):
     tenants: list[TenantHolding] = Field(description="Largest share first.")
 
 
-QuotaResource = Literal["gpus", "gpu_memory_mb", "cpu_cores", "memory_mb"]
+QuotaResource = Literal["gpus", "gpu_memory_mb", "cpu_cores", "memory_mb", "disk_gb"]
 
 
 class QuotaUse(Contract):
     resource: QuotaResource
     used: float = Field(description="Held now, across the tenant's tasks in every pool.")
-    limit: int | None = Field(description="The quota; None: unlimited.")
+    limit: int | None = Field(
+        description="The most the tenant may hold: its hard quota, or an elastic tenant's "
+        "cap (guarantee + borrowing limit); None: unlimited."
+    )
+    guarantee: int | None = Field(
+        default=None,
+        description="An elastic tenant's guarantee: what it may always hold, taken back from "
+        "borrowers when it needs it; None: not elastic in this resource.",
+    )
+    reserved: int | None = Field(
+        default=None,
+        description="The part of the guarantee never lent to others; None: none reserved.",
+    )
+    borrowed: float = Field(
+        default=0.0,
+        description="What the tenant holds above its guarantee now: reclaimable by owners.",
+    )
 
 
 class TenantQuota(Contract):

@@ -190,11 +190,14 @@ def quota_row(quota: TenantQuota) -> QuotaRow:
     for use in quota.resources:
         label, show = RESOURCES[use.resource]
         used = None if use.limit is None else percent(use.used, use.limit)
+        limit = "no limit" if use.limit is None else show(use.limit)
+        if use.guarantee is not None:  # an elastic tenant: its guarantee, then its cap
+            limit = f"{show(use.guarantee)} guaranteed, up to {limit}"
         cells.append(
             QuotaCell(
                 resource=label,
-                used=show(use.used),
-                limit="no limit" if use.limit is None else show(use.limit),
+                used=show(use.used) + (f" ({show(use.borrowed)} borrowed)" if use.borrowed else ""),
+                limit=limit,
                 percent=used,
                 level=level(used),
             )

@@ -152,6 +152,8 @@ def _quotas(state: SchedulerState, tenant: str | None) -> list[TenantQuota]:
     found = []
     for who in sorted(t for t in tenants if tenant is None or t == tenant):
         limit, used = quotas.limits.get(who), quotas.used.get(who, Usage())
+        share = quotas.shares.get(who)
+        borrowed = share.above(used) if share is not None else Usage()
         found.append(
             TenantQuota(
                 tenant=who,
@@ -160,6 +162,9 @@ def _quotas(state: SchedulerState, tenant: str | None) -> list[TenantQuota]:
                         resource=r,
                         used=getattr(used, r),
                         limit=getattr(limit, r) if limit is not None else None,
+                        guarantee=getattr(share.guarantee, r) if share is not None else None,
+                        reserved=getattr(share.reserved, r) if share is not None else None,
+                        borrowed=getattr(borrowed, r),
                     )
                     for r in resources
                 ],
