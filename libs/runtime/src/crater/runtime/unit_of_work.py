@@ -4,10 +4,11 @@ outbox, committed together or not at all."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 from sqlalchemy import Table
@@ -55,3 +56,52 @@ async def unit_of_work(
     async with sessions() as session, session.begin():
         first = await first_delivery(session, inbox, consumer, event_id)
         yield UnitOfWork(session, first, outbox)
+
+
+class Redelivered(Enum):
+    """The outcome of an event this consumer handled before: nothing was applied."""
+
+    REDELIVERED = "redelivered"
+
+
+REDELIVERED = Redelivered.REDELIVERED
+
+
+class _Keyed(Protocol):
+    @property
+    def event_id(self) -> UUID: ...
+
+
+K = TypeVar("K", bound=_Keyed)
+R = TypeVar("R")
+
+
+async def each_once(
+    sessions: async_sessionmaker[Any],
+    inbox: Table | None,
+    consumer: str,
+    events: Sequence[K],
+    apply: Callable[[AsyncSession, K], Awaitable[R]],
+) -> list[R | Redelivered | BaseException]:
+    """A pull batch's unit of work: `apply` to each of `events` in order, all in one
+    transaction, each with its inbox mark (one handled here before is `REDELIVERED`, and
+    nothing is applied; no `inbox`: for writes that are idempotent on their own). One commit
+    for the batch instead of one each. If that transaction fails, each event is applied again
+    in a transaction of its own, so a bad event fails only itself: its outcome is the error
+    (its message alone is delivered again)."""
+    try:
+        async with sessions() as session, session.begin():
+            done: list[R | Redelivered | BaseException] = []
+            for event in events:
+                if inbox is None or await first_delivery(session, inbox, consumer, event.event_id):
+                    done.append(await apply(session, event))
+                else:
+                    done.append(REDELIVERED)
+            return done
+    except Exception as error:
+        if len(events) == 1:
+            return [error]
+    alone: list[R | Redelivered | BaseException] = []
+    for event in events:
+        alone += await each_once(sessions, inbox, consumer, [event], apply)
+    return alone

@@ -240,13 +240,23 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
     async def on_usage_query(event: UsageQuery) -> UsageAnswer:
         return await reporter.answer(event)
 
-    @durable(broker, Subjects.ALLOCATION_GRANTED, name, batch=batch)
-    async def on_allocation_granted(event: AllocationGranted) -> None:
-        await handlers.allocation_granted(event)
+    # The task path's other hops, a pull batch in one transaction each (as above).
+    @batch_durable(broker, Subjects.ALLOCATION_GRANTED, name, batch=batch)
+    async def on_allocation_granted(received: list[Received[AllocationGranted]]) -> list[Outcome]:
+        return await handlers.allocations_granted([r.event for r in received])
 
-    @durable(broker, Subjects.TASK_STATUS, name, batch=batch)
-    async def on_task_status(event: TaskStatusReported) -> None:
-        await handlers.task_status(event)
+    @batch_durable(broker, Subjects.TASK_STATUS, name, batch=batch)
+    async def on_task_status(received: list[Received[TaskStatusReported]]) -> list[Outcome]:
+        return await handlers.tasks_status([r.event for r in received])
+
+    @batch_durable(broker, Subjects.ALLOCATION_RELEASED, name, batch=batch)
+    async def on_allocation_released(
+        received: list[Received[AllocationReleased]],
+    ) -> list[Outcome]:
+        return await handlers.allocations_released([r.event for r in received])
+
+    for consumer in (on_allocation_granted, on_task_status, on_allocation_released):
+        service.consume(consumer)
 
     @durable(broker, Subjects.NODE_METRICS, name, batch=batch)
     async def on_node_metrics(event: NodeMetricsReported) -> None:
@@ -257,10 +267,6 @@ def build(settings: PredictorSettings | None = None) -> tuple[Service, AsgiFastS
     @durable(broker, Subjects.TASK_USAGE, name, batch=1)
     async def on_task_usage(event: TaskUsageReported) -> None:
         await handlers.task_usage(event)
-
-    @durable(broker, Subjects.ALLOCATION_RELEASED, name, batch=batch)
-    async def on_allocation_released(event: AllocationReleased) -> None:
-        await handlers.allocation_released(event)
 
     service.on_startup.append(handlers.show_learned)  # after the migrations (service.database)
     # After the broker connects: a refresh may publish (a budget passed).

@@ -53,7 +53,7 @@ from crater.predictor.domain.learning import (
 from crater.predictor.domain.sla import SlaRule, Window, fold
 from crater.predictor.domain.usage import HeldTask, UsageRecord
 from crater.runtime.db import insert_all_if_absent
-from crater.runtime.unit_of_work import unit_of_work
+from crater.runtime.unit_of_work import REDELIVERED, each_once, unit_of_work
 
 Key = tuple[str, str]  # (model family, task type)
 _UNDERUTILIZED_NAMESPACE = UUID("0b7d2c5e-61f4-4f4e-8f0e-4a3c9d1e7b25")
@@ -134,85 +134,108 @@ class LearningStore:
     async def granted(self, event: AllocationGranted) -> bool:
         """Record who holds which cards; False for an allocation id already recorded (a grant
         repeated under a new event id), which changes nothing."""
-        async with unit_of_work(self.sessions, inbox, self.consumer, event.event_id) as work:
-            session = work.session
-            if not work.first:
-                return True  # this very event again: already handled
-            known = await session.scalar(
-                select(allocations.c.allocation_id).where(
-                    allocations.c.allocation_id == event.allocation_id
-                )
+        [outcome] = await self.granted_many([event])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def granted_many(self, events: Sequence[AllocationGranted]) -> list[bool | BaseException]:
+        """`granted` for a pull batch, in one transaction (each alone if that fails): per
+        event, False for a repeated allocation id, True otherwise (a redelivery too)."""
+        outcomes = await each_once(self.sessions, inbox, self.consumer, events, self._grant)
+        return [True if o is REDELIVERED else o for o in outcomes]
+
+    async def _grant(self, session: AsyncSession, event: AllocationGranted) -> bool:
+        known = await session.scalar(
+            select(allocations.c.allocation_id).where(
+                allocations.c.allocation_id == event.allocation_id
             )
-            if known is not None:
-                return False
-            mine = early_running.c.allocation_id == event.allocation_id
-            early = await session.scalar(select(early_running.c.running_at).where(mine))
-            if early is not None:
-                await session.execute(delete(early_running).where(mine))
-            await session.execute(
-                insert(allocations).values(
-                    allocation_id=event.allocation_id,
-                    task_id=event.task_id,
-                    node=event.node,
-                    gpu_ids=list(event.gpu_ids),
-                    observed_peak_mb=0,
-                    active=True,
-                    granted_at=event.occurred_at,
-                    exclusive=exclusive(event.gpu_milli, event.mig_profile),
-                    running_at=early,
-                )
+        )
+        if known is not None:
+            return False
+        mine = early_running.c.allocation_id == event.allocation_id
+        early = await session.scalar(select(early_running.c.running_at).where(mine))
+        if early is not None:
+            await session.execute(delete(early_running).where(mine))
+        await session.execute(
+            insert(allocations).values(
+                allocation_id=event.allocation_id,
+                task_id=event.task_id,
+                node=event.node,
+                gpu_ids=list(event.gpu_ids),
+                observed_peak_mb=0,
+                active=True,
+                granted_at=event.occurred_at,
+                exclusive=exclusive(event.gpu_milli, event.mig_profile),
+                running_at=early,
             )
-            await session.execute(
-                insert(usage_records).values(
-                    allocation_id=event.allocation_id,
-                    task_id=event.task_id,
-                    tenant=event.tenant,
-                    pool=event.pool,
-                    node=event.node,
-                    gpu_model=event.gpu_model,
-                    gpus=len(event.gpu_ids),
-                    gpu_milli=event.gpu_milli,
-                    gpu_memory_mb=event.gpu_memory_mb,
-                    cpu_cores=len(event.cpu_cores),
-                    memory_mb=event.memory_mb,
-                    granted_at=event.occurred_at,
-                    released_at=None,
-                    sampled_seconds=0.0,
-                    busy_seconds=0.0,
-                )
+        )
+        await session.execute(
+            insert(usage_records).values(
+                allocation_id=event.allocation_id,
+                task_id=event.task_id,
+                tenant=event.tenant,
+                pool=event.pool,
+                node=event.node,
+                gpu_model=event.gpu_model,
+                gpus=len(event.gpu_ids),
+                gpu_milli=event.gpu_milli,
+                gpu_memory_mb=event.gpu_memory_mb,
+                cpu_cores=len(event.cpu_cores),
+                memory_mb=event.memory_mb,
+                granted_at=event.occurred_at,
+                released_at=None,
+                sampled_seconds=0.0,
+                busy_seconds=0.0,
             )
+        )
         return True
 
     async def running(self, event: TaskStatusReported) -> None:
         """Note when the allocation started running: readings before it do not count."""
-        if event.status is not TaskStatus.RUNNING:
-            return
-        async with self.sessions() as session, session.begin():
-            where = (
-                [allocations.c.allocation_id == event.allocation_id]
-                if event.allocation_id
-                else [allocations.c.task_id == event.task_id, allocations.c.active.is_(True)]
+        [outcome] = await self.running_many([event])
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+    async def running_many(
+        self, events: Sequence[TaskStatusReported]
+    ) -> list[BaseException | None]:
+        """`running` for a pull batch, in one transaction (each alone if that fails); a
+        report of another status changes nothing. Idempotent: no inbox mark."""
+        reports = [e for e in events if e.status is TaskStatus.RUNNING]
+        outcomes = iter(await each_once(self.sessions, None, self.consumer, reports, self._run))
+        results: list[BaseException | None] = []
+        for event in events:
+            outcome = next(outcomes) if event.status is TaskStatus.RUNNING else None
+            results.append(outcome if isinstance(outcome, BaseException) else None)
+        return results
+
+    async def _run(self, session: AsyncSession, event: TaskStatusReported) -> None:
+        where = (
+            [allocations.c.allocation_id == event.allocation_id]
+            if event.allocation_id
+            else [allocations.c.task_id == event.task_id, allocations.c.active.is_(True)]
+        )
+        rows = (await session.execute(select(allocations.c.allocation_id).where(*where))).all()
+        if rows:
+            await session.execute(
+                update(allocations)
+                .where(*where, allocations.c.running_at.is_(None))
+                .values(running_at=event.occurred_at)
             )
-            rows = (await session.execute(select(allocations.c.allocation_id).where(*where))).all()
-            if rows:
+        elif event.allocation_id:
+            # the grant is still on its way through the other consumer: keep the time
+            seen = await session.scalar(
+                select(early_running.c.allocation_id).where(
+                    early_running.c.allocation_id == event.allocation_id
+                )
+            )
+            if seen is None:
                 await session.execute(
-                    update(allocations)
-                    .where(*where, allocations.c.running_at.is_(None))
-                    .values(running_at=event.occurred_at)
-                )
-            elif event.allocation_id:
-                # the grant is still on its way through the other consumer: keep the time
-                seen = await session.scalar(
-                    select(early_running.c.allocation_id).where(
-                        early_running.c.allocation_id == event.allocation_id
+                    insert(early_running).values(
+                        allocation_id=event.allocation_id, running_at=event.occurred_at
                     )
                 )
-                if seen is None:
-                    await session.execute(
-                        insert(early_running).values(
-                            allocation_id=event.allocation_id, running_at=event.occurred_at
-                        )
-                    )
 
     async def observe(self, event: NodeMetricsReported) -> int:
         """Keep a reading for every allocation active on the node: the highest memory in use
@@ -393,56 +416,63 @@ class LearningStore:
     async def released(self, event: AllocationReleased) -> Released | None:
         """Close the allocation and fold the task's own measured peak into its correction;
         None when the allocation is unknown or already closed (a redelivery)."""
-        async with unit_of_work(self.sessions, inbox, self.consumer, event.event_id) as work:
-            session = work.session
-            if not work.first:
-                return None
-            allocation = (
-                await session.execute(
-                    select(allocations).where(allocations.c.allocation_id == event.allocation_id)
-                )
-            ).first()
-            if allocation is None or not allocation.active:
-                return None
-            released_at = event.occurred_at
+        [outcome] = await self.released_many([event])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def released_many(
+        self, events: Sequence[AllocationReleased]
+    ) -> list[Released | BaseException | None]:
+        """`released` for a pull batch, in one transaction (each alone if that fails)."""
+        outcomes = await each_once(self.sessions, inbox, self.consumer, events, self._release)
+        return [None if o is REDELIVERED else o for o in outcomes]
+
+    async def _release(self, session: AsyncSession, event: AllocationReleased) -> Released | None:
+        allocation = (
             await session.execute(
-                update(usage_records)
-                .where(usage_records.c.allocation_id == event.allocation_id)
-                .values(released_at=released_at)
+                select(allocations).where(allocations.c.allocation_id == event.allocation_id)
             )
-            # The task's own samples when it sent any: the node's readings may hold memory
-            # that was not its own. One rule judges either (observe, judge, learn).
-            readings: list[Sample] = []
-            for table in (usage_samples, samples):
-                mine = table.c.allocation_id == event.allocation_id
-                if not readings:
-                    readings = [
-                        Sample(_aware(r.sampled_at), r.used_mb, r.total_mb)
-                        for r in await session.execute(select(table).where(mine))
-                    ]
-                await session.execute(delete(table).where(mine))
-            prediction = (
-                await session.execute(
-                    select(predictions).where(predictions.c.task_id == event.task_id)
-                )
-            ).first()
-            key = (prediction.family, prediction.task_type) if prediction else None
-            outcome, observation = await self._judge(
-                session, allocation, released_at, event.reason, readings, prediction
+        ).first()
+        if allocation is None or not allocation.active:
+            return None
+        released_at = event.occurred_at
+        await session.execute(
+            update(usage_records)
+            .where(usage_records.c.allocation_id == event.allocation_id)
+            .values(released_at=released_at)
+        )
+        # The task's own samples when it sent any: the node's readings may hold memory
+        # that was not its own. One rule judges either (observe, judge, learn).
+        readings: list[Sample] = []
+        for table in (usage_samples, samples):
+            mine = table.c.allocation_id == event.allocation_id
+            if not readings:
+                readings = [
+                    Sample(_aware(r.sampled_at), r.used_mb, r.total_mb)
+                    for r in await session.execute(select(table).where(mine))
+                ]
+            await session.execute(delete(table).where(mine))
+        prediction = (
+            await session.execute(select(predictions).where(predictions.c.task_id == event.task_id))
+        ).first()
+        key = (prediction.family, prediction.task_type) if prediction else None
+        outcome, observation = await self._judge(
+            session, allocation, released_at, event.reason, readings, prediction
+        )
+        await session.execute(
+            update(allocations)
+            .where(allocations.c.allocation_id == event.allocation_id)
+            .values(
+                active=False,
+                released_at=released_at,
+                observed_peak_mb=observation.peak_mb if observation else 0,
             )
-            await session.execute(
-                update(allocations)
-                .where(allocations.c.allocation_id == event.allocation_id)
-                .values(
-                    active=False,
-                    released_at=released_at,
-                    observed_peak_mb=observation.peak_mb if observation else 0,
-                )
-            )
-            if outcome is not Outcome.LEARNED or key is None or observation is None:
-                return Released(outcome, key, None)
-            track = await self._learn(session, key, prediction, observation.peak_mb)
-            return Released(outcome, key, track)
+        )
+        if outcome is not Outcome.LEARNED or key is None or observation is None:
+            return Released(outcome, key, None)
+        track = await self._learn(session, key, prediction, observation.peak_mb)
+        return Released(outcome, key, track)
 
     async def usage_records(
         self, since: datetime, until: datetime, tenant: str | None = None

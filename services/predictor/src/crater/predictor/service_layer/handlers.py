@@ -268,18 +268,39 @@ class PredictorHandlers:
         )
 
     async def allocation_granted(self, event: AllocationGranted) -> None:
-        if not await self.store.granted(event):
-            # recorded with its event id in the inbox, so this is counted and logged once
-            self.metrics.duplicate_grants.inc()
-            log.warning(
-                "allocation.granted %s repeats allocation %s (task %s): ignored",
-                event.event_id,
-                event.allocation_id,
-                event.task_id,
-            )
+        [outcome] = await self.allocations_granted([event])
+        if outcome is not None:
+            raise outcome
+
+    async def allocations_granted(
+        self, events: Sequence[AllocationGranted]
+    ) -> list[BaseException | None]:
+        """A pull batch of grants, recorded in one transaction; each one's outcome."""
+        outcomes: list[BaseException | None] = []
+        for event, recorded in zip(events, await self.store.granted_many(events), strict=True):
+            if isinstance(recorded, BaseException):
+                outcomes.append(recorded)
+                continue
+            outcomes.append(None)
+            if not recorded:
+                # recorded with its event id in the inbox, so this is counted and logged once
+                self.metrics.duplicate_grants.inc()
+                log.warning(
+                    "allocation.granted %s repeats allocation %s (task %s): ignored",
+                    event.event_id,
+                    event.allocation_id,
+                    event.task_id,
+                )
+        return outcomes
 
     async def task_status(self, event: TaskStatusReported) -> None:
         await self.store.running(event)
+
+    async def tasks_status(
+        self, events: Sequence[TaskStatusReported]
+    ) -> list[BaseException | None]:
+        """A pull batch of nodes' reports: the runs' starts noted in one transaction."""
+        return await self.store.running_many(events)
 
     async def node_metrics(self, event: NodeMetricsReported) -> None:
         await self.store.observe(event)
@@ -308,16 +329,32 @@ class PredictorHandlers:
         )
 
     async def allocation_released(self, event: AllocationReleased) -> None:
-        with suppress(KeyError):  # no gauge: it never completed a window here
-            self.metrics.utilization.remove(event.task_id)
-        released = await self.store.released(event)
-        if released is None:
-            return
-        self.metrics.releases.labels(outcome=released.outcome.value).inc()
-        if released.key is not None and released.track is not None:
-            family, task_type = released.key
-            self.metrics.observations.labels(family=family, task_type=task_type).inc()
-            self.metrics.show(family, task_type, released.track)
+        [outcome] = await self.allocations_released([event])
+        if outcome is not None:
+            raise outcome
+
+    async def allocations_released(
+        self, events: Sequence[AllocationReleased]
+    ) -> list[BaseException | None]:
+        """A pull batch of releases, closed and learned from in one transaction; each one's
+        outcome."""
+        for event in events:
+            with suppress(KeyError):  # no gauge: it never completed a window here
+                self.metrics.utilization.remove(event.task_id)
+        outcomes: list[BaseException | None] = []
+        for released in await self.store.released_many(events):
+            if isinstance(released, BaseException):
+                outcomes.append(released)
+                continue
+            outcomes.append(None)
+            if released is None:
+                continue
+            self.metrics.releases.labels(outcome=released.outcome.value).inc()
+            if released.key is not None and released.track is not None:
+                family, task_type = released.key
+                self.metrics.observations.labels(family=family, task_type=task_type).inc()
+                self.metrics.show(family, task_type, released.track)
+        return outcomes
 
     async def show_learned(self) -> None:
         for (family, task_type), track in (await self.store.tracks()).items():
