@@ -168,13 +168,14 @@ class Waitlist:
         """The blocked head of `task`'s pool whose nodes `task` must leave alone: when the
         head comes first in the queue."""
         head = self.state.backfill.get(task.request.pool)
-        if (
-            head is None
-            or head.task_id == task.request.task_id
-            or head.task_id not in self.state.pending
-        ):
+        if head is None or head.task_id == task.request.task_id:
             return None
-        if self.order(task) < head.order:
+        waiting = self.state.pending.get(head.task_id)
+        if waiting is None:
+            return None
+        # The head's order now, not as it was when it became the head: shares move as tasks
+        # end, and ageing lifts it (a stale order would let a task it outranks take its nodes).
+        if self.order(task) < self.order(waiting):
             return None
         return head
 
