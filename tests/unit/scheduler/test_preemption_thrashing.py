@@ -27,6 +27,7 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
 )
+from crater.scheduler import audit_state
 from crater.scheduler.adapters.pools_file import parse_pools
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.pools import PoolPolicy
@@ -276,6 +277,7 @@ def run_workload(
     config: SchedulerConfig,
     arrivals: list[tuple[int, str, bool, int, int]],
     hook: Hook | None = None,
+    inputs: list[Event] | None = None,
 ) -> tuple[Scheduler, list[tuple[float, Event]]]:
     """Every decision with the time it was taken: tasks arrive, run, end (or stop when told
     to yield, 5 s later); heartbeats every 10 s keep time moving. `hook` sees the core after
@@ -298,6 +300,8 @@ def run_workload(
     while queue:
         when, _, event = heapq.heappop(queue)
         decisions = scheduler.handle(event)
+        if inputs is not None:
+            inputs.append(event)
         if hook is not None:
             hook(scheduler, when, decisions)
         for d in decisions:
@@ -377,3 +381,45 @@ def test_a_preemption_happens_only_when_the_preemptors_whole_placement_is_proven
 ) -> None:
     """Whenever victims are told to yield, their going is enough to place the whole task."""
     run_workload(SchedulerConfig(), arrivals, hook=placed_once_victims_leave)
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+THRASH_FREE = SchedulerConfig(
+    preemption_min_run_seconds=60,
+    preemption_victim_cooldown_seconds=120,
+    ageing_interval_seconds=90,
+    pools={"default": PoolPolicy(restart=RETRIED, min_run_seconds=45)},
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arrivals=ARRIVALS)
+def test_the_rules_decide_the_same_on_every_replay(
+    arrivals: list[tuple[int, str, bool, int, int]],
+) -> None:
+    """Event times are all the rules read: the same events give the same decisions."""
+    inputs: list[Event] = []
+    _, first = run_workload(THRASH_FREE, arrivals, inputs=inputs)
+    again = core(THRASH_FREE, node("a100-01", gpus=4), node("a100-02", gpus=4))
+    second = [d.model_dump_json() for e in inputs for d in again.handle(e)]
+    assert [d.model_dump_json() for _, d in first] == second
+
+
+def test_the_settings_are_recorded_for_the_audit_and_a_snapshot_decides_on_the_same() -> None:
+    text = audit_state.config_json(THRASH_FREE)
+    rebuilt = audit_state.config_from_json(text, THRASH_FREE.token_secret)
+    assert audit_state.config_json(rebuilt) == text
+    assert rebuilt.min_run_for("default") == 45
+    assert rebuilt.victim_cooldown_for("other") == 120
+    assert rebuilt.ageing_interval_seconds == 90
+    scheduler = core(THRASH_FREE, node("a100-01", gpus=2))
+    scheduler.handle(profiled("low", gpus=2, when=1, **LOW))
+    scheduler.handle(profiled("urgent", gpus=2, when=5, priority="high"))
+    assert scheduler.pending["urgent"].preempt_held is not None
+    copy_of = audit_state.load_core(audit_state.dump_core(scheduler), THRASH_FREE)
+    later = [tick(20), tick(46), stopped("low", 50), tick(200)]
+    live = [d.model_dump_json() for e in later for d in scheduler.handle(e)]
+    restored = [d.model_dump_json() for e in later for d in copy_of.handle(e)]
+    assert live == restored
+    assert any('"preempted_by":"urgent"' in d for d in live)  # once its 45 s were run
