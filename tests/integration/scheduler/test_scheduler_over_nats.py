@@ -24,6 +24,8 @@ from crater.contracts import (
     ReplicaReleaseRequested,
     ReplicasRequested,
     ResourcePrediction,
+    RestartOn,
+    RestartPolicy,
     Subjects,
     TaskEnded,
     TaskPending,
@@ -363,3 +365,51 @@ async def test_a_task_under_its_minimum_run_time_is_not_preempted_across_a_resta
         assert again.task_id == "urgent-2"
         assert "has run under pool default's minimum of 600 s" in again.summary
     assert not tap.of(TaskPreempted)
+
+
+async def test_a_recent_victim_is_left_alone_across_a_restart(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str
+) -> None:
+    """The memory of recent victims over NATS: a task preempted, retried and running again
+    is not preempted again within the cooldown, also by a restarted scheduler (rebuilt from
+    the stored deadline to yield)."""
+    settings = SchedulerSettings(
+        nats_url=fresh_nats.url, database_url=database_url, preemption_victim_cooldown_seconds=900
+    )
+
+    def with_(task_id: str, **fields: object) -> TaskProfiled:
+        event = profiled(task_id, gpus=2)
+        return event.model_copy(update={"task": event.task.model_copy(update=fields)})
+
+    retried = RestartPolicy(when=[RestartOn.PREEMPTION], backoff_seconds=0)
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, NodeTopologyReported(node=node("a100-01", gpus=2)))
+        low = with_("low", priority=Priority.LOW, preemptible=True, restart_policy=retried)
+        await publish(service.broker, low)
+        await tap.wait_for(AllocationGranted)
+        await publish(service.broker, with_("urgent", priority=Priority.HIGH))
+        [preempted] = await tap.wait_for(TaskPreempted)
+        assert preempted.task_id == "low"
+        await publish(
+            service.broker, TaskStatusReported(task_id="low", status=TaskStatus.CANCELLED)
+        )
+        await tap.wait_for(AllocationGranted, count=2)  # urgent; low waits again
+        await publish(
+            service.broker, TaskStatusReported(task_id="urgent", status=TaskStatus.SUCCEEDED)
+        )
+        granted = await tap.wait_for(AllocationGranted, count=3)
+        assert (granted[-1].task_id, granted[-1].attempt) == ("low", 2)
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, with_("urgent-2", priority=Priority.HIGH))
+        for _ in range(100):
+            waiting = tap.of(TaskPending, lambda e: e.task_id == "urgent-2")
+            if waiting:
+                break
+            await asyncio.sleep(0.05)
+        [pending] = waiting
+        assert "1 task could make room but was preempted within pool default's victim " in (
+            pending.summary
+        )
+    assert len(tap.of(TaskPreempted)) == 1
