@@ -24,6 +24,8 @@ from crater.contracts import (
     ReplicaReleaseRequested,
     ReplicasRequested,
     ResourcePrediction,
+    RestartOn,
+    RestartPolicy,
     Subjects,
     TaskEnded,
     TaskPending,
@@ -313,3 +315,101 @@ async def test_each_decision_carries_the_trace_of_the_task_it_decides(
                 and f'"task_id":"{task_id}"' in m.data.decode()
             ]
             assert (message.headers or {})["traceparent"].split("-")[1] == traceparent.split("-")[1]
+
+
+async def test_a_task_under_its_minimum_run_time_is_not_preempted_across_a_restart(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str
+) -> None:
+    """No preemption thrashing over NATS: the waiting task says which tasks it may not take
+    yet, the refusal is counted, and a restarted scheduler still counts the run time from the
+    stored grant."""
+    settings = SchedulerSettings(
+        nats_url=fresh_nats.url, database_url=database_url, preemption_min_run_seconds=600
+    )
+
+    def urgent(task_id: str) -> TaskProfiled:
+        event = profiled(task_id, gpus=2)
+        return event.model_copy(
+            update={"task": event.task.model_copy(update={"priority": Priority.HIGH})}
+        )
+
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, NodeTopologyReported(node=node("a100-01", gpus=2)))
+        low = profiled("low", gpus=2)
+        low = low.model_copy(
+            update={
+                "task": low.task.model_copy(update={"priority": Priority.LOW, "preemptible": True})
+            }
+        )
+        await publish(service.broker, low)
+        await tap.wait_for(AllocationGranted)
+        await publish(service.broker, urgent("urgent"))
+        [pending] = await tap.wait_for(TaskPending)
+        assert "1 task could make room but has run under pool default's minimum of 600 s" in (
+            pending.summary
+        )
+        assert [r.code for r in pending.reasons if r.filter == "Preemption"] == ["MinRunTime"]
+        held = {"rule": "min_run"}
+        for _ in range(100):  # the counter follows the commit
+            if service.registry.get_sample_value("crater_scheduler_preemptions_held_total", held):
+                break
+            await asyncio.sleep(0.05)
+        assert (
+            service.registry.get_sample_value("crater_scheduler_preemptions_held_total", held) == 1
+        )
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, urgent("urgent-2"))
+        [_, again] = await tap.wait_for(TaskPending, count=2)
+        assert again.task_id == "urgent-2"
+        assert "has run under pool default's minimum of 600 s" in again.summary
+    assert not tap.of(TaskPreempted)
+
+
+async def test_a_recent_victim_is_left_alone_across_a_restart(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str
+) -> None:
+    """The memory of recent victims over NATS: a task preempted, retried and running again
+    is not preempted again within the cooldown, also by a restarted scheduler (rebuilt from
+    the stored deadline to yield)."""
+    settings = SchedulerSettings(
+        nats_url=fresh_nats.url, database_url=database_url, preemption_victim_cooldown_seconds=900
+    )
+
+    def with_(task_id: str, **fields: object) -> TaskProfiled:
+        event = profiled(task_id, gpus=2)
+        return event.model_copy(update={"task": event.task.model_copy(update=fields)})
+
+    retried = RestartPolicy(when=[RestartOn.PREEMPTION], backoff_seconds=0)
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, NodeTopologyReported(node=node("a100-01", gpus=2)))
+        low = with_("low", priority=Priority.LOW, preemptible=True, restart_policy=retried)
+        await publish(service.broker, low)
+        await tap.wait_for(AllocationGranted)
+        await publish(service.broker, with_("urgent", priority=Priority.HIGH))
+        [preempted] = await tap.wait_for(TaskPreempted)
+        assert preempted.task_id == "low"
+        await publish(
+            service.broker, TaskStatusReported(task_id="low", status=TaskStatus.CANCELLED)
+        )
+        await tap.wait_for(AllocationGranted, count=2)  # urgent; low waits again
+        await publish(
+            service.broker, TaskStatusReported(task_id="urgent", status=TaskStatus.SUCCEEDED)
+        )
+        granted = await tap.wait_for(AllocationGranted, count=3)
+        assert (granted[-1].task_id, granted[-1].attempt) == ("low", 2)
+    service, app = build(settings)
+    async with TestApp(app):
+        await publish(service.broker, with_("urgent-2", priority=Priority.HIGH))
+        for _ in range(100):
+            waiting = tap.of(TaskPending, lambda e: e.task_id == "urgent-2")
+            if waiting:
+                break
+            await asyncio.sleep(0.05)
+        [pending] = waiting
+        assert "1 task could make room but was preempted within pool default's victim " in (
+            pending.summary
+        )
+    assert len(tap.of(TaskPreempted)) == 1

@@ -142,6 +142,36 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         description="Lending by phase: a CPU phase longer than this ends by itself (its "
         "cards are taken back as if the task had asked).",
     )
+    preemption_min_run_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=7 * 86_400,
+        description="No preemption thrashing: a task is not preempted by a higher priority "
+        "before it has held its grant this long (a pool may set its own, min_run_seconds); "
+        "reclaims of lent or guaranteed capacity are not held back. 0: off.",
+    )
+    preemption_victim_cooldown_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=7 * 86_400,
+        description="No preemption thrashing: a task told to yield is not preempted again by "
+        "a higher priority within this long after it had to be gone by (a pool may set its "
+        "own, victim_cooldown_seconds). 0: off.",
+    )
+    ageing_interval_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=7 * 86_400,
+        description="Ageing: a waiting task ranks ageing_step higher in the queue for every "
+        "this long it has waited (at most ageing_max higher), so large tasks are not starved "
+        "behind a stream of small ones; its rank to preempt by stays its own. 0: off.",
+    )
+    ageing_step: int = Field(
+        default=100, ge=1, le=1000, description="Ageing: priority gained per interval waited."
+    )
+    ageing_max: int = Field(
+        default=400, ge=0, le=1000, description="Ageing: the most priority a wait adds."
+    )
     pending_interval_seconds: float = Field(
         default=60.0,
         ge=0,
@@ -188,7 +218,8 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         default=None,
         description="YAML: pools: {NAME: {filters: [...], scores: {PLUGIN: weight}, "
         "overcommit: {cpu, memory, gpu}, restart_policy: {...}, reservation_timeout_ms, "
-        "cohort, lend: {limit, keep_idle, reserved, prewarm}, borrow: {limit}}} "
+        "cohort, lend: {limit, keep_idle, reserved, prewarm}, borrow: {limit}, "
+        "min_run_seconds, victim_cooldown_seconds}} "
         "(docs/pools.md); unset: every filter, default scores, no over-commit, the default "
         "timeout, no lending. Reloaded on change, and replaceable over the API "
         "(PUT /api/v1/admin/pools).",
@@ -296,6 +327,11 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         borrow_half_life_seconds=settings.borrow_half_life_seconds,
         phase_reclaim_grace_seconds=settings.phase_reclaim_grace_seconds,
         phase_max_seconds=settings.phase_max_seconds,
+        preemption_min_run_seconds=settings.preemption_min_run_seconds,
+        preemption_victim_cooldown_seconds=settings.preemption_victim_cooldown_seconds,
+        ageing_interval_seconds=settings.ageing_interval_seconds,
+        ageing_step=settings.ageing_step,
+        ageing_max=settings.ageing_max,
     )
 
 

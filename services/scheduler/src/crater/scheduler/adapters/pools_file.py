@@ -11,6 +11,8 @@ pools:
     cohort: shared                           # lends its idle nodes to the cohort's pools
     lend: {limit: {gpus: 16}, reserved: {cpu_cores: 64}}  # at most 16 GPUs lent; 64 cores never
     borrow: {limit: {gpus: 0}}               # and it borrows none (see docs/pools.md)
+    min_run_seconds: 600                     # not preempted in its first 10 minutes
+    victim_cooldown_seconds: 900             # nor again within 15 minutes of yielding
 
 A pool left out, or a field left out, keeps the default: every filter, the default scores,
 no over-commit, no restart, the scheduler's reservation timeout (a task's own
@@ -131,6 +133,20 @@ class _Pool(BaseModel):
         default=None, ge=RESERVATION_TIMEOUT_MS_MIN, le=RESERVATION_TIMEOUT_MS_MAX
     )
     cohort: str | None = Field(default=None, min_length=1, max_length=64)
+    min_run_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        le=7 * 86_400,
+        description="No preemption thrashing: the pool's tasks are not preempted by a higher "
+        "priority before they have held their grant this long (default: the scheduler's).",
+    )
+    victim_cooldown_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        le=7 * 86_400,
+        description="No preemption thrashing: a task of the pool told to yield is not "
+        "preempted again this long after it had to be gone by (default: the scheduler's).",
+    )
     lend: _Loans | None = None
     borrow: _Loans | None = None
 
@@ -194,6 +210,8 @@ class _Pool(BaseModel):
             prewarm=None
             if self.lend is None or self.lend.prewarm is None
             else self.lend.prewarm.settings(),
+            min_run_seconds=self.min_run_seconds,
+            victim_cooldown_seconds=self.victim_cooldown_seconds,
         )
 
 

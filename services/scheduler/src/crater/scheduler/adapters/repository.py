@@ -445,6 +445,25 @@ class SchedulerRepository:
         max_seq = await self.session.scalar(select(func.max(tasks.c.seq)))
         waiting_cancels = (await self.session.scalars(select(early_cancels.c.task_id))).all()
         holds = (await self.session.scalars(select(budget_holds.c.event))).all()
+        # Tasks told to yield that wait or run again: each one's latest deadline to yield, so
+        # that its pool's victim cooldown goes on across the restart.
+        victim_rows = (
+            await self.session.execute(
+                select(allocations.c.task_id, tasks.c.pool, func.max(allocations.c.yield_by))
+                .join(tasks, tasks.c.task_id == allocations.c.task_id)
+                .where(allocations.c.yield_by.is_not(None))
+                .where(
+                    tasks.c.status.in_(
+                        [
+                            TaskStatus.PENDING.value,
+                            TaskStatus.SCHEDULED.value,
+                            TaskStatus.RUNNING.value,
+                        ]
+                    )
+                )
+                .group_by(allocations.c.task_id, tasks.c.pool)
+            )
+        ).all()
         scheduler.restore(
             nodes=[
                 (
@@ -481,6 +500,7 @@ class SchedulerRepository:
                     task=_pending(r, config.prediction_margin),
                     # on a card lent during a CPU phase: its grant said so to the replica
                     lent_by=(r.environment or {}).get("CRATER_LENT_BY"),
+                    granted_at=_aware(r.granted_at),
                 )
                 for r in alloc_rows
             ],
@@ -488,6 +508,7 @@ class SchedulerRepository:
             next_seq=(max_seq or 0) + 1,
             early_cancels=sorted(waiting_cancels),
             budget_holds=[TenantBudgetExceeded.model_validate(h) for h in holds],
+            victims=[(task_id, pool, _aware(when)) for task_id, pool, when in victim_rows],
         )
         return scheduler
 

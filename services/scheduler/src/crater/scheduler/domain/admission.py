@@ -100,7 +100,6 @@ class Admission:
         self.waitlist.enqueue(task)
         found = None if over else self.placer.diagnose(task.filter_demand)
         reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
-        decisions: list[Event] = self.reasons.announce(task, event, reasons, summary)
         head = self.state.backfill.get(request.pool)
         if not over and (
             head is None
@@ -108,7 +107,10 @@ class Admission:
             or self.waitlist.order(task) < head.order
         ):
             self.waitlist.make_head(task)
-        return decisions + self.preemptor.preempt_for(task, event)
+        # Victims first, so that its reason says which it may not take yet (announced first).
+        preempted = self.preemptor.preempt_for(task, event)
+        reasons, summary = self.reasons.with_holds(task, reasons, summary)
+        return self.reasons.announce(task, event, reasons, summary) + preempted
 
     def refusals(self, task: PendingTask) -> list[FieldError]:
         """Why `task` can never be placed (its tenant's quota, or no node of its pool could

@@ -69,6 +69,17 @@ class SchedulerConfig:
     # it asks them back; a phase ends by itself after the maximum.
     phase_reclaim_grace_seconds: float = 10.0
     phase_max_seconds: float = 3_600.0
+    # No preemption thrashing (preemptor.py): a task is not asked to yield to a higher
+    # priority before it has held its grant this long (its pool may say otherwise), nor
+    # again within this long of the time it last had to be gone by. 0: no such rule.
+    preemption_min_run_seconds: float = 0.0
+    preemption_victim_cooldown_seconds: float = 0.0
+    # Ageing (waitlist.py): a waiting task ranks `ageing_step` higher in the queue for every
+    # `ageing_interval_seconds` it has waited, at most `ageing_max` higher (0 interval: off).
+    # Its rank to preempt by stays its own.
+    ageing_interval_seconds: float = 0.0
+    ageing_step: int = 100
+    ageing_max: int = 400
 
     def restart_for(self, request: TaskRequest) -> RestartPolicy:
         """The task's own restart policy, else its pool's, else never."""
@@ -104,6 +115,20 @@ class SchedulerConfig:
                 if other.cohort == policy.cohort and name != pool
             )
         )
+
+    def min_run_for(self, pool: str) -> float:
+        """How long a task of `pool` runs before a higher priority may preempt it."""
+        policy = self.pools.get(pool)
+        if policy is None or policy.min_run_seconds is None:
+            return self.preemption_min_run_seconds
+        return policy.min_run_seconds
+
+    def victim_cooldown_for(self, pool: str) -> float:
+        """How long after it had to yield a task of `pool` is not preempted again."""
+        policy = self.pools.get(pool)
+        if policy is None or policy.victim_cooldown_seconds is None:
+            return self.preemption_victim_cooldown_seconds
+        return policy.victim_cooldown_seconds
 
     def overcommit_for(self, pool: str) -> Overcommit:
         policy = self.pools.get(pool)

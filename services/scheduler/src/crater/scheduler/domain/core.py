@@ -11,6 +11,7 @@ wait list, retry index and pass, reservations, task lifecycle, nodes), which sha
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ from crater.scheduler.domain.lifecycle import END_REASON, END_STATUS, RESTART_ON
 from crater.scheduler.domain.nodes import NODE_LOST_SCAN_SECONDS, NodeWatch
 from crater.scheduler.domain.phases import Phases, restored_lent_milli
 from crater.scheduler.domain.placer import Diagnosis, Pick, Placer, Ranked
-from crater.scheduler.domain.preemptor import Preemptor
+from crater.scheduler.domain.preemptor import Preemptor, forget_victims
 from crater.scheduler.domain.quotas import Over
 from crater.scheduler.domain.reasons import TRANSIENT_FILTERS, Reasons
 from crater.scheduler.domain.reservations import NEVER, Reservations
@@ -188,11 +189,20 @@ class Scheduler(SchedulerState):
         next_seq: int,
         early_cancels: list[str] | None = None,
         budget_holds: list[TenantBudgetExceeded] | None = None,
+        victims: list[tuple[str, str, datetime]] | None = None,
     ) -> None:
         """Load persisted state (service start): nodes, their live allocations (a gang's
         members each one, in any order), the queue with its escalations and nominations, the
         cancels waiting for their task to be profiled, and the tenants their hard budget
-        holds."""
+        holds; `victims`: (task id, pool, latest deadline to yield) of tasks told to yield
+        that wait or run again (their pool's victim cooldown counts from it)."""
+        self.victims, self.victims_due = {}, []
+        for task_id, pool, must_stop_by in sorted(victims or ()):
+            cooldown = self.config.victim_cooldown_for(pool)
+            if cooldown > 0:
+                until = must_stop_by + timedelta(seconds=cooldown)
+                self.victims[task_id] = until
+                heapq.heappush(self.victims_due, (until, task_id))
         self.early_cancels = dict.fromkeys(early_cancels or (), False)
         self.quotas.holds = {hold.tenant: hold for hold in budget_holds or ()}
         for topology, condition, heartbeat in nodes:
@@ -270,9 +280,12 @@ class Scheduler(SchedulerState):
         decisions: list[Event] = self.reservations.expire_reservations(now, event)
         decisions += self.reservations.fail_silent_tasks(now, event)
         decisions += self.waitlist.escalate(now, event)
+        forget_victims(self, now)
         changed = self.nodes.expire_heartbeats(self.nodes.heard_until(now)) or bool(decisions)
         changed = self.retries.end_backoffs(now) or changed
         changed = self.retries.announcements_due(now) or changed
+        changed = self.retries.wakeups_due(now) or changed
+        changed = self.waitlist.age(now) or changed
         changed = self._budget_periods_over(now) or changed
         if self.reconfigured:
             self.reconfigured, changed = False, True

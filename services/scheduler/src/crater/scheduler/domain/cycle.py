@@ -172,12 +172,14 @@ class Cycle:
                 run.granted()
                 return lent
         reasons, summary = why or self.reasons.why_waiting(task, avoid, over, found)
-        decisions += self.reasons.announce(task, cause, reasons, summary)
         pool = task.request.pool
         if pool not in self.state.backfill and not over:
             self.waitlist.make_head(task)
-        decisions += self.preemptor.preempt_for(task, cause)
-        return decisions
+        # Victims first, so that its reason says which it may not take yet (announced first).
+        preempted = self.preemptor.preempt_for(task, cause)
+        reasons, summary = self.reasons.with_holds(task, reasons, summary)
+        decisions += self.reasons.announce(task, cause, reasons, summary)
+        return decisions + preempted
 
     def borrow_fairly(
         self,
@@ -208,10 +210,12 @@ class Cycle:
                 decisions += lent
                 continue
             reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
-            decisions += self.reasons.announce(task, cause, reasons, summary)
             if task.request.pool not in self.state.backfill and not over:
                 self.waitlist.make_head(task)
-            decisions += self.preemptor.preempt_for(task, cause)
+            preempted = self.preemptor.preempt_for(task, cause)
+            reasons, summary = self.reasons.with_holds(task, reasons, summary)
+            decisions += self.reasons.announce(task, cause, reasons, summary)
+            decisions += preempted
         return decisions
 
     def on_lent_card(self, task: PendingTask, cause: Event) -> list[Event]:

@@ -369,6 +369,7 @@ class Placer:
             attempt=task.attempt,
             task=task,
             lent_by=lent_by,
+            granted_at=cause.occurred_at,  # as the grant says, and the tables keep
         )
         if lent_by is not None:
             allocation.gpu_milli = 0  # the card stays its lender's hold

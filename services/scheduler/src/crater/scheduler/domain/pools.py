@@ -35,6 +35,11 @@ class PoolPolicy:
     reserved: Quota = field(default_factory=Quota)
     # a lender that learns its demand and takes its capacity back ahead of it (prewarm.py)
     prewarm: Prewarm | None = None
+    # No preemption thrashing (docs/scheduler.md): a task of this pool is not preempted by a
+    # higher priority before it has held its grant this long, nor again this long after it
+    # last had to yield. None: the scheduler's defaults (`SchedulerConfig`).
+    min_run_seconds: float | None = None
+    victim_cooldown_seconds: float | None = None
 
 
 DEFAULT_POLICY = PoolPolicy()

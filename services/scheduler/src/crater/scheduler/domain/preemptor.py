@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import heapq
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -10,9 +11,12 @@ import numpy as np
 from crater.contracts import (
     PRIORITY_MAX,
     Event,
+    FilterReason,
     TaskPreempted,
     derived_event_id,
 )
+from crater.scheduler.domain.cluster import Node
+from crater.scheduler.domain.config import SchedulerConfig
 from crater.scheduler.domain.events import (
     member_key,
 )
@@ -20,7 +24,7 @@ from crater.scheduler.domain.guarantees import Guarantees, covers, gives_back, h
 from crater.scheduler.domain.ledger import Ledger
 from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.placer import Placer
-from crater.scheduler.domain.preemption import Candidate, plan, plan_gang
+from crater.scheduler.domain.preemption import Candidate, Plan, plan, plan_gang
 from crater.scheduler.domain.quotas import Usage
 from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import (
@@ -30,6 +34,10 @@ from crater.scheduler.domain.state import (
     yielding_on,
 )
 from crater.scheduler.domain.waitlist import Waitlist
+
+# The rules that keep a victim from yielding (no thrashing), and a preemption refused because
+# no set of victims would make room for the whole task: their names in metrics.
+MIN_RUN, VICTIM_COOLDOWN, UNPROVEN = "min_run", "victim_cooldown", "unproven"
 
 # A borrower on the pool's nodes ranks below every priority: reclaimed first.
 RECLAIM_RANK = PRIORITY_MAX + 1
@@ -66,6 +74,8 @@ class Preemptor:
         # Within its tenant's guarantee: other tenants' work above theirs yields to it too.
         borrowing = self.guarantees.reclaimable(task)
         reclaims = lent or bool(borrowing)
+        held_before = task.preempt_held
+        task.preempt_held = None
         if task.nominated and reclaims and not self.yielding_on(task.nominated):
             # Its victims are gone and others took the room: an owner chooses again, so it
             # never waits past a grace period for its pool's capacity.
@@ -77,8 +87,12 @@ class Preemptor:
             or self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
         ):
             return []
+        now = self.state.clock or cause.occurred_at
         owners: dict[str, Allocation] = {}
         candidates: list[Candidate] = []
+        # outranked only, yet kept from yielding (no thrashing): (candidate, rule, free from)
+        kept: list[tuple[Candidate, str, datetime]] = []
+        guarded: list[Candidate] = []
         # tasks that are victims only as their tenant's borrowing: taken from a tenant only
         # while it holds more than its guarantee (the last may take it below by part of one
         # task: else a guarantee held in tasks larger than the borrowed part never comes back)
@@ -94,10 +108,11 @@ class Preemptor:
                 continue
             if over_guarantee and not (borrower or outranked):
                 above[head.task_id] = head.tenant
+            guard = None if borrower or over_guarantee else self.guard(head, now)
             borrower = borrower or over_guarantee
             for a in head.members():
                 owners[a.allocation_id] = head
-                candidates.append(
+                (candidates if guard is None else guarded).append(
                     Candidate(
                         a.allocation_id,
                         a.node,
@@ -111,7 +126,10 @@ class Preemptor:
                         a.task_id,
                     )
                 )
-        if not candidates:
+            if guard is not None:
+                kept += [(c, *guard) for c in guarded]
+                guarded.clear()
+        if not candidates and not kept:
             return []
         # Nodes the task could use if they were emptier: every filter but free amounts.
         fits_empty, _ = self.placer.diagnose(task.filter_demand, free=False)
@@ -122,11 +140,9 @@ class Preemptor:
             fits_now, _ = self.placer.diagnose(task.demand)
             roomy = {self.state.cluster.nodes[i].name for i in np.flatnonzero(fits_now & ready)}
         while True:
-            if roomy is not None:
-                chosen = plan_gang(nodes, task.demand, candidates, task.gang_size, roomy)
-            else:
-                chosen = plan(nodes, task.demand, candidates, task.gang_size)
+            chosen = self._plan(task, nodes, candidates, roomy) if candidates else None
             if chosen is None:
+                self._held(task, held_before, nodes, candidates, kept, roomy)
                 return []
             # A plan taking victims of a tenant no longer above its guarantee: without them,
             # again (each round leaves out at least one; bounded).
@@ -137,7 +153,6 @@ class Preemptor:
         task.nominated = chosen.nodes
         self.waitlist.follow_nomination(task)
         self.retries.stale(task.request.pool)
-        now = self.state.clock or cause.occurred_at
         full = now + timedelta(seconds=self.state.config.grace_period_seconds)
         decisions: list[Event] = []
         victims = {owners[v.allocation_id].task_id: owners[v.allocation_id] for v in chosen.victims}
@@ -155,6 +170,75 @@ class Preemptor:
             by = task.request.task_id
             decisions += self.order_yield(victim, must_stop_by, cause, by, reclaim, tenant=tenant)
         return decisions
+
+    def guard(self, head: Allocation, now: datetime) -> tuple[str, datetime] | None:
+        """Why `head`, outranked, may not be asked to yield now, and from when it may: it has
+        held its grant less than its pool's minimum run time, or it had to yield lately (its
+        pool's victim cooldown). None: it may."""
+        until = self.state.victims.get(head.task_id)
+        if until is not None and until > now:
+            return VICTIM_COOLDOWN, until
+        minimum = self.state.config.min_run_for(head.pool)
+        if minimum > 0 and head.granted_at is not None:
+            free_at = head.granted_at + timedelta(seconds=minimum)
+            if free_at > now:
+                return MIN_RUN, free_at
+        return None
+
+    def _plan(
+        self,
+        task: PendingTask,
+        nodes: list[Node],
+        candidates: list[Candidate],
+        roomy: set[str] | None,
+    ) -> Plan | None:
+        """The victims that make room for every member of `task` on the nodes as they would
+        be once those victims are gone (`preemption`), or None: nobody yields."""
+        if roomy is not None:
+            return plan_gang(nodes, task.demand, candidates, task.gang_size, roomy)
+        return plan(nodes, task.demand, candidates, task.gang_size)
+
+    def _held(
+        self,
+        task: PendingTask,
+        held_before: FilterReason | None,
+        nodes: list[Node],
+        candidates: list[Candidate],
+        kept: list[tuple[Candidate, str, datetime]],
+        roomy: set[str] | None,
+    ) -> None:
+        """No plan makes room for `task`: when one would with the victims kept from yielding
+        (no thrashing), say so in its reasons (`preempt_held`), count the rule, and retry its
+        pool when the first of them may go. Else, with candidates, count it unproven."""
+        if kept and self._plan(task, nodes, [*candidates, *(c for c, *_ in kept)], roomy):
+            tasks: dict[str, tuple[str, datetime, str]] = {}
+            for c, rule, free_at in kept:
+                owner = self.state.allocations.get(c.task_id)
+                tasks[c.task_id] = (rule, free_at, owner.pool if owner else task.request.pool)
+            clauses: list[str] = []
+            for rule in (MIN_RUN, VICTIM_COOLDOWN):
+                by_pool = sorted({p for r, _, p in tasks.values() if r == rule})
+                for pool in by_pool:
+                    count = sum(1 for r, _, p in tasks.values() if r == rule and p == pool)
+                    clauses.append(_held_clause(rule, count, pool, self.state.config))
+            task.preempt_held = FilterReason(
+                filter="Preemption",
+                code="MinRunTime"
+                if any(r == MIN_RUN for r, *_ in tasks.values())
+                else "RecentVictim",
+                nodes=0,
+                message="; ".join(clauses),
+            )
+            if held_before is None or held_before.message != task.preempt_held.message:
+                for rule in sorted({r for r, _, _ in tasks.values()}):
+                    self.state.tally[rule] += 1
+            wake = min(free_at for _, free_at, _ in tasks.values())
+            if task.preempt_wake != wake:
+                task.preempt_wake = wake
+                heapq.heappush(self.state.wakeups, (wake, task.seq, task.request.task_id))
+        elif candidates and not task.unproven:
+            self.state.tally[UNPROVEN] += 1  # once a wait: not on every retry of it
+        task.unproven = bool(candidates) and task.preempt_held is None
 
     def _past_borrowing(
         self,
@@ -221,6 +305,11 @@ class Preemptor:
     ) -> list[Event]:
         """`victim` (a whole gang) is told to be gone by `must_stop_by`."""
         now = self.state.clock or cause.occurred_at
+        cooldown = self.state.config.victim_cooldown_for(victim.pool)
+        if cooldown > 0:
+            until = must_stop_by + timedelta(seconds=cooldown)
+            self.state.victims[victim.task_id] = until
+            heapq.heappush(self.state.victims_due, (until, victim.task_id))
         self.ledger.count_preemptible(victim, -1)
         self.retries.stale(victim.pool)
         decisions: list[Event] = []
@@ -248,6 +337,29 @@ class Preemptor:
     def yielding_on(self, nodes: tuple[str, ...]) -> bool:
         """Whether some allocation on `nodes` is yielding now."""
         return yielding_on(self.state, nodes)
+
+
+def forget_victims(state: SchedulerState, now: datetime) -> None:
+    """Victims whose cooldown is over are forgotten (each once: bounded by the preemptions)."""
+    while state.victims_due and state.victims_due[0][0] <= now:
+        until, task_id = heapq.heappop(state.victims_due)
+        if state.victims.get(task_id) == until:
+            del state.victims[task_id]
+
+
+def _held_clause(rule: str, count: int, pool: str, config: SchedulerConfig) -> str:
+    tasks = "1 task" if count == 1 else f"{count} tasks"
+    if rule == MIN_RUN:
+        verb = "has" if count == 1 else "have"
+        return (
+            f"{tasks} could make room but {verb} run under pool {pool}'s minimum of "
+            f"{config.min_run_for(pool):g} s"
+        )
+    verb = "was" if count == 1 else "were"
+    return (
+        f"{tasks} could make room but {verb} preempted within pool {pool}'s victim cooldown "
+        f"of {config.victim_cooldown_for(pool):g} s"
+    )
 
 
 def _gpus(head: Allocation) -> int:

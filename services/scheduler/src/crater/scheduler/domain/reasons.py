@@ -33,7 +33,8 @@ from crater.scheduler.domain.state import (
 
 # Filters whose verdict is only where the task may go now, not what it needs: a change among
 # them alone is not a new kind of reason to wait (backfill comes and goes with the queue).
-TRANSIENT_FILTERS = frozenset({"Backfill"})
+# Ageing only moves it up the queue: not a reason of a new kind either.
+TRANSIENT_FILTERS = frozenset({"Backfill", "Ageing"})
 
 
 class Reasons:
@@ -106,6 +107,36 @@ class Reasons:
         else:
             summary = f"0/{total} nodes available: {detail}"
         return reasons, summary
+
+    def with_holds(
+        self, task: PendingTask, reasons: list[FilterReason], summary: str
+    ) -> tuple[list[FilterReason], str]:
+        """`reasons` and `summary` with what `Preemptor.preempt_for` found for `task`: the
+        victims it may not take yet (minimum run time, victim cooldown); and how far ageing
+        has raised it in the queue."""
+        extra: list[FilterReason] = []
+        if task.preempt_held is not None:
+            extra.append(task.preempt_held)
+        config = self.state.config
+        if task.aged and config.ageing_interval_seconds > 0:
+            rank = task.queue_priority(config)
+            waited = task.aged * config.ageing_interval_seconds
+            extra.append(
+                FilterReason(
+                    filter="Ageing",
+                    code="AgedPriority",
+                    nodes=0,
+                    message=(
+                        f"ranks as priority {rank} in the queue: {task.priority} raised by "
+                        f"{rank - task.priority} for waiting {waited:g} s or more "
+                        f"(+{config.ageing_step} every {config.ageing_interval_seconds:g} s, "
+                        f"at most +{config.ageing_max})"
+                    ),
+                )
+            )
+        if not extra:
+            return reasons, summary
+        return [*reasons, *extra], "; ".join([summary, *(r.message for r in extra)])
 
     def over_quota(self, task: PendingTask, over: list[Over], total: int) -> FilterReason:
         """Why a tenant's quota holds `task`: its hard limit; or, elastic, its borrowing

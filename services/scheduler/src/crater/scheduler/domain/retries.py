@@ -35,6 +35,19 @@ class RetryIndex:
                 due = True
         return due
 
+    def wakeups_due(self, now: datetime) -> bool:
+        """Pools with a waiting task whose victims, kept from yielding (minimum run time,
+        victim cooldown), may now go are retried: True if any."""
+        due = False
+        while self.state.wakeups and self.state.wakeups[0][0] <= now:
+            _, _, task_id = heapq.heappop(self.state.wakeups)
+            task = self.state.pending.get(task_id)
+            if task is not None and task.preempt_wake is not None and task.preempt_wake <= now:
+                task.preempt_wake = None
+                self.stale(task.request.pool)
+                due = True
+        return due
+
     def end_backoffs(self, now: datetime) -> bool:
         """Retried attempts whose backoff is over may be placed again: True if any."""
         woke = False

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from crater.contracts import (
+    PRIORITY_MAX,
     FilterReason,
     ResourcePrediction,
     TaskRequest,
@@ -56,6 +57,14 @@ class PendingTask:
     # When the borrowers it first reclaimed from had to be gone by: victims it picks again
     # (others took the room) must go by then too, so no grace period starts over for it.
     reclaim_by: datetime | None = None
+    # Ageing: how many of the configured steps it ranks higher in the queue for its wait.
+    aged: int = 0
+    # Why no victim was asked to yield for it although some could make room (they ran under
+    # their pool's minimum, or yielded lately), and when the first of them is free to go.
+    preempt_held: FilterReason | None = None
+    preempt_wake: datetime | None = None
+    # Victims were there, but no set of them would make room for all of it (counted once).
+    unproven: bool = False
 
     @property
     def announced_kind(self) -> frozenset[str] | None:
@@ -67,6 +76,13 @@ class PendingTask:
         """On the 0..1000 scale, larger first; an escalated task ranks one class higher."""
         base = priority_value(self.request.priority)
         return escalated_priority(base) if self.escalated else base
+
+    def queue_priority(self, config: SchedulerConfig) -> int:
+        """Its rank in the queue: its priority, raised for its wait (ageing), bounded."""
+        if not self.aged:
+            return self.priority
+        boost = min(self.aged * config.ageing_step, config.ageing_max)
+        return min(PRIORITY_MAX, self.priority + boost)
 
     @property
     def gang_size(self) -> int:
@@ -128,6 +144,9 @@ class Allocation:
     # the lender holds the card (this holds 0 of it) until the lender goes, when this one
     # takes the lender's hold over until it leaves too.
     lent_by: str | None = None
+    # When it was granted: the pool's minimum run time before it may be preempted counts
+    # from here (None: unknown, never held back by it).
+    granted_at: datetime | None = None
 
     @property
     def carved(self) -> str | None:
@@ -236,6 +255,19 @@ class SchedulerState:
     # Waiting tasks taken off the queue so far (placed, cancelled): with the queue's length
     # and `next_seq`, it says whether the queue only grew since (`Guarantees.claiming`).
     dequeued: int = field(default=0, compare=False, repr=False)
+    # No preemption thrashing: each task told to yield lately, by id, until when it is not
+    # chosen again (its pool's cooldown after the time it had to be gone by); and the same
+    # as (until, task id), earliest first, so that they are forgotten in time.
+    victims: dict[str, datetime] = field(default_factory=dict)
+    victims_due: list[tuple[datetime, str]] = field(default_factory=list)
+    # Ageing: (time, seq, task id) of a waiting task's next step up the queue, earliest first.
+    ageing: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # (time, seq, task id): victims held back for a waiting task may go from then: its pool
+    # is retried at that time.
+    wakeups: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # Preemptions held back, by rule (min_run, victim_cooldown, unproven), and ageing steps
+    # taken, since the service last read them (its metrics).
+    tally: Counter[str] = field(default_factory=Counter, compare=False, repr=False)
 
     def dequeue(self, task_id: str) -> None:
         """`task_id` leaves the queue (placed, or cancelled while waiting)."""

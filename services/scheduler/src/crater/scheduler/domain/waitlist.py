@@ -1,5 +1,6 @@
-"""The wait list: the waiting tasks' queue order (priority, DRF share, submission), each
-pool's blocked head and the nodes kept for it (backfill), and queue-time SLA escalation."""
+"""The wait list: the waiting tasks' queue order (priority raised by ageing, DRF share,
+submission), each pool's blocked head and the nodes kept for it (backfill), and queue-time
+SLA escalation."""
 
 from __future__ import annotations
 
@@ -59,6 +60,39 @@ class Waitlist:
             heapq.heappush(self.state.deadlines, (deadline, task.seq, task.request.task_id))
         if task.not_before is not None:
             heapq.heappush(self.state.backoffs, (task.not_before, task.seq, task.request.task_id))
+        self.next_step(task)
+
+    def next_step(self, task: PendingTask) -> None:
+        """Ageing: when `task` next ranks a step higher for its wait, if it has steps left."""
+        config = self.state.config
+        interval = config.ageing_interval_seconds
+        if interval <= 0 or task.submitted_at is None or config.ageing_step <= 0:
+            return
+        if task.aged * config.ageing_step >= config.ageing_max:
+            return
+        due = task.submitted_at + timedelta(seconds=interval * (task.aged + 1))
+        heapq.heappush(self.state.ageing, (due, task.seq, task.request.task_id))
+
+    def age(self, now: datetime) -> bool:
+        """Waiting tasks whose wait reached their next ageing step rank that much higher in
+        the queue (bounded by `ageing_max`): True if any did. Each step is one entry of a
+        heap: no scan of the queue."""
+        interval = self.state.config.ageing_interval_seconds
+        aged = False
+        while self.state.ageing and self.state.ageing[0][0] <= now:
+            _, _, task_id = heapq.heappop(self.state.ageing)
+            task = self.state.pending.get(task_id)
+            if task is None or task.submitted_at is None or interval <= 0:
+                continue  # placed, cancelled, or ageing turned off
+            steps = int((now - task.submitted_at).total_seconds() // interval)
+            if steps <= task.aged:
+                continue
+            task.aged = steps
+            self.state.tally["ageing_steps"] += 1
+            self.retries.stale(task.request.pool)
+            aged = True
+            self.next_step(task)
+        return aged
 
     def escalate(self, now: datetime, cause: Event) -> list[Event]:
         """Tasks waiting past their queue-time SLA rank one class higher, once."""
@@ -86,13 +120,13 @@ class Waitlist:
         return escalated
 
     def order(self, task: PendingTask) -> tuple[int, float, int]:
-        """Queue order: priority (larger first); then a task that preempted (`nominated`:
-        what its victims leave is its own, as kube-scheduler's nominated node), by submission
-        order; then the tenant's dominant share of the pool (smaller first), submission
-        order. Were the shares first, a tenant further below its guarantee that claimed later
-        would take the card a victim left for an earlier claimant, who then waits for the
-        later one's victim past its grace."""
-        return -task.priority, self.rank(task), task.seq
+        """Queue order: priority (larger first, as aged: `queue_priority`); then a task that
+        preempted (`nominated`: what its victims leave is its own, as kube-scheduler's
+        nominated node), by submission order; then the tenant's dominant share of the pool
+        (smaller first), submission order. Were the shares first, a tenant further below its
+        guarantee that claimed later would take the card a victim left for an earlier
+        claimant, who then waits for the later one's victim past its grace."""
+        return -task.queue_priority(self.state.config), self.rank(task), task.seq
 
     def rank(self, task: PendingTask) -> float:
         """Within a priority: -1 for a task that preempted, else its tenant's share."""
@@ -128,7 +162,9 @@ class Waitlist:
         for task in sorted(self.state.pending.values(), key=lambda t: t.seq):
             key = (task.request.pool, task.request.tenant)
             if pools is None or key[0] in pools:
-                bands.setdefault(task.priority, {}).setdefault(key, deque()).append(task)
+                bands.setdefault(task.queue_priority(self.state.config), {}).setdefault(
+                    key, deque()
+                ).append(task)
         for priority in sorted(bands, reverse=True):
             queues = bands[priority]
             while queues:
@@ -149,13 +185,14 @@ class Waitlist:
         """The blocked head of `task`'s pool whose nodes `task` must leave alone: when the
         head comes first in the queue."""
         head = self.state.backfill.get(task.request.pool)
-        if (
-            head is None
-            or head.task_id == task.request.task_id
-            or head.task_id not in self.state.pending
-        ):
+        if head is None or head.task_id == task.request.task_id:
             return None
-        if self.order(task) < head.order:
+        waiting = self.state.pending.get(head.task_id)
+        if waiting is None:
+            return None
+        # The head's order now, not as it was when it became the head: shares move as tasks
+        # end, and ageing lifts it (a stale order would let a task it outranks take its nodes).
+        if self.order(task) < self.order(waiting):
             return None
         return head
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 from crater.contracts import FilterReason
 
 # Reasons about the task, not about nodes: their message is the whole sentence.
-NODELESS_FILTERS = frozenset({"TenantQuota", "TenantBudget", "Borrow", "RestartBackoff"})
+NODELESS_FILTERS = frozenset(
+    {"TenantQuota", "TenantBudget", "Borrow", "RestartBackoff", "Preemption", "Ageing"}
+)
 PLURAL_VERBS = {"has": "have", "is": "are", "does": "do", "lacks": "lack", "runs": "run"}
 
 

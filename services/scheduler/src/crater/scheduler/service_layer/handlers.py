@@ -169,6 +169,19 @@ class SchedulerMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.preemptions_held = Counter(
+            "crater_scheduler_preemptions_held",
+            "Preemptions held back, by rule: min_run (victims under their pool's minimum run "
+            "time), victim_cooldown (victims preempted lately), unproven (no set of victims "
+            "would make room for the whole task); once per wait while the reason holds.",
+            ["rule"],
+            registry=registry,
+        )
+        self.ageing_steps = Counter(
+            "crater_scheduler_ageing_steps",
+            "Steps waiting tasks rose in the queue for their wait (ageing).",
+            registry=registry,
+        )
         self.repeated_decisions = Counter(
             "crater_scheduler_repeated_decisions",
             "Decisions left out because an earlier delivery of the same event staged them.",
@@ -827,6 +840,12 @@ class SchedulerService:
         )
 
     def _observe(self) -> None:
+        tally, self.scheduler.tally = self.scheduler.tally, collections.Counter()
+        for rule, count in tally.items():
+            if rule == "ageing_steps":
+                self.metrics.ageing_steps.inc(count)
+            else:
+                self.metrics.preemptions_held.labels(rule=rule).inc(count)
         self.metrics.pending.set(len(self.scheduler.pending))
         self.metrics.allocations.set(len(self.scheduler.allocations))
         self.metrics.nodes.set(len(self.scheduler.cluster))
