@@ -120,9 +120,7 @@ class Scheduler(SchedulerState):
         self.placer = Placer(self, self.ledger, owner=self)
         self.waitlist = Waitlist(self, self.retries, self.placer)
         self.reasons = Reasons(self, self.placer, self.guarantees)
-        self.preemptor = Preemptor(
-            self, self.retries, self.ledger, self.placer, self.guarantees, self.waitlist
-        )
+        self.preemptor = Preemptor(self, self.retries, self.ledger, self.placer, self.guarantees)
         self.lifecycle = Lifecycle(self, self.retries, self.ledger, self.waitlist)
         self.reservations = Reservations(self, self.lifecycle)
         self.nodes = NodeWatch(self, self.lifecycle)

@@ -33,7 +33,6 @@ from crater.scheduler.domain.state import (
     SchedulerState,
     yielding_on,
 )
-from crater.scheduler.domain.waitlist import Waitlist
 
 # The rules that keep a victim from yielding (no thrashing), and a preemption refused because
 # no set of victims would make room for the whole task: their names in metrics.
@@ -53,14 +52,12 @@ class Preemptor:
         ledger: Ledger,
         placer: Placer,
         guarantees: Guarantees,
-        waitlist: Waitlist,
     ) -> None:
         self.state = state
         self.retries = retries
         self.ledger = ledger
         self.placer = placer
         self.guarantees = guarantees
-        self.waitlist = waitlist
 
     def preempt_for(self, task: PendingTask, cause: Event) -> list[Event]:
         """Ask lower-priority preemptible tasks to yield so `task` fits; they get a grace
@@ -80,7 +77,6 @@ class Preemptor:
             # Its victims are gone and others took the room: an owner chooses again, so it
             # never waits past a grace period for its pool's capacity.
             task.nominated = ()
-            self.waitlist.follow_nomination(task)
         if (
             task.nominated
             or not (reclaims or any(p < mine for p in self.state.preemptible))
@@ -151,7 +147,6 @@ class Preemptor:
                 break
             candidates = [c for c in candidates if c.task_id not in excess]
         task.nominated = chosen.nodes
-        self.waitlist.follow_nomination(task)
         self.retries.stale(task.request.pool)
         full = now + timedelta(seconds=self.state.config.grace_period_seconds)
         decisions: list[Event] = []

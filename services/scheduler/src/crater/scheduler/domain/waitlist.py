@@ -7,7 +7,6 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -120,19 +119,10 @@ class Waitlist:
         return escalated
 
     def order(self, task: PendingTask) -> tuple[int, float, int]:
-        """Queue order: priority (larger first, as aged: `queue_priority`); then a task that
-        preempted (`nominated`: what its victims leave is its own, as kube-scheduler's
-        nominated node), by submission order; then the tenant's dominant share of the pool
-        (smaller first), submission order. Were the shares first, a tenant further below its
-        guarantee that claimed later would take the card a victim left for an earlier
-        claimant, who then waits for the later one's victim past its grace."""
-        return -task.queue_priority(self.state.config), self.rank(task), task.seq
-
-    def rank(self, task: PendingTask) -> float:
-        """Within a priority: -1 for a task that preempted, else its tenant's share."""
-        if task.nominated:
-            return -1.0
-        return self.share((task.request.pool, task.request.tenant))
+        """Queue order: priority (larger first, as aged: `queue_priority`), the tenant's
+        dominant share of the pool (smaller first), submission order."""
+        key = (task.request.pool, task.request.tenant)
+        return -task.queue_priority(self.state.config), self.share(key), task.seq
 
     def share(self, key: QueueKey) -> float:
         """The tenant's dominant share of the pool."""
@@ -168,18 +158,11 @@ class Waitlist:
         for priority in sorted(bands, reverse=True):
             queues = bands[priority]
             while queues:
-                key = min(queues, key=lambda k: (self.rank(queues[k][0]), queues[k][0].seq))
+                key = min(queues, key=lambda k: (self.share(k), queues[k][0].seq))
                 task = queues[key].popleft()
                 if not queues[key]:
                     del queues[key]
                 yield task
-
-    def follow_nomination(self, task: PendingTask) -> None:
-        """A head's place in the queue moves with its nomination (`order`): its pool's kept
-        head says so, as a head made after the nomination (or restored) would."""
-        head = self.state.backfill.get(task.request.pool)
-        if head is not None and head.task_id == task.request.task_id:
-            self.state.backfill[task.request.pool] = replace(head, order=self.order(task))
 
     def reserving_head(self, task: PendingTask) -> Backfill | None:
         """The blocked head of `task`'s pool whose nodes `task` must leave alone: when the
@@ -211,7 +194,6 @@ class Waitlist:
             not task.nominated or not yielding_on(self.state, task.nominated)
         ):
             task.nominated = ()  # its victims are gone: it may choose again
-            self.follow_nomination(task)
             return
         if task.nominated:
             nodes: tuple[str, ...] = task.nominated
