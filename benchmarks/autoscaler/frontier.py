@@ -76,9 +76,10 @@ def baseline(family: str, target: float) -> Baseline:
     raise ValueError(f"no baseline {family!r}; one of {', '.join(BASELINES)}")
 
 
-def one(job: tuple[str, int, str, float]) -> dict[str, object]:
-    shape, seed, family, target = job
-    trace = generate_trace(SHAPES[shape], seed)
+def one(job: tuple[str, int, str, float, float | None]) -> dict[str, object]:
+    shape, seed, family, target, hours = job
+    form = SHAPES[shape] if hours is None else replace(SHAPES[shape], hours=hours)
+    trace = generate_trace(form, seed)
     # As `crater autoscale-sim` runs them: the service's shipped defaults.
     scaling = ScalingPolicy()
     config = SimulationConfig(
@@ -231,7 +232,7 @@ def draw(report: dict[str, dict[str, object]], means: list[dict[str, object]], p
     plt.close(figure)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=seeds, default=seeds("1-5"))
     parser.add_argument("--shapes", default="diurnal,sharp")
@@ -245,7 +246,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--no-plot", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--hours", type=float, default=None, help="Shorten the traces (a smoke run); default 4."
+    )
+    args = parser.parse_args(argv)
     families = [f for f in args.baselines.split(",") if f]
     for family in families:
         baseline(family, 1.0)  # refuses an unknown name before any run
@@ -268,7 +272,7 @@ def main() -> None:
     shapes = args.shapes.split(",")
     load_before = os.getloadavg()
     jobs = [
-        (shape, seed, policy, float(target))
+        (shape, seed, policy, float(target), args.hours)
         for shape in shapes
         for seed in args.seeds
         for policy in policies
@@ -343,7 +347,8 @@ def main() -> None:
     print(f"decisions not carried out as asked: {carried}; runs over their cap: {len(over)}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     body = {
-        "command": "python benchmarks/autoscaler/frontier.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/autoscaler/frontier.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "load_average": {"before": load_before, "after": load_after},
         "minutes": round(elapsed / 60, 1),
         "policy": vars(ScalingPolicy()),
@@ -354,7 +359,12 @@ def main() -> None:
         },
         "not_the_shipped_defaults": notes,
         "seeds": args.seeds,
-        "shapes": {name: vars(SHAPES[name]) for name in shapes},
+        "shapes": {
+            name: vars(
+                SHAPES[name] if args.hours is None else replace(SHAPES[name], hours=args.hours)
+            )
+            for name in shapes
+        },
         "slo": "TTFT <= 200 ms",
         "frontier": report,
         "means": means,
