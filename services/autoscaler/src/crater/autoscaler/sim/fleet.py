@@ -135,7 +135,9 @@ class HpaBaseline:
     selectPolicy Max, no stabilisation); scale-down to the highest recommendation of the
     last 300 s (the default `behavior.scaleDown.stabilizationWindowSeconds`, 100% per 15 s).
     Defaults as kubernetes.io documents them ("Horizontal Pod Autoscaling", "Default
-    Behavior"; the autoscaling/v2 API reference states the same policies).
+    Behavior": periodSeconds 15 for both scale-up policies); the autoscaling/v2 API
+    reference's field comment says "per 60 seconds" for the same two policies, which is the
+    slower reading and not what is modelled here.
 
     `metric` "slots" is slot utilisation (busy sequences / slots, like GPU utilisation);
     "kv" is KV-cache utilisation (tokens held / KV capacity, vLLM's
