@@ -114,3 +114,32 @@ def test_json_prints_the_results_on_stdout(tmp_path: Path) -> None:
     assert ran.exit_code == 0, ran.output
     body = json.loads(ran.stdout)
     assert [r["policy"] for r in body["results"]] == ["crater", "hpa"]
+
+
+def test_each_baseline_can_be_run_at_its_targets(tmp_path: Path) -> None:
+    runner = CliRunner()
+    trace = tmp_path / "trace.csv"
+    made = runner.invoke(
+        app, ["autoscale-sim", "--generate", str(trace), "--hours", "0.05", "--seed", "4"]
+    )
+    assert made.exit_code == 0, made.output
+    out = tmp_path / "result.json"
+    args = ["autoscale-sim", "--trace", str(trace), "--output", str(out), "--policy", "baseline"]
+    chosen = ["--baseline", "hpa-slots", "--baseline", "hpa-kv", "--baseline", "kpa"]
+    targets = ["--hpa-kv-target", "0.5", "--hpa-kv-target", "0.8", "--kpa-target", "6"]
+    ran = runner.invoke(app, [*args, *chosen, *targets])
+    assert ran.exit_code == 0, ran.output
+    body = json.loads(out.read_text())
+    assert [r["policy"] for r in body["results"]] == ["hpa", "hpa-kv 0.5", "hpa-kv 0.8", "kpa"]
+    assert body["config"]["baselines"] == ["hpa-slots", "hpa-kv", "kpa"]
+    assert body["config"]["hpa_kv_target_utilisation"] == [0.5, 0.8]
+    assert body["config"]["kpa_target_concurrency"] == [6.0]
+    assert all(r["decisions_not_carried_out"] == 0 for r in body["results"])
+
+
+def test_an_unknown_baseline_is_refused_by_name(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp_s,input_tokens,output_tokens\n0.5,10,10\n")
+    result = CliRunner().invoke(app, ["autoscale-sim", "--trace", str(trace), "--baseline", "vpa"])
+    assert result.exit_code != 0
+    assert "hpa-slots, hpa-kv, kpa" in result.output

@@ -1,6 +1,7 @@
 """`crater autoscale-sim`: replay a request trace against a simulated inference fleet, scaled
-by Crater's own autoscaling policy (the domain code the service runs) and by an HPA-style
-baseline, and compare SLO attainment against replica-minutes."""
+by Crater's own autoscaling policy (the domain code the service runs) and by the baselines a
+user would configure instead (the HPA on slot or KV-cache utilisation, a Knative-KPA-like
+concurrency autoscaler), and compare SLO attainment against replica-minutes."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from rich.table import Table
 
 from crater.autoscaler.api import STRATEGIES, ScalingPolicy, Strategy
 from crater.autoscaler.sim import (
+    BASELINES,
+    Baseline,
     FleetModel,
     HpaBaseline,
+    KpaBaseline,
     RunResult,
     SimulationConfig,
     TraceShape,
@@ -42,7 +46,17 @@ def autoscale_sim(
         Path | None,
         typer.Option(help="CSV trace: timestamp_s,input_tokens,output_tokens per request."),
     ] = None,
-    policy: Annotated[str, typer.Option(help="crater, hpa or both.")] = "both",
+    policy: Annotated[
+        str, typer.Option(help="crater, baseline (also spelt hpa: the --baseline runs) or both.")
+    ] = "both",
+    baseline: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Baseline: hpa-slots (HPA on slot utilisation), hpa-kv (HPA/KEDA on KV-cache "
+            "utilisation) or kpa (Knative-KPA-like concurrency); repeat for several "
+            "(default hpa-slots)."
+        ),
+    ] = None,
     plot: Annotated[
         Path | None,
         typer.Option(help="Write a PNG: replicas and p95 over time, SLO against replica-minutes."),
@@ -113,14 +127,30 @@ def autoscale_sim(
     hpa_target: Annotated[
         list[float] | None,
         typer.Option(
-            help="HPA: target slot utilisation (busy sequences / slots); repeat for several "
-            "runs (default 0.7)."
+            help="hpa-slots: target slot utilisation (busy sequences / slots); repeat for "
+            "several runs (default 0.7)."
+        ),
+    ] = None,
+    hpa_kv_target: Annotated[
+        list[float] | None,
+        typer.Option(
+            help="hpa-kv: target KV-cache utilisation (tokens held / KV capacity, like vLLM's "
+            "gpu_cache_usage_perc); repeat for several runs (default 0.7)."
+        ),
+    ] = None,
+    kpa_target: Annotated[
+        list[float] | None,
+        typer.Option(
+            help="kpa: target requests in flight plus queued per replica, before the 70% "
+            "target utilisation; repeat for several runs (default 16, the replica's slots)."
         ),
     ] = None,
 ) -> None:
     """Replay a request trace against a simulated inference fleet under Crater's autoscaling
-    policy and an HPA-style baseline (15 s sync, utilisation target, 300 s scale-in window);
-    report p95 time to first token, SLO attainment, replica-minutes and scale events."""
+    policy and the baselines a user would configure instead: the HPA on slot or KV-cache
+    utilisation (15 s sync, 10% tolerance, 300 s scale-in window) and a Knative-KPA-like
+    concurrency autoscaler (60 s stable and 6 s panic windows); report p95 time to first
+    token, SLO attainment, replica-minutes and scale events."""
     if generate is not None:
         shape = TraceShape(
             hours=hours,
@@ -140,15 +170,26 @@ def autoscale_sim(
             return
     if trace is None:
         raise typer.BadParameter("give --trace FILE (or --generate FILE to make one)")
-    if policy not in ("crater", "hpa", "both"):
-        raise typer.BadParameter("--policy is crater, hpa or both")
+    if policy not in ("crater", "baseline", "hpa", "both"):
+        raise typer.BadParameter("--policy is crater, baseline (or hpa) or both")
+    baselines = baseline or ["hpa-slots"]
+    for name in baselines:
+        if name not in BASELINES:
+            raise typer.BadParameter(f"--baseline is one of {', '.join(BASELINES)}, not {name!r}")
     if strategy not in STRATEGIES:
         raise typer.BadParameter(f"--strategy is one of {', '.join(STRATEGIES)}")
     requests = read_trace(trace)
     if not requests:
         raise typer.BadParameter(f"{trace} holds no requests")
     targets = target_pressure or [_POLICY.target_pressure]
-    hpa_targets = hpa_target or [0.7]
+    hpa_targets = hpa_target or [HpaBaseline().target_utilisation]
+    kv_targets = hpa_kv_target or [HpaBaseline(metric="kv").target_utilisation]
+    kpa_targets = kpa_target or [KpaBaseline().target_concurrency]
+    swept: dict[str, list[tuple[float, Baseline]]] = {
+        "hpa-slots": [(t, HpaBaseline(target_utilisation=t)) for t in hpa_targets],
+        "hpa-kv": [(t, HpaBaseline(metric="kv", target_utilisation=t)) for t in kv_targets],
+        "kpa": [(t, KpaBaseline(target_concurrency=t)) for t in kpa_targets],
+    }
     try:
         base = SimulationConfig(
             fleet=FleetModel(startup_s=startup_s),
@@ -167,18 +208,19 @@ def autoscale_sim(
             slo_ms=slo_ms,
             seed=seed,
         )
-        runs: list[tuple[str, str, SimulationConfig]] = []
+        runs: list[tuple[str | Baseline, str, SimulationConfig]] = []
         if policy in ("crater", "both"):
             for target in targets if strategy == "demand" else targets[:1]:
                 label = f"crater {target:g}" if len(targets) > 1 and strategy == "demand" else ""
                 config = replace(base, policy=replace(base.policy, target_pressure=target))
                 runs.append(("crater", label or "crater", config))
-        if policy in ("hpa", "both"):
-            for target in hpa_targets:
-                label = f"hpa {target:g}" if len(hpa_targets) > 1 else "hpa"
-                runs.append(
-                    ("hpa", label, replace(base, hpa=HpaBaseline(target_utilisation=target)))
-                )
+        if policy in ("baseline", "hpa", "both"):
+            for name in baselines:
+                # The slot-utilisation HPA keeps its old label, "hpa".
+                short = "hpa" if name == "hpa-slots" else name
+                for target, spec in swept[name]:
+                    label = f"{short} {target:g}" if len(swept[name]) > 1 else short
+                    runs.append((spec, label, base))
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
     notes = sorted(
@@ -202,13 +244,13 @@ def autoscale_sim(
         console=console,
         transient=True,
     ) as progress:
-        for name, label, config in runs:
+        for scaler, label, config in runs:
             task = progress.add_task(f"{label}: {len(requests):,} requests", total=1.0)
 
             def advance(fraction: float, task: TaskID = task) -> None:
                 progress.update(task, completed=fraction)
 
-            result = simulate(requests, config, name, advance)
+            result = simulate(requests, config, scaler, advance)
             results.append(replace(result, policy=label))
             progress.update(task, completed=1.0)
     if not as_json:
@@ -230,7 +272,10 @@ def autoscale_sim(
                 "initial_replicas": initial_replicas,
                 "startup_s": startup_s,
                 "not_the_shipped_defaults": notes,
+                "baselines": baselines,
                 "hpa_target_utilisation": hpa_targets,
+                "hpa_kv_target_utilisation": kv_targets,
+                "kpa_target_concurrency": kpa_targets,
             },
             "results": [r.summary() for r in results],
         }

@@ -1,6 +1,8 @@
 """A simulated inference fleet replaying a request trace, scaled by Crater's own policy (the
-`Autoscaler` the service runs, fed the events the service would get) or by an HPA-style
-baseline, so the two can be compared on the same trace.
+`Autoscaler` the service runs, fed the events the service would get) or by a baseline a user
+would configure instead (`Baseline`: an HPA on slot utilisation, an HPA/KEDA on KV-cache
+utilisation, a Knative-KPA-like concurrency autoscaler), so they can be compared on the same
+trace.
 
 The model, per replica: `slots` concurrent sequences (continuous batching) and a KV cache of
 `kv_capacity_tokens`; a request is admitted when a slot is free and its tokens fit. Its time
@@ -36,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import cast
+from typing import Literal, Protocol, cast
 from uuid import NAMESPACE_URL, UUID, uuid5
 
 from crater.autoscaler.domain import Autoscaler, ScalingPolicy
@@ -75,10 +77,72 @@ class FleetModel:
 
 
 @dataclass(frozen=True)
+class Observation:
+    """What a baseline autoscaler sees at one of its syncs, as its metrics pipeline would
+    report it: the replicas serving or starting (`current`) and those ready, the slot
+    utilisation since the last sync (busy sequences / slots, like GPU utilisation), the KV
+    cache in use now (like vLLM's `gpu_cache_usage_perc`), both averaged over the ready
+    replicas, and the requests in flight on them plus those queued for a replica
+    (`concurrency`, what Knative's queue-proxy and activator count)."""
+
+    now: float
+    current: int
+    ready: int
+    slot_utilisation: float = 0.0
+    kv_utilisation: float = 0.0
+    concurrency: float = 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: int
+    reason: str = ""
+    panic: bool = False
+
+
+class Controller(Protocol):
+    """A baseline's state between syncs: it sees an `Observation`, decides the replicas."""
+
+    def decide(self, seen: Observation) -> Decision: ...
+
+
+class Baseline(Protocol):
+    """A baseline autoscaler as a user configures it: a name, the period it syncs at, the
+    target on its metric (the knob a sweep turns), and a fresh controller per run."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sync_s(self) -> float: ...
+
+    @property
+    def target(self) -> float: ...
+
+    def controller(self, initial: int, min_replicas: int, max_replicas: int) -> Controller: ...
+
+
+HpaMetric = Literal["slots", "kv"]
+
+
+@dataclass(frozen=True)
 class HpaBaseline:
-    """Kubernetes HPA defaults: 15 s sync, 10% tolerance, scale-up by max(4 pods, 100%) per
-    sync, scale-down to the highest recommendation of the last 300 s. The metric is slot
-    utilisation (busy sequences / slots, like GPU utilisation) averaged over ready replicas."""
+    """The Kubernetes HPA algorithm on one per-replica utilisation metric: every `sync_s`
+    (15 s, `--horizontal-pod-autoscaler-sync-period`) desired = ceil(ready * metric /
+    target), unless the ratio is within `tolerance` of 1 (0.1,
+    `--horizontal-pod-autoscaler-tolerance`); scale-up by at most max(4 pods, 100%) per
+    sync (the default `behavior.scaleUp`: policies Pods 4 and Percent 100 per 15 s,
+    selectPolicy Max, no stabilisation); scale-down to the highest recommendation of the
+    last 300 s (the default `behavior.scaleDown.stabilizationWindowSeconds`, 100% per 15 s).
+    Defaults as kubernetes.io documents them ("Horizontal Pod Autoscaling", "Default
+    Behavior": periodSeconds 15 for both scale-up policies); the autoscaling/v2 API
+    reference's field comment says "per 60 seconds" for the same two policies, which is the
+    slower reading and not what is modelled here.
+
+    `metric` "slots" is slot utilisation (busy sequences / slots, like GPU utilisation);
+    "kv" is KV-cache utilisation (tokens held / KV capacity, vLLM's
+    `vllm:gpu_cache_usage_perc`, which KEDA's Prometheus scaler or a custom-metrics HPA
+    would scale on), averaged over the ready replicas."""
 
     sync_s: float = 15.0
     target_utilisation: float = 0.7
@@ -86,6 +150,150 @@ class HpaBaseline:
     scale_in_window_s: float = 300.0
     scale_out_pods: int = 4
     scale_out_percent: float = 100.0
+    metric: HpaMetric = "slots"
+
+    @property
+    def name(self) -> str:
+        return f"hpa-{self.metric}"
+
+    @property
+    def target(self) -> float:
+        return self.target_utilisation
+
+    def controller(self, initial: int, min_replicas: int, max_replicas: int) -> Controller:
+        return _Hpa(self, initial, min_replicas, max_replicas)
+
+
+class _Hpa:
+    def __init__(self, spec: HpaBaseline, initial: int, low: int, high: int) -> None:
+        self.spec = spec
+        self.low = low
+        self.high = high
+        # The recommendations of the last scale-in window; the start counts as one.
+        self.history: deque[tuple[float, int]] = deque([(0.0, initial)])
+
+    def decide(self, seen: Observation) -> Decision:
+        spec = self.spec
+        current = seen.current
+        value = seen.slot_utilisation if spec.metric == "slots" else seen.kv_utilisation
+        label = "slot utilisation" if spec.metric == "slots" else "KV-cache utilisation"
+        ratio = value / spec.target_utilisation
+        within = abs(ratio - 1) <= spec.tolerance
+        recommended = current if within else math.ceil(seen.ready * ratio)
+        recommended = min(self.high, max(self.low, recommended))
+        self.history.append((seen.now, recommended))
+        while self.history[0][0] <= seen.now - spec.scale_in_window_s:
+            self.history.popleft()
+        if recommended > current:
+            limit = max(
+                current + spec.scale_out_pods,
+                math.floor(current * (1 + spec.scale_out_percent / 100)),
+            )
+            desired = min(recommended, limit, self.high)
+            return Decision(
+                desired,
+                f"{label} {value:.2f} / target {spec.target_utilisation:g}: {current} -> {desired}",
+            )
+        stabilised = max(r for _, r in self.history)
+        if stabilised >= current:
+            return Decision(current)
+        return Decision(
+            stabilised,
+            f"highest recommendation over {spec.scale_in_window_s:g} s: {current} -> {stabilised}",
+        )
+
+
+@dataclass(frozen=True)
+class KpaBaseline:
+    """A Knative-KPA-like concurrency autoscaler: target in-flight plus queued requests per
+    replica, `target_concurrency * target_utilisation` (Knative's containerConcurrency /
+    `autoscaling.knative.dev/target` and `container-concurrency-target-percentage`, 70% by
+    default; the default target here is the replica's slots, as a user would set
+    containerConcurrency to the server's batch). Knative's defaults (config-autoscaler,
+    knative.dev "Additional autoscaling configuration for Knative Pod Autoscaler"):
+    `tick-interval` 2 s; `stable-window` 60 s; `panic-window-percentage` 10% (a 6 s panic
+    window); `panic-threshold-percentage` 200%; `max-scale-up-rate` 1000;
+    `max-scale-down-rate` 2; `scale-down-delay` 0 s.
+
+    As its autoscaler does: desired = ceil(mean concurrency over the window / target),
+    for the stable and the panic window, each bounded by the rates (at most
+    ready * 1000, at least ready / 2); it panics when the panic desire reaches 200% of the
+    ready replicas, then never scales in, and leaves panic a stable window after the last
+    tick over the threshold; a scale-down delay keeps the highest desire over its window.
+    The concurrency is sampled at each tick (Knative averages per-second samples)."""
+
+    target_concurrency: float = 16.0
+    target_utilisation: float = 0.7
+    sync_s: float = 2.0
+    stable_window_s: float = 60.0
+    panic_window_percent: float = 10.0
+    panic_threshold_percent: float = 200.0
+    max_scale_up_rate: float = 1000.0
+    max_scale_down_rate: float = 2.0
+    scale_down_delay_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return "kpa"
+
+    @property
+    def target(self) -> float:
+        return self.target_concurrency
+
+    def controller(self, initial: int, min_replicas: int, max_replicas: int) -> Controller:
+        return _Kpa(self, min_replicas, max_replicas)
+
+
+class _Kpa:
+    def __init__(self, spec: KpaBaseline, low: int, high: int) -> None:
+        self.spec = spec
+        self.low = low
+        self.high = high
+        self.samples: deque[tuple[float, float]] = deque()
+        self.panic_since: float | None = None
+        self.max_panic = 0
+        self.delay: deque[tuple[float, int]] = deque()
+
+    def decide(self, seen: Observation) -> Decision:
+        spec = self.spec
+        now = seen.now
+        self.samples.append((now, seen.concurrency))
+        while self.samples[0][0] <= now - spec.stable_window_s:
+            self.samples.popleft()
+        panic_window = spec.stable_window_s * spec.panic_window_percent / 100
+        recent = [c for t, c in self.samples if t > now - panic_window]
+        stable = sum(c for _, c in self.samples) / len(self.samples)
+        burst = sum(recent) / len(recent)
+        target = spec.target_concurrency * spec.target_utilisation
+        ready = max(1, seen.ready)
+        most = math.ceil(spec.max_scale_up_rate * ready)
+        least = math.floor(ready / spec.max_scale_down_rate)
+        wanted_stable = min(most, max(least, math.ceil(stable / target)))
+        wanted_panic = min(most, max(least, math.ceil(burst / target)))
+        over = wanted_panic / ready >= spec.panic_threshold_percent / 100
+        if over:
+            self.panic_since = now  # begins, or goes on
+        elif self.panic_since is not None and now > self.panic_since + spec.stable_window_s:
+            self.panic_since = None
+            self.max_panic = 0
+        if self.panic_since is not None:
+            self.max_panic = max(self.max_panic, wanted_panic)  # no scale-in while panicking
+            desired = self.max_panic
+            why = f"panic: {burst:.1f} in flight over {panic_window:g} s"
+        else:
+            desired = wanted_stable
+            why = f"{stable:.1f} in flight over {spec.stable_window_s:g} s"
+        if spec.scale_down_delay_s > 0:
+            self.delay.append((now, desired))
+            while self.delay[0][0] <= now - spec.scale_down_delay_s:
+                self.delay.popleft()
+            desired = max(d for _, d in self.delay)
+        desired = min(self.high, max(self.low, desired))
+        return Decision(
+            desired,
+            f"{why} / target {target:g} per replica: {seen.current} -> {desired}",
+            panic=self.panic_since is not None,
+        )
 
 
 @dataclass(frozen=True)
@@ -93,6 +301,8 @@ class SimulationConfig:
     fleet: FleetModel = field(default_factory=FleetModel)
     policy: ScalingPolicy = field(default_factory=ScalingPolicy)
     hpa: HpaBaseline = field(default_factory=HpaBaseline)
+    hpa_kv: HpaBaseline = field(default_factory=lambda: HpaBaseline(metric="kv"))
+    kpa: KpaBaseline = field(default_factory=KpaBaseline)
     initial_replicas: int = 2
     report_interval_s: float = 2.0
     slo_ms: float = 200.0
@@ -260,6 +470,7 @@ class _Simulation:
         config: SimulationConfig,
         mode: str,
         progress: Callable[[float], None] | None,
+        baseline: Baseline | None = None,
     ) -> None:
         self.trace = trace
         self.config = config
@@ -275,9 +486,15 @@ class _Simulation:
         self.seq = 0
         self.events: list[ScaleEvent] = []
         self.samples: list[tuple[float, int, int]] = []  # (t, holding, serving)
-        self.autoscaler = Autoscaler(config.policy) if mode == "crater" else None
-        # HPA's recommendations of the last scale-in window; the start counts as one.
-        self.hpa_history: deque[tuple[float, int]] = deque([(0.0, config.initial_replicas)])
+        self.autoscaler = Autoscaler(config.policy) if baseline is None else None
+        self.baseline = baseline
+        self.controller = (
+            baseline.controller(
+                config.initial_replicas, config.policy.min_replicas, config.policy.max_replicas
+            )
+            if baseline is not None
+            else None
+        )
         self.namespace = uuid5(NAMESPACE_URL, f"crater-autoscale-sim/{config.seed}/{mode}")
         self.counter = 0
         self.peak = 0
@@ -485,8 +702,12 @@ class _Simulation:
         self.handle(autoscaler.tick(self.when(now).timestamp()), now)
 
     def sync(self, now: float) -> None:
-        hpa = self.config.hpa
-        policy = self.config.policy
+        """A baseline's sync: measure what it reads, let it decide, carry the decision out
+        (a scale-in deletes replicas not yet ready first, as Kubernetes does, then drains
+        the newest)."""
+        controller = self.controller
+        assert controller is not None
+        assert self.baseline is not None
         ready = self.serving()
         starting = [r for r in self.replicas.values() if r.state == "starting"]
         current = len(ready) + len(starting)
@@ -497,40 +718,40 @@ class _Simulation:
             self.account(replica, now)
             busy += replica.busy - replica.busy_mark
             replica.busy_mark = replica.busy
-        utilisation = busy / (self.model.slots * hpa.sync_s * len(ready))
-        ratio = utilisation / hpa.target_utilisation
-        recommended = current if abs(ratio - 1) <= hpa.tolerance else math.ceil(len(ready) * ratio)
-        recommended = min(policy.max_replicas, max(policy.min_replicas, recommended))
-        self.hpa_history.append((now, recommended))
-        while self.hpa_history[0][0] <= now - hpa.scale_in_window_s:
-            self.hpa_history.popleft()
-        if recommended > current:
-            limit = max(
-                current + hpa.scale_out_pods,
-                math.floor(current * (1 + hpa.scale_out_percent / 100)),
-            )
-            desired = min(recommended, limit, policy.max_replicas)
+        model = self.model
+        seen = Observation(
+            now=now,
+            current=current,
+            ready=len(ready),
+            slot_utilisation=busy / (model.slots * self.baseline.sync_s * len(ready)),
+            kv_utilisation=sum(min(1.0, r.kv / model.kv_capacity_tokens) for r in ready)
+            / len(ready),
+            concurrency=float(sum(r.active for r in ready) + len(self.backlog)),
+        )
+        decision = controller.decide(seen)
+        desired = decision.desired
+        if desired > current:
+            prefix = self.baseline.name.split("-")[0]
             for _ in range(desired - current):
-                task = f"{SERVICE}-hpa-{self.event_id('hpa').hex[:12]}"
-                self.add_replica(task, now, "starting", now + self.model.startup_s)
+                task = f"{SERVICE}-{prefix}-{self.event_id(prefix).hex[:12]}"
+                self.add_replica(task, now, "starting", now + model.startup_s)
             self.events.append(
                 ScaleEvent(
                     now,
                     "out",
                     current,
                     desired,
+                    panic=decision.panic,
                     fleet_before=current,
                     fleet_after=self.fleet(),
                     added=desired - current,
-                    reason=f"slot utilisation {utilisation:.2f} / target "
-                    f"{hpa.target_utilisation:g}: {current} -> {desired}",
+                    reason=decision.reason,
                 )
             )
             return
-        stabilised = max(r for _, r in self.hpa_history)
-        if stabilised >= current:
+        if desired >= current:
             return
-        remove = current - stabilised
+        remove = current - desired
         for replica in sorted(starting, key=lambda r: (r.created, r.id), reverse=True)[:remove]:
             self.remove(replica, now)  # not ready yet: deleted first, as Kubernetes does
             remove -= 1
@@ -541,18 +762,17 @@ class _Simulation:
                 now,
                 "in",
                 current,
-                stabilised,
+                desired,
                 fleet_before=current,
                 fleet_after=self.fleet(),
-                drained=current - stabilised,
-                reason=f"highest recommendation over {hpa.scale_in_window_s:g} s: "
-                f"{current} -> {stabilised}",
+                drained=current - desired,
+                reason=decision.reason,
             )
         )
 
     # -- the loop -------------------------------------------------------------------------
 
-    def run(self) -> RunResult:
+    def run(self, label: str | None = None) -> RunResult:
         config = self.config
         initial = [f"{SERVICE}-initial-{i}" for i in range(config.initial_replicas)]
         for i, task in enumerate(initial):
@@ -565,7 +785,8 @@ class _Simulation:
         if self.autoscaler is not None:
             self.push(config.report_interval_s, _REPORT, None)
         else:
-            self.push(config.hpa.sync_s, _SYNC, None)
+            assert self.baseline is not None
+            self.push(self.baseline.sync_s, _SYNC, None)
         self.push(0.0, _REPORT if self.autoscaler is not None else _SYNC, "sample")
         next_progress = 0.0
         arrival = 0
@@ -601,15 +822,16 @@ class _Simulation:
                     self.push(now + config.report_interval_s, _REPORT, None)
                 else:
                     self.sync(now)
-                    self.push(now + config.hpa.sync_s, _SYNC, None)
+                    assert self.baseline is not None
+                    self.push(now + self.baseline.sync_s, _SYNC, None)
                 if self.progress is not None and self.end and now >= next_progress:
                     self.progress(min(1.0, now / self.end))
                     next_progress = now + self.end / 100
             if now > self.end + 3_600:
                 break  # a fleet that never drains its queue: the rest count as dropped
-        return self.result()
+        return self.result(label or self.mode)
 
-    def result(self) -> RunResult:
+    def result(self, label: str) -> RunResult:
         config = self.config
         end = self.end
         holding = 0.0
@@ -624,7 +846,7 @@ class _Simulation:
         met = sum(1 for v in latencies if v <= config.slo_ms)
         count = len(latencies)
         return RunResult(
-            policy=self.mode,
+            policy=label,
             requests=count,
             p50_ms=nearest_rank(latencies, 0.5) if count else 0.0,
             p95_ms=nearest_rank(latencies, 0.95) if count else 0.0,
@@ -688,13 +910,40 @@ def describe_departures(policy: ScalingPolicy) -> str | None:
     return f"NOT THE SHIPPED DEFAULTS: {parts}"
 
 
+BASELINES = ("hpa-slots", "hpa-kv", "kpa")
+
+
+def baseline_of(config: SimulationConfig, name: str) -> Baseline:
+    """The configured baseline named `name`: 'hpa-slots' (also 'hpa'), 'hpa-kv' or 'kpa'."""
+    found: dict[str, Baseline] = {
+        "hpa": config.hpa,
+        "hpa-slots": config.hpa,
+        "hpa-kv": config.hpa_kv,
+        "kpa": config.kpa,
+    }
+    if name not in found:
+        raise ValueError(
+            f"policy must be 'crater' or one of {', '.join(BASELINES)} (or 'hpa'), not {name!r}"
+        )
+    return found[name]
+
+
 def simulate(
     trace: Sequence[Request],
     config: SimulationConfig,
-    policy: str,
+    policy: str | Baseline,
     progress: Callable[[float], None] | None = None,
 ) -> RunResult:
-    """Replay `trace` against the simulated fleet scaled by `policy` ('crater' or 'hpa')."""
-    if policy not in ("crater", "hpa"):
-        raise ValueError(f"policy must be 'crater' or 'hpa', not {policy!r}")
-    return _Simulation(trace, config, policy, progress).run()
+    """Replay `trace` against the simulated fleet scaled by `policy`: 'crater' (the service's
+    own autoscaler), a baseline's name (`BASELINES`; 'hpa' is 'hpa-slots') taken from
+    `config`, or a `Baseline` itself."""
+    if isinstance(policy, str):
+        if policy == "crater":
+            return _Simulation(trace, config, "crater", progress).run()
+        baseline = baseline_of(config, policy)
+        mode = policy
+    else:
+        baseline, mode = policy, policy.name
+    # The slot HPA keeps the name its replicas always had, so its runs stay bit for bit.
+    key = "hpa" if mode == "hpa-slots" else mode
+    return _Simulation(trace, config, key, progress, baseline).run(mode)

@@ -1,0 +1,1 @@
+"""Autoscaler benchmarks: decision latency, and the frontier against the baselines."""
