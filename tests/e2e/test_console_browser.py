@@ -119,6 +119,9 @@ async def page() -> AsyncIterator[Page]:
         context = await browser.new_context(viewport={"width": 1440, "height": 1000})
         opened = await context.new_page()
         opened.set_default_timeout(30_000)
+        # and the assertions' (5 s by default): a page asking the scheduler through the
+        # gateway takes seconds on a loaded machine (CI runs this among the other e2e tests)
+        playwright_api.expect.set_options(timeout=30_000)
         try:
             yield opened
         finally:
