@@ -176,19 +176,23 @@ async def test_one_span_per_batch_linked_to_each_message_and_each_keeps_its_cont
     await consumer.consumer.start()
     await eventually(lambda: len(consumer.handled) == 3)
 
-    assert consumer.batches == [["traced-a", "traced-b", "untraced"]]
+    # Stored before the start, they usually come as one batch; a loaded machine's first fetch
+    # may return before the others arrive: one span per batch then, whatever the split.
+    assert [m for batch in consumer.batches for m in batch] == ["traced-a", "traced-b", "untraced"]
     # each message's own context, for what the handler publishes in consequence
     assert consumer.traces["traced-a"] == TRACE_A
     assert consumer.traces["traced-b"] == TRACE_B
     assert consumer.traces["untraced"] is None
-    [span] = [s for s in consumer.spans.get_finished_spans() if s.name == f"{CONSUMER} process"]
-    assert span.attributes is not None
-    assert span.attributes["messaging.batch.message_count"] == 3
-    linked = {f"{link.context.trace_id:032x}" for link in span.links}
-    assert linked == {TRACE_A.split("-")[1], TRACE_B.split("-")[1]}
-    # one span for the batch, not one per message
+    spans = [s for s in consumer.spans.get_finished_spans() if s.name == f"{CONSUMER} process"]
+    assert len(spans) == len(consumer.batches)
+    for span, batch in zip(spans, consumer.batches, strict=True):
+        assert span.attributes is not None
+        assert span.attributes["messaging.batch.message_count"] == len(batch)
+    linked = [f"{link.context.trace_id:032x}" for span in spans for link in span.links]
+    assert sorted(linked) == sorted([TRACE_A.split("-")[1], TRACE_B.split("-")[1]])
+    # one span for each batch, not one per message
     consumed = [s for s in consumer.spans.get_finished_spans() if s.kind == SpanKind.CONSUMER]
-    assert consumed == [span]
+    assert consumed == spans
 
 
 async def test_the_gate_starts_and_stops_it_and_a_stopped_consumer_takes_nothing(
