@@ -33,3 +33,38 @@ def small_training(task_id: str, gpus: int = 1, at: datetime | None = None) -> T
     if at is None:
         return TaskProfiled(task=request, prediction=PREDICTION)
     return TaskProfiled(task=request, prediction=PREDICTION, occurred_at=at)
+
+
+# A prediction that adds nothing to what the request asks: the test's figures decide.
+NOTHING_PREDICTED = ResourcePrediction(
+    gpu_memory_per_gpu_mb=0,
+    host_memory_mb=0,
+    confidence=Confidence.LOW,
+    method="test",
+    dataloader_num_workers=1,
+    dataloader_prefetch_factor=1,
+)
+
+
+def profiled(
+    task_id: str,
+    gpus: int,
+    task_type: str = "training",
+    gpu_memory_mb: int | None = None,
+    **body: object,
+) -> TaskProfiled:
+    """A task of `gpus` cards and one core as the scheduler gets it, `body` its other
+    request fields (pool, tenant, priority, ...)."""
+    gpu: dict[str, int] = {"count": gpus}
+    if gpu_memory_mb is not None:
+        gpu["memory_mb"] = gpu_memory_mb
+    request = TaskRequest.model_validate(
+        {
+            "task_id": task_id,
+            "task_type": task_type,
+            "model_config": {"name": "m"},
+            "resource_requirements": {"gpu": gpu, "cpu": {"cores": 1}},
+            **body,
+        }
+    )
+    return TaskProfiled(task=request, prediction=NOTHING_PREDICTED)

@@ -19,12 +19,9 @@ from faststream import TestApp
 
 from crater.contracts import (
     AllocationGranted,
-    Confidence,
     NodeTopologyReported,
-    ResourcePrediction,
     TaskPreempted,
     TaskProfiled,
-    TaskRequest,
 )
 from crater.gateway.apikeys import Scope, kv_bucket, kv_put, new_key
 from crater.gateway.app import GatewaySettings
@@ -35,16 +32,9 @@ from crater.runtime.nats_server import NatsServer
 from crater.scheduler import audit
 from crater.scheduler.app import SchedulerSettings, build
 from tests.support.events import EventTap
+from tests.support.profiles import profiled
 from tests.support.topologies import node
 
-PREDICTION = ResourcePrediction(
-    gpu_memory_per_gpu_mb=0,
-    host_memory_mb=0,
-    confidence=Confidence.LOW,
-    method="test",
-    dataloader_num_workers=1,
-    dataloader_prefetch_factor=1,
-)
 RELOADS = "crater_scheduler_config_reloads_total"
 QUOTAS = {
     "tenants": {
@@ -56,17 +46,7 @@ QUOTAS = {
 
 
 def submitted(task_id: str, tenant: str, gpus: int, **body: Any) -> TaskProfiled:
-    request = TaskRequest.model_validate(
-        {
-            "task_id": task_id,
-            "task_type": "training",
-            "model_config": {"name": "m"},
-            "tenant": tenant,
-            "resource_requirements": {"gpu": {"count": gpus}, "cpu": {"cores": 1}},
-            **body,
-        }
-    )
-    return TaskProfiled(task=request, prediction=PREDICTION)
+    return profiled(task_id, gpus, tenant=tenant, **body)
 
 
 async def store_key(nats_url: str, tenant: str, scope: Scope) -> str:

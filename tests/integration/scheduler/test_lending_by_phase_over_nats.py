@@ -16,17 +16,14 @@ from crater.contracts import (
     AllocationGranted,
     AllocationQuery,
     AllocationReleased,
-    Confidence,
     GpuPhase,
     GpuUsage,
     LendingState,
     NodeTopologyReported,
-    ResourcePrediction,
     TaskGpusLending,
     TaskPhaseReported,
     TaskPreempted,
     TaskProfiled,
-    TaskRequest,
     TaskStatus,
     TaskStatusReported,
 )
@@ -36,16 +33,9 @@ from crater.runtime.nats_server import NatsServer
 from crater.scheduler import audit
 from crater.scheduler.app import SchedulerSettings, build, scheduler_config
 from tests.support.events import EventTap
+from tests.support.profiles import profiled
 from tests.support.topologies import node
 
-PREDICTION = ResourcePrediction(
-    gpu_memory_per_gpu_mb=0,
-    host_memory_mb=0,
-    confidence=Confidence.LOW,
-    method="test",
-    dataloader_num_workers=1,
-    dataloader_prefetch_factor=1,
-)
 POOLS = """\
 pools:
   inference:
@@ -58,20 +48,7 @@ pools:
 
 
 def submitted(task_id: str, kind: str, pool: str, gpus: int, **body: Any) -> TaskProfiled:
-    request = TaskRequest.model_validate(
-        {
-            "task_id": task_id,
-            "task_type": kind,
-            "model_config": {"name": "m"},
-            "pool": pool,
-            "resource_requirements": {
-                "gpu": {"count": gpus, "memory_mb": 20000},
-                "cpu": {"cores": 1},
-            },
-            **body,
-        }
-    )
-    return TaskProfiled(task=request, prediction=PREDICTION)
+    return profiled(task_id, gpus, task_type=kind, gpu_memory_mb=20000, pool=pool, **body)
 
 
 async def test_a_replica_borrows_a_training_card_for_its_cpu_phase_and_gives_it_back(

@@ -12,12 +12,9 @@ from faststream import TestApp
 from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
-    Confidence,
     NodeTopologyReported,
-    ResourcePrediction,
     TaskPreempted,
     TaskProfiled,
-    TaskRequest,
     TaskStatus,
     TaskStatusReported,
 )
@@ -25,16 +22,9 @@ from crater.runtime.bus import publish
 from crater.runtime.nats_server import NatsServer
 from crater.scheduler.app import SchedulerSettings, build
 from tests.support.events import EventTap
+from tests.support.profiles import profiled
 from tests.support.topologies import node
 
-PREDICTION = ResourcePrediction(
-    gpu_memory_per_gpu_mb=0,
-    host_memory_mb=0,
-    confidence=Confidence.LOW,
-    method="test",
-    dataloader_num_workers=1,
-    dataloader_prefetch_factor=1,
-)
 RELOADS = "crater_scheduler_config_reloads_total"
 POOLS = """\
 pools:
@@ -48,17 +38,7 @@ pools:
 
 
 def submitted(task_id: str, pool: str, gpus: int, **body: Any) -> TaskProfiled:
-    request = TaskRequest.model_validate(
-        {
-            "task_id": task_id,
-            "task_type": "training",
-            "model_config": {"name": "m"},
-            "pool": pool,
-            "resource_requirements": {"gpu": {"count": gpus}, "cpu": {"cores": 1}},
-            **body,
-        }
-    )
-    return TaskProfiled(task=request, prediction=PREDICTION)
+    return profiled(task_id, gpus, pool=pool, **body)
 
 
 async def test_training_borrows_idle_inference_cards_and_inference_reclaims_them(
