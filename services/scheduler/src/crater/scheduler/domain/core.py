@@ -228,6 +228,7 @@ class Scheduler(SchedulerState):
         self.phases = {}
         self.phasing.restore()
         self.pending = {}
+        self.claimants = {}  # not stored: a restart forgets which owner claimed first
         for task in pending:
             self.waitlist.enqueue(task)
         self.next_seq = next_seq

@@ -18,9 +18,7 @@ from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.phases import Phases
 from crater.scheduler.domain.placer import Diagnosis, Placer
 from crater.scheduler.domain.preemptor import Preemptor
-from crater.scheduler.domain.queue import (
-    Backfill,
-)
+from crater.scheduler.domain.queue import Backfill, node_mask
 from crater.scheduler.domain.quotas import Over
 from crater.scheduler.domain.reasons import Reasons
 from crater.scheduler.domain.retries import RetryIndex
@@ -28,21 +26,24 @@ from crater.scheduler.domain.state import (
     PendingTask,
     SchedulerState,
 )
-from crater.scheduler.domain.waitlist import Waitlist
+from crater.scheduler.domain.waitlist import Waitlist, either
 
 # A task that did not fit its own pool, kept to borrow after the pass (fair share): its
 # reserved nodes, the quota it is over, its filters' diagnosis.
 Deferred = tuple[PendingTask, BoolArray | None, list[Over], Diagnosis | None]
+Memo = tuple[Demand, Backfill | None, tuple[str, ...]]
+Why = tuple[list[FilterReason], str]
 
 
 @dataclass
 class Pass:
     """What one retry pass remembers between its tasks."""
 
-    # a (demand, reserved nodes) that found no candidate node since the last grant
-    no_candidates: dict[tuple[Demand, Backfill | None], Diagnosis] = field(default_factory=dict)
+    # a (demand, head's reserved nodes, nodes claimed ahead) that found no candidate node
+    # since the last grant
+    no_candidates: dict[Memo, Diagnosis] = field(default_factory=dict)
     # ... and, for such a task, why it waits: a function of the same, and of its gang
-    said: dict[tuple[Demand, Backfill | None, int, bool], tuple[list[FilterReason], str]] = field(
+    said: dict[tuple[Demand, Backfill | None, tuple[str, ...], int, bool], Why] = field(
         default_factory=dict
     )
     masks: dict[Backfill, BoolArray] = field(default_factory=dict)
@@ -101,9 +102,18 @@ class Cycle:
         run = Pass()
         borrowing: list[PendingTask] = []
         tenant_fair = self.guarantees is not None and self.guarantees.fair
+        # Owners whose victims are all gone first, in the order they claimed: the room is
+        # theirs (queue.py, "Claims"); one that does not fit now lets its claim go.
+        ripe = self.waitlist.ripe_claims(pools)
+        for task in ripe:
+            decisions += self.try_task(task, cause, run)
+            self.waitlist.end_claim(task)
+        tried = {task.request.task_id for task in ripe}
         for task in self.waitlist.queue(pools):
             if task.request.task_id not in self.state.pending or task.not_before is not None:
                 continue  # placed or cancelled in this pass, or waiting out a backoff
+            if task.request.task_id in tried:
+                continue
             if tenant_fair and self.state.quotas.would_borrow(
                 task.request.tenant, task.demand, task.gang_size
             ):
@@ -132,11 +142,14 @@ class Cycle:
         avoid = None if head is None else run.masks.get(head)
         if head is not None and avoid is None:
             avoid = run.masks[head] = head.mask(self.state.cluster)
+        claimed = self.waitlist.claimed_nodes(task)
+        if claimed:
+            avoid = either(avoid, node_mask(self.state.cluster, claimed))
         over = self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
         found: Diagnosis | None = None
         why: tuple[list[FilterReason], str] | None = None
         if not over:
-            memo = (task.filter_demand, head)
+            memo = (task.filter_demand, head, claimed)
             found = run.no_candidates.get(memo)
             if found is not None:
                 said = (*memo, task.gang_size, task.same_node)

@@ -15,7 +15,7 @@ from crater.contracts import (
     TaskPreempted,
     derived_event_id,
 )
-from crater.scheduler.domain.cluster import Node
+from crater.scheduler.domain.cluster import WHOLE, Node
 from crater.scheduler.domain.config import SchedulerConfig
 from crater.scheduler.domain.events import (
     member_key,
@@ -151,6 +151,16 @@ class Preemptor:
         full = now + timedelta(seconds=self.state.config.grace_period_seconds)
         decisions: list[Event] = []
         victims = {owners[v.allocation_id].task_id: owners[v.allocation_id] for v in chosen.victims}
+        if any(task_id in above for task_id in victims):
+            # Its tenant's guarantee: the room these victims leave is the tenant's first
+            # (`state.claimed_ahead`). A pool's reclaim is its pool's, whichever of its
+            # tasks its own queue serves first.
+            self.state.claimants[task.request.task_id] = None
+            task.yielders = {
+                m.allocation_id: (m.node, whole_cards(m))
+                for victim in victims.values()
+                for m in victim.members()
+            }
         for victim in victims.values():
             reclaim = victim.borrowed_from if victim.borrowed_from == pool else None
             tenant = task.request.tenant if victim.task_id in above else None
@@ -360,3 +370,9 @@ def _held_clause(rule: str, count: int, pool: str, config: SchedulerConfig) -> s
 def _gpus(head: Allocation) -> int:
     """Whole cards a task holds, every gang member's."""
     return sum(len(m.gpu_ids) for m in head.members())
+
+
+def whole_cards(allocation: Allocation) -> int:
+    """The whole cards `allocation` frees when it goes (none for a share or a MIG slice)."""
+    whole = allocation.gpu_milli >= WHOLE and allocation.carved is None
+    return len(allocation.gpu_ids) if whole else 0

@@ -10,12 +10,19 @@ could hold it once emptied, ready, the closest to fitting now (most whole GPUs f
 cores, then memory, then name), one per member it needs there. Tasks behind it in the order
 may run now only on other nodes, so they can never delay it.
 
+Claims: an owner reclaiming capacity (its pool's lent cards, its tenant's guarantee) whose
+victims yield on some nodes has those nodes first: no task that claimed later, nor any task
+claiming nothing, is placed there while it waits. Without it the room a victim leaves could go
+to a later claimant ranked ahead in the queue (a lower share, a higher priority), and the first
+owner would need new victims and wait a second grace period.
+
 Escalation: a task waiting past `sla.max_queue_time_seconds` ranks one class (+400) higher,
 and may preempt below that rank.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -40,12 +47,17 @@ class Backfill:
     nodes: tuple[str, ...]
 
     def mask(self, cluster: ClusterArrays) -> BoolArray:
-        reserved = np.zeros(len(cluster), np.bool_)
-        for name in self.nodes:
-            row = cluster.index.get(name)
-            if row is not None:
-                reserved[row] = True
-        return reserved
+        return node_mask(cluster, self.nodes)
+
+
+def node_mask(cluster: ClusterArrays, names: Iterable[str]) -> BoolArray:
+    """The rows of the nodes named (those the cluster no longer has are left out)."""
+    rows = np.zeros(len(cluster), np.bool_)
+    for name in names:
+        row = cluster.index.get(name)
+        if row is not None:
+            rows[row] = True
+    return rows
 
 
 def escalated_priority(priority: int) -> int:

@@ -22,6 +22,7 @@ from crater.scheduler.domain.events import (
 )
 from crater.scheduler.domain.guarantees import Guarantees
 from crater.scheduler.domain.placer import Diagnosis, Placer
+from crater.scheduler.domain.queue import node_mask
 from crater.scheduler.domain.quotas import BUDGET, CLAIMED, RESERVED, Over, Usage
 from crater.scheduler.domain.wording import for_nodes, sentence
 
@@ -29,6 +30,8 @@ __all__ = ["Reasons", "for_nodes", "kind_of", "sentence"]
 from crater.scheduler.domain.state import (
     PendingTask,
     SchedulerState,
+    claimed_ahead,
+    claimed_nodes,
 )
 
 # Filters whose verdict is only where the task may go now, not what it needs: a change among
@@ -71,17 +74,8 @@ class Reasons:
             reasons = [self.over_quota(task, over, total)]
         else:
             fits, reasons = found or self.placer.diagnose(task.filter_demand)
-        if fits is not None and avoid is not None and (kept := int(np.count_nonzero(fits & avoid))):
-            head = self.state.backfill[task.request.pool].task_id
-            reasons = [
-                *reasons,
-                FilterReason(
-                    filter="Backfill",
-                    code="ReservedForWaitingTask",
-                    nodes=kept,
-                    message=f"is kept for {head}, which waits ahead of it",
-                ),
-            ]
+        if fits is not None and avoid is not None:
+            reasons = [*reasons, *self.kept_from(task, fits & avoid)]
         if task.borrow_reason is not None and not over:
             reasons = [
                 *reasons,
@@ -107,6 +101,38 @@ class Reasons:
         else:
             summary = f"0/{total} nodes available: {detail}"
         return reasons, summary
+
+    def kept_from(self, task: PendingTask, kept: BoolArray) -> list[FilterReason]:
+        """Why `task` leaves alone the `kept` nodes it would fit: owners that claimed them
+        back first wait there for their victims, or its pool's blocked head waits there."""
+        reasons: list[FilterReason] = []
+        names = claimed_nodes(self.state, task)
+        if names:
+            ahead = claimed_ahead(self.state, task)
+            claimed = node_mask(self.state.cluster, names)
+            if count := int(np.count_nonzero(kept & claimed)):
+                owners = ", ".join(t.request.task_id for t in ahead[:3])
+                more = f" and {len(ahead) - 3} more" if len(ahead) > 3 else ""
+                reasons.append(
+                    FilterReason(
+                        filter="Reclaim",
+                        code="ClaimedByOwner",
+                        nodes=count,
+                        message=f"is being reclaimed for {owners}{more}, which claimed it first",
+                    )
+                )
+            kept = kept & ~claimed
+        if count := int(np.count_nonzero(kept)):
+            head = self.state.backfill[task.request.pool].task_id
+            reasons.append(
+                FilterReason(
+                    filter="Backfill",
+                    code="ReservedForWaitingTask",
+                    nodes=count,
+                    message=f"is kept for {head}, which waits ahead of it",
+                )
+            )
+        return reasons
 
     def with_holds(
         self, task: PendingTask, reasons: list[FilterReason], summary: str

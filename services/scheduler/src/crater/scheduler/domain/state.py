@@ -65,6 +65,9 @@ class PendingTask:
     preempt_wake: datetime | None = None
     # Victims were there, but no set of them would make room for all of it (counted once).
     unproven: bool = False
+    # An owner's reclaim: each allocation told to yield for it, by id, with its node and the
+    # whole cards it frees there (`claimed_nodes`).
+    yielders: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def announced_kind(self) -> frozenset[str] | None:
@@ -265,6 +268,10 @@ class SchedulerState:
     # (time, seq, task id): victims held back for a waiting task may go from then: its pool
     # is retried at that time.
     wakeups: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # Owners reclaiming capacity (their pool's lent cards, their tenant's guarantee), by task
+    # id, in the order they first claimed: the nodes their victims yield on are theirs first
+    # (`claimed_ahead`).
+    claimants: dict[str, None] = field(default_factory=dict, compare=False, repr=False)
     # Preemptions held back, by rule (min_run, victim_cooldown, unproven), and ageing steps
     # taken, since the service last read them (its metrics).
     tally: Counter[str] = field(default_factory=Counter, compare=False, repr=False)
@@ -272,6 +279,7 @@ class SchedulerState:
     def dequeue(self, task_id: str) -> None:
         """`task_id` leaves the queue (placed, or cancelled while waiting)."""
         del self.pending[task_id]
+        self.claimants.pop(task_id, None)
         self.dequeued += 1
 
 
@@ -302,3 +310,70 @@ def yielding_on(state: SchedulerState, nodes: tuple[str, ...]) -> bool:
         for head in state.allocations.values()
         for a in head.members()
     )
+
+
+def claimed_ahead(state: SchedulerState, task: PendingTask) -> list[PendingTask]:
+    """The tasks of other tenants that claimed their tenant's guarantee back before `task`
+    did (or at all, when it claims nothing) and still wait on the nodes their victims yield
+    on: those nodes are theirs first. Else a later claimant (a lower share, a higher
+    priority) or a newcomer could take the room a victim left for an earlier owner, who would
+    then need new victims and wait a second grace period for its guarantee. Not one its own
+    tenant's quota holds back now (its tenant took a card meanwhile through another task):
+    it could not take the room. The owner is the tenant: its own tasks are not kept off."""
+    ahead: list[PendingTask] = []
+    for task_id in state.claimants:
+        other = state.pending.get(task_id)
+        if (
+            other is not None
+            and other.request.tenant != task.request.tenant
+            and claimed_before(other, task)
+            and yielding_for(state, other)
+            and not state.quotas.blocking(other.request.tenant, other.demand, other.gang_size)
+        ):
+            ahead.append(other)
+    return ahead
+
+
+def yielding_for(state: SchedulerState, owner: PendingTask) -> bool:
+    """Whether some victim told to yield for `owner`'s reclaim still holds its room. Once
+    none does, the owner is tried first in the next pass, and its claim ends there."""
+    return any(allocation_id in state.held_by for allocation_id in owner.yielders)
+
+
+def claimed_before(task: PendingTask, other: PendingTask) -> bool:
+    """Whether `task` waits for victims it claimed capacity back from (`reclaim_by`,
+    `yielders`) on its nominated nodes, and claimed before `other` did (or `other` claims
+    nothing)."""
+    if task.reclaim_by is None or not task.nominated or not task.yielders:
+        return False
+    return other.reclaim_by is None or (task.reclaim_by, task.seq) < (other.reclaim_by, other.seq)
+
+
+def claimed_nodes(state: SchedulerState, task: PendingTask) -> tuple[str, ...]:
+    """The nodes `task` must leave to owners that claimed before it (`claimed_ahead`), by
+    name, sorted: a node where placing it would leave fewer whole free cards than those
+    owners still need there beyond what their victims free; every node of a gang's, a shared
+    card's or a MIG slice's claim (their room is not counted in whole cards)."""
+    ahead = claimed_ahead(state, task)
+    if not ahead:
+        return ()
+    kept: set[str] = set()
+    need: Counter[str] = Counter()
+    for owner in ahead:
+        demand = owner.demand
+        if owner.gang_size > 1 or demand.gpu_milli < WHOLE or demand.mig_profile is not None:
+            kept.update(owner.nominated)
+            continue
+        for node in owner.nominated:
+            coming = sum(
+                cards
+                for allocation_id, (where, cards) in owner.yielders.items()
+                if where == node and allocation_id in state.held_by
+            )
+            need[node] += demand.gpus - coming
+    takes = task.filter_demand.gpus  # a share of a card counts one: it may take a free one
+    for node, short in need.items():
+        row = state.cluster.index.get(node)
+        if short > 0 and row is not None and state.cluster.gpus_free[row] - takes < short:
+            kept.add(node)
+    return tuple(sorted(kept))

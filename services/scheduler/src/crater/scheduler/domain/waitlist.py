@@ -29,12 +29,16 @@ from crater.scheduler.domain.queue import (
     QueueKey,
     closest_to_fitting,
     dominant_share,
+    node_mask,
     pool_capacity,
 )
 from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import (
     PendingTask,
     SchedulerState,
+    claimed_before,
+    claimed_nodes,
+    yielding_for,
     yielding_on,
 )
 
@@ -164,6 +168,28 @@ class Waitlist:
                     del queues[key]
                 yield task
 
+    def ripe_claims(self, pools: set[str] | None) -> list[PendingTask]:
+        """The owners whose victims are all gone, in the order they claimed (of `pools`, or
+        of every pool): each is tried before the queue, the room its victims left being its
+        own (`claimed_ahead`)."""
+        ripe = [
+            task
+            for task_id in self.state.claimants
+            if (task := self.state.pending.get(task_id)) is not None
+            and task.yielders
+            and task.not_before is None
+            and (pools is None or task.request.pool in pools)
+            and not yielding_for(self.state, task)
+        ]
+        return sorted(ripe, key=lambda t: (t.reclaim_by, t.seq))
+
+    def end_claim(self, task: PendingTask) -> None:
+        """`task`'s victims are gone and it was tried: its claim ends (a new reclaim, if it
+        makes one, starts another; its first deadline still holds)."""
+        if not yielding_for(self.state, task):
+            task.yielders = {}
+            self.state.claimants.pop(task.request.task_id, None)
+
     def reserving_head(self, task: PendingTask) -> Backfill | None:
         """The blocked head of `task`'s pool whose nodes `task` must leave alone: when the
         head comes first in the queue."""
@@ -171,8 +197,8 @@ class Waitlist:
         if head is None or head.task_id == task.request.task_id:
             return None
         waiting = self.state.pending.get(head.task_id)
-        if waiting is None:
-            return None
+        if waiting is None or claimed_before(task, waiting):
+            return None  # an owner that claimed first is not kept from its victims' room
         # The head's order now, not as it was when it became the head: shares move as tasks
         # end, and ageing lifts it (a stale order would let a task it outranks take its nodes).
         if self.order(task) < self.order(waiting):
@@ -181,9 +207,16 @@ class Waitlist:
 
     def reserved_for(self, task: PendingTask) -> BoolArray | None:
         """The nodes `task` must leave alone: those kept for its pool's blocked head, when
-        the head comes first in the queue."""
+        the head comes first in the queue, and those where owners that claimed before it
+        wait for their victims (`claimed_ahead`)."""
         head = self.reserving_head(task)
-        return None if head is None else head.mask(self.state.cluster)
+        avoid = None if head is None else head.mask(self.state.cluster)
+        claimed = self.claimed_nodes(task)
+        return either(avoid, node_mask(self.state.cluster, claimed) if claimed else None)
+
+    def claimed_nodes(self, task: PendingTask) -> tuple[str, ...]:
+        """The nodes `task` must leave to owners that claimed capacity back before it."""
+        return claimed_nodes(self.state, task)
 
     def make_head(self, task: PendingTask) -> None:
         """`task` heads its pool's queue and cannot start: keep the node(s) it waits on.
@@ -232,3 +265,10 @@ def could_hold(node: Node, demand: Demand, members: int) -> bool:
             selection.mig_profile,
         )
     return True
+
+
+def either(one: BoolArray | None, other: BoolArray | None) -> BoolArray | None:
+    """The nodes in either mask (None: in neither)."""
+    if one is None:
+        return other
+    return one if other is None else one | other
