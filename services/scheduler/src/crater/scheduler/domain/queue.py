@@ -10,11 +10,13 @@ could hold it once emptied, ready, the closest to fitting now (most whole GPUs f
 cores, then memory, then name), one per member it needs there. Tasks behind it in the order
 may run now only on other nodes, so they can never delay it.
 
-Claims: an owner reclaiming capacity (its pool's lent cards, its tenant's guarantee) whose
-victims yield on some nodes has those nodes first: no task that claimed later, nor any task
-claiming nothing, is placed there while it waits. Without it the room a victim leaves could go
-to a later claimant ranked ahead in the queue (a lower share, a higher priority), and the first
-owner would need new victims and wait a second grace period.
+Claims: a task reclaiming its tenant's guarantee from other tenants' borrowing has the room
+its victims leave first: no task of another tenant that claimed later, nor any that claims
+nothing, is placed where it would take that room, and owners whose victims are all gone are
+tried before the queue, in the order they claimed. Without it a later claimant ranked ahead in
+the queue (a lower share, a higher priority) could take the room, and the first owner would
+need new victims and wait a second grace period. A pool's reclaim of its lent cards is the
+pool's: whichever of its tasks its queue serves first takes the room.
 
 Escalation: a task waiting past `sla.max_queue_time_seconds` ranks one class (+400) higher,
 and may preempt below that rank.

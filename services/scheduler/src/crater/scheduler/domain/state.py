@@ -65,8 +65,8 @@ class PendingTask:
     preempt_wake: datetime | None = None
     # Victims were there, but no set of them would make room for all of it (counted once).
     unproven: bool = False
-    # An owner's reclaim: each allocation told to yield for it, by id, with its node and the
-    # whole cards it frees there (`claimed_nodes`).
+    # A reclaim of its tenant's guarantee: each allocation told to yield for it, by id, with
+    # its node and the whole cards it frees there (`claimed_nodes`).
     yielders: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     @property
@@ -268,9 +268,8 @@ class SchedulerState:
     # (time, seq, task id): victims held back for a waiting task may go from then: its pool
     # is retried at that time.
     wakeups: list[tuple[datetime, int, str]] = field(default_factory=list)
-    # Owners reclaiming capacity (their pool's lent cards, their tenant's guarantee), by task
-    # id, in the order they first claimed: the nodes their victims yield on are theirs first
-    # (`claimed_ahead`).
+    # Tasks reclaiming their tenant's guarantee, by task id: the room their victims leave is
+    # their tenant's first (`claimed_ahead`). Not stored: a restart forgets the claims.
     claimants: dict[str, None] = field(default_factory=dict, compare=False, repr=False)
     # Preemptions held back, by rule (min_run, victim_cooldown, unproven), and ageing steps
     # taken, since the service last read them (its metrics).
