@@ -15,7 +15,7 @@ from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crater.contracts import Event
-from crater.runtime.outbox import first_delivery, stage
+from crater.runtime.outbox import first_deliveries, first_delivery, stage
 
 
 @dataclass
@@ -89,19 +89,45 @@ async def each_once(
     for the batch instead of one each. If that transaction fails, each event is applied again
     in a transaction of its own, so a bad event fails only itself: its outcome is the error
     (its message alone is delivered again)."""
+
+    async def one_by_one(session: AsyncSession, fresh: Sequence[K]) -> list[R]:
+        return [await apply(session, event) for event in fresh]
+
+    return await all_once(sessions, inbox, consumer, events, one_by_one)
+
+
+async def all_once(
+    sessions: async_sessionmaker[Any],
+    inbox: Table | None,
+    consumer: str,
+    events: Sequence[K],
+    apply_all: Callable[[AsyncSession, Sequence[K]], Awaitable[Sequence[R]]],
+) -> list[R | Redelivered | BaseException]:
+    """`each_once` for a handler that applies a whole batch at once (a few statements for
+    the batch, not a few per event): `apply_all` gets the events handled here for the first
+    time, in order, and returns one result each, as if it had applied them one after another
+    in that order. The inbox check is one statement for the batch (`first_deliveries`: an id
+    twice in the batch is first once). If the transaction fails, each event is applied alone
+    in its own transaction (`apply_all` with one event), so only a bad one fails."""
     try:
         async with sessions() as session, session.begin():
-            done: list[R | Redelivered | BaseException] = []
-            for event in events:
-                if inbox is None or await first_delivery(session, inbox, consumer, event.event_id):
-                    done.append(await apply(session, event))
-                else:
-                    done.append(REDELIVERED)
-            return done
+            if inbox is None:
+                firsts = [True] * len(events)
+            elif len(events) == 1:  # one statement that waits out a racing first delivery
+                firsts = [await first_delivery(session, inbox, consumer, events[0].event_id)]
+            else:
+                keys = [(consumer, event.event_id) for event in events]
+                firsts = await first_deliveries(session, inbox, keys)
+            fresh = [event for event, first in zip(events, firsts, strict=True) if first]
+            applied = list(await apply_all(session, fresh)) if fresh else []
+            if len(applied) != len(fresh):
+                raise RuntimeError(f"{len(applied)} results for {len(fresh)} events")
+            results = iter(applied)
+            return [next(results) if first else REDELIVERED for first in firsts]
     except Exception as error:
         if len(events) == 1:
             return [error]
     alone: list[R | Redelivered | BaseException] = []
     for event in events:
-        alone += await each_once(sessions, inbox, consumer, [event], apply)
+        alone += await all_once(sessions, inbox, consumer, [event], apply_all)
     return alone

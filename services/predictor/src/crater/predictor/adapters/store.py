@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid5
 
-from sqlalchemy import delete, func, insert, or_, select, update
+from sqlalchemy import bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crater.contracts import (
@@ -53,9 +53,27 @@ from crater.predictor.domain.learning import (
 from crater.predictor.domain.sla import SlaRule, Window, fold
 from crater.predictor.domain.usage import HeldTask, UsageRecord
 from crater.runtime.db import insert_all_if_absent
-from crater.runtime.unit_of_work import REDELIVERED, each_once, unit_of_work
+from crater.runtime.outbox import IN_LIST_LIMIT
+from crater.runtime.unit_of_work import REDELIVERED, all_once, unit_of_work
 
 Key = tuple[str, str]  # (model family, task type)
+
+# Prebuilt executemany statements of the batched handlers (bind names differ from columns).
+_RUNNING_AT = (
+    update(allocations)
+    .where(allocations.c.allocation_id == bindparam("b_id"), allocations.c.running_at.is_(None))
+    .values(running_at=bindparam("b_at"))
+)
+_RECORD_RELEASED = (
+    update(usage_records)
+    .where(usage_records.c.allocation_id == bindparam("b_id"))
+    .values(released_at=bindparam("b_at"))
+)
+_ALLOCATION_RELEASED = (
+    update(allocations)
+    .where(allocations.c.allocation_id == bindparam("b_id"))
+    .values(active=False, released_at=bindparam("b_at"), observed_peak_mb=bindparam("b_peak"))
+)
 _UNDERUTILIZED_NAMESPACE = UUID("0b7d2c5e-61f4-4f4e-8f0e-4a3c9d1e7b25")
 
 
@@ -142,54 +160,90 @@ class LearningStore:
     async def granted_many(self, events: Sequence[AllocationGranted]) -> list[bool | BaseException]:
         """`granted` for a pull batch, in one transaction (each alone if that fails): per
         event, False for a repeated allocation id, True otherwise (a redelivery too)."""
-        outcomes = await each_once(self.sessions, inbox, self.consumer, events, self._grant)
+        outcomes = await all_once(self.sessions, inbox, self.consumer, events, self._grant_all)
         return [True if o is REDELIVERED else o for o in outcomes]
 
-    async def _grant(self, session: AsyncSession, event: AllocationGranted) -> bool:
-        known = await session.scalar(
-            select(allocations.c.allocation_id).where(
-                allocations.c.allocation_id == event.allocation_id
+    async def _grant_all(
+        self, session: AsyncSession, events: Sequence[AllocationGranted]
+    ) -> list[bool]:
+        """Record a batch of grants with a few statements for the batch, as if one after
+        another: False for an allocation id recorded already (before, or earlier in the
+        batch); a running report that came first (`early_running`) gives its time."""
+        ids = sorted({e.allocation_id for e in events})
+        known: set[str] = set()
+        early: dict[str, Any] = {}
+        for chunk in _chunks(ids):
+            known.update(
+                await session.scalars(
+                    select(allocations.c.allocation_id).where(
+                        allocations.c.allocation_id.in_(chunk)
+                    )
+                )
             )
-        )
-        if known is not None:
-            return False
-        mine = early_running.c.allocation_id == event.allocation_id
-        early = await session.scalar(select(early_running.c.running_at).where(mine))
-        if early is not None:
-            await session.execute(delete(early_running).where(mine))
-        await session.execute(
-            insert(allocations).values(
-                allocation_id=event.allocation_id,
-                task_id=event.task_id,
-                node=event.node,
-                gpu_ids=list(event.gpu_ids),
-                observed_peak_mb=0,
-                active=True,
-                granted_at=event.occurred_at,
-                exclusive=exclusive(event.gpu_milli, event.mig_profile),
-                running_at=early,
+            early.update(
+                (r.allocation_id, r.running_at)
+                for r in await session.execute(
+                    select(early_running.c.allocation_id, early_running.c.running_at).where(
+                        early_running.c.allocation_id.in_(chunk)
+                    )
+                )
             )
-        )
-        await session.execute(
-            insert(usage_records).values(
-                allocation_id=event.allocation_id,
-                task_id=event.task_id,
-                tenant=event.tenant,
-                pool=event.pool,
-                node=event.node,
-                gpu_model=event.gpu_model,
-                gpus=len(event.gpu_ids),
-                gpu_milli=event.gpu_milli,
-                gpu_memory_mb=event.gpu_memory_mb,
-                cpu_cores=len(event.cpu_cores),
-                memory_mb=event.memory_mb,
-                granted_at=event.occurred_at,
-                released_at=None,
-                sampled_seconds=0.0,
-                busy_seconds=0.0,
+        recorded: list[bool] = []
+        held: list[dict[str, Any]] = []
+        records: list[dict[str, Any]] = []
+        started: list[str] = []
+        for event in events:
+            if event.allocation_id in known:
+                recorded.append(False)
+                continue
+            known.add(event.allocation_id)
+            running_at = early.pop(event.allocation_id, None)
+            if running_at is not None:
+                started.append(event.allocation_id)
+            held.append(
+                {
+                    "allocation_id": event.allocation_id,
+                    "task_id": event.task_id,
+                    "node": event.node,
+                    "gpu_ids": list(event.gpu_ids),
+                    "observed_peak_mb": 0,
+                    "active": True,
+                    "granted_at": event.occurred_at,
+                    "exclusive": exclusive(event.gpu_milli, event.mig_profile),
+                    "running_at": running_at,
+                    "released_at": None,
+                }
             )
-        )
-        return True
+            records.append(
+                {
+                    "allocation_id": event.allocation_id,
+                    "task_id": event.task_id,
+                    "tenant": event.tenant,
+                    "pool": event.pool,
+                    "node": event.node,
+                    "gpu_model": event.gpu_model,
+                    "gpus": len(event.gpu_ids),
+                    "gpu_milli": event.gpu_milli,
+                    "gpu_memory_mb": event.gpu_memory_mb,
+                    "cpu_cores": len(event.cpu_cores),
+                    "memory_mb": event.memory_mb,
+                    "granted_at": event.occurred_at,
+                    "released_at": None,
+                    "sampled_seconds": 0.0,
+                    "busy_seconds": 0.0,
+                    "host_memory_used_mb": None,
+                    "cpu_utilization_percent": None,
+                }
+            )
+            recorded.append(True)
+        for chunk in _chunks(started):
+            await session.execute(
+                delete(early_running).where(early_running.c.allocation_id.in_(chunk))
+            )
+        if held:
+            await session.execute(insert(allocations), held)
+            await session.execute(insert(usage_records), records)
+        return recorded
 
     async def running(self, event: TaskStatusReported) -> None:
         """Note when the allocation started running: readings before it do not count."""
@@ -203,12 +257,60 @@ class LearningStore:
         """`running` for a pull batch, in one transaction (each alone if that fails); a
         report of another status changes nothing. Idempotent: no inbox mark."""
         reports = [e for e in events if e.status is TaskStatus.RUNNING]
-        outcomes = iter(await each_once(self.sessions, None, self.consumer, reports, self._run))
+        outcomes = iter(await all_once(self.sessions, None, self.consumer, reports, self._run_all))
         results: list[BaseException | None] = []
         for event in events:
             outcome = next(outcomes) if event.status is TaskStatus.RUNNING else None
             results.append(outcome if isinstance(outcome, BaseException) else None)
         return results
+
+    async def _run_all(
+        self, session: AsyncSession, events: Sequence[TaskStatusReported]
+    ) -> list[None]:
+        """`_run` for a batch of running reports, in order, with a few statements for the
+        reports naming their allocation (the usual kind): its running time set once, or kept
+        in `early_running` when its grant has not been recorded yet."""
+        ids = sorted({e.allocation_id for e in events if e.allocation_id})
+        present: set[str] = set()
+        seen: set[str] = set()
+        for chunk in _chunks(ids):
+            present.update(
+                await session.scalars(
+                    select(allocations.c.allocation_id).where(
+                        allocations.c.allocation_id.in_(chunk)
+                    )
+                )
+            )
+            seen.update(
+                await session.scalars(
+                    select(early_running.c.allocation_id).where(
+                        early_running.c.allocation_id.in_(chunk)
+                    )
+                )
+            )
+        started: list[dict[str, Any]] = []
+        early: list[dict[str, Any]] = []
+
+        async def flush() -> None:
+            if started:
+                await session.execute(_RUNNING_AT, started)
+            if early:
+                await session.execute(insert(early_running), early)
+            started.clear()
+            early.clear()
+
+        for event in events:
+            allocation_id = event.allocation_id
+            if not allocation_id:  # by its task: the earlier ones written first, in order
+                await flush()
+                await self._run(session, event)
+            elif allocation_id in present:
+                started.append({"b_id": allocation_id, "b_at": event.occurred_at})
+            elif allocation_id not in seen:
+                seen.add(allocation_id)
+                early.append({"allocation_id": allocation_id, "running_at": event.occurred_at})
+        await flush()
+        return [None] * len(events)
 
     async def _run(self, session: AsyncSession, event: TaskStatusReported) -> None:
         where = (
@@ -425,54 +527,87 @@ class LearningStore:
         self, events: Sequence[AllocationReleased]
     ) -> list[Released | BaseException | None]:
         """`released` for a pull batch, in one transaction (each alone if that fails)."""
-        outcomes = await each_once(self.sessions, inbox, self.consumer, events, self._release)
+        outcomes = await all_once(self.sessions, inbox, self.consumer, events, self._release_all)
         return [None if o is REDELIVERED else o for o in outcomes]
 
-    async def _release(self, session: AsyncSession, event: AllocationReleased) -> Released | None:
-        allocation = (
-            await session.execute(
-                select(allocations).where(allocations.c.allocation_id == event.allocation_id)
+    async def _release_all(
+        self, session: AsyncSession, events: Sequence[AllocationReleased]
+    ) -> list[Released | None]:
+        """`_release` for a batch, in order, as if one after another: the allocations, their
+        readings and their tasks' predictions read with a statement each for the batch, the
+        closing writes sent as one executemany each. A release that reads what earlier ones
+        wrote (the neighbours of a task that ran, a correction learned) has them sent first."""
+        ids = sorted({e.allocation_id for e in events})
+        rows: dict[str, Any] = {}
+        own: dict[str, list[Sample]] = {}
+        node: dict[str, list[Sample]] = {}
+        for chunk in _chunks(ids):
+            for row in await session.execute(
+                select(allocations).where(allocations.c.allocation_id.in_(chunk))
+            ):
+                rows[row.allocation_id] = row
+        live = sorted(i for i, row in rows.items() if row.active)
+        for table, kept in ((usage_samples, own), (samples, node)):
+            for chunk in _chunks(live):
+                mine = table.c.allocation_id.in_(chunk)
+                for r in await session.execute(select(table).where(mine)):
+                    kept.setdefault(r.allocation_id, []).append(
+                        Sample(_aware(r.sampled_at), r.used_mb, r.total_mb)
+                    )
+                await session.execute(delete(table).where(mine))
+        task_ids = sorted({e.task_id for e in events if e.allocation_id in live})
+        predicted: dict[str, Any] = {}
+        for chunk in _chunks(task_ids):
+            for row in await session.execute(
+                select(predictions).where(predictions.c.task_id.in_(chunk))
+            ):
+                predicted[row.task_id] = row
+        records: list[dict[str, Any]] = []
+        closed: list[dict[str, Any]] = []
+
+        async def flush() -> None:
+            if records:
+                await session.execute(_RECORD_RELEASED, records)
+            if closed:
+                await session.execute(_ALLOCATION_RELEASED, closed)
+            records.clear()
+            closed.clear()
+
+        done: list[Released | None] = []
+        released: set[str] = set()
+        for event in events:
+            allocation = rows.get(event.allocation_id)
+            if allocation is None or not allocation.active or event.allocation_id in released:
+                done.append(None)
+                continue
+            released.add(event.allocation_id)
+            released_at = event.occurred_at
+            records.append({"b_id": event.allocation_id, "b_at": released_at})
+            # The task's own samples when it sent any: the node's readings may hold memory
+            # that was not its own. One rule judges either (observe, judge, learn).
+            readings = own.get(event.allocation_id) or node.get(event.allocation_id, [])
+            prediction = predicted.get(event.task_id)
+            key = (prediction.family, prediction.task_type) if prediction else None
+            if _reads_neighbours(allocation, event.reason, prediction):
+                await flush()  # the neighbours' releases earlier in the batch are read
+            outcome, observation = await self._judge(
+                session, allocation, released_at, event.reason, readings, prediction
             )
-        ).first()
-        if allocation is None or not allocation.active:
-            return None
-        released_at = event.occurred_at
-        await session.execute(
-            update(usage_records)
-            .where(usage_records.c.allocation_id == event.allocation_id)
-            .values(released_at=released_at)
-        )
-        # The task's own samples when it sent any: the node's readings may hold memory
-        # that was not its own. One rule judges either (observe, judge, learn).
-        readings: list[Sample] = []
-        for table in (usage_samples, samples):
-            mine = table.c.allocation_id == event.allocation_id
-            if not readings:
-                readings = [
-                    Sample(_aware(r.sampled_at), r.used_mb, r.total_mb)
-                    for r in await session.execute(select(table).where(mine))
-                ]
-            await session.execute(delete(table).where(mine))
-        prediction = (
-            await session.execute(select(predictions).where(predictions.c.task_id == event.task_id))
-        ).first()
-        key = (prediction.family, prediction.task_type) if prediction else None
-        outcome, observation = await self._judge(
-            session, allocation, released_at, event.reason, readings, prediction
-        )
-        await session.execute(
-            update(allocations)
-            .where(allocations.c.allocation_id == event.allocation_id)
-            .values(
-                active=False,
-                released_at=released_at,
-                observed_peak_mb=observation.peak_mb if observation else 0,
+            closed.append(
+                {
+                    "b_id": event.allocation_id,
+                    "b_at": released_at,
+                    "b_peak": observation.peak_mb if observation else 0,
+                }
             )
-        )
-        if outcome is not Outcome.LEARNED or key is None or observation is None:
-            return Released(outcome, key, None)
-        track = await self._learn(session, key, prediction, observation.peak_mb)
-        return Released(outcome, key, track)
+            if outcome is not Outcome.LEARNED or key is None or observation is None:
+                done.append(Released(outcome, key, None))
+                continue
+            await flush()
+            track = await self._learn(session, key, prediction, observation.peak_mb)
+            done.append(Released(outcome, key, track))
+        await flush()
+        return done
 
     async def usage_records(
         self, since: datetime, until: datetime, tenant: str | None = None
@@ -626,6 +761,23 @@ class LearningStore:
         else:
             await session.execute(update(corrections).where(*where).values(**values))
         return track
+
+
+def _chunks(values: Sequence[str]) -> list[Sequence[str]]:
+    """`values` in IN lists of at most IN_LIST_LIMIT."""
+    return [values[i : i + IN_LIST_LIMIT] for i in range(0, len(values), IN_LIST_LIMIT)]
+
+
+def _reads_neighbours(allocation: Any, reason: ReleaseReason, prediction: Any) -> bool:
+    """Whether `_judge` reads the other allocations of the node (the ones it returns early
+    for it does not)."""
+    return (
+        reason not in UNINFORMATIVE
+        and bool(allocation.exclusive)
+        and allocation.running_at is not None
+        and prediction is not None
+        and prediction.raw_mb > 0
+    )
 
 
 def _record(r: Any) -> UsageRecord:
