@@ -8,7 +8,8 @@ handler once per batch, so a service can apply the batch in one pass and one tra
 - each message first passes the very checks `durable`'s do (`Rejections.admit`: JSON depth,
   text, decoding, the node its subject names, the epoch of the leader that sent it, then the
   subject's schema), and a message that fails one is refused and dead-lettered, or handed
-  back, exactly as there;
+  back, exactly as there; a message of a subject a stream consumer has no model for is acked
+  unread (only its leader's epoch noted);
 - the handler gets the valid ones in stream order and returns one outcome each: None once
   applied (the message is then acked), or the error, which goes through the same redelivery
   and dead-letter policy as a per-message handler's (`Rejections.failed`): one message's
@@ -363,13 +364,16 @@ class BatchConsumer(Generic[E]):
             content_type=headers.get("content-type"),
         )
         model = self.models(msg.subject)
+        if model is None:
+            # A subject of the stream this consumer has no use for: acked unread (its body is
+            # neither decoded nor checked), its leader's epoch heard all the same.
+            self.rejections.epochs.stale(headers, delivery.stream, delivery.stream_sequence)
+            await msg.ack()
+            settled["skipped"] += 1
+            return None
         try:
             body = await self.rejections.admit(inbound)
             if body is REFUSED:  # not reached for a JetStream delivery: its refusal raises
-                return None
-            if model is None:  # a subject of the stream this consumer has no use for
-                await msg.ack()
-                settled["skipped"] += 1
                 return None
             event = model.model_validate(body)
         except HandlerException as decision:
