@@ -8,9 +8,10 @@ only becomes due once the earlier one is settled (delivered or dead-lettered), w
 guard (domain/lifecycle.py) judges a delivery for good: one that would tell a second end,
 something after the end, or something out of order is superseded instead of sent.
 
-Batched: one transaction finds and claims the due deliveries of every endpoint with room; the
-attempts that finish while a commit is under way are recorded together in the next one (a
-POST's task ends once its attempt is committed). A crash between a POST and its commit leaves
+Batched: one transaction finds and claims the due deliveries of every endpoint with room (while
+POSTs are under way, once a quarter of its slots are free: `Route.claim_at`); the attempts
+that finish while a commit is under way are recorded together in the next one (a POST's task
+ends once its attempt is committed). A crash between a POST and its commit leaves
 the claim to lapse: the delivery goes again with the same webhook-id, which receivers drop.
 """
 
@@ -118,6 +119,14 @@ class Route:
     @property
     def name(self) -> str:
         return self.sender.endpoint
+
+    @property
+    def claim_at(self) -> int:
+        """Free slots worth a claim while POSTs are under way: a quarter of the endpoint's
+        (at least one). Each finished POST wakes the loop; claiming on each would be one
+        transaction per webhook under load (issue #19), and the POSTs still under way keep
+        the endpoint busy meanwhile. With none under way, any free slot is claimed."""
+        return max(1, self.max_in_flight // 4)
 
 
 class Dispatcher:
@@ -228,6 +237,8 @@ class Dispatcher:
         wanted: dict[str, int] = {}
         for route in self.routes.values():
             free = route.max_in_flight - len(route.in_flight)
+            if route.in_flight and free < route.claim_at:
+                continue  # claimed when more POSTs are over: one transaction for several
             allowance = route.breaker.allowance(self.clock())
             self.metrics.circuit_open.labels(endpoint=route.name).set(int(allowance == 0))
             if allowance is not None:
