@@ -217,6 +217,7 @@ _FAMILIES = (
 )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of the name, asked per submission
 def family_of(name: str) -> str:
     """The family an unknown name most likely belongs to, for learned corrections."""
     key = _canonical(name)
