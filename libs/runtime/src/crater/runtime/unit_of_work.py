@@ -109,6 +109,8 @@ async def all_once(
     in that order. The inbox check is one statement for the batch (`first_deliveries`: an id
     twice in the batch is first once). If the transaction fails, each event is applied alone
     in its own transaction (`apply_all` with one event), so only a bad one fails."""
+    if not events:  # nothing to open a transaction for (a batch of reports none of them kept)
+        return []
     try:
         async with sessions() as session, session.begin():
             if inbox is None:
