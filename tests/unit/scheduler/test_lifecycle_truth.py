@@ -354,6 +354,64 @@ def test_a_task_with_a_restart_policy_is_retried_after_its_backoff_then_ends() -
     assert "retry-me" not in scheduler.pending
 
 
+def retrying(scheduler: Scheduler, task_id: str, when: float, **policy: Any) -> AllocationGranted:
+    """`task_id`, one GPU, retried on failure without a backoff: its first grant."""
+    task = profiled(task_id, gpus=1, when=when)
+    restart = RestartPolicy(when=["failure", "node-lost"], backoff_seconds=0, **policy)
+    request = task.task.model_copy(update={"restart_policy": restart})
+    [grant] = scheduler.handle(
+        TaskProfiled(occurred_at=at(when), task=request, prediction=task.prediction)
+    )
+    assert isinstance(grant, AllocationGranted)
+    return grant
+
+
+def test_a_failed_attempt_is_retried_on_another_node_and_the_reason_says_so() -> None:
+    scheduler = Scheduler()
+    for name in ("n1", "n2"):
+        scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node(name, gpus=1)))
+    first = retrying(scheduler, "r", 1, max_attempts=3)
+    other = "n2" if first.node == "n1" else "n1"
+    # another task takes the other node: the retry waits rather than go back where it failed
+    [blocker] = of(AllocationGranted, scheduler.handle(profiled("b", gpus=1, when=2)))
+    assert blocker.node == other
+    decisions = scheduler.handle(
+        report("r", 3, TaskStatus.FAILED, allocation_id=first.allocation_id)
+    )
+    assert of(AllocationGranted, decisions) == []
+    assert scheduler.pending["r"].failed_on == (first.node,)
+    for name in ("n1", "n2"):
+        assert of(AllocationGranted, scheduler.handle(heartbeat(name, 20))) == []
+    waiting = scheduler.pending["r"]
+    assert "1 node is where an earlier attempt failed (retried elsewhere)" in str(
+        waiting.last_summary
+    )
+    assert "AttemptFailedHere" in {r.code for r in waiting.live_reasons}
+    # the other node frees: the second attempt goes there
+    done = report("b", 21, TaskStatus.SUCCEEDED, allocation_id=blocker.allocation_id)
+    decisions = scheduler.handle(done)
+    [second] = of(AllocationGranted, decisions)
+    assert (second.task_id, second.node, second.attempt) == ("r", other, 2)
+    # it fails there too: no node is left that it has not failed on, so it may go back
+    decisions = scheduler.handle(
+        report("r", 42, TaskStatus.FAILED, allocation_id=second.allocation_id)
+    )
+    [third] = of(AllocationGranted, decisions)
+    assert third.attempt == 3
+
+
+def test_a_task_that_fits_only_where_it_failed_is_retried_there() -> None:
+    scheduler = Scheduler()
+    scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node("n1", gpus=1)))
+    scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node("small", gpus=0)))
+    first = retrying(scheduler, "r", 1, max_attempts=2)
+    decisions = scheduler.handle(
+        report("r", 3, TaskStatus.FAILED, allocation_id=first.allocation_id)
+    )
+    [second] = of(AllocationGranted, decisions)
+    assert (second.node, second.attempt) == ("n1", 2)
+
+
 def test_a_cancel_between_attempts_ends_the_task_cancelled() -> None:
     scheduler = Scheduler()
     scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node("n1", gpus=1)))

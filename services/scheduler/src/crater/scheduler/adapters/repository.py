@@ -47,6 +47,7 @@ from crater.scheduler.domain.core import (
 )
 from crater.scheduler.domain.demand import PREDICTION_MARGIN, Demand
 from crater.scheduler.domain.inputs import ReservationArmed
+from crater.scheduler.domain.lifecycle import FAILED_ON
 from crater.scheduler.domain.quotas import Usage
 
 FINAL = [s.value for s in FINAL_STATUSES]
@@ -89,6 +90,10 @@ def task_row(task_id: str) -> Rows:
 
 def allocation_row(allocation_id: str) -> Rows:
     return Rows("allocations", allocation_id)
+
+
+# A task waiting or running (an attempt or the next one to come).
+LIVE_STATUSES = [TaskStatus.PENDING.value, TaskStatus.SCHEDULED.value, TaskStatus.RUNNING.value]
 
 
 class SchedulerRepository:
@@ -452,18 +457,29 @@ class SchedulerRepository:
                 select(allocations.c.task_id, tasks.c.pool, func.max(allocations.c.yield_by))
                 .join(tasks, tasks.c.task_id == allocations.c.task_id)
                 .where(allocations.c.yield_by.is_not(None))
-                .where(
-                    tasks.c.status.in_(
-                        [
-                            TaskStatus.PENDING.value,
-                            TaskStatus.SCHEDULED.value,
-                            TaskStatus.RUNNING.value,
-                        ]
-                    )
-                )
+                .where(tasks.c.status.in_(LIVE_STATUSES))
                 .group_by(allocations.c.task_id, tasks.c.pool)
             )
         ).all()
+        # Where each task still waiting or running failed an earlier attempt: its retries
+        # go elsewhere while they can (`Placer.shunned`).
+        failed_rows = (
+            await self.session.execute(
+                select(allocations.c.task_id, allocations.c.node)
+                .join(tasks, tasks.c.task_id == allocations.c.task_id)
+                .where(allocations.c.release_reason.in_([r.value for r in FAILED_ON]))
+                .where(tasks.c.status.in_(LIVE_STATUSES))
+            )
+        ).all()
+        failed_on: dict[str, set[str]] = {}
+        for task_id, node in failed_rows:
+            failed_on.setdefault(task_id, set()).add(node)
+
+        def waiting(row: Any) -> PendingTask:
+            task = _pending(row, config.prediction_margin)
+            task.failed_on = tuple(sorted(failed_on.get(task.request.task_id, ())))
+            return task
+
         scheduler.restore(
             nodes=[
                 (
@@ -497,14 +513,14 @@ class SchedulerRepository:
                     armed=r.armed,
                     attempt=r.attempt,
                     heartbeat_grace=r.heartbeat_grace_seconds,
-                    task=_pending(r, config.prediction_margin),
+                    task=waiting(r),
                     # on a card lent during a CPU phase: its grant said so to the replica
                     lent_by=(r.environment or {}).get("CRATER_LENT_BY"),
                     granted_at=_aware(r.granted_at),
                 )
                 for r in alloc_rows
             ],
-            pending=[_pending(r, config.prediction_margin) for r in pending_rows],
+            pending=[waiting(r) for r in pending_rows],
             next_seq=(max_seq or 0) + 1,
             early_cancels=sorted(waiting_cancels),
             budget_holds=[TenantBudgetExceeded.model_validate(h) for h in holds],

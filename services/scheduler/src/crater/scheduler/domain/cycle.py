@@ -39,8 +39,8 @@ Why = tuple[list[FilterReason], str]
 class Pass:
     """What one retry pass remembers between its tasks."""
 
-    # a (demand, head's reserved nodes, nodes claimed ahead) that found no candidate node
-    # since the last grant
+    # a (demand, head's reserved nodes, nodes claimed ahead or failed on) that found no
+    # candidate node since the last grant
     no_candidates: dict[Memo, Diagnosis] = field(default_factory=dict)
     # ... and, for such a task, why it waits: a function of the same, and of its gang
     said: dict[tuple[Demand, Backfill | None, tuple[str, ...], int, bool], Why] = field(
@@ -142,7 +142,7 @@ class Cycle:
         avoid = None if head is None else run.masks.get(head)
         if head is not None and avoid is None:
             avoid = run.masks[head] = head.mask(self.state.cluster)
-        claimed = self.waitlist.claimed_nodes(task)
+        claimed = (*self.waitlist.claimed_nodes(task), *self.placer.shunned(task))
         if claimed:
             avoid = either(avoid, node_mask(self.state.cluster, claimed))
         over = self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size)

@@ -38,6 +38,8 @@ RESTART_ON = {
     ReleaseReason.PREEMPTED: RestartOn.PREEMPTION,
     ReleaseReason.NODE_LOST: RestartOn.NODE_LOST,
 }
+# Endings that say the node may be at fault: the next attempt goes elsewhere if it can.
+FAILED_ON = frozenset({ReleaseReason.FAILED, ReleaseReason.EXPIRED, ReleaseReason.NODE_LOST})
 # What a task's end says when its last attempt ended so.
 END_STATUS = {
     ReleaseReason.SUCCEEDED: TaskStatus.SUCCEEDED,
@@ -117,7 +119,10 @@ class Lifecycle:
             policy = self.state.config.restart_for(task.request)
             on = RESTART_ON.get(reason)
             if on is not None and on in policy.when and attempt < policy.max_attempts:
-                return [*released, self.retry(task, attempt + 1, reason, policy, cause)]
+                failed = {m.node for m in allocation.members()} if reason in FAILED_ON else set()
+                failed_on = tuple(sorted({*task.failed_on, *failed}))
+                retry = self.retry(task, attempt + 1, reason, policy, cause, failed_on)
+                return [*released, retry]
         if why is not None:
             pass
         elif reason is ReleaseReason.PREEMPTED and allocation.lent_by is not None:
@@ -150,8 +155,10 @@ class Lifecycle:
         reason: ReleaseReason,
         policy: RestartPolicy,
         cause: Event,
+        failed_on: tuple[str, ...] = (),
     ) -> TaskPending:
-        """Queue the task again for its next attempt, after the policy's backoff."""
+        """Queue the task again for its next attempt, after the policy's backoff; away from
+        the nodes in `failed_on` while another could hold it."""
         now = self.state.clock or cause.occurred_at
         backoff = policy.backoff_before(attempt)
         retried = PendingTask(
@@ -162,6 +169,7 @@ class Lifecycle:
             submitted_at=now,  # a queue-time SLA counts from the new wait
             attempt=attempt,
             not_before=now + timedelta(seconds=backoff) if backoff > 0 else None,
+            failed_on=failed_on,
         )
         self.waitlist.enqueue(retried)
         summary = (

@@ -32,6 +32,7 @@ from crater.scheduler.domain.events import (
 from crater.scheduler.domain.ledger import Ledger
 from crater.scheduler.domain.placement import Selection, select
 from crater.scheduler.domain.plugins import Filter
+from crater.scheduler.domain.queue import node_mask
 from crater.scheduler.domain.quotas import Usage
 from crater.scheduler.domain.state import (
     Allocation,
@@ -79,6 +80,16 @@ class Placer:
     def __getstate__(self) -> dict[str, object]:
         """A snapshot (audit log) leaves the remembered verdicts out: only a cache."""
         return self.__dict__ | {"_verdicts": {}, "_verdicts_for": None}
+
+    def shunned(self, task: PendingTask) -> tuple[str, ...]:
+        """The nodes where `task`'s earlier attempts failed, which it leaves alone while some
+        other node could hold it (by the filters, free or not): a node it alone fits is
+        tried again rather than never."""
+        if not task.failed_on:
+            return ()
+        could, _ = self.diagnose(task.filter_demand, free=False)
+        failed = node_mask(self.state.cluster, task.failed_on)
+        return task.failed_on if (could & ~failed).any() else ()
 
     def diagnose(
         self, demand: Demand, free: bool = True, among: BoolArray | None = None

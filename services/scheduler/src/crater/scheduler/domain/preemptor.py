@@ -25,6 +25,7 @@ from crater.scheduler.domain.ledger import Ledger
 from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.placer import Placer
 from crater.scheduler.domain.preemption import Candidate, Plan, plan, plan_gang
+from crater.scheduler.domain.queue import node_mask
 from crater.scheduler.domain.quotas import Usage
 from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import (
@@ -130,6 +131,8 @@ class Preemptor:
         # Nodes the task could use if they were emptier: every filter but free amounts.
         fits_empty, _ = self.placer.diagnose(task.filter_demand, free=False)
         ready = fits_empty & self.state.cluster.ready
+        if shunned := self.placer.shunned(task):
+            ready &= ~node_mask(self.state.cluster, shunned)  # victims where it will go
         nodes = [self.state.cluster.nodes[i] for i in np.flatnonzero(ready)]
         roomy: set[str] | None = None
         if task.gang_size > 1 and not task.same_node:

@@ -104,7 +104,8 @@ class Reasons:
 
     def kept_from(self, task: PendingTask, kept: BoolArray) -> list[FilterReason]:
         """Why `task` leaves alone the `kept` nodes it would fit: owners that claimed them
-        back first wait there for their victims, or its pool's blocked head waits there."""
+        back first wait there for their victims, its earlier attempts failed there, or its
+        pool's blocked head waits there."""
         reasons: list[FilterReason] = []
         names = claimed_nodes(self.state, task)
         if names:
@@ -122,6 +123,18 @@ class Reasons:
                     )
                 )
             kept = kept & ~claimed
+        if task.failed_on:
+            failed = node_mask(self.state.cluster, task.failed_on)
+            if count := int(np.count_nonzero(kept & failed)):
+                reasons.append(
+                    FilterReason(
+                        filter="FailedBefore",
+                        code="AttemptFailedHere",
+                        nodes=count,
+                        message="is where an earlier attempt failed (retried elsewhere)",
+                    )
+                )
+                kept = kept & ~failed
         if count := int(np.count_nonzero(kept)):
             head = self.state.backfill[task.request.pool].task_id
             reasons.append(

@@ -65,6 +65,9 @@ class PendingTask:
     preempt_wake: datetime | None = None
     # Victims were there, but no set of them would make room for all of it (counted once).
     unproven: bool = False
+    # The nodes where an earlier attempt failed (ended failed, never confirmed, or its node
+    # lost): a retry goes elsewhere while another node could hold it (`Placer.shunned`).
+    failed_on: tuple[str, ...] = ()
     # A reclaim of its tenant's guarantee: each allocation told to yield for it, by id, with
     # its node and the whole cards it frees there (`claimed_nodes`).
     yielders: dict[str, tuple[str, int]] = field(default_factory=dict)

@@ -208,11 +208,12 @@ class Waitlist:
     def reserved_for(self, task: PendingTask) -> BoolArray | None:
         """The nodes `task` must leave alone: those kept for its pool's blocked head, when
         the head comes first in the queue, and those where owners that claimed before it
-        wait for their victims (`claimed_ahead`)."""
+        wait for their victims (`claimed_ahead`), and those where its earlier attempts failed
+        (`Placer.shunned`)."""
         head = self.reserving_head(task)
         avoid = None if head is None else head.mask(self.state.cluster)
-        claimed = self.claimed_nodes(task)
-        return either(avoid, node_mask(self.state.cluster, claimed) if claimed else None)
+        kept = (*self.claimed_nodes(task), *self.placer.shunned(task))
+        return either(avoid, node_mask(self.state.cluster, kept) if kept else None)
 
     def claimed_nodes(self, task: PendingTask) -> tuple[str, ...]:
         """The nodes `task` must leave to owners that claimed capacity back before it."""
