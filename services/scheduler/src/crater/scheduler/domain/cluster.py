@@ -40,6 +40,9 @@ class Node:
 
     topology: NodeTopology
     condition: NodeCondition = NodeCondition.READY
+    # The probe's health score, 0..100 (the integration's convention: 95 and up passes,
+    # below 90 the node takes no high-priority work); 100 until a heartbeat says otherwise.
+    health_score: int = 100
     last_heartbeat_at: float | None = None  # event time, seconds since the epoch
     overcommit: Overcommit = NO_OVERCOMMIT
     # free thousandths of each card: 1000 is a whole free card (GPU sharing takes less;
@@ -330,6 +333,7 @@ _COLUMNS: dict[str, str] = {
     "label_set": "int64",  # index into `label_sets`
     "taint_set": "int64",  # index into `taint_sets`
     "ready": "bool",
+    "health": "int64",  # the node's health score
     "pool": "U63",
     "gpu_model": "U96",
     "gpu_family": "U32",  # the cards' model, as GpuProduct reads it off the name (a100)
@@ -364,6 +368,7 @@ class ClusterArrays:
     label_set: IntArray
     taint_set: IntArray
     ready: BoolArray
+    health: IntArray
     pool: npt.NDArray[np.str_]
     gpu_model: npt.NDArray[np.str_]
     gpu_family: npt.NDArray[np.str_]
@@ -463,6 +468,7 @@ class ClusterArrays:
         self.cpu_free[i] = node.cpu_slots_free
         self.memory_free_mb[i] = node.memory_free_mb
         self.ready[i] = node.condition is not NodeCondition.NOT_READY
+        self.health[i] = node.health_score
         cards = node.gpu_milli_free
         if len(cards) > self._cards_backing.shape[1]:
             self._widen(len(cards))

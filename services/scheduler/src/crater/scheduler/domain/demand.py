@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from crater.contracts import (
     Affinity,
@@ -14,10 +14,13 @@ from crater.contracts import (
     ResourceRequirements,
     TaskRequest,
     Toleration,
+    priority_value,
 )
 from crater.contracts.tasks import DEFAULT_HOST_MEMORY_MB
 from crater.scheduler.domain.mig import MigProfile
 
+# Work at this priority or above (high: 900) is high-SLA work: restricted nodes refuse it.
+HIGH_PRIORITY = 900
 # Headroom over a predicted peak: allocator fragmentation and what the model misses.
 PREDICTION_MARGIN = 0.10
 
@@ -58,6 +61,8 @@ class Demand:
     mig_profile: str | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    # High-priority work (900 and up): kept off nodes whose health score is restricted.
+    high_priority: bool = False
 
     @property
     def gpu_models(self) -> list[str]:
@@ -71,7 +76,7 @@ class Demand:
         prediction: ResourcePrediction | None,
         margin: float = PREDICTION_MARGIN,
     ) -> Demand:
-        return cls.of_resources(
+        demand = cls.of_resources(
             request.resource_requirements,
             request.pool,
             request.affinity,
@@ -81,6 +86,9 @@ class Demand:
             tolerations=request.tolerations,
             anti_affinity_group=request.anti_affinity.group,
         )
+        if priority_value(request.priority) >= HIGH_PRIORITY:
+            return replace(demand, high_priority=True)
+        return demand
 
     @classmethod
     def of_query(cls, query: PlacementQuery) -> Demand:

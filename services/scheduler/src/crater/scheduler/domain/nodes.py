@@ -89,11 +89,11 @@ class NodeWatch:
         if node is None:
             return False  # health before topology: wait for the topology
         node.last_heartbeat_at = event.occurred_at.timestamp()
-        was = node.condition
+        was, score = node.condition, node.health_score
         self.heard_from(node)
-        if was is event.condition:
+        if was is event.condition and score == event.score:
             return False  # the row holds nothing a heartbeat's time changes: no refresh
-        node.condition = event.condition
+        node.condition, node.health_score = event.condition, event.score
         self.state.cluster.refresh(node.name)
         self.state.stale_pools = None  # readiness is judged first, for every pool's tasks
         return True

@@ -24,6 +24,7 @@ from crater.scheduler.domain.cluster import (
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.placement import select
 from crater.scheduler.domain.placer import Placer
+from crater.scheduler.domain.plugins.filters import RESTRICTED_BELOW
 from crater.scheduler.domain.queue import (
     Backfill,
     QueueKey,
@@ -233,7 +234,10 @@ class Waitlist:
             nodes: tuple[str, ...] = task.nominated
         else:
             could, _ = self.placer.diagnose(task.filter_demand, free=False)
-            rows = np.flatnonzero(could & self.state.cluster.ready)
+            usable = could & self.state.cluster.ready
+            if task.demand.high_priority:  # not a node restricted for its health now
+                usable &= self.state.cluster.health >= RESTRICTED_BELOW
+            rows = np.flatnonzero(usable)
             wanted = 1 if task.same_node or task.gang_size == 1 else task.gang_size
             names: list[str] = []
             # Only nodes whose devices could hold it once emptied (NUMA, NVLink), looking at

@@ -25,6 +25,19 @@ def _ready(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
     return c.ready.copy() if free else _all(c)
 
 
+# Below this health score a node takes no high-priority work (the integration's convention).
+RESTRICTED_BELOW = 90
+
+
+def _health(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
+    """High-priority work stays off nodes whose health score is restricted; placing only, as
+    readiness (a node's health may come back)."""
+    if not (free and d.high_priority):
+        return _all(c)
+    healthy = c.health >= RESTRICTED_BELOW
+    return _all(c) if healthy.all() else healthy
+
+
 def _pool(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
     return c.in_pool(d.pool)
 
@@ -192,6 +205,17 @@ ALL: tuple[Filter, ...] = (
         checks="the node is in the task's pool",
         passes=_pool,
         explain=lambda d: f"is not in pool {d.pool}",
+    ),
+    Filter(
+        "NodeHealth",
+        "NodeHealthRestricted",
+        field=None,
+        checks=f"high-priority work (900 and up) only on a node whose health score is "
+        f"{RESTRICTED_BELOW} or more (only when placing: the score may come back)",
+        passes=_health,
+        explain=lambda d: (
+            f"has a health score below {RESTRICTED_BELOW}, restricted from high-priority work"
+        ),
     ),
     Filter(
         "NodeLabels",
