@@ -164,9 +164,15 @@ class TritonReplica:
     histogram_latencies=true)."""
 
     def __init__(
-        self, model: str = "ensemble_llm", histogram_buckets_ms: Sequence[float] | None = None
+        self,
+        model: str = "ensemble_llm",
+        histogram_buckets_ms: Sequence[float] | None = None,
+        trt_llm: bool = False,
     ) -> None:
         self.model = model
+        # The TensorRT-LLM backend's gauges (its queue, what it schedules, KV blocks in use).
+        self.trt_llm = trt_llm
+        self.trt_waiting, self.trt_scheduled, self.trt_kv = 0, 0, 0.0
         self.buckets = tuple(histogram_buckets_ms) if histogram_buckets_ms else None
         self.first_response_ms: list[float] = []
         self.request_us = 0
@@ -228,6 +234,28 @@ class TritonReplica:
                 f'nv_inference_first_response_histogram_ms_bucket{{{labels},le="+Inf"}} '
                 f"{len(self.first_response_ms)}"
             )
+        if self.trt_llm:
+            used = round(self.trt_kv * 6240)
+            lines += [
+                "# HELP nv_trt_llm_request_metrics TRT LLM request metrics",
+                "# TYPE nv_trt_llm_request_metrics gauge",
+                f'nv_trt_llm_request_metrics{{{labels},request_type="waiting"}} {self.trt_waiting}',
+                f'nv_trt_llm_request_metrics{{{labels},request_type="scheduled"}} '
+                f"{self.trt_scheduled}",
+                f'nv_trt_llm_request_metrics{{{labels},request_type="max"}} 512',
+                f'nv_trt_llm_request_metrics{{{labels},request_type="active"}} '
+                f"{self.trt_scheduled + self.trt_waiting}",
+                "# HELP nv_trt_llm_kv_cache_block_metrics TRT LLM KV cache block metrics",
+                "# TYPE nv_trt_llm_kv_cache_block_metrics gauge",
+                f'nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="tokens_per",{labels}}} '
+                "64",
+                f'nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="used",{labels}}} {used}',
+                f'nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="free",{labels}}} '
+                f"{6240 - used}",
+                f'nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="max",{labels}}} 6240',
+                f'nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="fraction",{labels}}} '
+                f"{self.trt_kv!r}",
+            ]
         lines += [
             "# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes",
             "# TYPE nv_gpu_memory_used_bytes gauge",

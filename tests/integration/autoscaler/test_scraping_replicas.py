@@ -158,7 +158,7 @@ async def test_replicas_of_each_server_read_over_http_as_their_load_changes(
         assert len(llama.latencies_ms) == 20
         assert all(20 < v <= 40 for v in sorted(llama.latencies_ms)[:19])
         assert 750 < max(llama.latencies_ms) <= 1000
-        assert llama.gpu_memory_pressure == 0.9
+        assert (llama.kv_cache_usage, llama.gpu_memory_pressure) == (0.9, None)
         assert (llama.service, llama.task_id) == ("chat", "llama-0")
         assert len(samples["tgi-0"].latencies_ms) == 10
         assert max(samples["tgi-0"].latencies_ms) > 1000
@@ -294,7 +294,8 @@ async def test_a_scraped_vllm_replica_that_slows_down_is_scaled_out(
             assert decision.service == "chat-llama3"
             assert decision.direction is ScaleDirection.OUT
             assert decision.p95_latency_ms > 400
-            assert decision.gpu_memory_pressure == 0.95
+            assert decision.gpu_memory_pressure == 0.95  # its KV cache
+            assert decision.pressure_source == "kv-cache"
 
             # Its release ends the scraping.
             await publish(

@@ -172,6 +172,13 @@ def test_triton_without_histograms_gives_means_per_request() -> None:
     assert found.waiting == 9
 
 
+def test_triton_with_tensorrt_llm_reads_its_queue_and_kv_cache() -> None:
+    replica = TritonReplica(model="tensorrt_llm", trt_llm=True)
+    replica.pending, replica.trt_waiting, replica.trt_scheduled, replica.trt_kv = 2, 7, 48, 0.64
+    page = parse(TRITON, replica.text())
+    assert (page.waiting, page.running, page.kv_cache) == (7, 48, 0.64)
+
+
 def test_triton_first_response_histogram_is_in_milliseconds() -> None:
     replica = TritonReplica(histogram_buckets_ms=[100, 500, 2000, 5000])
     before = parse(TRITON, replica.text())
@@ -242,7 +249,7 @@ def test_a_sample_is_what_a_replica_publishing_its_own_would_send() -> None:
     )
     assert len(sample.latencies_ms) == MAX_SAMPLES  # 30,000 requests, spread over 10,000
     assert all(60 < v <= 80 for v in sample.latencies_ms)
-    assert sample.gpu_memory_pressure == 0.83
+    assert (sample.kv_cache_usage, sample.gpu_memory_pressure) == (0.83, None)
     assert sample.occurred_at.timestamp() == at
     # no request since the previous scrape: silent, as an idle replica publishing its own is
     idle = interval(parse(VLLM, server.text()), parse(VLLM, server.text()))

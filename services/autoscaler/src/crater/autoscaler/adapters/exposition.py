@@ -11,10 +11,13 @@ docs/autoscaling.md, Reading real replicas):
 - TGI (`/metrics`): `tgi_request_queue_duration` (histogram, seconds in the queue; TGI
   exports no time-to-first-token histogram), `tgi_queue_size`, `tgi_batch_current_size`.
 - Triton (`/metrics` on port 8002): `nv_inference_first_response_histogram_ms` (histogram in
-  milliseconds, only with `--metrics-config histogram_latencies=true`), else the cumulative
-  counters `nv_inference_request_duration_us`, `nv_inference_queue_duration_us` and
-  `nv_inference_request_success` (means per request, not a distribution);
-  `nv_inference_pending_request_count` (gauge); labels `model` and `version` (summed).
+  milliseconds, only for decoupled models with `--metrics-config histogram_latencies=true`),
+  else the cumulative counters `nv_inference_request_duration_us`,
+  `nv_inference_queue_duration_us` and `nv_inference_request_success` (means per request,
+  not a distribution); `nv_inference_pending_request_count` (gauge); labels `model` and
+  `version` (summed). With the TensorRT-LLM backend also
+  `nv_trt_llm_request_metrics{request_type="waiting"|"scheduled"}` and
+  `nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}` (the KV cache in use).
 
 Parsing is prometheus_client's (`text_string_to_metric_families`); a text it refuses is
 `MalformedExposition`, an exposition without the server's metrics `MissingMetrics`.
@@ -200,11 +203,20 @@ class _Families:
     def __contains__(self, name: str) -> bool:
         return name in self._families
 
-    def gauge(self, name: str, combine: str = "sum") -> float | None:
+    def gauge(
+        self, name: str, combine: str = "sum", where: tuple[str, str] | None = None
+    ) -> float | None:
+        """The family's series (those with label `where`, when given), summed or their max."""
         found = self._families.get(name)
         if found is None:
             return None
-        values = [v for sample, _, v in found[1] if sample == name and math.isfinite(v)]
+        values = [
+            v
+            for sample, labels, v in found[1]
+            if sample == name
+            and math.isfinite(v)
+            and (where is None or labels.get(where[0]) == where[1])
+        ]
         if not values:
             return None
         return max(values) if combine == "max" else sum(values)
@@ -313,9 +325,16 @@ def _triton(f: _Families) -> Exposition:
         ),
     )
     totals = {name: value for name in _TRITON_TOTALS if (value := f.counter(name)) is not None}
+    # The TensorRT-LLM backend's own gauges, when it serves the model: its queue, the
+    # requests it schedules, the fraction of KV cache blocks in use.
+    trt = "nv_trt_llm_request_metrics"
+    waiting = f.gauge(trt, where=("request_type", "waiting"))
+    kv = f.gauge("nv_trt_llm_kv_cache_block_metrics", "max", ("kv_cache_block_type", "fraction"))
     return Exposition(
         latency=f.histogram("nv_inference_first_response_histogram_ms", 1.0),
-        waiting=f.gauge("nv_inference_pending_request_count"),
+        waiting=waiting if waiting is not None else f.gauge("nv_inference_pending_request_count"),
+        running=f.gauge(trt, where=("request_type", "scheduled")),
+        kv_cache=None if kv is None else min(max(kv, 0.0), 1.0),
         totals=totals,
     )
 

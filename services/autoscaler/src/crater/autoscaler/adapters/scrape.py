@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -222,9 +222,10 @@ class ReplicaScraper:
         replica: Replica, found: Interval | None, at: float
     ) -> LatencySamplesReported | None:
         """The sample of an interval, as a replica publishing its own would send it: the
-        latencies of the requests that got their first token since the previous scrape, the
-        KV cache in use as its pressure. None when it served none (an idle replica is silent,
-        as one publishing its samples is)."""
+        latencies of the requests that got their first token since the previous scrape, and
+        the KV cache its engine says is in use (vLLM), which the autoscaler reads as the
+        replica's pressure ahead of its cards' memory. None when it served none (an idle
+        replica is silent, as one publishing its samples is)."""
         if found is None or not found.latencies_ms:
             return None
         return LatencySamplesReported(
@@ -233,7 +234,7 @@ class ReplicaScraper:
             replica_id=replica.task_id,
             task_id=replica.task_id,
             latencies_ms=found.latencies_ms,
-            gpu_memory_pressure=found.kv_cache,
+            kv_cache_usage=found.kv_cache,
         )
 
     def _succeeded(self, replica: Replica, exposition: Exposition, at: float) -> None:
@@ -298,12 +299,3 @@ class Failure(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
-
-
-def replicas_down(scraper: ReplicaScraper) -> Sequence[tuple[Replica, Health]]:
-    """The replicas whose latest scrape failed, with what the scraper knows of them."""
-    return [
-        (replica, scraper.health[replica.task_id])
-        for replica in scraper.replicas()
-        if scraper.health.get(replica.task_id, Health()).up is False
-    ]
