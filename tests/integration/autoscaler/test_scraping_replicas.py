@@ -19,6 +19,7 @@ import pytest
 from faststream import TestApp
 from prometheus_client import CollectorRegistry, generate_latest
 
+from crater.autoscaler.adapters import scrape
 from crater.autoscaler.adapters.scrape import Replica, ReplicaScraper, ScrapeMetrics
 from crater.autoscaler.app import AutoscalerSettings, build
 from crater.contracts import (
@@ -218,6 +219,17 @@ async def test_a_replica_that_answers_again_is_logged_and_sampled_from_its_basel
         assert len(sample.latencies_ms) == 1
         assert scraper.health["llama-0"].up is True
         assert any("answers again" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_page_too_large_is_cut_and_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scrape, "MAX_BODY", 4096)
+    vllm = VllmReplica()  # its page is larger than 4 KiB
+    with serving(ok(vllm.text)) as url:
+        async with httpx.AsyncClient() as client:
+            scraper = ReplicaScraper(client, timeout_seconds=0.5)
+            scraper.add(Replica("llama-0", "chat", MetricsFormat.VLLM, url))
+            assert await scraper.scrape_all() == []
+    assert scraper.health["llama-0"].last_error == "a page over 4096 bytes"
 
 
 async def test_the_loop_survives_a_sink_that_fails() -> None:

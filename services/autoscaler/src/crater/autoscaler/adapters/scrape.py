@@ -37,7 +37,7 @@ log = logging.getLogger("crater.autoscaler.scrape")
 
 Sink = Callable[[LatencySamplesReported], Awaitable[None]]
 
-# Bytes of a metrics page read at most: a vLLM page is ~50 KiB; this is far beyond any.
+# Bytes of a metrics page read at most (a vLLM page is tens of KiB): a larger one is cut.
 MAX_BODY = 8 << 20
 
 
@@ -201,19 +201,26 @@ class ReplicaScraper:
         return self.sample(replica, interval(exposition, before), at)
 
     async def _get(self, url: str) -> str:
+        """The page's text; read as it streams, cut at MAX_BODY bytes, all within the
+        timeout."""
         try:
-            async with asyncio.timeout(self.timeout):
-                response = await self.client.get(url, timeout=self.timeout)
+            async with (
+                asyncio.timeout(self.timeout),
+                self.client.stream("GET", url, timeout=self.timeout) as response,
+            ):
+                if response.status_code != 200:
+                    raise Failure("http_status", f"HTTP {response.status_code}")
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > MAX_BODY:
+                        raise Failure("malformed", f"a page over {MAX_BODY} bytes")
         except (TimeoutError, httpx.TimeoutException) as e:
             raise Failure("timeout", f"no answer within {self.timeout:g} s") from e
         except httpx.HTTPError as e:
             raise Failure("unreachable", f"{type(e).__name__}: {e}" if str(e) else repr(e)) from e
-        if response.status_code != 200:
-            raise Failure("http_status", f"HTTP {response.status_code}")
-        if len(response.content) > MAX_BODY:
-            raise Failure("malformed", f"a page of {len(response.content)} bytes")
         try:
-            return response.content.decode("utf-8")
+            return body.decode("utf-8")
         except UnicodeDecodeError as e:
             raise Failure("malformed", f"not UTF-8 text: {e}") from e
 
