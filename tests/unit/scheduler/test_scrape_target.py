@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from crater.contracts import AllocationGranted, InferenceMetrics, MetricsFormat, TaskRequest
+from crater.contracts import (
+    Affinity,
+    AllocationGranted,
+    InferenceMetrics,
+    MetricsFormat,
+    TaskRequest,
+)
 from tests.support.topologies import node
 from tests.unit.scheduler.test_core import cluster, profiled
 
@@ -54,3 +60,16 @@ def test_a_scraped_format_needs_an_endpoint() -> None:
         InferenceMetrics(format=MetricsFormat.TGI)
     with pytest.raises(ValidationError):
         InferenceMetrics(format=MetricsFormat.TGI, port=80, path="metrics")  # not a path
+
+
+def test_a_replica_spread_over_a_gang_is_read_on_its_first_members_node() -> None:
+    scheduler, _ = cluster(node("a100-01", gpus=8), node("a100-02", gpus=8))
+    event = replica({"format": "vllm", "port": 8000})
+    event = event.model_copy(
+        update={"task": event.task.model_copy(update={"gang_size": 2, "affinity": Affinity()})}
+    )
+    grants = [g for g in scheduler.handle(event) if isinstance(g, AllocationGranted)]
+    assert [g.gang_index for g in grants] == [0, 1]
+    assert grants[0].scrape is not None
+    assert grants[0].scrape.url == f"http://{grants[0].node}:8000/metrics"
+    assert grants[1].scrape is None

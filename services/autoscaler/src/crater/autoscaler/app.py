@@ -8,9 +8,12 @@ JetStream drops the copy.
 Beside the samples it consumes `allocation.granted`/`allocation.released` (which GPUs each
 replica's task holds, and when a requested standby is placed), `node.metrics.*` (those GPUs'
 memory pressure) and `scale.replica_drained` (a scale-in's drain finished). A timer releases
-replicas whose drain timed out. It publishes `scale.decided`, `scale.replicas_requested`
-and `scale.release_requested`, and the leader answers `crater.v1.query.fleets` (each fleet's
-figures and latest decisions, from its memory).
+replicas whose drain timed out. Replicas whose grant names a metrics endpoint (vLLM, TGI,
+Triton: `AllocationGranted.scrape`) are scraped every `scrape_interval_seconds` while this
+autoscaler leads, each scrape a sample batch for the same handler (adapters/scrape.py). It
+publishes `scale.decided`, `scale.replicas_requested` and `scale.release_requested`, and the
+leader answers `crater.v1.query.fleets` (each fleet's figures and latest decisions, from its
+memory).
 """
 
 from __future__ import annotations

@@ -152,13 +152,14 @@ def granted(
         gang_size=size,
         attempt=task.attempt,
         borrowed_from=allocation.borrowed_from,
-        scrape=scrape_target(request, node),
+        scrape=scrape_target(request, node) if member == 0 else None,
     )
 
 
 def scrape_target(request: TaskRequest, node: Node) -> ScrapeTarget | None:
     """Where the autoscaler reads an inference replica's load: the request's
-    `inference_config.metrics` with the node's hostname (None: nothing to scrape)."""
+    `inference_config.metrics` with the node's hostname (None: nothing to scrape). A replica
+    spread over a gang is read on its first member's node (the engine's head serves them)."""
     config = request.inference_config
     metrics = config.metrics if config is not None else None
     if metrics is None or metrics.format is MetricsFormat.CRATER:
