@@ -210,6 +210,29 @@ def test_pressure_comes_from_the_gpus_the_replica_holds() -> None:
     assert scaler.observe(sample(2, FAST, None, replica_id="chat-1")).pressure is None
 
 
+def test_a_paged_engines_kv_cache_comes_before_its_cards_memory() -> None:
+    # vLLM takes 90% of its card at start: the card says 0.92 whatever the load; the KV cache
+    # its engine reports (a scraped replica) is what moves with the requests it holds.
+    scaler = Autoscaler(RULE)
+    scaler.allocation_granted("chat-0", "n1", [0], ts(0))
+    scaler.node_metrics("n1", ts(0), {0: 0.92})
+    kv = sample(1, [250.0] * 20, None, replica_id="chat-0", replicas=1)
+    assessment = scaler.observe(kv.model_copy(update={"kv_cache_usage": 0.35}))
+    assert (assessment.pressure, assessment.decision) == (0.35, None)
+    # Reported no more for a window (nor the card): nothing; then the card's memory again.
+    late = scaler.observe(sample(100, FAST, None, replica_id="chat-0"))
+    assert late.pressure is None
+    scaler.node_metrics("n1", ts(100), {0: 0.92})
+    assert scaler.memory_pressure("chat") == (0.92, 0.92)
+    # A released replica forgets its KV cache with the rest.
+    again = scaler.observe(
+        sample(101, FAST, None, replica_id="chat-0").model_copy(update={"kv_cache_usage": 0.5})
+    )
+    assert again.pressure == 0.5
+    scaler.allocation_released("chat-0")
+    assert scaler.observe(sample(102, FAST, None, replica_id="chat-1")).pressure is None
+
+
 def test_mixed_sources_take_the_highest() -> None:
     scaler = Autoscaler(RULE)
     scaler.allocation_granted("a", "n1", [0], ts(0))

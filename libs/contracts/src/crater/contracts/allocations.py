@@ -7,7 +7,7 @@ from enum import StrEnum
 from pydantic import AwareDatetime, Field
 
 from crater.contracts.base import MAX_ATTEMPT, Contract, ExactInt, TaskEvent
-from crater.contracts.tasks import TaskId
+from crater.contracts.tasks import MetricsFormat, TaskId
 
 # Every variable a placed task is handed (AllocationGranted.environment), with its meaning:
 # the one list the scheduler builds from, docs/task-environment.md is generated from, and
@@ -50,6 +50,20 @@ TASK_ENVIRONMENT: dict[str, str] = {
     "CRATER_GATEWAY_URL": "The gateway's public URL, where the task posts its usage samples; "
     "absent: the scheduler was not told it (CRATER_SCHEDULER_GATEWAY_URL).",
 }
+
+
+class ScrapeTarget(Contract):
+    """An inference replica's metrics endpoint, as its allocation names it: the request's
+    `inference_config.metrics` with the node's hostname filled in."""
+
+    service: str = Field(
+        min_length=1,
+        max_length=128,
+        description="The fleet the replica serves: the request's anti_affinity.group, else its "
+        "task id (the name its samples would carry).",
+    )
+    format: MetricsFormat = Field(description="The server whose exposition this is.")
+    url: str = Field(min_length=1, max_length=2048, description="What to GET.")
 
 
 class ScoreDetail(Contract):
@@ -112,6 +126,12 @@ class AllocationGranted(TaskEvent):
     )
     attempt: int = Field(
         default=1, ge=1, le=MAX_ATTEMPT, description="Which attempt of the task (restart policy)."
+    )
+    scrape: ScrapeTarget | None = Field(
+        default=None,
+        description="An inference replica that exposes its load on a Prometheus endpoint "
+        "(inference_config.metrics, format vllm, tgi or triton): where the autoscaler reads it. "
+        "None: nothing to scrape (the replica publishes its own samples, or is no replica).",
     )
 
 

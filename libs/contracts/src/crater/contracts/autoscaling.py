@@ -27,6 +27,15 @@ class LatencySamplesReported(Event):
     gpu_memory_pressure: float | None = Field(
         default=None, ge=0, le=1, description="Used/total GPU memory of the replica's cards."
     )
+    kv_cache_usage: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="The KV cache in use (0..1) as the serving engine reports it (vLLM's "
+        "vllm:kv_cache_usage_perc). A paged engine takes its share of the cards up front, so "
+        "their memory says nothing of its load; when given, this is the replica's pressure, "
+        "ahead of its cards' memory and of gpu_memory_pressure.",
+    )
     replicas: int | None = Field(default=None, ge=0, description="Replicas serving now.")
     task_id: str | None = Field(
         default=None,
@@ -83,8 +92,9 @@ class ScaleDecided(Event):
     )
     pressure_source: str | None = Field(
         default=None,
-        description="Where the pressure came from: 'node-metrics' (the GPUs the replicas "
-        "hold), 'samples' (the replicas' own reports) or 'mixed'.",
+        description="Where the pressure came from: 'kv-cache' (the KV cache the replicas' "
+        "engines report), 'node-metrics' (the GPUs the replicas hold), 'samples' (the "
+        "replicas' own reports) or 'mixed'.",
     )
 
 

@@ -606,8 +606,8 @@ class FleetSummary(Contract):
     )
     mean_gpu_memory_pressure: float | None = Field(description="Their mean (what scale-in reads).")
     pressure_source: str | None = Field(
-        description="node-metrics (the GPUs the replicas hold), samples (their own reports) or "
-        "mixed."
+        description="kv-cache (the KV cache their engines report), node-metrics (the GPUs the "
+        "replicas hold), samples (their own reports) or mixed."
     )
     panic: bool = Field(description="In panic mode or just after it: no scale-in.")
     warm_pool: list[str] = Field(description="Standby replicas placed (task ids).")

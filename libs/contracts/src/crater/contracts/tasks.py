@@ -668,6 +668,55 @@ class InferenceEngine(StrEnum):
     PAGED = "paged"  # vLLM, SGLang, TGI: the card preallocated to a memory fraction
 
 
+class MetricsFormat(StrEnum):
+    """How the autoscaler reads an inference replica's load (docs/autoscaling.md, Reading
+    real replicas)."""
+
+    CRATER = "crater"  # the replica (or its router) publishes inference.latency itself
+    VLLM = "vllm"  # scraped: vLLM's /metrics
+    TGI = "tgi"  # scraped: text-generation-inference's /metrics
+    TRITON = "triton"  # scraped: Triton Inference Server's metrics port
+
+
+class InferenceMetrics(Contract):
+    """Where an inference replica exposes its load, for the autoscaler to read."""
+
+    format: MetricsFormat = Field(
+        default=MetricsFormat.CRATER,
+        description="crater: the replica publishes its samples on NATS (inference.latency), "
+        "nothing is scraped; vllm, tgi, triton: the autoscaler scrapes the server's "
+        "Prometheus endpoint every CRATER_AUTOSCALER_SCRAPE_INTERVAL_SECONDS.",
+    )
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="The metrics port on the replica's node: the URL is http://<the node's "
+        "hostname>:<port><path> (vLLM: its API port, 8000; TGI: its port, 80 in its image; "
+        "Triton: 8002).",
+    )
+    path: str = Field(
+        default="/metrics",
+        min_length=1,
+        max_length=512,
+        pattern=r"^/[^\s]*$",
+        description="The metrics path on that port.",
+    )
+    url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://[^\s]+$",
+        description="The whole URL instead of port and path (a replica behind a proxy); "
+        "'{host}' in it is replaced by the node's hostname.",
+    )
+
+    @model_validator(mode="after")
+    def _an_endpoint_to_scrape(self) -> InferenceMetrics:
+        if self.format is not MetricsFormat.CRATER and self.port is None and self.url is None:
+            raise ValueError(f"format {self.format.value} is scraped: give a port or a url")
+        return self
+
+
 class InferenceConfig(Contract):
     batch_size: int = Field(default=1, ge=1, le=1_000_000, description="Concurrent sequences.")
     context_length: int | None = Field(
@@ -704,6 +753,11 @@ class InferenceConfig(Contract):
         default=False,
         description="generate() computes the logits of every prompt token, upcast to fp32 "
         "(Transformers before 4.45, without num_logits_to_keep), not the last token's only.",
+    )
+    metrics: InferenceMetrics | None = Field(
+        default=None,
+        description="Where each replica exposes its load for the autoscaler; None: the replica "
+        "publishes its samples itself (format crater).",
     )
 
 

@@ -8,9 +8,12 @@ JetStream drops the copy.
 Beside the samples it consumes `allocation.granted`/`allocation.released` (which GPUs each
 replica's task holds, and when a requested standby is placed), `node.metrics.*` (those GPUs'
 memory pressure) and `scale.replica_drained` (a scale-in's drain finished). A timer releases
-replicas whose drain timed out. It publishes `scale.decided`, `scale.replicas_requested`
-and `scale.release_requested`, and the leader answers `crater.v1.query.fleets` (each fleet's
-figures and latest decisions, from its memory).
+replicas whose drain timed out. Replicas whose grant names a metrics endpoint (vLLM, TGI,
+Triton: `AllocationGranted.scrape`) are scraped every `scrape_interval_seconds` while this
+autoscaler leads, each scrape a sample batch for the same handler (adapters/scrape.py). It
+publishes `scale.decided`, `scale.replicas_requested` and `scale.release_requested`, and the
+leader answers `crater.v1.query.fleets` (each fleet's figures and latest decisions, from its
+memory).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import asyncio
 import contextlib
 from dataclasses import fields
 
+import httpx
 from faststream.asgi import AsgiFastStream
 from pydantic import Field
 
+from crater.autoscaler.adapters.scrape import ReplicaScraper, ScrapeMetrics
 from crater.autoscaler.domain import Autoscaler, ScalingPolicy
 from crater.autoscaler.domain.scaling_policy import policy_annotations
 from crater.autoscaler.service_layer.handlers import (
@@ -68,6 +73,20 @@ class AutoscalerSettings(ServiceSettings, LeaseSettings, ScalingPolicy):
     drain_check_seconds: float = Field(
         default=1.0, gt=0, description="How often the drain timeouts are checked."
     )
+    scrape_interval_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        le=300,
+        description="How often the metrics endpoint of each replica whose request names one "
+        "(inference_config.metrics: vllm, tgi, triton) is scraped; each scrape that saw "
+        "requests is one sample batch.",
+    )
+    scrape_timeout_seconds: float = Field(
+        default=1.5,
+        gt=0,
+        le=60,
+        description="How long a scrape may take; one slower counts as failed (reason timeout).",
+    )
 
     def policy(self) -> ScalingPolicy:
         """The policy these settings hold (checked as a whole when the settings were read)."""
@@ -96,7 +115,14 @@ def build(settings: AutoscalerSettings | None = None) -> tuple[Service, AsgiFast
             raise Deposed("this autoscaler does not lead: it publishes no decision")
         await publish(broker, event, epoch_header(name, epoch))
 
-    handlers = AutoscalerHandlers(autoscaler, AutoscalerMetrics(service.registry), publish_one)
+    scraper = ReplicaScraper(
+        httpx.AsyncClient(follow_redirects=False),
+        ScrapeMetrics(service.registry),
+        timeout_seconds=settings.scrape_timeout_seconds,
+    )
+    handlers = AutoscalerHandlers(
+        autoscaler, AutoscalerMetrics(service.registry), publish_one, scraper
+    )
 
     @durable(broker, Subjects.INFERENCE_LATENCY, name, batch=batch, router=leader)
     async def on_latency_samples(event: LatencySamplesReported) -> None:
@@ -131,6 +157,13 @@ def build(settings: AutoscalerSettings | None = None) -> tuple[Service, AsgiFast
         ticker.append(
             asyncio.create_task(handlers.release_overdue_drains(settings.drain_check_seconds))
         )
+        # Replicas that do not publish their samples: their metrics endpoints, read here and
+        # handed to the same handler as a published sample.
+        ticker.append(
+            asyncio.create_task(
+                scraper.run(settings.scrape_interval_seconds, handlers.latency_samples)
+            )
+        )
 
     async def step_down() -> None:
         leading.pop("epoch", None)
@@ -153,6 +186,7 @@ def build(settings: AutoscalerSettings | None = None) -> tuple[Service, AsgiFast
         await step_down()
         if service.leadership is not None:
             await service.leadership.stop()
+        await scraper.client.aclose()
 
     service.after_startup.append(elect)
     service.on_shutdown.append(resign)

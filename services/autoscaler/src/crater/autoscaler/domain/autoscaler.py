@@ -23,7 +23,8 @@ sample.
   heard of yet; a scale-in drains from them, the newest first.
 - Warm pool: `warm_pool_size` standby replicas are kept placed; a scale-out promotes them
   first (the decision names them) and asks for the rest cold, then refills the pool.
-- Pressure from the GPUs each replica holds: `allocation_granted` says which GPUs a replica's
+- Pressure from the KV cache a replica's engine reports (`kv_cache_usage`: a scraped vLLM),
+  else from the GPUs each replica holds: `allocation_granted` says which GPUs a replica's
   task holds, `node_metrics` their memory; a replica's own reported pressure is the fallback.
 - Drain before release: a scale-in names the replica to drain; its allocation is released
   (`ReplicaReleaseRequested`) when it reports drained, or when `drain_timeout_seconds` pass.
@@ -188,6 +189,7 @@ class Autoscaler:
             if info.task_id == task_id or replica == task_id:
                 del state.seen[replica]
                 state.pressures.pop(replica, None)
+                state.kv_cache.pop(replica, None)
                 state.draining.pop(replica, None)
 
     def node_metrics(self, node: str, at: float, gpu_pressure: dict[int, float]) -> None:
@@ -351,11 +353,17 @@ class Autoscaler:
         for name in [r for r, info in state.seen.items() if info.last_seen <= cutoff]:
             if name not in state.draining and not self._placed(state.seen[name].task_id):
                 del state.seen[name]
-        if sample.gpu_memory_pressure is None or at <= cutoff:
+        if at <= cutoff:
             return
-        previous = state.pressures.get(replica)
-        if previous is None or at >= previous[0]:
-            state.pressures[replica] = (at, sample.gpu_memory_pressure)
+        for reported, latest in (
+            (sample.gpu_memory_pressure, state.pressures),
+            (sample.kv_cache_usage, state.kv_cache),
+        ):
+            if reported is None:
+                continue
+            previous = latest.get(replica)
+            if previous is None or at >= previous[0]:
+                latest[replica] = (at, reported)
 
     def _pressure(
         self, state: ServiceState, cutoff: float
@@ -363,10 +371,13 @@ class Autoscaler:
         """(highest, mean, source) of the pressure of the service's replicas heard of within
         the window. Scale-out looks at the highest (one replica near its memory limit is
         enough); scale-in at the mean (the load spreads over the replicas that stay), so one
-        replica's long request does not hold a whole fleet at its size. A replica's GPUs (from
-        its allocation and the node's metrics) come first; its own report is the fallback."""
-        for replica in [r for r, (at, _) in state.pressures.items() if at <= cutoff]:
-            del state.pressures[replica]
+        replica's long request does not hold a whole fleet at its size. A replica's KV cache
+        as its engine reports it comes first (a paged engine's cards are full from its start),
+        then its GPUs (from its allocation and the node's metrics); its own reported pressure
+        is the fallback."""
+        for latest in (state.pressures, state.kv_cache):
+            for replica in [r for r, (at, _) in latest.items() if at <= cutoff]:
+                del latest[replica]
         return self._pressure_now(state, cutoff)
 
     def _pressure_now(
@@ -376,7 +387,14 @@ class Autoscaler:
         values: list[float] = []
         sources: set[str] = set()
         measured: set[str] = set()
+        for replica, (at, used) in state.kv_cache.items():
+            if at > cutoff:
+                values.append(used)
+                sources.add("kv-cache")
+                measured.add(replica)
         for replica, info in state.seen.items():
+            if replica in measured:
+                continue
             gpus = self._gpus_pressure(info.task_id, cutoff)
             if gpus is not None:
                 values.append(gpus)
@@ -521,6 +539,7 @@ class Autoscaler:
         state.seen.pop(drain.replica_id, None)
         state.starting.pop(drain.replica_id, None)
         state.pressures.pop(drain.replica_id, None)
+        state.kv_cache.pop(drain.replica_id, None)
         how = "drained" if drained else f"drain timed out ({self.policy.drain_timeout_seconds:g} s)"
         return ReplicaReleaseRequested(
             event_id=derived_event_id(drain.decision_id, f"release:{drain.replica_id}"),

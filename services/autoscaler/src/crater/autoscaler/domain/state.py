@@ -35,6 +35,8 @@ class ServiceState:
     window: LatencyWindow
     # replica id -> (when, pressure): the latest self-reported pressure of each replica.
     pressures: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # replica id -> (when, KV cache in use): the latest its engine reported (a scraped vLLM).
+    kv_cache: dict[str, tuple[float, float]] = field(default_factory=dict)
     # replica id -> when it was first and last heard of, and its task.
     seen: dict[str, Replica] = field(default_factory=dict)
     replicas: int | None = None

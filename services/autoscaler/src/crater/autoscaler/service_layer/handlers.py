@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from crater.autoscaler.adapters.scrape import Replica, ReplicaScraper
 from crater.autoscaler.domain import Autoscaler
 from crater.contracts import (
     AllocationGranted,
@@ -100,10 +101,18 @@ class ServiceMemorySeries(Collector):
 
 
 class AutoscalerHandlers:
-    def __init__(self, autoscaler: Autoscaler, metrics: AutoscalerMetrics, publish: Publish):
+    def __init__(
+        self,
+        autoscaler: Autoscaler,
+        metrics: AutoscalerMetrics,
+        publish: Publish,
+        scraper: ReplicaScraper | None = None,
+    ):
         self.autoscaler = autoscaler
         self.metrics = metrics
         self.publish = publish
+        # Replicas whose allocation names a metrics endpoint (AllocationGranted.scrape).
+        self.scraper = scraper
 
     async def emit(self, events: Sequence[Event], counted: bool = True) -> None:
         for event in events:
@@ -139,9 +148,13 @@ class AutoscalerHandlers:
         self.autoscaler.allocation_granted(
             event.task_id, event.node, event.gpu_ids, event.occurred_at.timestamp()
         )
+        if self.scraper is not None and event.scrape is not None:
+            self.scraper.add(Replica.of(event.task_id, event.scrape))
 
     async def allocation_released(self, event: AllocationReleased) -> None:
         self.autoscaler.allocation_released(event.task_id)
+        if self.scraper is not None:
+            self.scraper.remove(event.task_id)
 
     async def replica_drained(self, event: ReplicaDrained) -> None:
         await self.emit(self.autoscaler.replica_drained(event))

@@ -10,11 +10,14 @@ from crater.contracts import (
     Disk,
     Event,
     FieldError,
+    MetricsFormat,
     NodeTopology,
     ReleaseReason,
     ScoreDetail,
+    ScrapeTarget,
     TaskEnded,
     TaskRejected,
+    TaskRequest,
     TaskStatus,
     derived_event_id,
 )
@@ -149,7 +152,26 @@ def granted(
         gang_size=size,
         attempt=task.attempt,
         borrowed_from=allocation.borrowed_from,
+        scrape=scrape_target(request, node) if member == 0 else None,
     )
+
+
+def scrape_target(request: TaskRequest, node: Node) -> ScrapeTarget | None:
+    """Where the autoscaler reads an inference replica's load: the request's
+    `inference_config.metrics` with the node's hostname (None: nothing to scrape). A replica
+    spread over a gang is read on its first member's node (the engine's head serves them)."""
+    config = request.inference_config
+    metrics = config.metrics if config is not None else None
+    if metrics is None or metrics.format is MetricsFormat.CRATER:
+        return None
+    host = node.topology.hostname
+    if metrics.url is not None:
+        url = metrics.url.replace("{host}", host)
+    else:
+        bracketed = f"[{host}]" if ":" in host else host  # an IPv6 address
+        url = f"http://{bracketed}:{metrics.port}{metrics.path}"
+    service = request.anti_affinity.group or request.task_id
+    return ScrapeTarget(service=service, format=metrics.format, url=url)
 
 
 def checkpoint_path(config: SchedulerConfig, node: Node, task_id: str) -> str:

@@ -1,0 +1,1 @@
+"""The autoscaler's edges: the Prometheus endpoints of inference replicas it scrapes."""
