@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,15 +68,18 @@ class Server:
             writer.close()
 
 
+Serve = Callable[[Server], Awaitable[None]]
+
+
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Server], asyncio.Future[None]]]:
+async def serve() -> AsyncIterator[Serve]:
     servers: list[asyncio.Server] = []
 
     async def start(server: Server) -> None:
         server.port = free_port()
         servers.append(await asyncio.start_server(server.handle, "127.0.0.1", server.port))
 
-    yield start  # type: ignore[misc]
+    yield start
     for running in servers:
         running.close()
 
@@ -88,7 +92,7 @@ def sender(server: Server, timeout: float = 2.0, **kwargs: object) -> WebhookSen
     return WebhookSender(url, "alldata", "pa:ss", timeout, **kwargs)  # type: ignore[arg-type]
 
 
-async def test_posts_with_auth_and_headers_on_one_kept_alive_connection(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_posts_with_auth_and_headers_on_one_kept_alive_connection(serve: Serve) -> None:
     server = Server(lambda _: OK)
     await serve(server)
     webhooks = sender(server)
@@ -113,7 +117,7 @@ async def test_posts_with_auth_and_headers_on_one_kept_alive_connection(serve) -
     assert first.body == b'{"n": 0}'
 
 
-async def test_error_answers_keep_status_excerpt_and_retry_after(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_error_answers_keep_status_excerpt_and_retry_after(serve: Serve) -> None:
     chunked = (
         b"HTTP/1.1 503 Busy\r\ntransfer-encoding: chunked\r\nRetry-After: 7\r\n\r\n"
         b"5\r\nslow \r\n4\r\ndown\r\n0\r\n\r\n"
@@ -131,7 +135,7 @@ async def test_error_answers_keep_status_excerpt_and_retry_after(serve) -> None:
     assert server.connections == 1  # both bodies read to their end: the connection kept
 
 
-async def test_closed_connections_are_replaced(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_closed_connections_are_replaced(serve: Serve) -> None:
     closing = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
     server = Server(lambda n: closing if n == 1 else OK)
     await serve(server)
@@ -148,7 +152,9 @@ async def test_closed_connections_are_replaced(serve) -> None:  # type: ignore[n
     assert [r.body for r in server.requests] == [b"{}"] * 4
 
 
-async def test_a_reused_connection_failing_before_any_answer_is_tried_once_more(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_a_reused_connection_failing_before_any_answer_is_tried_once_more(
+    serve: Serve,
+) -> None:
     # the second request, on the kept connection, is read and dropped without an answer
     server = Server(lambda n: None if n == 2 else OK)
     await serve(server)
@@ -162,7 +168,7 @@ async def test_a_reused_connection_failing_before_any_answer_is_tried_once_more(
     assert ids == ["a", "b", "b"]  # the same webhook-id: the receiver drops a repeat
 
 
-async def test_redirects_are_answers_not_followed(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_redirects_are_answers_not_followed(serve: Serve) -> None:
     moved = b"HTTP/1.1 302 Found\r\nlocation: /elsewhere\r\ncontent-length: 0\r\n\r\n"
     server = Server(lambda _: moved)
     await serve(server)
@@ -173,7 +179,7 @@ async def test_redirects_are_answers_not_followed(serve) -> None:  # type: ignor
     assert len(server.requests) == 1
 
 
-async def test_at_most_max_connections_and_idle_ones_closed_on_shutdown(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_at_most_max_connections_and_idle_ones_closed_on_shutdown(serve: Serve) -> None:
     server = Server(lambda _: OK, delay=0.05)
     await serve(server)
     webhooks = sender(server, max_connections=2)
@@ -191,7 +197,7 @@ async def test_at_most_max_connections_and_idle_ones_closed_on_shutdown(serve) -
     assert server.closed == 2  # the server saw both closed
 
 
-async def test_no_answer_is_a_status_of_none(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_no_answer_is_a_status_of_none(serve: Serve) -> None:
     server = Server(lambda _: OK, delay=1.0)
     await serve(server)
     slow = await sender(server, timeout=0.2).post(b"{}", "a")
@@ -210,6 +216,59 @@ async def test_no_answer_is_a_status_of_none(serve) -> None:  # type: ignore[no-
     assert refused.error.startswith("connection error: ")
 
 
+async def test_a_handshake_never_answered_is_a_connect_timeout() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # takes the TCP connection, never answers the TLS hello
+        writer.close()
+
+    port = free_port()
+    running = await asyncio.start_server(silent, "127.0.0.1", port)
+    try:
+        webhooks = WebhookSender(f"https://127.0.0.1:{port}/hooks", timeout_seconds=0.2)
+        response = await webhooks.post(b"{}", "a")
+        await webhooks.aclose()
+    finally:
+        running.close()
+    assert (response.status_code, response.error) == (None, "timeout: ConnectTimeout")
+
+
+async def test_more_than_max_connections_at_once_wait_up_to_the_timeout(serve: Serve) -> None:
+    server = Server(lambda _: OK, delay=0.5)
+    await serve(server)
+    webhooks = sender(server, timeout=1.0, max_connections=1)
+    first, second = await asyncio.gather(webhooks.post(b"{}", "a"), webhooks.post(b"{}", "b"))
+    await webhooks.aclose()
+    assert (first.status_code, first.error) == (200, None)
+    assert (second.status_code, second.error) == (200, None)  # waited its turn: 0.5 s
+    assert server.connections == 1
+
+
+async def test_one_waiting_longer_than_the_timeout_for_a_connection_is_a_pool_timeout() -> None:
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(2)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n")
+            for _ in range(10):  # the body a byte each 0.1 s: no read waits 0.4 s
+                await asyncio.sleep(0.1)
+                writer.write(b"x")
+                await writer.drain()
+        writer.close()
+
+    port = free_port()
+    running = await asyncio.start_server(trickle, "127.0.0.1", port)
+    webhooks = WebhookSender(f"http://127.0.0.1:{port}/", timeout_seconds=0.4, max_connections=1)
+    try:
+        first = asyncio.create_task(webhooks.post(b"{}", "a"))
+        await asyncio.sleep(0.05)
+        second = await webhooks.post(b"{}", "b")
+        assert (second.status_code, second.error) == (None, "timeout: PoolTimeout")
+        assert ((await first).status_code, (await first).error) == (200, None)
+    finally:
+        await webhooks.aclose()
+        running.close()
+
+
 async def test_a_proxy_in_the_environment_keeps_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
     monkeypatch.delenv("NO_PROXY", raising=False)
@@ -224,7 +283,7 @@ async def test_a_proxy_in_the_environment_keeps_httpx(monkeypatch: pytest.Monkey
 
 
 async def test_https_with_the_trust_httpx_would_use(
-    serve,  # type: ignore[no-untyped-def]
+    serve: Serve,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
