@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
 )
-from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
+from crater.runtime.db import make_engine
 from crater.runtime.outbox import OutboxRelay
 from crater.scheduler import audit, audit_state
 from crater.scheduler.adapters.config_watch import ConfigWatch
@@ -53,14 +52,6 @@ T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
 
 def profiled(task_id: str, at: datetime, gpus: int = 1) -> TaskProfiled:
     return small_training(task_id, gpus, at)
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[Any]:
-    await upgrade_to_head_async(database_url, MIGRATIONS_DIR)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    await engine.dispose()
 
 
 def service(sessions: Any, log: audit.AuditLog | None = None) -> SchedulerService:

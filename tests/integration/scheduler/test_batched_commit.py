@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,12 +20,10 @@ from crater.contracts import (
     TaskRejected,
     TraceContext,
 )
-from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.leadership import Deposed
 from crater.runtime.outbox import OutboxRelay
 from crater.scheduler.adapters.orm import outbox, tasks
 from crater.scheduler.adapters.repository import SchedulerRepository
-from crater.scheduler.app import MIGRATIONS_DIR
 from crater.scheduler.domain.core import SchedulerConfig
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
 from tests.support.profiles import small_training
@@ -49,14 +46,6 @@ class FailsOn(SchedulerService):
         if isinstance(event, TaskProfiled) and event.task.task_id == self.poison:
             raise RuntimeError("the disk is full")
         return decisions
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[Any]:
-    await upgrade_to_head_async(database_url, MIGRATIONS_DIR)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    await engine.dispose()
 
 
 def service(kind: type[SchedulerService], sessions: Any) -> SchedulerService:

@@ -4,7 +4,6 @@ PostgreSQL)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,24 +19,14 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
 )
-from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.outbox import OutboxRelay
 from crater.scheduler.adapters.orm import outbox
-from crater.scheduler.app import MIGRATIONS_DIR
 from crater.scheduler.domain.core import SchedulerConfig
 from crater.scheduler.service_layer.handlers import SchedulerMetrics, SchedulerService
 from tests.support.profiles import small_training
 from tests.support.topologies import node
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[Any]:
-    await upgrade_to_head_async(database_url, MIGRATIONS_DIR)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    await engine.dispose()
 
 
 async def leader(sessions: Any, epoch: int) -> SchedulerService:

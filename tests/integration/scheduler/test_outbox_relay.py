@@ -15,22 +15,12 @@ from sqlalchemy import func, select
 
 from crater.contracts import NodeCondition, NodeHealthReported
 from crater.runtime.bus import ensure_streams, subject_of
-from crater.runtime.db import make_engine, make_session_factory, upgrade_to_head_async
 from crater.runtime.nats_server import NatsServer
 from crater.runtime.outbox import OutboxRelay, stage
 from crater.scheduler.adapters.orm import outbox
-from crater.scheduler.app import MIGRATIONS_DIR
 from tests.support.events import EventTap
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[Any]:
-    await upgrade_to_head_async(database_url, MIGRATIONS_DIR)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    await engine.dispose()
 
 
 @pytest.fixture
