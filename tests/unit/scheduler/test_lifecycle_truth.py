@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from crater.contracts import (
     AllocationGranted,
@@ -18,6 +19,7 @@ from crater.contracts import (
     NodeCondition,
     NodeHealthReported,
     NodeTopologyReported,
+    OnExitCodes,
     RestartPolicy,
     TaskEnded,
     TaskEvent,
@@ -410,6 +412,40 @@ def test_a_task_that_fits_only_where_it_failed_is_retried_there() -> None:
     )
     [second] = of(AllocationGranted, decisions)
     assert (second.node, second.attempt) == ("n1", 2)
+
+
+def test_only_the_exit_codes_the_policy_names_are_retried() -> None:
+    scheduler = Scheduler()
+    scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node("n1", gpus=2)))
+    # NotIn: a usage error (exit code 2) is not worth a retry; a crash (139) is
+    rule = OnExitCodes(operator="NotIn", values=[2])
+    crash = retrying(scheduler, "crash", 1, max_attempts=3, on_exit_codes=rule)
+    usage = retrying(scheduler, "usage", 1, max_attempts=3, on_exit_codes=rule)
+    failed = report("crash", 2, TaskStatus.FAILED, allocation_id=crash.allocation_id, exit_code=139)
+    [again] = of(AllocationGranted, scheduler.handle(failed))
+    assert (again.task_id, again.attempt) == ("crash", 2)
+    failed = report("usage", 3, TaskStatus.FAILED, allocation_id=usage.allocation_id, exit_code=2)
+    [ended] = of(TaskEnded, scheduler.handle(failed))
+    assert (ended.status, ended.attempt) == ("failed", 1)
+    assert ended.reason.endswith(
+        "(exit code 2); its restart policy does not retry that exit code"
+    ), ended.reason
+    # In: only the codes listed; a failure that names no code is retried as `when` says
+    only = OnExitCodes(operator="In", values=[75])
+    other = retrying(scheduler, "other", 4, max_attempts=3, on_exit_codes=only)
+    failed = report("other", 5, TaskStatus.FAILED, allocation_id=other.allocation_id, exit_code=1)
+    assert of(TaskEnded, scheduler.handle(failed))
+    silent = retrying(scheduler, "silent", 6, max_attempts=3, on_exit_codes=only)
+    failed = report("silent", 7, TaskStatus.FAILED, allocation_id=silent.allocation_id)
+    assert [g.attempt for g in of(AllocationGranted, scheduler.handle(failed))] == [2]
+
+
+def test_an_exit_code_rule_is_checked_naming_the_field() -> None:
+    body = {"when": ["failure"], "on_exit_codes": {"operator": "Maybe", "values": []}}
+    with pytest.raises(ValidationError) as refused:
+        RestartPolicy.model_validate(body)
+    fields = {".".join(str(p) for p in e["loc"]) for e in refused.value.errors()}
+    assert fields == {"on_exit_codes.operator", "on_exit_codes.values"}
 
 
 def test_a_cancel_between_attempts_ends_the_task_cancelled() -> None:

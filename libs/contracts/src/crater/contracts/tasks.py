@@ -769,6 +769,16 @@ class RestartOn(StrEnum):
     NODE_LOST = "node-lost"
 
 
+class OnExitCodes(Contract):
+    """Which failed attempts are retried, by their exit code (a Kubernetes Job's
+    `podFailurePolicy` `onExitCodes`): `In` retries only those codes, `NotIn` all but them (a
+    code that says the task itself is wrong, such as a bad argument, is not worth a retry).
+    A failure reported without an exit code is retried as `when` says."""
+
+    operator: Literal["In", "NotIn"]
+    values: list[Annotated[int, Field(ge=-255, le=255)]] = Field(min_length=1, max_length=255)
+
+
 class RestartPolicy(Contract):
     """Whether a task whose attempt ended badly goes back to the queue, and how often.
 
@@ -787,10 +797,22 @@ class RestartPolicy(Contract):
         default=10.0, ge=0, le=86_400, description="Wait before the second attempt; doubles."
     )
     max_backoff_seconds: float = Field(default=600.0, ge=0, le=86_400)
+    on_exit_codes: OnExitCodes | None = Field(
+        default=None,
+        description="Of failed attempts, retry only those whose exit code this matches; "
+        "unset: every failure (when `failure` is listed).",
+    )
 
     def backoff_before(self, attempt: int) -> float:
         """Seconds to wait before attempt `attempt` (2, 3, ...)."""
         return min(self.backoff_seconds * 2.0 ** max(attempt - 2, 0), self.max_backoff_seconds)
+
+    def retries_exit_code(self, code: int | None) -> bool:
+        """Whether a failure that exited with `code` may be retried (None: no code said)."""
+        if self.on_exit_codes is None or code is None:
+            return True
+        listed = code in self.on_exit_codes.values
+        return listed if self.on_exit_codes.operator == "In" else not listed
 
 
 class TaskRequest(Contract):

@@ -115,10 +115,14 @@ class Lifecycle:
         released: list[Event] = list(self.ledger.release(allocation, reason, cause))
         task = allocation.task
         attempt = allocation.attempt
+        code_not_retried = False  # the policy would retry, but not this exit code
         if task is not None:
             policy = self.state.config.restart_for(task.request)
             on = RESTART_ON.get(reason)
-            if on is not None and on in policy.when and attempt < policy.max_attempts:
+            code = getattr(cause, "exit_code", None) if reason is ReleaseReason.FAILED else None
+            retried = on is not None and on in policy.when and attempt < policy.max_attempts
+            code_not_retried = retried and not policy.retries_exit_code(code)
+            if retried and not code_not_retried:
                 failed = {m.node for m in allocation.members()} if reason in FAILED_ON else set()
                 failed_on = tuple(sorted({*task.failed_on, *failed}))
                 retry = self.retry(task, attempt + 1, reason, policy, cause, failed_on)
@@ -131,6 +135,8 @@ class Lifecycle:
             why = "it yielded its resources to a higher-priority task"
         elif reason in (ReleaseReason.SUCCEEDED, ReleaseReason.FAILED, ReleaseReason.CANCELLED):
             why = as_reported(reason, cause)
+            if code_not_retried:
+                why += "; its restart policy does not retry that exit code"
         else:
             why = END_REASON.get(reason, f"its attempt ended: {reason.value}")
         if attempt > 1:
