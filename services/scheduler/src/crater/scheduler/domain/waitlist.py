@@ -237,6 +237,8 @@ class Waitlist:
             usable = could & self.state.cluster.ready
             if task.demand.high_priority:  # not a node restricted for its health now
                 usable &= self.state.cluster.health >= RESTRICTED_BELOW
+            if shunned := self.placer.shunned(task):  # nor one where it failed before
+                usable &= ~node_mask(self.state.cluster, shunned)
             rows = np.flatnonzero(usable)
             wanted = 1 if task.same_node or task.gang_size == 1 else task.gang_size
             names: list[str] = []
