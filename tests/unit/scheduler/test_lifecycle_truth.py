@@ -402,6 +402,40 @@ def test_a_failed_attempt_is_retried_on_another_node_and_the_reason_says_so() ->
     assert third.attempt == 3
 
 
+def test_a_gang_that_loses_a_member_with_its_node_is_placed_again_whole_elsewhere() -> None:
+    scheduler = Scheduler(config=SchedulerConfig(node_lost_seconds=0))
+    names = ("n1", "n2", "n3")
+    for name in names:
+        scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node(name, gpus=1)))
+    task = profiled("gang", gpus=1, when=1, gang_size=2)
+    policy = RestartPolicy(when=["node-lost"], backoff_seconds=0)
+    request = task.task.model_copy(update={"restart_policy": policy})
+    first = of(
+        AllocationGranted,
+        scheduler.handle(TaskProfiled(occurred_at=at(1), task=request, prediction=task.prediction)),
+    )
+    held = sorted(g.node for g in first)
+    assert len(held) == 2
+    lost = held[1]
+    for grant in first:
+        scheduler.handle(ReservationArmed.of(grant, at(1)))
+    # every node but one keeps reporting: its member's node is lost, the gang goes whole
+    decisions: list[Any] = []
+    for when in range(5, 60, 5):
+        for name in names:
+            if name != lost:
+                decisions += scheduler.handle(heartbeat(name, when))
+    released = of(AllocationReleased, decisions)
+    assert sorted(r.node for r in released) == held
+    assert {r.reason for r in released} == {"node-lost"}
+    again = of(AllocationGranted, decisions)
+    assert len(again) == 2
+    assert {g.attempt for g in again} == {2}
+    assert lost not in {g.node for g in again}
+    assert scheduler.allocations["gang"].members()[0].task is not None
+    assert scheduler.allocations["gang"].task.failed_on == (lost,)  # type: ignore[union-attr]
+
+
 def test_a_task_that_fits_only_where_it_failed_is_retried_there() -> None:
     scheduler = Scheduler()
     scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node("n1", gpus=1)))

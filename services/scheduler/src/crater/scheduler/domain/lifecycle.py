@@ -8,6 +8,7 @@ from datetime import timedelta
 from crater.contracts import (
     Event,
     FilterReason,
+    NodeCondition,
     ReleaseReason,
     ReplicaReleaseRequested,
     RestartOn,
@@ -123,7 +124,7 @@ class Lifecycle:
             retried = on is not None and on in policy.when and attempt < policy.max_attempts
             code_not_retried = retried and not policy.retries_exit_code(code)
             if retried and not code_not_retried:
-                failed = {m.node for m in allocation.members()} if reason in FAILED_ON else set()
+                failed = self.at_fault(allocation, reason)
                 failed_on = tuple(sorted({*task.failed_on, *failed}))
                 retry = self.retry(task, attempt + 1, reason, policy, cause, failed_on)
                 return [*released, retry]
@@ -153,6 +154,23 @@ class Lifecycle:
                 release_reason=reason,
             ),
         ]
+
+    def at_fault(self, allocation: Allocation, reason: ReleaseReason) -> set[str]:
+        """The nodes an attempt's end may blame: a lost node (of a gang's, the members' nodes
+        now down); every member's for a failure or an unconfirmed reservation (which member
+        failed is not said); none for other ends."""
+        if reason not in FAILED_ON:
+            return set()
+        nodes = {m.node for m in allocation.members()}
+        if reason is ReleaseReason.NODE_LOST:
+            down = {
+                name
+                for name in nodes
+                if (node := self.state.cluster.get(name)) is None
+                or node.condition is NodeCondition.NOT_READY
+            }
+            return down or nodes
+        return nodes
 
     def retry(
         self,
