@@ -1,6 +1,7 @@
 """A node's health score takes part in placement (docs/architecture.md): below 90 it takes no
 high-priority work, which goes elsewhere or waits, told why; other work may still use it, and
-the node takes high-priority work again once its score comes back."""
+the node takes high-priority work again once its score comes back. A pool may also rank the
+healthier node first (the `Healthier` score)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ from crater.contracts import (
     AllocationGranted,
     NodeCondition,
     NodeHealthReported,
+    NodeTopologyReported,
     TaskPending,
 )
-from crater.scheduler.domain.core import Scheduler
+from crater.scheduler.domain.core import Scheduler, SchedulerConfig
+from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, FILTERS, Pipeline
+from crater.scheduler.domain.plugins.registry import SCORES
+from crater.scheduler.domain.pools import PoolPolicy
 from tests.support.topologies import node
 from tests.unit.scheduler.test_core import at, cluster, profiled
 
@@ -55,3 +60,18 @@ def test_high_priority_work_waits_off_a_restricted_node_and_takes_it_once_it_rec
     # a score of 90 is no longer restricted
     placed = [d for d in health(scheduler, "only", 4, 90) if isinstance(d, AllocationGranted)]
     assert [g.task_id for g in placed] == ["h"]
+
+
+def test_a_pool_that_names_the_healthier_score_prefers_the_healthier_node() -> None:
+    pipeline = Pipeline.from_names(list(FILTERS), {"Healthier": 1.0})
+    config = SchedulerConfig(pools={"default": PoolPolicy(pipeline=pipeline)})
+    scheduler = Scheduler(config=config)
+    for name in ("a-warm", "b-cool"):
+        scheduler.handle(NodeTopologyReported(occurred_at=at(0), node=node(name, gpus=8)))
+    health(scheduler, "a-warm", 1, 85)  # a warning: a hot card, say
+    health(scheduler, "b-cool", 1, 100)
+    [grant] = scheduler.handle(profiled("t", when=2, gpus=1, priority="low"))
+    assert isinstance(grant, AllocationGranted)
+    assert grant.node == "b-cool"
+    assert "Healthier" in SCORES
+    assert "Healthier" not in {s.name for s in DEFAULT_PIPELINE.scores}

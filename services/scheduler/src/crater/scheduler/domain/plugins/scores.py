@@ -47,6 +47,12 @@ def _gpu_memory_fit(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> 
     return np.asarray(d.gpu_memory_mb / np.maximum(c.gpu_memory_mb[idx], 1), np.float64)
 
 
+def _healthier(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
+    """The healthier node first: its health score (the probe's checks: temperature, ECC,
+    a degraded link, memory pressure) over 100."""
+    return np.asarray(c.health[idx] / 100.0, np.float64)
+
+
 # The field's weighted score: what a node offers, each resource relative to the best
 # candidate. Weights sum to 1.
 FIELD_WEIGHTS = {"gpu_memory": 0.45, "cpu": 0.20, "memory_bandwidth": 0.20, "ssd_iops": 0.15}
@@ -105,6 +111,12 @@ ALL: tuple[ScorePlugin, ...] = (
         _gpu_memory_fit,
     ),
     plain_score("CpuBinPack", "the node left with the fewest free CPU cores", _cpu_binpack),
+    plain_score(
+        "Healthier",
+        "the node with the higher health score (the probe's checks), over 100; not in the "
+        "default pipeline: a pool names it with a weight",
+        _healthier,
+    ),
     plain_score("MemoryBinPack", "the node left with the least free memory", _memory_binpack),
     plain_score(
         "FieldWeighted",
