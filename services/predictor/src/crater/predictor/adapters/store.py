@@ -170,16 +170,9 @@ class LearningStore:
         another: False for an allocation id recorded already (before, or earlier in the
         batch); a running report that came first (`early_running`) gives its time."""
         ids = sorted({e.allocation_id for e in events})
-        known: set[str] = set()
         early: dict[str, Any] = {}
+        known = await _stored(session, allocations.c.allocation_id, ids)
         for chunk in _chunks(ids):
-            known.update(
-                await session.scalars(
-                    select(allocations.c.allocation_id).where(
-                        allocations.c.allocation_id.in_(chunk)
-                    )
-                )
-            )
             early.update(
                 (r.allocation_id, r.running_at)
                 for r in await session.execute(
@@ -271,23 +264,8 @@ class LearningStore:
         reports naming their allocation (the usual kind): its running time set once, or kept
         in `early_running` when its grant has not been recorded yet."""
         ids = sorted({e.allocation_id for e in events if e.allocation_id})
-        present: set[str] = set()
-        seen: set[str] = set()
-        for chunk in _chunks(ids):
-            present.update(
-                await session.scalars(
-                    select(allocations.c.allocation_id).where(
-                        allocations.c.allocation_id.in_(chunk)
-                    )
-                )
-            )
-            seen.update(
-                await session.scalars(
-                    select(early_running.c.allocation_id).where(
-                        early_running.c.allocation_id.in_(chunk)
-                    )
-                )
-            )
+        present = await _stored(session, allocations.c.allocation_id, ids)
+        seen = await _stored(session, early_running.c.allocation_id, ids)
         started: list[dict[str, Any]] = []
         early: list[dict[str, Any]] = []
 
@@ -766,6 +744,14 @@ class LearningStore:
 def _chunks(values: Sequence[str]) -> list[Sequence[str]]:
     """`values` in IN lists of at most IN_LIST_LIMIT."""
     return [values[i : i + IN_LIST_LIMIT] for i in range(0, len(values), IN_LIST_LIMIT)]
+
+
+async def _stored(session: AsyncSession, column: Any, values: Sequence[str]) -> set[str]:
+    """Which of `values` the table of `column` holds, read in IN lists."""
+    found: set[str] = set()
+    for chunk in _chunks(values):
+        found.update(await session.scalars(select(column).where(column.in_(chunk))))
+    return found
 
 
 def _reads_neighbours(allocation: Any, reason: ReleaseReason, prediction: Any) -> bool:
