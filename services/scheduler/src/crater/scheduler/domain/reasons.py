@@ -107,9 +107,9 @@ class Reasons:
         back first wait there for their victims, its earlier attempts failed there, or its
         pool's blocked head waits there."""
         reasons: list[FilterReason] = []
-        names = claimed_nodes(self.state, task)
+        ahead = claimed_ahead(self.state, task)
+        names = claimed_nodes(self.state, task, ahead)
         if names:
-            ahead = claimed_ahead(self.state, task)
             claimed = node_mask(self.state.cluster, names)
             if count := int(np.count_nonzero(kept & claimed)):
                 owners = ", ".join(t.request.task_id for t in ahead[:3])
@@ -123,8 +123,8 @@ class Reasons:
                     )
                 )
             kept = kept & ~claimed
-        if task.failed_on:
-            failed = node_mask(self.state.cluster, task.failed_on)
+        if shunned := self.placer.shunned(task):
+            failed = node_mask(self.state.cluster, shunned)
             if count := int(np.count_nonzero(kept & failed)):
                 reasons.append(
                     FilterReason(

@@ -351,12 +351,16 @@ def claimed_before(task: PendingTask, other: PendingTask) -> bool:
     return other.reclaim_by is None or (task.reclaim_by, task.seq) < (other.reclaim_by, other.seq)
 
 
-def claimed_nodes(state: SchedulerState, task: PendingTask) -> tuple[str, ...]:
+def claimed_nodes(
+    state: SchedulerState, task: PendingTask, ahead: list[PendingTask] | None = None
+) -> tuple[str, ...]:
     """The nodes `task` must leave to owners that claimed before it (`claimed_ahead`), by
     name, sorted: a node where placing it would leave fewer whole free cards than those
     owners still need there beyond what their victims free; every node of a gang's, a shared
-    card's or a MIG slice's claim (their room is not counted in whole cards)."""
-    ahead = claimed_ahead(state, task)
+    card's or a MIG slice's claim (their room is not counted in whole cards). `ahead`:
+    `claimed_ahead(state, task)` when the caller has it."""
+    if ahead is None:
+        ahead = claimed_ahead(state, task)
     if not ahead:
         return ()
     kept: set[str] = set()
