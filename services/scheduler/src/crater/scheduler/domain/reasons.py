@@ -35,9 +35,10 @@ from crater.scheduler.domain.state import (
 )
 
 # Filters whose verdict is only where the task may go now, not what it needs: a change among
-# them alone is not a new kind of reason to wait (backfill comes and goes with the queue).
-# Ageing only moves it up the queue: not a reason of a new kind either.
-TRANSIENT_FILTERS = frozenset({"Backfill", "Ageing"})
+# them alone is not a new kind of reason to wait (backfill comes and goes with the queue; a
+# claim on a node lasts until its owner's victims are gone). Ageing only moves it up the
+# queue: not a reason of a new kind either.
+TRANSIENT_FILTERS = frozenset({"Backfill", "Reclaim", "Ageing"})
 
 
 class Reasons:
