@@ -62,6 +62,12 @@ async def test_a_task_cancelled_while_being_profiled_ends_cancelled_and_never_pl
     # a new process remembers the cancel; the profile comes late, as from the predictor
     service, app = build(settings)
     async with TestApp(app), gateway(fresh_nats.url) as http:
+        # restored from its table, or, when the first process stopped before that commit
+        # landed, redelivered (it was never acked)
+        for _ in range(200):
+            if "early" in service.state.scheduler.early_cancels:
+                break
+            await asyncio.sleep(0.05)
         assert service.state.scheduler.early_cancels == {"early": False}
         await publish(service.broker, arrival)
         [ended] = await tap.wait_for(TaskEnded, lambda e: e.task_id == "early")
