@@ -3,6 +3,7 @@ hand, determinism under a seed, and `|` alternatives in the GPU model filter."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from crater.contracts import AllocationGranted, TaskRejected, TaskStatus, TaskStatusReported
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.plugins import TaskShape, policy_pipeline, typical_shapes
-from crater.scheduler.domain.plugins.baselines import _fragment
+from crater.scheduler.domain.plugins.baselines import _fragment, fgd_score
 from crater.scheduler.sim.openb import (
     CPU_UNIT_MILLI,
     SIM_TIME,
@@ -23,6 +24,7 @@ from crater.scheduler.sim.openb import (
     task_event,
 )
 from crater.scheduler.sim.protocol import arrivals, replay, simulate
+from tests.unit.scheduler.test_fragmentation import cluster, demand
 
 NODES = [
     OpenbNode("node-a", 16000, 65536, 2, "T4"),
@@ -165,12 +167,42 @@ def test_fragment_of_a_node_against_one_shape() -> None:
     assert _fragment(cards, np.array([0, 0]), ok, share).tolist() == [1300, 1000]
 
 
-def test_typical_shapes_cover_95_percent() -> None:
+def test_typical_shapes_are_the_papers_95_percent() -> None:
     requests = [(1, 1000, 4, None)] * 80 + [(1, 1000, 8, None)] * 10 + [(1, 500, 2, None)] * 6
-    shapes = typical_shapes([*requests, *[(8, 1000, 64, None)] * 4])
-    # shapes by GPU request; CPU is the mean of the shape's requests
-    assert [(s.gpus, s.gpu_milli, s.cpu_cores) for s in shapes] == [(1, 1000, 4), (1, 500, 2)]
-    assert shapes[0].popularity == pytest.approx(0.9)
+    shapes = typical_shapes([*requests, *[(0, 0, 16, None)] * 4])
+    # distinct requests, CPU included, most frequent first, until 95% of them are covered
+    # (80 + 10 + 6 = 96 of 100); a request without GPUs counts as one of them
+    assert [(s.gpus, s.gpu_milli, s.cpu_cores) for s in shapes] == [
+        (1, 1000, 4),
+        (1, 1000, 8),
+        (1, 500, 2),
+    ]
+    assert shapes[0].popularity == pytest.approx(80 / 96)
+    # equal counts: the larger request first, as the paper's simulator sorts them
+    tied = typical_shapes([(1, 500, 2, None), (0, 0, 16, None)], coverage=0.5)
+    assert [(s.gpus, s.cpu_cores) for s in tied] == [(0, 16)]
+
+
+def test_the_fgd_score_is_the_papers_integer_score_and_picks_the_share_card() -> None:
+    # two nodes of two cards; the workload: half-card shares and whole cards
+    workload = (TaskShape(1, 500, 1, 0.5), TaskShape(1, 1000, 1, 0.5))
+    c = cluster(OpenbNode("a", 8000, 65536, 2, "T4"), OpenbNode("b", 8000, 65536, 2, "T4"))
+    c.nodes[0].take((1,), 400, (), 0, None)
+    c.refresh("a")
+    score = fgd_score(1.0, workload)
+    share = demand(gpus=1, milli=500)
+    points = score.rate(c, share, np.arange(2))
+    # F = 0.5 x (free on cards under 500) + 0.5 x (free on cards under 1000), all the free
+    # where a shape fits nowhere. a [1000, 600]: F = 300; the share on its 600 card leaves
+    # [1000, 100]: F = 100, a gain of 200 (on its whole card: [500, 600], F = 550, -250).
+    # b [1000, 1000]: F = 0; after [500, 1000]: F = 250, -250.
+    assert points.tolist() == [
+        math.floor(100 / (1 + math.exp(-200 / 1000))) / 100,
+        math.floor(100 / (1 + math.exp(250 / 1000))) / 100,
+    ]
+    assert score.card is not None
+    assert score.card(c, share, 0) == 1
+    assert score.card(c, demand(gpus=1), 0) is None
 
 
 def test_loads_the_openb_csv_format(tmp_path: Path) -> None:
@@ -188,3 +220,17 @@ def test_loads_the_openb_csv_format(tmp_path: Path) -> None:
     assert (n1.gpus, n1.model, n2.gpus, n2.model) == (2, "P100", 0, "")
     [p1, p2] = load_pods(pods)
     assert (p1.gpu_request, p1.cpu_cores, p2.gpu_request) == (460, 3, 0)
+
+
+def test_a_share_lands_on_the_card_fgd_chose_not_the_fullest() -> None:
+    # the workload is 300-milli shares: a 200 share on the 450 card would strand 250 there
+    # (best fit's choice), on the whole card nothing; FGD takes the whole card
+    pipeline = policy_pipeline("fgd", workload=(TaskShape(1, 300, 1, 1.0),))
+    scheduler = Scheduler(SchedulerConfig(pipeline=pipeline))
+    scheduler.handle(node_event(OpenbNode("n", 8000, 65536, 2, "T4")))
+    first = scheduler.handle(task_event(OpenbPod("p1", 1000, 1024, 1, 550, ""), "t1"))
+    second = scheduler.handle(task_event(OpenbPod("p2", 1000, 1024, 1, 200, ""), "t2"))
+    [granted1] = [d for d in first if isinstance(d, AllocationGranted)]
+    [granted2] = [d for d in second if isinstance(d, AllocationGranted)]
+    assert granted1.gpu_ids == [0]
+    assert granted2.gpu_ids == [1]

@@ -18,9 +18,10 @@ class Selection:
     mig_profile: str | None = None  # a MIG slice of gpu_ids[0]
 
 
-def select(node: Node, demand: Demand) -> Selection | None:
+def select(node: Node, demand: Demand, card: int | None = None) -> Selection | None:
     """The exact devices for `demand` on `node`, or None when they cannot be had together
-    (for example `numa: strict` and no NUMA node has the GPUs and the cores)."""
+    (for example `numa: strict` and no NUMA node has the GPUs and the cores). `card`: the
+    card a share takes, where the pool's score chose it (`Pipeline.card_for`)."""
     if node.memory_free_mb < demand.memory_mb or node.topology.memory_mb < demand.memory_mb:
         return None
     if node.cpu_slots_free < demand.cpu_cores:
@@ -31,7 +32,7 @@ def select(node: Node, demand: Demand) -> Selection | None:
             return None
         gpu_ids, numa = picked
     elif demand.gpus:
-        picked = _gpus(node, demand)
+        picked = _gpus(node, demand, card)
         if picked is None:
             return None
         gpu_ids, numa = picked
@@ -110,9 +111,11 @@ def _blend(linked: float, cores_local: bool) -> float:
     return 0.75 * linked + 0.25 * (1.0 if cores_local else 0.0)
 
 
-def _gpus(node: Node, demand: Demand) -> tuple[tuple[int, ...], int | None] | None:
+def _gpus(
+    node: Node, demand: Demand, card: int | None = None
+) -> tuple[tuple[int, ...], int | None] | None:
     if demand.gpu_milli < WHOLE:
-        return _shared_card(node, demand)
+        return _shared_card(node, demand, card)
     free = [g for g in node.topology.gpus if node.gpu_milli_free[g.index] >= WHOLE]
     by_numa: dict[int, list[int]] = {}
     for gpu in free:
@@ -128,13 +131,19 @@ def _gpus(node: Node, demand: Demand) -> tuple[tuple[int, ...], int | None] | No
     return _nvlink_set(node, [g.index for g in free], demand.gpus), None
 
 
-def _shared_card(node: Node, demand: Demand) -> tuple[tuple[int, ...], int | None] | None:
-    """The card with the least room that still holds the share: keeps whole cards whole."""
+def _shared_card(
+    node: Node, demand: Demand, card: int | None = None
+) -> tuple[tuple[int, ...], int | None] | None:
+    """`card` where it holds the share, else the card with the least room that still holds
+    it: keeps whole cards whole."""
     fitting = [
         (node.gpu_milli_free[g.index], g.index, g.numa_node)
         for g in node.topology.gpus
         if node.gpu_milli_free[g.index] >= demand.gpu_milli
     ]
+    chosen = [f for f in fitting if f[1] == card]
+    if chosen:
+        return (chosen[0][1],), chosen[0][2]
     if not fitting:
         return None
     _, index, numa = min(fitting)

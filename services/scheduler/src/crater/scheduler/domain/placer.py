@@ -184,6 +184,13 @@ class Placer:
             ]
             yield int(idx[k]), float(total[k]), details
 
+    def _card(self, demand: Demand, row: int) -> int | None:
+        """The card a share takes on node `row` where the pool's score chooses it."""
+        if not demand.gpus or demand.gpu_milli >= WHOLE:
+            return None
+        pipeline = self.state.config.pipeline_for(demand.pool)
+        return pipeline.card_for(self.state.cluster, demand, row)
+
     def dry_run(self, demand: Demand) -> PlacementAnswer:
         """Every node that fits, best first with its score and devices, and every node that
         does not, with the first filter it fails. Changes nothing."""
@@ -203,7 +210,7 @@ class Placer:
         fits: list[NodeFit] = []
         for i, score, details in self.rank(demand, alive):
             node = self.state.cluster.nodes[i]
-            selection = select(node, demand)
+            selection = select(node, demand, self._card(demand, i))
             if selection is None:
                 misfits.append(
                     NodeMisfit(
@@ -260,7 +267,7 @@ class Placer:
         if task.gang_size == 1:
             for i, score, details in self.rank(task.demand, candidates):
                 node = self.state.cluster.nodes[i]
-                selection = select(node, task.demand)
+                selection = select(node, task.demand, self._card(task.demand, i))
                 if selection is not None:
                     return [(node, selection, score, details)]
             return None
@@ -297,7 +304,9 @@ class Placer:
                     if avoid is not None:
                         candidates &= ~avoid
                     for i, score, details in self.rank(task.demand, candidates):
-                        selection = select(self.state.cluster.nodes[i], task.demand)
+                        selection = select(
+                            self.state.cluster.nodes[i], task.demand, self._card(task.demand, i)
+                        )
                         if selection is not None:
                             found = (self.state.cluster.nodes[i], selection, score, details)
                             break

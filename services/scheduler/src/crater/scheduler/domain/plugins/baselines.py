@@ -14,8 +14,10 @@ import numpy.typing as npt
 
 from crater.scheduler.domain.cluster import WHOLE, BoolArray, ClusterArrays
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.fragmentation import expected_fragmentation
 from crater.scheduler.domain.gpu_match import model_matches
 from crater.scheduler.domain.plugins.framework import FloatArray, Score, ScorePlugin
+from crater.scheduler.domain.workload import LearnedShape
 
 BESTFIT_CPU_SCALE = 128_000  # milli-CPU, as in the paper's BestFit
 BESTFIT_GPU_SCALE = 8_000  # milli-GPU: an 8-card node
@@ -75,46 +77,38 @@ def _fragment(
     """F_n(m): the free GPU thousandths of each node that a task of `shape` cannot use. All
     of them when the task cannot run there at all (too few cards, CPU, model); otherwise the
     cards with less free than it asks per card. A task without GPUs uses none of them."""
-    total: FloatArray = cards.sum(axis=1).astype(np.float64)
-    if not shape.gpus:
-        return total
-    fits_card = cards >= shape.gpu_milli
-    runs = (fits_card.sum(axis=1) >= shape.gpus) & (cpu_free >= shape.cpu_cores) & model_ok
-    stranded = np.where(fits_card, 0, cards).sum(axis=1).astype(np.float64)
-    return np.asarray(np.where(runs, stranded, total), np.float64)
+    return _paper_fragment(cards, cpu_free, model_ok[None, :], (shape,), np.ones(1))
 
 
-def _expected_fragment(
-    c: ClusterArrays,
-    idx: npt.NDArray[np.int64],
+def _paper_fragment(
     cards: npt.NDArray[np.int64],
     cpu_free: npt.NDArray[np.int64],
+    model_ok: BoolArray | None,
     shapes: tuple[TaskShape, ...],
+    popularity: FloatArray,
 ) -> FloatArray:
-    """F_n(M) = sum over the workload's shapes m of popularity(m) * F_n(m)."""
-    out = np.zeros(len(idx))
-    for shape in shapes:
-        ok = (
-            model_matches(c, idx, shape.gpu_model)
-            if shape.gpu_model
-            else np.ones(len(idx), np.bool_)
-        )
-        out += shape.popularity * _fragment(cards, cpu_free, ok, shape)
-    return out
+    """F_n(M) = sum over the workload's shapes m of popularity(m) * F_n(m), one value per row
+    of `cards` (`model_ok[m, n]`: shape m may run on row n; None: all may). A shape without
+    GPUs counts every free thousandth (the paper's XL/XR kinds); the paper's measure weighs
+    no memory."""
+    gpu_rows = [k for k, s in enumerate(shapes) if s.gpus]
+    measured = tuple(
+        LearnedShape(s.gpus, s.gpu_milli, s.gpu_model, float(popularity[k]), s.cpu_cores, 0.0)
+        for k, s in ((k, shapes[k]) for k in gpu_rows)
+    )
+    ok = None if model_ok is None else model_ok[gpu_rows]
+    no_memory = np.zeros(len(cards), np.int64)
+    out = expected_fragmentation(cards, cpu_free, no_memory, ok, measured)
+    cpu_only = float(sum(popularity[k] for k, s in enumerate(shapes) if not s.gpus))
+    return np.asarray(out + cpu_only * cards.sum(axis=1), np.float64)
 
 
 def _place_on_cards(cards: npt.NDArray[np.int64], d: Demand) -> npt.NDArray[np.int64]:
-    """The cards after the task lands the way `placement.select` puts it: a share on the
-    fullest card that still holds it (lowest index on ties), whole cards from the lowest
-    index; which whole free cards go does not change the fragmentation."""
+    """The cards after a task of whole cards lands: free cards from the lowest index (which
+    whole free cards go does not change the fragmentation). A share is placed card by card
+    in `_FgdWorkload.share_points`."""
     after = cards.copy()
     if not d.gpus:
-        return after
-    rows = np.arange(len(cards))
-    if d.gpu_milli and d.gpu_milli < WHOLE:
-        room = np.where(cards >= d.gpu_milli, cards, np.iinfo(np.int64).max)
-        chosen = room.argmin(axis=1)
-        after[rows, chosen] -= d.gpu_milli
         return after
     whole = cards == WHOLE
     taken = whole & (np.cumsum(whole, axis=1) <= d.gpus)
@@ -122,51 +116,113 @@ def _place_on_cards(cards: npt.NDArray[np.int64], d: Demand) -> npt.NDArray[np.i
     return after
 
 
+def _fgd_points(gain: FloatArray) -> FloatArray:
+    """The paper's node score from the fragmentation a placement removes (thousandths): the
+    kube-scheduler's integer score, sigmoid(gain / 1000) x 100 cut to an integer, so that
+    near-equal gains tie (ties go to the smallest node name); read here in [0, 1]."""
+    return np.asarray(np.floor(100.0 / (1.0 + np.exp(-gain / 1000.0))) / 100.0, np.float64)
+
+
+def _is_share(d: Demand) -> bool:
+    return d.gpus == 1 and 0 < d.gpu_milli < WHOLE and d.mig_profile is None
+
+
+@dataclass(frozen=True)
+class _FgdWorkload:
+    """FGD's target workload, normalized, and the measure against it."""
+
+    shapes: tuple[TaskShape, ...]
+    popularity: FloatArray
+
+    def fragment(
+        self,
+        c: ClusterArrays,
+        idx: npt.NDArray[np.int64],
+        cards: npt.NDArray[np.int64],
+        cpu_free: npt.NDArray[np.int64],
+    ) -> FloatArray:
+        ok: BoolArray | None = None
+        if any(s.gpu_model for s in self.shapes):
+            ok = np.ones((len(self.shapes), len(idx)), np.bool_)
+            for row, shape in enumerate(self.shapes):
+                if shape.gpu_model:
+                    ok[row] = model_matches(c, idx, shape.gpu_model)
+        return _paper_fragment(cards, cpu_free, ok, self.shapes, self.popularity)
+
+    def share_points(
+        self, c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]
+    ) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+        """For a share: per node, the best score over the cards that hold it, and that card
+        (the lowest index among equals, as the paper's simulator takes it; -1: none)."""
+        cards = _cards(c, idx)
+        cpu = c.cpu_free[idx]
+        before = self.fragment(c, idx, cards, cpu)
+        rows, cols = np.nonzero(cards >= d.gpu_milli)  # row-major: each node's cards in order
+        after_cards = cards[rows]
+        after_cards[np.arange(len(rows)), cols] -= d.gpu_milli
+        after = self.fragment(c, idx[rows], after_cards, cpu[rows] - d.cpu_cores)
+        points = _fgd_points(before[rows] - after)
+        best = np.full(len(idx), -1.0)
+        card = np.full(len(idx), -1, np.int64)
+        for row, col, value in zip(rows.tolist(), cols.tolist(), points.tolist(), strict=True):
+            if value > best[row]:
+                best[row], card[row] = value, col
+        return best, card
+
+
 def fgd_score(weight: float, workload: Sequence[TaskShape | Mapping[str, Any]]) -> Score:
-    """Fragmentation gradient descent: the node whose expected fragmentation, measured
-    against the target workload, grows least (or shrinks most) when the task lands on it.
-    Shapes may come as mappings of TaskShape's fields (a pools file, an audit record)."""
+    """Fragmentation gradient descent as the paper's simulator scores it: the node whose
+    expected fragmentation, measured against the target workload (its typical requests,
+    CPU included, memory not), shrinks most when the task lands there, as an integer score
+    out of 100 (`_fgd_points`). A share is tried on each card that holds it and the node
+    takes its best card's score; `card` names that card, for the grant. Shapes may come as
+    mappings of TaskShape's fields (a pools file, an audit record)."""
     given = tuple(s if isinstance(s, TaskShape) else TaskShape(**s) for s in workload)
     total = sum(s.popularity for s in given) or 1.0
-    shapes = tuple(
-        TaskShape(s.gpus, s.gpu_milli, s.cpu_cores, s.popularity / total, s.gpu_model)
-        for s in given
-    )
+    model = _FgdWorkload(given, np.asarray([s.popularity / total for s in given], np.float64))
 
     def rate(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
+        if _is_share(d):
+            return model.share_points(c, d, idx)[0].clip(0.0, 1.0)
         cards = _cards(c, idx)
-        span = float(max(cards.shape[1], 1) * WHOLE)
-        before = _expected_fragment(c, idx, cards, c.cpu_free[idx], shapes)
-        after = _expected_fragment(
-            c, idx, _place_on_cards(cards, d), c.cpu_free[idx] - d.cpu_cores, shapes
-        )
-        # growth in [-span, span] -> score in [0, 1], less growth scoring higher
-        return np.asarray(0.5 - (after - before) / (2 * span), np.float64)
+        cpu = c.cpu_free[idx]
+        before = model.fragment(c, idx, cards, cpu)
+        after = model.fragment(c, idx, _place_on_cards(cards, d), cpu - d.cpu_cores)
+        return _fgd_points(before - after)
 
-    return Score("FGD", weight, rate)
+    def card(c: ClusterArrays, d: Demand, row: int) -> int | None:
+        if not _is_share(d):
+            return None
+        chosen = int(model.share_points(c, d, np.asarray([row], np.int64))[1][0])
+        return None if chosen < 0 else chosen
+
+    return Score("FGD", weight, rate, card=card)
 
 
 def typical_shapes(
     requests: list[tuple[int, int, int, str | None]], coverage: float = 0.95
 ) -> tuple[TaskShape, ...]:
-    """The target workload of FGD from a list of (gpus, gpu_milli, cpu_cores, model)
-    requests: the most common (gpus, gpu_milli, model) shapes that together cover
-    `coverage` of the requests, each with its share and the mean CPU cores it asks.
-    (Keying shapes by CPU too, as the paper's simulator does, scattered this trace's
-    workload over 27 shapes and placed a point worse.)"""
-    counts: dict[tuple[int, int, str | None], list[int]] = {}
+    """FGD's target workload from a list of (gpus, gpu_milli, cpu_cores, model) requests, as
+    the paper's simulator takes it (with its defaults: requests without GPUs included, 95%):
+    the distinct requests, CPU included, most frequent first (equal counts: the larger
+    request first), taken until they cover `coverage` of the requests, each with its share
+    among those taken."""
+    counts: dict[tuple[int, int, int, str], int] = {}
     for gpus, milli, cores, model in requests:
-        counts.setdefault((gpus, milli if gpus else 0, model or None), []).append(cores)
-    ranked = sorted(counts.items(), key=lambda kv: (-len(kv[1]), kv[0][:2], kv[0][2] or ""))
-    shapes: list[TaskShape] = []
+        key = (cores, milli if gpus else 0, gpus, model or "")
+        counts[key] = counts.get(key, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (kv[1], *kv[0]), reverse=True)
+    taken: list[tuple[tuple[int, int, int, str], int]] = []
     covered = 0
-    for (gpus, milli, model), asked in ranked:
+    for key, count in ranked:
         if covered >= coverage * len(requests):
             break
-        covered += len(asked)
-        mean_cores = round(sum(asked) / len(asked))
-        shapes.append(TaskShape(gpus, milli, mean_cores, len(asked) / len(requests), model))
-    return tuple(shapes)
+        taken.append((key, count))
+        covered += count
+    return tuple(
+        TaskShape(gpus, milli, cores, count / covered, model or None)
+        for (cores, milli, gpus, model), count in taken
+    )
 
 
 # Plugins that need configuration (the kube-scheduler's plugin args): name -> factory taking

@@ -42,6 +42,11 @@ class Score:
     # the plugin's arguments it was made with (`ScorePlugin`): the audit log records them,
     # so that a replay makes the same score again
     args: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    # (cluster, demand, node row) -> the card a share should take there, where the score
+    # has its own view of that (FGD scores a share card by card); None: the placement's own
+    card: Callable[[ClusterArrays, Demand, int], int | None] | None = field(
+        default=None, compare=False
+    )
 
 
 @dataclass(frozen=True)

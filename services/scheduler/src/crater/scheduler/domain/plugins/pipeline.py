@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from crater.scheduler.domain.cluster import ClusterArrays
+from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.plugins.baselines import TaskShape
 from crater.scheduler.domain.plugins.framework import Filter, Score
 from crater.scheduler.domain.plugins.registry import CONFIGURED_SCORES, FILTERS, SCORES
@@ -16,6 +18,17 @@ from crater.scheduler.domain.plugins.registry import CONFIGURED_SCORES, FILTERS,
 class Pipeline:
     filters: tuple[Filter, ...]
     scores: tuple[Score, ...]
+
+    def card_for(self, c: ClusterArrays, d: Demand, row: int) -> int | None:
+        """The card a share takes on node `row` where the heaviest score that chooses cards
+        says (as the paper's simulator lets its score choose the GPU); None: the placement's
+        own choice."""
+        choosers = [s for s in self.scores if s.card is not None]
+        if not choosers:
+            return None
+        heaviest = max(choosers, key=lambda s: s.weight)
+        assert heaviest.card is not None
+        return heaviest.card(c, d, row)
 
     @classmethod
     def from_names(
