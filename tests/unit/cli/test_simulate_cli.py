@@ -79,12 +79,12 @@ def test_simulate_replays_a_derived_trace(tmp_path: Path) -> None:
     write_pods(PODS, pods)
     out = tmp_path / "results"
     args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--out", str(out)]
-    result = CliRunner().invoke(app, [*args, "--variant", "sharing", "--seeds", "1-2"])
+    result = CliRunner().invoke(app, [*args, "--variant", "sharing:80", "--seeds", "1-2"])
     assert result.exit_code == 0, result.output
-    summary = json.loads((out / "openb_pods_sharing_crater.json").read_text())
+    summary = json.loads((out / "openb_pods_sharing80_crater.json").read_text())
     assert (summary["trace"], summary["variant"], summary["seeds"], summary["published"]) == (
         "pods",
-        "sharing",
+        "sharing80",
         [1, 2],
         None,
     )

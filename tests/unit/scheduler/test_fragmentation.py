@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 
 from crater.scheduler.domain.cluster import ClusterArrays, Node
 from crater.scheduler.domain.core import Scheduler
@@ -20,7 +21,7 @@ from crater.scheduler.domain.fragmentation import (
 )
 from crater.scheduler.domain.workload import LearnedShape, WorkloadModel
 from crater.scheduler.sim.openb import OpenbNode, OpenbPod, topology
-from crater.scheduler.sim.variants import derive
+from crater.scheduler.sim.variants import derive, parse_variant, variant_name
 from tests.support.topologies import node
 from tests.unit.scheduler.test_core import cluster as core_cluster
 from tests.unit.scheduler.test_core import profiled
@@ -174,17 +175,35 @@ PODS = [
 ] * 25
 
 
-def test_variants_are_seeded_and_shift_the_mix() -> None:
-    sharing = derive(PODS, NODES, "sharing", seed=3)
-    assert sharing == derive(PODS, NODES, "sharing", seed=3)
+def test_variants_are_seeded_and_shift_the_mix_to_their_level() -> None:
+    sharing = derive(PODS, NODES, "sharing40", seed=3)
+    assert sharing == derive(PODS, NODES, "sharing40", seed=3)
     assert len(sharing) == len(PODS)
-    assert sum(p.num_gpu == 1 and p.gpu_milli < 1000 for p in sharing) == 60
+    assert sharing[0].name.startswith("sharing40-")
+    # the CPU-only pods keep their quarter; 40% of the GPU pods (75) share a card
+    assert sum(p.num_gpu == 0 for p in sharing) == 25
+    assert sum(p.num_gpu == 1 and p.gpu_milli < 1000 for p in sharing) == 30
+    assert sum(p.num_gpu == 0 for p in derive(PODS, NODES, "cpuheavy25", seed=3)) == 25
     assert sum(p.num_gpu == 0 for p in derive(PODS, NODES, "cpuheavy", seed=3)) == 30
-    assert sum(p.num_gpu >= 2 for p in derive(PODS, NODES, "multigpu", seed=3)) == 8
+    # multi-GPU pods ask the level's share of the GPU request (within rounding)
+    many = derive(PODS * 10, NODES, "multigpu40", seed=3)
+    multi = sum(p.gpu_request for p in many if p.num_gpu >= 2)
+    assert 0.35 < multi / sum(p.gpu_request for p in many) < 0.45
+
+
+def test_variant_names_read_as_the_public_traces() -> None:
+    assert [variant_name(*parse_variant(t)) for t in ("gpuspec", "gpuspec:20", "gpuspec5")] == [
+        "gpuspec33",
+        "gpuspec20",
+        "gpuspec5",
+    ]
+    for bad in ("gpu", "gpuspec0", "sharing101", "cpuheavy:x"):
+        with pytest.raises(ValueError, match="variant"):
+            parse_variant(bad)
 
 
 def test_gpuspec_pins_gpu_pods_only_to_models_that_can_hold_them() -> None:
-    pinned = derive(PODS, NODES, "gpuspec", seed=3)
+    pinned = derive(PODS, NODES, "gpuspec33", seed=3)
     specs = Counter((p.num_gpu, p.gpu_spec) for p in pinned)
     assert specs[(8, "T4")] == 0  # two-card nodes cannot hold eight
     assert specs[(8, "G2")] > 0

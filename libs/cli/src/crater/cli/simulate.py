@@ -27,7 +27,7 @@ from crater.scheduler.sim.openb import (
 )
 from crater.scheduler.sim.protocol import CURVE_FROM, CURVE_TO, RunResult, mean_curve
 from crater.scheduler.sim.protocol import simulate as run_protocol
-from crater.scheduler.sim.variants import VARIANTS, derive
+from crater.scheduler.sim.variants import VARIANTS, derive, parse_variant, variant_name
 
 console = cli_console(highlight=True)
 # the bar and the lines per seed: stdout is the results
@@ -132,8 +132,12 @@ def simulate(
     variant: Annotated[
         str | None,
         typer.Option(
-            help="Replay a trace derived from --pods instead: "
-            + "; ".join(f"{v.name}: {v.description}" for v in VARIANTS.values())
+            help="Replay a trace derived from --pods instead, a family and a level in percent "
+            "(e.g. gpuspec20; a bare family: its default level): "
+            + "; ".join(
+                f"{v.name}: {v.measures} (levels swept: {', '.join(map(str, v.levels))})"
+                for v in VARIANTS.values()
+            )
             + ". Results go to openb_<variant>_<policy>.*"
         ),
     ] = None,
@@ -153,10 +157,11 @@ def simulate(
     The trace: CRATER_OPENB_DIR, or shared/data/openb beside the checkout."""
     if policy not in POLICIES:
         raise typer.BadParameter(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
-    if variant is not None and variant not in VARIANTS:
-        raise typer.BadParameter(
-            f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}", param_hint="--variant"
-        )
+    if variant is not None:
+        try:
+            variant = variant_name(*parse_variant(variant))
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--variant") from e
     nodes_file = _trace_file(nodes, NODES_CSV, "--nodes")
     pods_file = _trace_file(pods, PODS_CSV, "--pods")
     with progress.status(f"reading {nodes_file} and {pods_file}"):

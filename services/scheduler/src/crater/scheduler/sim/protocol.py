@@ -187,7 +187,13 @@ def held_gpu_milli(scheduler: Scheduler) -> int:
 
 def mean_curve(results: list[RunResult]) -> dict[int, tuple[float, float, float]]:
     """Per x, the mean over seeds of each seed's (GPU, CPU, memory) allocation %."""
-    curves = [r.curve() for r in results]
+    return mean_of_curves([r.curve() for r in results])
+
+
+def mean_of_curves(
+    curves: list[dict[int, tuple[float, float, float]]],
+) -> dict[int, tuple[float, float, float]]:
+    """Per x, the mean of the curves' (GPU, CPU, memory) allocation % (those that reach x)."""
     xs = sorted(set().union(*curves))
     out: dict[int, tuple[float, float, float]] = {}
     for x in xs:
