@@ -3,8 +3,9 @@ the default pod list by changing proportions; see `crater.scheduler.sim.variants
 
     .venv/bin/python benchmarks/scheduler/openb_variants.py --out /tmp/openb-variants
 
-`crater simulate --variant NAME` derives the same trace in memory (same `--variant-seed`, same
-pods), so these files are only needed to look at them or to feed another simulator.
+`crater simulate --variant NAME` (e.g. gpuspec20) derives the same trace in memory (same
+`--variant-seed`, same pods), so these files are only needed to look at them or to feed
+another simulator.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from crater.scheduler.sim.openb import load_nodes, load_pods
-from crater.scheduler.sim.variants import VARIANTS, derive, write_pods
+from crater.scheduler.sim.variants import VARIANTS, derive, parse_variant, variant_name, write_pods
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
 
@@ -25,10 +26,16 @@ def main() -> None:
     parser.add_argument("--pods", type=Path, default=DATA / "openb_pod_list_default.csv")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0, help="seed of the variants' draws")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=[variant_name(v, level) for v in VARIANTS.values() for level in v.levels],
+        help="e.g. gpuspec20 cpuheavy25 (default: every family at each of its levels)",
+    )
     args = parser.parse_args()
     nodes, pods = load_nodes(args.nodes), load_pods(args.pods)
-    for name in args.variants:
+    for given in args.variants:
+        name = variant_name(*parse_variant(given))
         derived = derive(pods, nodes, name, args.seed)
         path = args.out / f"openb_pod_list_{name}.csv"
         write_pods(derived, path)
