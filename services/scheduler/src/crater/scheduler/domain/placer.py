@@ -30,7 +30,7 @@ from crater.scheduler.domain.events import (
     granted,
 )
 from crater.scheduler.domain.ledger import Ledger
-from crater.scheduler.domain.placement import Selection, select
+from crater.scheduler.domain.placement import Selection, select, unplaceable
 from crater.scheduler.domain.plugins import Filter
 from crater.scheduler.domain.queue import node_mask
 from crater.scheduler.domain.quotas import Usage
@@ -210,7 +210,7 @@ class Placer:
                         node_id=node.name,
                         filter="Placement",
                         code="NoLocalPlacement",
-                        reason="the GPUs and cores cannot be had together (NUMA)",
+                        reason=unplaceable(demand),
                     )
                 )
                 continue
@@ -311,6 +311,7 @@ class Placer:
                     task.demand.memory_mb,
                     None,
                     selection.mig_profile,
+                    selection.disk_hold(task.demand),
                 )
                 self.state.cluster.refresh(node.name)
                 held.append((node, selection))
@@ -325,6 +326,7 @@ class Placer:
                     task.demand.memory_mb,
                     None,
                     selection.mig_profile,
+                    selection.disk_hold(task.demand),
                 )
                 self.state.cluster.refresh(node.name)
 
@@ -381,6 +383,8 @@ class Placer:
             task=task,
             lent_by=lent_by,
             granted_at=cause.occurred_at,  # as the grant says, and the tables keep
+            disk=selection.disk,
+            disk_gb=task.demand.disk_gb if selection.disk is not None else 0,
         )
         if lent_by is not None:
             allocation.gpu_milli = 0  # the card stays its lender's hold
