@@ -99,8 +99,11 @@ class AllocationGranted(TaskEvent):
     numa_node: ExactInt | None
     memory_mb: ExactInt = Field(ge=0)
     checkpoint_path: str | None
+    # Left out of the JSON when None: a grant that chose no disk reads byte for byte as one
+    # made before grants named disks, so recorded decisions replay identically (audit).
     disk: str | None = Field(
         default=None,
+        exclude_if=lambda disk: disk is None,
         description="The local SSD chosen with the GPUs (device name) when the task asked for "
         "SSD space or speed; its asked space is held for the task. None: none chosen.",
     )
