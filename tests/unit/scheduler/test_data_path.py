@@ -203,7 +203,8 @@ def test_one_disk_must_have_the_space_and_the_speed_together() -> None:
             }
         }
     )
-    assert [f.node_id for f in scheduler.dry_run(Demand.of_query(fast_enough)).fits] == ["n"]
+    [fit] = scheduler.dry_run(Demand.of_query(fast_enough)).fits
+    assert (fit.node_id, fit.disk) == ("n", "nvme1n1")  # the fast one, though listed second
 
 
 def test_strict_numa_keeps_the_disk_on_the_gpus_numa_node() -> None:

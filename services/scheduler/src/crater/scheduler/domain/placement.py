@@ -62,8 +62,7 @@ def unplaceable(demand: Demand) -> str:
     written for one node."""
     if demand.wants_ssd:
         return (
-            "cannot give the GPUs, cores and one SSD with the space and speed asked together "
-            "(NUMA)"
+            "cannot give the GPUs, cores and one SSD with the space and speed asked together (NUMA)"
         )
     return "cannot give the GPUs and cores together (NUMA)"
 

@@ -223,6 +223,7 @@ class Placer:
                     cpu_cores=list(selection.cpu_cores),
                     numa_node=selection.numa_node,
                     mig_profile=selection.mig_profile,
+                    disk=selection.disk,
                 )
             )
         counts: dict[str, int] = {}
