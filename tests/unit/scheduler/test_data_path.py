@@ -178,6 +178,19 @@ def test_free_space_is_held_so_two_tasks_are_never_promised_the_same_bytes() -> 
     assert node_state.disk_free_gb == {"nvme0n1": 400}
 
 
+def test_of_two_disks_as_near_the_roomier_is_chosen_not_the_small_os_disk() -> None:
+    os_disk = ssd("nvme0n1", 0, 1920).model_copy(update={"mount_path": "/"})
+    scheduler = scheduler_with(
+        with_disks(node("n", gpus=2), os_disk, ssd("nvme1n1", 0, 3840), ssd("nvme2n1", 1, 3840))
+    )
+    granted = only(
+        scheduler.handle(submit("t", 1, gpu={"count": 1}, ssd={"capacity_gb": 100})),
+        AllocationGranted,
+    )
+    assert (granted.gpu_ids, granted.disk) == ([0], "nvme1n1")
+    assert granted.checkpoint_path == "/mnt/nvme1n1/crater/checkpoints/t"
+
+
 def test_one_disk_must_have_the_space_and_the_speed_together() -> None:
     big_slow = ssd("nvme0n1", 0, 3800, random_read_iops=5_000.0)
     small_fast = ssd("nvme1n1", 0, 100, random_read_iops=90_000.0)
@@ -441,6 +454,13 @@ class Books:
                 )
                 assert before[grant.disk] >= gb
                 assert distance(chosen, self.topology, grant.gpu_ids) == nearest
+                # among the nearest, the roomiest
+                peers = [
+                    before[d.name]
+                    for d in self.topology.disks
+                    if before[d.name] >= gb and distance(d, self.topology, grant.gpu_ids) == nearest
+                ]
+                assert before[grant.disk] == max(peers)
 
     def balance(self, free: dict[str, int]) -> None:
         """Never more promised on a disk than it has, and the books balance."""

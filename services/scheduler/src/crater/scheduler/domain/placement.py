@@ -125,22 +125,24 @@ def choose_disk(
 ) -> Disk | None:
     """The SSD for a task asking local space or speed, chosen with its GPUs: of the disks
     that serve the ask, the closest to the GPUs (same PCIe root, then same NUMA node, then
-    elsewhere; a CPU task's NUMA node stands in for GPUs), NVMe first, then in the node's
-    order. With `numa: strict`, a disk known to sit on another NUMA node is out."""
+    elsewhere; a CPU task's NUMA node stands in for GPUs), NVMe first, then the most space
+    free (spreads the tasks' IO over the disks, and leaves a small OS disk for last), then
+    the node's order. With `numa: strict`, a disk known to sit on another NUMA node is out."""
     gpus = node.topology.gpus
     roots = {r for i in gpu_ids if (r := gpus[i].pci_root) is not None}
     homes = {h for i in gpu_ids if (h := gpus[i].numa_node) is not None}
     if not gpu_ids and numa is not None:
         homes = {numa}
-    ranked: list[tuple[int, bool, int]] = []
+    ranked: list[tuple[int, bool, int, int]] = []
     for order, disk in enumerate(node.topology.disks):
         if not disk_serves(node, disk, demand):
             continue
         distance = disk_distance(disk, roots, homes)
         if demand.numa_strict and homes and disk.numa_node not in (None, *homes):
             continue
-        ranked.append((distance, not disk.nvme, order))
-    return node.topology.disks[min(ranked)[2]] if ranked else None
+        free = node.disk_free_gb.get(disk.name, 0)
+        ranked.append((distance, not disk.nvme, -free, order))
+    return node.topology.disks[min(ranked)[3]] if ranked else None
 
 
 def _mig_card(
