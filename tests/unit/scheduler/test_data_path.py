@@ -178,6 +178,22 @@ def test_free_space_is_held_so_two_tasks_are_never_promised_the_same_bytes() -> 
     assert node_state.disk_free_gb == {"nvme0n1": 400}
 
 
+def test_of_equally_tight_numa_nodes_the_one_with_a_serving_ssd_gets_the_gpus() -> None:
+    # both NUMA nodes have 4 free GPUs; only NUMA 1's disk is fast enough
+    slow = ssd("nvme0n1", 0, random_read_iops=5_000.0)
+    fast = ssd("nvme1n1", 1, random_read_iops=90_000.0)
+    scheduler = scheduler_with(with_disks(node("dgx", gpus=8), slow, fast))
+    plain = Demand.of_query(
+        PlacementQuery.model_validate({"resource_requirements": {"gpu": {"count": 4}}})
+    )
+    assert scheduler.dry_run(plain).fits[0].gpu_ids == [0, 1, 2, 3]  # lowest NUMA node
+    granted = only(
+        scheduler.handle(submit("io", 1, gpu={"count": 4}, ssd={"iops_min": 50_000})),
+        AllocationGranted,
+    )
+    assert (granted.gpu_ids, granted.disk) == ([4, 5, 6, 7], "nvme1n1")
+
+
 def test_of_two_disks_as_near_the_roomier_is_chosen_not_the_small_os_disk() -> None:
     os_disk = ssd("nvme0n1", 0, 1920).model_copy(update={"mount_path": "/"})
     scheduler = scheduler_with(

@@ -224,15 +224,29 @@ def _gpus(node: Node, demand: Demand) -> tuple[tuple[int, ...], int | None] | No
     by_numa: dict[int, list[int]] = {}
     for gpu in free:
         by_numa.setdefault(gpu.numa_node if gpu.numa_node is not None else -1, []).append(gpu.index)
-    # The tightest NUMA node that holds them all: keeps the roomier ones whole.
-    fitting = sorted((len(ids), numa) for numa, ids in by_numa.items() if len(ids) >= demand.gpus)
+    # The tightest NUMA node that holds them all: keeps the roomier ones whole; of equally
+    # tight ones, one with an SSD that serves the task (its data path stays local).
+    fitting = sorted(
+        (len(ids), _no_ssd_on(node, demand, numa), numa)
+        for numa, ids in by_numa.items()
+        if len(ids) >= demand.gpus
+    )
     if fitting:
-        numa = fitting[0][1]
+        numa = fitting[0][2]
         chosen = _nvlink_set(node, by_numa[numa], demand.gpus)
         return chosen, (numa if numa >= 0 else None)
     if demand.numa_strict or len(free) < demand.gpus:
         return None
     return _nvlink_set(node, [g.index for g in free], demand.gpus), None
+
+
+def _no_ssd_on(node: Node, demand: Demand, numa: int) -> bool:
+    """The task asks for an SSD and none that serves it sits on NUMA node `numa`."""
+    if not demand.wants_ssd:
+        return False
+    return not any(
+        d.numa_node == numa and disk_serves(node, d, demand) for d in node.topology.disks
+    )
 
 
 def _shared_card(node: Node, demand: Demand) -> tuple[tuple[int, ...], int | None] | None:
