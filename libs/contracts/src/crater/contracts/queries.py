@@ -391,6 +391,11 @@ class MemberPlacement(Contract):
     cpu_cores: list[int]
     numa_node: int | None
     mig_profile: str | None = None
+    disk: str | None = Field(
+        default=None,
+        exclude_if=lambda disk: disk is None,  # answers without one read as before
+        description="The SSD it would be given (the task asks SSD space or speed).",
+    )
 
 
 class TaskPlacementAnswer(PlacementAnswer):
