@@ -55,6 +55,19 @@ async def test_valid_task_is_accepted_and_published_in_the_callers_trace(
     assert raw.headers["Nats-Msg-Id"] == accepted["event_id"]
 
 
+async def test_the_data_path_fields_reach_the_bus_as_sent(
+    client: httpx.AsyncClient, tap: EventTap
+) -> None:
+    needs = {"gpu": {"count": 2, "pcie_bandwidth_gbps": 25}, "ssd": {"capacity_gb": 500}}
+    response = await client.post(
+        "/api/v1/schedule", json=task(task_id="data-path-1", resource_requirements=needs)
+    )
+    assert response.status_code == 202, response.text
+    [event] = await tap.wait_for(TaskSubmitted, lambda e: e.task_id == "data-path-1")
+    assert event.resource_requirements.gpu.pcie_bandwidth_gbps == 25
+    assert event.resource_requirements.ssd.capacity_gb == 500
+
+
 BAD_BODIES = [
     pytest.param(b'{"task_id": "t", oops', {"body"}, "Invalid JSON", id="malformed-json"),
     pytest.param(b'"a task"', {"body"}, "object", id="not-an-object"),
@@ -71,6 +84,18 @@ BAD_BODIES = [
         {"resource_requirements.gpu.count"},
         "greater than or equal to 0",
         id="negative-gpu-count",
+    ),
+    pytest.param(
+        task(resource_requirements={"gpu": {"count": 1, "pcie_bandwidth_gbps": 0}}),
+        {"resource_requirements.gpu.pcie_bandwidth_gbps"},
+        "greater than 0",
+        id="zero-pcie-bandwidth",
+    ),
+    pytest.param(
+        task(resource_requirements={"gpu": {"count": 1, "pcie_bandwidth_gbps": "fast"}}),
+        {"resource_requirements.gpu.pcie_bandwidth_gbps"},
+        "number",
+        id="pcie-bandwidth-not-a-number",
     ),
     pytest.param(task(task_type="quantum"), {"task_type"}, "training", id="unknown-task-type"),
     pytest.param(

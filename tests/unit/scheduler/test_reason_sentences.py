@@ -68,6 +68,7 @@ def test_every_filter_explains_itself_as_a_predicate_without_none(f: object) -> 
         gpu_model="A100",
         avx="avx512f",
         memory_bandwidth_gbps=20.0,
+        pcie_bandwidth_gbps=25.0,
         mig_profile="1g.10gb",
         ssd_iops_min=1000,
         ssd_latency_us_max=200,

@@ -29,7 +29,11 @@ TASK_ENVIRONMENT: dict[str, str] = {
     "(os.sched_setaffinity).",
     "CRATER_NUMA_NODE": "The NUMA node the GPUs and cores sit on; empty: none or several.",
     "CRATER_MEMORY_MB": "Host memory granted, MiB.",
-    "CRATER_SSD_PATH": "The node's local SSD mount (NVMe first); absent: the node has none.",
+    "CRATER_SSD_PATH": "The local SSD mount: the chosen disk's (CRATER_SSD_DEVICE) when one was "
+    "chosen, else the node's first (NVMe first); absent: none mounted.",
+    "CRATER_SSD_DEVICE": "The local SSD chosen for the task (its device name, `nvme1n1`) when "
+    "it asked for SSD space or speed: near its GPUs, its space held for it; absent: none "
+    "chosen.",
     "CRATER_CHECKPOINT_PATH": "Where to write checkpoints (on the local NVMe when there is one).",
     "CRATER_PRECISION": "The precision the task asked for (bf16, fp16, ...).",
     "CRATER_DATALOADER_NUM_WORKERS": "DataLoader workers per GPU process, for the node chosen "
@@ -95,6 +99,14 @@ class AllocationGranted(TaskEvent):
     numa_node: ExactInt | None
     memory_mb: ExactInt = Field(ge=0)
     checkpoint_path: str | None
+    # Left out of the JSON when None: a grant that chose no disk reads byte for byte as one
+    # made before grants named disks, so recorded decisions replay identically (audit).
+    disk: str | None = Field(
+        default=None,
+        exclude_if=lambda disk: disk is None,
+        description="The local SSD chosen with the GPUs (device name) when the task asked for "
+        "SSD space or speed; its asked space is held for the task. None: none chosen.",
+    )
     reservation_token: str = Field(
         description="Confirms the allocation and signs the launcher's reports about it "
         "(`v1.<allocation_id>.<expiry>.<signature>`)."

@@ -42,6 +42,39 @@ class Gpu(Contract):
         description="MIG profiles the card can be partitioned into (e.g. 1g.10gb, 3g.40gb).",
         examples=[["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]],
     )
+    pcie_bandwidth_gbps: float | None = Field(
+        default=None,
+        ge=0,
+        description="Measured host-to-card copy bandwidth over the PCIe link, GB/s one way "
+        "(pinned memory); None: not measured, the link counts at its nominal figure "
+        "(pcie_generation_max x pcie_width_max).",
+    )
+
+    def pcie_link_gbps(self) -> float | None:
+        """What the link carries, GB/s one way: measured, else nominal; None: neither known."""
+        if self.pcie_bandwidth_gbps is not None:
+            return self.pcie_bandwidth_gbps
+        return pcie_nominal_gbps(self.pcie_generation_max, self.pcie_width_max)
+
+
+# GB/s one way per lane, after line encoding (8b/10b to gen 2, 128b/130b gens 3-5, FLIT 6-7).
+PCIE_LANE_GBPS: dict[int, float] = {
+    1: 0.25,
+    2: 0.5,
+    3: 0.985,
+    4: 1.969,
+    5: 3.938,
+    6: 7.563,
+    7: 15.125,
+}
+
+
+def pcie_nominal_gbps(generation: int | None, width: int | None) -> float | None:
+    """A link's nominal bandwidth (GB/s one way): x16 gen 4 is 31.5; None when the
+    generation or the width is unknown, or the generation is one no table lists."""
+    if generation is None or width is None or generation not in PCIE_LANE_GBPS:
+        return None
+    return round(PCIE_LANE_GBPS[generation] * width, 3)
 
 
 # Where a figure in the datasheets' sense comes from: the probe measured it, the device's

@@ -350,6 +350,11 @@ class NodeFit(Contract):
     cpu_cores: list[int]
     numa_node: int | None
     mig_profile: str | None = Field(default=None, description="The MIG slice, on gpu_ids[0].")
+    disk: str | None = Field(
+        default=None,
+        exclude_if=lambda disk: disk is None,  # answers without one read as before
+        description="The SSD that would be chosen (the task asks SSD space or speed).",
+    )
 
 
 class NodeMisfit(Contract):
@@ -386,6 +391,11 @@ class MemberPlacement(Contract):
     cpu_cores: list[int]
     numa_node: int | None
     mig_profile: str | None = None
+    disk: str | None = Field(
+        default=None,
+        exclude_if=lambda disk: disk is None,  # answers without one read as before
+        description="The SSD it would be given (the task asks SSD space or speed).",
+    )
 
 
 class TaskPlacementAnswer(PlacementAnswer):

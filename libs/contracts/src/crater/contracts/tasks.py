@@ -315,6 +315,15 @@ class GpuRequirement(Contract):
         "count must be 1.",
         examples=["1g.10gb", "3g.40gb"],
     )
+    pcie_bandwidth_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        le=1000,
+        description="Host-to-card PCIe bandwidth each granted card needs, GB/s one way: "
+        "judged against the link's measured copy bandwidth, else its nominal figure "
+        "(generation x width, after encoding); unset: any link.",
+        examples=[25.0],
+    )
 
     @field_validator("type")
     @classmethod

@@ -75,6 +75,7 @@ def node_labels(gpus: Sequence[Gpu], extra: Mapping[str, str] | None = None) -> 
 # Measured figures vary run to run: they travel with the topology but are not hardware.
 MEASURED_FIELDS = {
     "numa_nodes": frozenset({"memory_bandwidth_gbps", "memory_bandwidth_gbps_all_cores"}),
+    "gpus": frozenset({"pcie_bandwidth_gbps"}),
     "disks": frozenset(
         {
             "random_read_iops",

@@ -102,6 +102,12 @@ class GpuSpec(_Spec):
     )
     pcie_generation: int = Field(default=4, ge=1, le=7, description="PCIe gen of the link.")
     pcie_width: int = Field(default=16, ge=1, le=32, description="PCIe lanes of the link.")
+    pcie_bandwidth_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="Host-to-card copy bandwidth to report as measured, GB/s; unset: none "
+        "measured (the link counts at its nominal figure).",
+    )
     idle_w: float = Field(default=50.0, ge=0)
     max_w: float = Field(default=300.0, gt=0)
     numa: list[int] | None = Field(
@@ -354,6 +360,7 @@ def profile_topology(
                     ),
                     pcie_generation_max=spec.pcie_generation,
                     pcie_width_max=spec.pcie_width,
+                    pcie_bandwidth_gbps=spec.pcie_bandwidth_gbps,
                 )
             )
     disks = [

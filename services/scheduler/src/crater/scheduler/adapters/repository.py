@@ -517,6 +517,9 @@ class SchedulerRepository:
                     # on a card lent during a CPU phase: its grant said so to the replica
                     lent_by=(r.environment or {}).get("CRATER_LENT_BY"),
                     granted_at=_aware(r.granted_at),
+                    # the SSD chosen with the GPUs: its grant told the task (and the space held)
+                    disk=(disk := (r.environment or {}).get("CRATER_SSD_DEVICE")),
+                    disk_gb=_pending(r, config.prediction_margin).demand.disk_gb if disk else 0,
                 )
                 for r in alloc_rows
             ],

@@ -225,6 +225,7 @@ class Admission:
                     cpu_cores=list(selection.cpu_cores),
                     numa_node=selection.numa_node,
                     mig_profile=selection.mig_profile,
+                    disk=selection.disk,
                 )
                 for member, (node, selection, score, _) in enumerate(picks or [])
             ],

@@ -59,6 +59,9 @@ class Node:
     cpu_taken: int = 0  # core-slots held
     cpu_cores_full: int = 0  # cores held by as many tasks as they may be
     numa_room: dict[int, int] = field(default_factory=dict)  # NUMA node -> cores with room
+    # each solid-state disk's space not promised to a task, GB (tasks asking ssd.capacity_gb
+    # hold it on the one disk chosen for them)
+    disk_free_gb: dict[str, int] = field(default_factory=dict)
     # Fixed for the Node's life (a topology report makes a new Node), read by every refresh:
     # computed once.
     _cpu_total: int = field(init=False, repr=False, compare=False)
@@ -68,6 +71,7 @@ class Node:
     _numa_cpus: dict[int, frozenset[int]] = field(init=False, repr=False, compare=False)
     _nvlink_peers: dict[int, frozenset[int]] = field(init=False, repr=False, compare=False)
     _pci_roots: dict[int, str | None] = field(init=False, repr=False, compare=False)
+    _pcie_links: dict[int, float | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._cpu_total = sum(len(n.cpus) for n in self.topology.numa_nodes)
@@ -77,6 +81,7 @@ class Node:
         self._numa_cpus = {numa.id: frozenset(numa.cpus) for numa in topology.numa_nodes}
         self._nvlink_peers = {g.index: frozenset(g.nvlink_peers) for g in topology.gpus}
         self._pci_roots = {g.index: g.pci_root for g in topology.gpus}
+        self._pcie_links = {g.index: g.pcie_link_gbps() for g in topology.gpus}
 
     @classmethod
     def empty(cls, topology: NodeTopology, overcommit: Overcommit = NO_OVERCOMMIT) -> Node:
@@ -85,6 +90,7 @@ class Node:
         node.cpu_held = {cpu: 0 for numa in topology.numa_nodes for cpu in numa.cpus}
         node.numa_room = {numa.id: len(numa.cpus) for numa in topology.numa_nodes}
         node.memory_free_mb = node.memory_capacity_mb
+        node.disk_free_gb = {d.name: d.capacity_gb for d in node._ssds}
         return node
 
     @cached_property
@@ -106,6 +112,16 @@ class Node:
     def pci_roots(self) -> dict[int, str | None]:
         """Each card's PCIe root complex."""
         return self._pci_roots
+
+    @property
+    def pcie_links(self) -> dict[int, float | None]:
+        """Each card's PCIe link, GB/s one way: measured, else nominal; None: unknown."""
+        return self._pcie_links
+
+    @property
+    def disk_free_most_gb(self) -> int:
+        """The most space free on one solid-state disk, GB."""
+        return max(self.disk_free_gb.values(), default=0)
 
     @property
     def gpu_capacity_milli(self) -> int:
@@ -166,7 +182,11 @@ class Node:
         memory_mb: int,
         group: str | None,
         mig: str | None = None,
+        disk: tuple[str, int] | None = None,
     ) -> None:
+        """Hold devices for a task; `disk`: (SSD name, GB) of its space on that disk."""
+        if disk is not None:
+            self._disk_space(disk, -1)
         if mig is not None:
             self._mig_slice(gpu_ids[0], MigProfile.parse(mig), +1)
         else:
@@ -192,7 +212,10 @@ class Node:
         memory_mb: int,
         group: str | None,
         mig: str | None = None,
+        disk: tuple[str, int] | None = None,
     ) -> None:
+        if disk is not None:
+            self._disk_space(disk, +1)
         if mig is not None:
             self._mig_slice(gpu_ids[0], MigProfile.parse(mig), -1)
         else:
@@ -210,6 +233,11 @@ class Node:
             self.groups[group] -= 1
             if not self.groups[group]:
                 del self.groups[group]
+
+    def _disk_space(self, disk: tuple[str, int], sign: int) -> None:
+        # a disk gone from a re-reported topology still counts its holders (below zero)
+        name, gb = disk
+        self.disk_free_gb[name] = self.disk_free_gb.get(name, 0) + sign * gb
 
     def _numa_room(self, core: int, change: int) -> None:
         numa = self.cpu_numa.get(core)
@@ -280,12 +308,7 @@ class Node:
         """The best solid-state disk's random-read IOPS at depth (datasheet, operator or
         measured), where a disk has none its queue-depth-1 figure (a lower bound of it);
         NaN: neither known. What AllData's ssd.iops_min is compared with."""
-        known = [
-            d.random_read_iops
-            if d.random_read_iops_at_depth is None
-            else d.random_read_iops_at_depth
-            for d in self._ssds
-        ]
+        known = [disk_iops(d) for d in self._ssds]
         return max((v for v in known if v is not None), default=math.nan)
 
     @property
@@ -323,6 +346,7 @@ _COLUMNS: dict[str, str] = {
     "memory_capacity_mb": "int64",
     "memory_free_mb": "int64",
     "disk_gb": "int64",
+    "disk_free_gb": "int64",  # most space free on one SSD
     "memory_bandwidth_gbps": "float64",  # NaN: not measured
     "ssd_iops": "float64",
     "ssd_latency_us": "float64",
@@ -359,6 +383,7 @@ class ClusterArrays:
     memory_capacity_mb: IntArray
     memory_free_mb: IntArray
     disk_gb: IntArray
+    disk_free_gb: IntArray
     memory_bandwidth_gbps: FloatArray
     ssd_iops: FloatArray
     ssd_latency_us: FloatArray
@@ -467,6 +492,7 @@ class ClusterArrays:
         self.gpu_milli_free[i] = sum(node.gpu_milli_free)
         self.cpu_free[i] = node.cpu_slots_free
         self.memory_free_mb[i] = node.memory_free_mb
+        self.disk_free_gb[i] = node.disk_free_most_gb
         self.ready[i] = node.condition is not NodeCondition.NOT_READY
         self.health[i] = node.health_score
         cards = node.gpu_milli_free
@@ -545,6 +571,14 @@ class ClusterArrays:
         ranks = self.name_rank
         ranks[:-1][ranks[:-1] >= place] += 1
         ranks[-1] = place
+
+
+def disk_iops(disk: Disk) -> float | None:
+    """A disk's random-read IOPS in the datasheets' sense (at depth: rated, an operator's or
+    measured), else its queue-depth-1 figure (a lower bound of it); None: neither known."""
+    if disk.random_read_iops_at_depth is not None:
+        return disk.random_read_iops_at_depth
+    return disk.random_read_iops
 
 
 def _read_only(column: BoolArray) -> BoolArray:

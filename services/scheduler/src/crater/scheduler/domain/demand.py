@@ -59,10 +59,19 @@ class Demand:
     ssd_iops_min: int | None = None
     ssd_latency_us_max: int | None = None
     mig_profile: str | None = None
+    # GB/s one way each granted card's PCIe link must carry (measured, else nominal)
+    pcie_bandwidth_gbps: float | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     # High-priority work (900 and up): kept off nodes whose health score is restricted.
     high_priority: bool = False
+
+    @property
+    def wants_ssd(self) -> bool:
+        """The task asked for local SSD space or speed: a disk is chosen with its GPUs."""
+        return bool(self.disk_gb) or (
+            self.ssd_iops_min is not None or self.ssd_latency_us_max is not None
+        )
 
     @property
     def gpu_models(self) -> list[str]:
@@ -143,6 +152,7 @@ class Demand:
             ssd_iops_min=needs.ssd.iops_min,
             ssd_latency_us_max=needs.ssd.latency_us_max,
             mig_profile=mig.name if mig else None,
+            pcie_bandwidth_gbps=gpu.pcie_bandwidth_gbps if gpu.count else None,
             node_selector=tuple(sorted((node_selector or {}).items())),
             tolerations=tuple(tolerations),
             anti_affinity_group=anti_affinity_group,

@@ -27,7 +27,7 @@ from crater.scheduler.domain.cluster import (
     Node,
 )
 from crater.scheduler.domain.config import SchedulerConfig
-from crater.scheduler.domain.placement import Selection
+from crater.scheduler.domain.placement import SAME_NUMA, SAME_PCI_ROOT, Selection, disk_distance
 from crater.scheduler.domain.state import Allocation, PendingTask, SchedulerState
 from crater.scheduler.domain.tokens import sign_token
 
@@ -101,7 +101,8 @@ def granted(
         cause.event_id,
         f"granted:{request.task_id}" + (f":{member}" if member else "") + attempt_key(task.attempt),
     )
-    checkpoint = checkpoint_path(state.config, node, request.task_id)
+    ssd = task_ssd(node, selection)
+    checkpoint = checkpoint_path(state.config, ssd, selection.disk is not None, request.task_id)
     best = max(details, key=lambda d: d.score).plugin if details else "only fit"
     gang = f"gang member {member + 1}/{size}; " if size > 1 else ""
     loan = ""
@@ -119,7 +120,7 @@ def granted(
     token = sign_token(
         state.config.token_secret, allocation_id, request.task_id, node.name, expires
     )
-    env = environment(state, task, node, selection, allocation, checkpoint, token)
+    env = environment(state, task, node, selection, allocation, checkpoint, token, ssd)
     return AllocationGranted(
         event_id=event_id,
         occurred_at=cause.occurred_at,
@@ -138,6 +139,7 @@ def granted(
         numa_node=selection.numa_node,
         memory_mb=task.demand.memory_mb,
         checkpoint_path=checkpoint,
+        disk=selection.disk,
         reservation_token=token,
         reservation_expires_at=expires,
         score=round(score, 4),
@@ -145,7 +147,8 @@ def granted(
         explanation=(
             f"{gang}{node.name}: score {score:.3f} (strongest: {best}); "
             f"GPU memory {task.demand.gpu_memory_mb} MiB per card "
-            f"({task.demand.gpu_memory_source}); {numa_words(node, selection)}{loan}"
+            f"({task.demand.gpu_memory_source}); {numa_words(node, selection)}"
+            f"{disk_words(node, selection, allocation)}{loan}"
         ),
         environment=env,
         gang_index=member,
@@ -174,10 +177,42 @@ def scrape_target(request: TaskRequest, node: Node) -> ScrapeTarget | None:
     return ScrapeTarget(service=service, format=metrics.format, url=url)
 
 
-def checkpoint_path(config: SchedulerConfig, node: Node, task_id: str) -> str:
-    """On the node's local NVMe when it has one, else under the configured root."""
-    ssd = local_ssd(node.topology)
-    if ssd is not None and ssd.nvme and ssd.mount_path:
+def disk_words(node: Node, selection: Selection, allocation: Allocation) -> str:
+    """The SSD chosen and why: `; SSD nvme1n1 on NUMA 1 with GPUs 4,5, 100 GB held, 1400 GB
+    left`; empty when none was chosen."""
+    if selection.disk is None:
+        return ""
+    disk = next(d for d in node.topology.disks if d.name == selection.disk)
+    gpus = node.topology.gpus
+    roots = {r for i in selection.gpu_ids if (r := gpus[i].pci_root) is not None}
+    homes = {h for i in selection.gpu_ids if (h := gpus[i].numa_node) is not None}
+    owner = f"GPUs {','.join(map(str, selection.gpu_ids))}" if selection.gpu_ids else "cores"
+    if not selection.gpu_ids and selection.numa_node is not None:
+        homes = {selection.numa_node}
+    distance = disk_distance(disk, roots, homes)
+    if distance == SAME_PCI_ROOT:
+        where = f"on the PCIe root of {owner} ({disk.pci_root})"
+    elif distance == SAME_NUMA:
+        where = f"on NUMA {disk.numa_node} with {owner}"
+    else:
+        numa = "NUMA unknown" if disk.numa_node is None else f"NUMA {disk.numa_node}"
+        where = f"on {numa}, away from {owner} (none nearer serves)"
+    left = node.disk_free_gb.get(disk.name, 0)
+    return f"; SSD {disk.name} {where}, {allocation.disk_gb} GB held, {left} GB left"
+
+
+def task_ssd(node: Node, selection: Selection) -> Disk | None:
+    """The SSD a task reads its data from and checkpoints to: the one chosen with its GPUs,
+    else the node's first mounted one."""
+    if selection.disk is not None:
+        return next(d for d in node.topology.disks if d.name == selection.disk)
+    return local_ssd(node.topology)
+
+
+def checkpoint_path(config: SchedulerConfig, ssd: Disk | None, chosen: bool, task_id: str) -> str:
+    """On the task's SSD when it is mounted and was chosen for it (its space is held there)
+    or is an NVMe drive, else under the configured root."""
+    if ssd is not None and (ssd.nvme or chosen) and ssd.mount_path:
         return f"{ssd.mount_path.rstrip('/')}/crater/checkpoints/{task_id}"
     return f"{config.checkpoint_root}/{task_id}"
 
@@ -190,11 +225,11 @@ def environment(
     allocation: Allocation,
     checkpoint: str,
     token: str,
+    ssd: Disk | None,
 ) -> dict[str, str]:
     """What the task is handed (TASK_ENVIRONMENT names and explains each variable), the
-    DataLoader figures fitted to this node: its local SSD, the cores and memory granted."""
+    DataLoader figures fitted to this node: the task's SSD, the cores and memory granted."""
     request = task.request
-    ssd = local_ssd(node.topology)
     predicted = task.prediction
     wanted = (
         None
@@ -228,6 +263,8 @@ def environment(
     }
     if ssd is not None and ssd.mount_path:
         env["CRATER_SSD_PATH"] = ssd.mount_path
+    if selection.disk is not None:
+        env["CRATER_SSD_DEVICE"] = selection.disk
     if selection.mig_profile is not None:
         env["CRATER_MIG_PROFILE"] = selection.mig_profile
     if task.gang_size > 1:

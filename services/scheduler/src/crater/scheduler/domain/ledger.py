@@ -94,6 +94,7 @@ class Ledger:
                 allocation.memory_mb,
                 allocation.group,
                 allocation.carved,
+                allocation.disk_hold,
             )
             self.state.cluster.refresh(node.name)
         self.state.quotas.give_back(allocation.tenant, allocation.usage)

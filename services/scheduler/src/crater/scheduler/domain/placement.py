@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from crater.scheduler.domain.cluster import WHOLE, Node
+from crater.contracts import Disk
+from crater.scheduler.domain.cluster import WHOLE, Node, disk_iops
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.mig import MigProfile, card_geometry
 
@@ -16,18 +17,24 @@ class Selection:
     cpu_cores: tuple[int, ...]
     numa_node: int | None
     mig_profile: str | None = None  # a MIG slice of gpu_ids[0]
+    disk: str | None = None  # the SSD chosen for a task asking local space or speed
+
+    def disk_hold(self, demand: Demand) -> tuple[str, int] | None:
+        """What the selection holds of its disk: (name, GB), for `Node.take`."""
+        return None if self.disk is None else (self.disk, demand.disk_gb)
 
 
 def select(node: Node, demand: Demand, card: int | None = None) -> Selection | None:
     """The exact devices for `demand` on `node`, or None when they cannot be had together
-    (for example `numa: strict` and no NUMA node has the GPUs and the cores). `card`: the
-    card a share takes, where the pool's score chose it (`Pipeline.card_for`)."""
+    (for example `numa: strict` and no NUMA node has the GPUs and the cores, or no one SSD
+    has the space and speed asked). `card`: the card a share takes, where the pool's score
+    chose it (`Pipeline.card_for`)."""
     if node.memory_free_mb < demand.memory_mb or node.topology.memory_mb < demand.memory_mb:
         return None
     if node.cpu_slots_free < demand.cpu_cores:
         return None
     if demand.mig_profile is not None:
-        picked = _mig_card(node, MigProfile.parse(demand.mig_profile))
+        picked = _mig_card(node, MigProfile.parse(demand.mig_profile), demand)
         if picked is None:
             return None
         gpu_ids, numa = picked
@@ -42,16 +49,112 @@ def select(node: Node, demand: Demand, card: int | None = None) -> Selection | N
     cores = _cores(node, demand, numa)
     if cores is None:
         return None
-    return Selection(gpu_ids, cores, numa, demand.mig_profile)
+    disk = None
+    if demand.wants_ssd:
+        chosen = choose_disk(node, demand, gpu_ids, numa)
+        if chosen is None:
+            return None
+        disk = chosen.name
+    return Selection(gpu_ids, cores, numa, demand.mig_profile, disk)
 
 
-def _mig_card(node: Node, profile: MigProfile) -> tuple[tuple[int, ...], int | None] | None:
+def unplaceable(demand: Demand) -> str:
+    """Why the filters' survivors still cannot take `demand` (`select` found no devices),
+    written for one node."""
+    if demand.wants_ssd:
+        return (
+            "cannot give the GPUs, cores and one SSD with the space and speed asked together (NUMA)"
+        )
+    return "cannot give the GPUs and cores together (NUMA)"
+
+
+def link_ok(node: Node, gpu: int, demand: Demand) -> bool:
+    """Card `gpu`'s PCIe link carries what the task asks (measured, else nominal figure);
+    an unknown link (no measure, no generation or width) does not."""
+    if demand.pcie_bandwidth_gbps is None:
+        return True
+    link = node.pcie_links.get(gpu)
+    return link is not None and link >= demand.pcie_bandwidth_gbps
+
+
+def usable_cards(node: Node, demand: Demand, free: bool) -> int:
+    """Cards whose link carries the ask, and, with `free`, that can take the task now (a
+    whole card, the share, or the MIG slice it asks)."""
+    profile = MigProfile.parse(demand.mig_profile) if demand.mig_profile else None
+    need = WHOLE if demand.gpu_milli >= WHOLE else demand.gpu_milli
+    count = 0
+    for g in node.topology.gpus:
+        if not link_ok(node, g.index, demand):
+            continue
+        if free and profile is not None:
+            count += node.mig_fits(profile, g.index)
+        else:
+            count += not free or node.gpu_milli_free[g.index] >= need
+    return count
+
+
+# How far a disk sits from the task's GPUs (its cores, without GPUs): lower is closer.
+SAME_PCI_ROOT, SAME_NUMA, ELSEWHERE = 0, 1, 2
+
+
+def disk_distance(disk: Disk, roots: set[str], homes: set[int]) -> int:
+    if disk.pci_root is not None and disk.pci_root in roots:
+        return SAME_PCI_ROOT
+    if disk.numa_node is not None and disk.numa_node in homes:
+        return SAME_NUMA
+    return ELSEWHERE
+
+
+def disk_serves(node: Node, disk: Disk, demand: Demand) -> bool:
+    """A solid-state disk with the free space, the IOPS (at depth, else at queue depth 1)
+    and the median latency the task asks; a figure asked but unknown fails."""
+    if disk.rotational or node.disk_free_gb.get(disk.name, 0) < demand.disk_gb:
+        return False
+    if demand.ssd_iops_min is not None:
+        iops = disk_iops(disk)
+        if iops is None or iops < demand.ssd_iops_min:
+            return False
+    if demand.ssd_latency_us_max is not None:
+        latency = disk.read_latency_us_p50
+        if latency is None or latency > demand.ssd_latency_us_max:
+            return False
+    return True
+
+
+def choose_disk(
+    node: Node, demand: Demand, gpu_ids: tuple[int, ...], numa: int | None
+) -> Disk | None:
+    """The SSD for a task asking local space or speed, chosen with its GPUs: of the disks
+    that serve the ask, the closest to the GPUs (same PCIe root, then same NUMA node, then
+    elsewhere; a CPU task's NUMA node stands in for GPUs), NVMe first, then the most space
+    free (spreads the tasks' IO over the disks, and leaves a small OS disk for last), then
+    the node's order. With `numa: strict`, a disk known to sit on another NUMA node is out."""
+    gpus = node.topology.gpus
+    roots = {r for i in gpu_ids if (r := gpus[i].pci_root) is not None}
+    homes = {h for i in gpu_ids if (h := gpus[i].numa_node) is not None}
+    if not gpu_ids and numa is not None:
+        homes = {numa}
+    ranked: list[tuple[int, bool, int, int]] = []
+    for order, disk in enumerate(node.topology.disks):
+        if not disk_serves(node, disk, demand):
+            continue
+        distance = disk_distance(disk, roots, homes)
+        if demand.numa_strict and homes and disk.numa_node not in (None, *homes):
+            continue
+        free = node.disk_free_gb.get(disk.name, 0)
+        ranked.append((distance, not disk.nvme, -free, order))
+    return node.topology.disks[min(ranked)[3]] if ranked else None
+
+
+def _mig_card(
+    node: Node, profile: MigProfile, demand: Demand
+) -> tuple[tuple[int, ...], int | None] | None:
     """The card to carve the slice from: one cut already with the least room that holds it,
     else an untouched card (lowest index), so whole cards stay whole."""
     fitting = [
         (0 if g.index in node.mig_used else 1, _mig_room(node, g.index), g.index, g.numa_node)
         for g in node.topology.gpus
-        if node.mig_fits(profile, g.index)
+        if node.mig_fits(profile, g.index) and link_ok(node, g.index, demand)
     ]
     if not fitting:
         return None
@@ -82,7 +185,7 @@ def expected_locality(node: Node, demand: Demand) -> float:
     the same way, and whether their NUMA node has room for every core. For scoring many
     nodes at once."""
     if demand.mig_profile is not None:
-        picked = _mig_card(node, MigProfile.parse(demand.mig_profile))
+        picked = _mig_card(node, MigProfile.parse(demand.mig_profile), demand)
     elif demand.gpus:
         picked = _gpus(node, demand)
     else:
@@ -116,19 +219,37 @@ def _gpus(
 ) -> tuple[tuple[int, ...], int | None] | None:
     if demand.gpu_milli < WHOLE:
         return _shared_card(node, demand, card)
-    free = [g for g in node.topology.gpus if node.gpu_milli_free[g.index] >= WHOLE]
+    free = [
+        g
+        for g in node.topology.gpus
+        if node.gpu_milli_free[g.index] >= WHOLE and link_ok(node, g.index, demand)
+    ]
     by_numa: dict[int, list[int]] = {}
     for gpu in free:
         by_numa.setdefault(gpu.numa_node if gpu.numa_node is not None else -1, []).append(gpu.index)
-    # The tightest NUMA node that holds them all: keeps the roomier ones whole.
-    fitting = sorted((len(ids), numa) for numa, ids in by_numa.items() if len(ids) >= demand.gpus)
+    # The tightest NUMA node that holds them all: keeps the roomier ones whole; of equally
+    # tight ones, one with an SSD that serves the task (its data path stays local).
+    fitting = sorted(
+        (len(ids), _no_ssd_on(node, demand, numa), numa)
+        for numa, ids in by_numa.items()
+        if len(ids) >= demand.gpus
+    )
     if fitting:
-        numa = fitting[0][1]
+        numa = fitting[0][2]
         chosen = _nvlink_set(node, by_numa[numa], demand.gpus)
         return chosen, (numa if numa >= 0 else None)
     if demand.numa_strict or len(free) < demand.gpus:
         return None
     return _nvlink_set(node, [g.index for g in free], demand.gpus), None
+
+
+def _no_ssd_on(node: Node, demand: Demand, numa: int) -> bool:
+    """The task asks for an SSD and none that serves it sits on NUMA node `numa`."""
+    if not demand.wants_ssd:
+        return False
+    return not any(
+        d.numa_node == numa and disk_serves(node, d, demand) for d in node.topology.disks
+    )
 
 
 def _shared_card(
@@ -139,7 +260,7 @@ def _shared_card(
     fitting = [
         (node.gpu_milli_free[g.index], g.index, g.numa_node)
         for g in node.topology.gpus
-        if node.gpu_milli_free[g.index] >= demand.gpu_milli
+        if node.gpu_milli_free[g.index] >= demand.gpu_milli and link_ok(node, g.index, demand)
     ]
     chosen = [f for f in fitting if f[1] == card]
     if chosen:

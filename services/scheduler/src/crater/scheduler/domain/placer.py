@@ -30,7 +30,7 @@ from crater.scheduler.domain.events import (
     granted,
 )
 from crater.scheduler.domain.ledger import Ledger
-from crater.scheduler.domain.placement import Selection, select
+from crater.scheduler.domain.placement import Selection, select, unplaceable
 from crater.scheduler.domain.plugins import Filter
 from crater.scheduler.domain.queue import node_mask
 from crater.scheduler.domain.quotas import Usage
@@ -217,7 +217,7 @@ class Placer:
                         node_id=node.name,
                         filter="Placement",
                         code="NoLocalPlacement",
-                        reason="the GPUs and cores cannot be had together (NUMA)",
+                        reason=unplaceable(demand),
                     )
                 )
                 continue
@@ -230,6 +230,7 @@ class Placer:
                     cpu_cores=list(selection.cpu_cores),
                     numa_node=selection.numa_node,
                     mig_profile=selection.mig_profile,
+                    disk=selection.disk,
                 )
             )
         counts: dict[str, int] = {}
@@ -320,6 +321,7 @@ class Placer:
                     task.demand.memory_mb,
                     None,
                     selection.mig_profile,
+                    selection.disk_hold(task.demand),
                 )
                 self.state.cluster.refresh(node.name)
                 held.append((node, selection))
@@ -334,6 +336,7 @@ class Placer:
                     task.demand.memory_mb,
                     None,
                     selection.mig_profile,
+                    selection.disk_hold(task.demand),
                 )
                 self.state.cluster.refresh(node.name)
 
@@ -390,6 +393,8 @@ class Placer:
             task=task,
             lent_by=lent_by,
             granted_at=cause.occurred_at,  # as the grant says, and the tables keep
+            disk=selection.disk,
+            disk_gb=task.demand.disk_gb if selection.disk is not None else 0,
         )
         if lent_by is not None:
             allocation.gpu_milli = 0  # the card stays its lender's hold

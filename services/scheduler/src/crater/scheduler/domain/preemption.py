@@ -34,6 +34,7 @@ class Candidate:
     granted_seq: int  # later grant, less progress lost
     mig_profile: str | None = None  # a MIG slice of gpu_ids[0]
     task_id: str = ""  # the task it belongs to: a gang's members yield together
+    disk: tuple[str, int] | None = None  # (SSD, GB) it holds
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ def members_fit(node: Node, demand: Demand, members: int) -> int:
                 demand.memory_mb,
                 None,
                 selection.mig_profile,
+                selection.disk_hold(demand),
             )
             held.append(selection)
         return len(held)
@@ -75,6 +77,7 @@ def members_fit(node: Node, demand: Demand, members: int) -> int:
                 demand.memory_mb,
                 None,
                 selection.mig_profile,
+                selection.disk_hold(demand),
             )
 
 
@@ -202,4 +205,5 @@ def _give_back(node: Node, victim: Candidate) -> None:
         victim.memory_mb,
         None,
         victim.mig_profile,
+        victim.disk,
     )

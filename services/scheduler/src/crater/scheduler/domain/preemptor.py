@@ -121,6 +121,7 @@ class Preemptor:
                         a.granted_seq,
                         a.carved,
                         a.task_id,
+                        a.disk_hold,
                     )
                 )
             if guard is not None:

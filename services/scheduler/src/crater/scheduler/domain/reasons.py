@@ -92,6 +92,11 @@ class Reasons:
             detail = "; ".join(sentence(r) for r in reasons)
         elif total and members > 1:
             detail = f"fewer than the {members} gang members fit at once"
+        elif total and task.demand.wants_ssd:
+            detail = (
+                "no node has the GPUs, CPU cores and one SSD with the space and speed asked "
+                "together (NUMA)"
+            )
         elif total:
             detail = "no node has the GPUs and CPU cores together on one NUMA node"
         else:

@@ -153,6 +153,14 @@ class Allocation:
     # When it was granted: the pool's minimum run time before it may be preempted counts
     # from here (None: unknown, never held back by it).
     granted_at: datetime | None = None
+    # The SSD chosen for it and the space it holds there (ssd.capacity_gb); None: none.
+    disk: str | None = None
+    disk_gb: int = 0
+
+    @property
+    def disk_hold(self) -> tuple[str, int] | None:
+        """(SSD, GB) it holds, for `Node.take`; None: no disk chosen."""
+        return None if self.disk is None else (self.disk, self.disk_gb)
 
     @property
     def carved(self) -> str | None:
@@ -302,6 +310,7 @@ def hold(node: Node, allocation: Allocation) -> None:
         allocation.memory_mb,
         allocation.group,
         allocation.carved,
+        allocation.disk_hold,
     )
 
 

@@ -270,6 +270,7 @@ def could_hold(node: Node, demand: Demand, members: int) -> bool:
             demand.memory_mb,
             None,
             selection.mig_profile,
+            selection.disk_hold(demand),
         )
     return True
 

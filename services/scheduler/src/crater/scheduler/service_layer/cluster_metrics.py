@@ -106,7 +106,7 @@ def _families() -> list[GaugeMetricFamily]:
         ),
         GaugeMetricFamily(
             "crater_pool_disk_bytes",
-            "A pool's local disks, capacity only (disk is not allocated by the scheduler).",
+            "A pool's local disks, capacity only (the space held on each SSD is not exported).",
             labels=by_state,
         ),
         GaugeMetricFamily(

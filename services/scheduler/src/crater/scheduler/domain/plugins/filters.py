@@ -13,6 +13,7 @@ from crater.scheduler.domain.cluster import WHOLE, BoolArray, ClusterArrays
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.gpu_match import model_matches
 from crater.scheduler.domain.mig import MigProfile
+from crater.scheduler.domain.placement import usable_cards
 from crater.scheduler.domain.plugins.framework import Filter
 
 
@@ -108,6 +109,18 @@ def _mig(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
     return out
 
 
+def _pcie_bandwidth(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
+    """Enough cards (free ones when placing) whose PCIe link carries the ask: its measured
+    copy bandwidth, else its nominal generation x width figure; unknown links fail."""
+    if d.pcie_bandwidth_gbps is None or not d.gpus:
+        return _all(c)
+    wanted = _cards_wanted(d)
+    out = np.zeros(len(c), np.bool_)
+    for i in np.flatnonzero(c.gpus_total > 0):
+        out[i] = usable_cards(c.nodes[i], d, free) >= wanted
+    return out
+
+
 def _gpu_memory(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
     if not d.gpus:
         return _all(c)
@@ -154,7 +167,10 @@ def _ssd_latency(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
 
 
 def _disk(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
-    return c.disk_gb >= d.disk_gb
+    """One SSD with the space (space not held by other tasks when placing)."""
+    if not d.disk_gb:
+        return _all(c)
+    return (c.disk_free_gb if free else c.disk_gb) >= d.disk_gb
 
 
 def _avx(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
@@ -180,6 +196,18 @@ def _models_text(d: Demand) -> str:
 def _count(n: int, noun: str) -> str:
     """`1 free GPU`, `2 free GPUs`."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _cards_wanted(d: Demand) -> int:
+    """Cards the task takes: one for a share or a MIG slice."""
+    return 1 if d.mig_profile is not None or d.gpu_milli < WHOLE else d.gpus
+
+
+def _slow_links(d: Demand) -> str:
+    return (
+        f"has fewer than {_count(_cards_wanted(d), 'free GPU')} with a PCIe link of "
+        f"{d.pcie_bandwidth_gbps:g} GB/s (measured, else nominal generation x width)"
+    )
 
 
 def _fewer_gpus(d: Demand) -> str:
@@ -261,6 +289,15 @@ ALL: tuple[Filter, ...] = (
         explain=lambda d: f"has no card with a free MIG {d.mig_profile} slice",
     ),
     Filter(
+        "PcieBandwidth",
+        "InsufficientPcieBandwidth",
+        field="resource_requirements.gpu.pcie_bandwidth_gbps",
+        checks="enough cards (free ones when placing) whose PCIe link carries the ask: its "
+        "measured host-to-card bandwidth, else nominal generation x width; unknown links fail",
+        passes=_pcie_bandwidth,
+        explain=_slow_links,
+    ),
+    Filter(
         "GpuMemory",
         "InsufficientGpuMemory",
         field="resource_requirements.gpu.memory_mb",
@@ -304,9 +341,9 @@ ALL: tuple[Filter, ...] = (
         "DiskCapacity",
         "InsufficientDisk",
         field="resource_requirements.ssd.capacity_gb",
-        checks="enough SSD capacity",
+        checks="one SSD with the space (space not held by other tasks when placing)",
         passes=_disk,
-        explain=lambda d: f"has less than {d.disk_gb} GB of SSD",
+        explain=lambda d: f"has no SSD with {d.disk_gb} GB free",
     ),
     Filter(
         "SsdIops",
