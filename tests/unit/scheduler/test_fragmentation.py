@@ -5,6 +5,7 @@ and the derived traces used to check it is not tuned to one trace."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from crater.scheduler.domain.fragmentation import (
     fragmentation_growth,
     host_stranded,
     rate_fragmentation,
+    reserve_cost,
 )
 from crater.scheduler.domain.workload import LearnedShape, WorkloadModel
 from crater.scheduler.sim.openb import OpenbNode, OpenbPod, topology
@@ -209,3 +211,41 @@ def test_gpuspec_pins_gpu_pods_only_to_models_that_can_hold_them() -> None:
     assert specs[(8, "G2")] > 0
     assert all(not p.gpu_spec for p in pinned if not p.num_gpu)
     assert 0.2 < sum(bool(p.gpu_spec) for p in pinned) / 75 < 0.5
+
+
+def pinned(gpus: int, model: str | None) -> Demand:
+    return replace(demand(gpus), gpu_model=model)
+
+
+def test_work_that_can_go_elsewhere_leaves_pinned_capacity_to_pinned_work() -> None:
+    c = cluster(
+        OpenbNode("g2-a", 96000, 393216, 8, "G2"),
+        OpenbNode("g2-b", 96000, 393216, 8, "G2"),
+        OpenbNode("t4-a", 96000, 393216, 8, "T4"),
+    )
+    for _ in range(8):
+        c.workload.observe(demand(1))
+    for _ in range(2):
+        c.workload.observe(pinned(1, "T4"))
+    shapes = [s for s in c.workload.shapes() if s.gpus]
+    every = np.arange(3)
+    # the T4 cards are a third of the free ones and pinned work is a fifth of the demand:
+    # a card taken there by work that could go anywhere costs 0.2 / (1/3) of a card
+    flexible = reserve_cost(c, demand(1), every, shapes)
+    assert flexible.tolist() == pytest.approx([0.0, 0.0, 0.6 * 1000], rel=0.01)  # decayed counts
+    # work pinned to T4 pays nothing: the capacity is for it
+    assert reserve_cost(c, pinned(1, "T4"), every, shapes).tolist() == [0.0, 0.0, 0.0]
+    # as the T4 cards run short, the cost of taking one grows
+    c.nodes[2].take((0, 1, 2, 3, 4, 5), 1000, (), 0, None)
+    c.refresh("t4-a")
+    assert reserve_cost(c, demand(1), every, shapes)[2] > flexible[2]
+    # and placement ranks a G2 node first for flexible work, all else equal
+    growth = fragmentation_growth(c, demand(1), every)
+    assert growth[2] > max(growth[0], growth[1])
+
+
+def test_no_pinned_work_no_reserve_cost() -> None:
+    c = cluster(OpenbNode("g2", 96000, 393216, 8, "G2"), OpenbNode("t4", 96000, 393216, 8, "T4"))
+    c.workload.observe(demand(1))
+    shapes = [s for s in c.workload.shapes() if s.gpus]
+    assert reserve_cost(c, demand(1), np.arange(2), shapes).tolist() == [0.0, 0.0]

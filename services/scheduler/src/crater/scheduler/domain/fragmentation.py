@@ -192,7 +192,47 @@ def fragmentation_growth(c: ClusterArrays, d: Demand, idx: IntArray) -> FloatArr
     # is a stranded card, whichever resource strands it
     value += _host_stranded(total, cpu, memory, *model.host_per_gpu_milli())
     growth[gpu_rows] = value[n:] - value[:n]
+    growth[gpu_rows] += reserve_cost(c, d, nodes, gpu_shapes)
     return growth
+
+
+# How much a GPU thousandth taken from capacity that pinned work needs counts against the
+# fragmentation it saves, at a pinned pressure of 1 (pinned demand in proportion to the
+# capacity left for it).
+RESERVE_WEIGHT = 1.0
+
+
+def reserve_cost(
+    c: ClusterArrays, d: Demand, nodes: IntArray, gpu_shapes: list[LearnedShape]
+) -> FloatArray:
+    """What `d` costs on each of `nodes` by taking capacity that the work pinned to those
+    nodes' GPU models needs (the workload's requests naming models): per pinned model set,
+    its share of the GPU demand over its share of the free GPUs, times the thousandths `d`
+    takes. Work that may run only there (its own models within the set) pays nothing: the
+    capacity is for it. Where pinned demand follows the free capacity the cost is the same
+    on every node; as a model's cards run short it grows, and work that can go elsewhere
+    does."""
+    cost = np.zeros(len(nodes))
+    pinned = [s for s in gpu_shapes if s.gpu_model]
+    asked = d.gpus * (d.gpu_milli or WHOLE)
+    if not pinned or not asked:
+        return cost
+    demand = sum(s.popularity * s.gpus * s.gpu_milli for s in gpu_shapes)
+    every = np.arange(len(c.ready))
+    free_total = float(c.gpu_milli_free[c.ready].sum())
+    own = set(d.gpu_models)
+    by_set: dict[str, float] = {}
+    for s in pinned:
+        assert s.gpu_model is not None
+        by_set[s.gpu_model] = by_set.get(s.gpu_model, 0.0) + s.popularity * s.gpus * s.gpu_milli
+    for models, wanted in by_set.items():
+        allowed = {m.strip() for m in models.split("|") if m.strip()}
+        if own and own <= allowed:
+            continue
+        free_set = float(c.gpu_milli_free[model_matches(c, every, models) & c.ready].sum())
+        pressure = (wanted / demand) * free_total / max(free_set, WHOLE)
+        cost += np.where(model_matches(c, nodes, models), pressure, 0.0)
+    return np.asarray(RESERVE_WEIGHT * asked * cost, np.float64)
 
 
 def rate_fragmentation(c: ClusterArrays, d: Demand, idx: IntArray) -> FloatArray:
