@@ -6,8 +6,9 @@ against the paper's FGD and BestFit in the same run (issue #26).
 For every family (`crater.scheduler.sim.variants.VARIANTS`: sharing, multigpu, gpuspec,
 cpuheavy), each of its levels, each policy and each seed, the FGD paper's protocol runs
 through the production core (`crater.scheduler.sim.protocol`), on the variant drawn with
-`--variant-seed` (the trace, the same for every policy). Each run is kept under
-`<out>/runs/` as it ends, so a run stopped half way goes on where it stopped. The summary:
+`--variant-seed` (the trace, the same for every policy). Each run is kept under `--cache`
+(var/openb_families, per version of the scheduler's code) as it ends, so a run stopped half
+way goes on where it stopped. The summary:
 
 - `openb_families.json`: per trace and policy, the mean curve (GPU, CPU, memory allocation
   at each % arrived, 80..130) over the seeds;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -49,6 +51,27 @@ def _seeds(text: str) -> list[int]:
         low, _, high = part.partition("-")
         out.extend(range(int(low), int(high or low) + 1))
     return out
+
+
+def _code_version() -> str:
+    """The scheduler package's git tree hash: a cached run of other code is not reused."""
+    found = subprocess.run(
+        ["git", "rev-parse", "HEAD:services/scheduler"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parent,
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "services/scheduler"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    if found.returncode or dirty.stdout.strip():
+        return f"uncommitted-{int(time.time())}"  # never reused
+    return found.stdout.strip()[:12]
 
 
 def _run(nodes: list[OpenbNode], pods: list[OpenbPod], policy: str, seed: int) -> dict[str, Any]:
@@ -103,12 +126,18 @@ def main() -> None:
     parser.add_argument("--variant-seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path("var/openb_families"),
+        help="where each finished run is kept (a run stopped half way goes on from there)",
+    )
     args = parser.parse_args()
 
     nodes, base = load_nodes(args.nodes), load_pods(args.pods)
     seeds = _seeds(args.seeds)
     traces = [variant_name(*parse_variant(v)) for v in args.variants]
-    cache = args.out / "runs"
+    cache: Path = args.cache / _code_version()
     cache.mkdir(parents=True, exist_ok=True)
     pods = {t: derive(base, nodes, t, args.variant_seed) for t in traces}
     todo = [
