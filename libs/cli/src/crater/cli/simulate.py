@@ -27,6 +27,7 @@ from crater.scheduler.sim.openb import (
 )
 from crater.scheduler.sim.protocol import CURVE_FROM, CURVE_TO, RunResult, mean_curve
 from crater.scheduler.sim.protocol import simulate as run_protocol
+from crater.scheduler.sim.published import POINTS, PUBLISHED_CURVES
 from crater.scheduler.sim.variants import VARIANTS, derive, parse_variant, variant_name
 
 console = cli_console(highlight=True)
@@ -38,12 +39,21 @@ NODES_CSV, PODS_CSV = "openb_node_list_gpu_node.csv", "openb_pod_list_default.cs
 CHECKOUT = Path(__file__).resolve().parents[5]
 SEARCHED = (Path("../shared/data/openb"), Path("shared/data/openb"))
 DEFAULT_OUT = Path("var/simulate")
-# The paper's figures on the default trace (mean of seeds 42-51): 100%, 130%, idle GPUs.
-PUBLISHED: dict[str, tuple[float, float, int]] = {
-    "random": (86.30, 87.47, 778),
-    "bestfit": (92.86, 93.08, 430),
-    "fgd": (95.23, 95.39, 286),
-}
+# Random on the default trace, from the paper's table (its artifact's per-trace curves,
+# `sim/published.py`, hold BestFit and FGD only): 100%, 130%.
+PUBLISHED_RANDOM_DEFAULT = (86.30, 87.47)
+
+
+def published_curve(trace: str, variant: str | None, policy: str) -> dict[int, float] | None:
+    """The paper's own GPU allocation curve for `policy` on the public trace `trace` (x ->
+    %), or None: a derived variant, or a trace or policy the paper has no figures for."""
+    if variant is not None:
+        return None
+    if (trace, policy) in PUBLISHED_CURVES:
+        return dict(zip(POINTS, PUBLISHED_CURVES[(trace, policy)], strict=True))
+    if (trace, policy) == ("default", "random"):
+        return dict(zip((100, 130), PUBLISHED_RANDOM_DEFAULT, strict=True))
+    return None
 
 
 def trace_name(pods_file: Path) -> str:
@@ -236,7 +246,7 @@ def write_results(
     curve = mean_curve(results)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / result_stem(trace, variant, policy)
-    published = PUBLISHED.get(policy) if trace == "default" and variant is None else None
+    published = published_curve(trace, variant, policy)
     lines = ["arrived_pct,gpu_alloc_pct,cpu_alloc_pct,memory_alloc_pct"]
     lines += [f"{x},{g:.4f},{c:.4f},{m:.4f}" for x, (g, c, m) in curve.items()]
     stem.with_suffix(".csv").write_text("\n".join(lines) + "\n")
@@ -262,7 +272,13 @@ def write_results(
         "pods_arrived_mean": sum(len(r.arrived_gpu) for r in results) / len(results),
         "wall_seconds": round(wall, 1),
         # the paper's figures are the default trace's: shown for that trace only
-        "published": dict(zip(("at_100", "at_130", "unallocated"), published, strict=True))
+        # the paper's figures for this public trace (none for a derived variant)
+        "published": {
+            "at_100": published[100],
+            "at_130": published[130],
+            "unallocated": round(gpus * (1 - published[130] / 100)),
+            "curve": {str(x): v for x, v in published.items()},
+        }
         if published is not None
         else None,
         "cpu_unit_milli": cpu_unit_milli,
@@ -295,9 +311,15 @@ def _plot(
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for k, label in enumerate(("GPU", "CPU", "memory")):
         ax.plot(xs, [curve[x][k] for x in xs], label=f"{label} allocated")
-    if policy in PUBLISHED and variant is None and trace == "default":
-        p100, p130, _ = PUBLISHED[policy]
-        ax.scatter([100, 130], [p100, p130], marker="x", color="k", label="published (GPU)")
+    published = published_curve(trace, variant, policy)
+    if published is not None:
+        ax.scatter(
+            list(published),
+            list(published.values()),
+            marker="x",
+            color="k",
+            label=f"published (GPU, {trace})",
+        )
     ax.set_xlabel("GPU request arrived, % of cluster GPUs")
     ax.set_ylabel("allocated, % of cluster capacity")
     name = f"openb {trace}" + (f", {variant} variant" if variant else "")
@@ -328,7 +350,8 @@ def _print(summary: dict[str, Any], curve: dict[int, tuple[float, float, float]]
     )
     if published := summary["published"]:
         console.print(
-            f"published for {summary['policy']}: GPU allocation {published['at_100']:.2f}% at "
-            f"100% arrived, {published['at_130']:.2f}% at 130%; unallocated GPUs at 130%: "
+            f"published for {summary['policy']} on {summary['trace']}: GPU allocation "
+            f"{published['at_100']:.2f}% at 100% arrived, {published['at_130']:.2f}% at 130%; "
+            "unallocated GPUs at 130%: "
             f"{published['unallocated']}"
         )
