@@ -211,6 +211,11 @@ def test_gpuspec_pins_gpu_pods_only_to_models_that_can_hold_them() -> None:
     assert specs[(8, "G2")] > 0
     assert all(not p.gpu_spec for p in pinned if not p.num_gpu)
     assert 0.2 < sum(bool(p.gpu_spec) for p in pinned) / 75 < 0.5
+    # one-card pods are pinned evenly over the models, not by their number of cards
+    derived = derive(PODS * 20, NODES, "gpuspec33", seed=3)
+    many = Counter(p.gpu_spec for p in derived if p.num_gpu == 1)
+    assert many["G2"]
+    assert 0.5 < many["T4"] / many["G2"] < 2
 
 
 def pinned(gpus: int, model: str | None) -> Demand:

@@ -5,7 +5,8 @@ proportions. A placement that only wins on the default trace is tuned to it; the
 A variant is a family and a level, named as the public traces are (`sharing60`, `multigpu30`,
 `gpuspec20`, `cpuheavy25`). Each redraws the pod list (as many pods as the original, with
 replacement, seeded) so that one kind of pod makes the level's share of it, the rest drawn
-from the other pods; `gpuspec` instead pins a share of the GPU pods to one GPU model.
+from the other pods; `gpuspec` instead pins a share of the GPU pods to one GPU model,
+drawn evenly among the models (not by their number of cards).
 """
 
 from __future__ import annotations
@@ -123,6 +124,11 @@ def derive(
     return [replace(drawn[int(i)], name=f"{name}-{k:05d}") for k, i in enumerate(order)]
 
 
+# A model with fewer than this share of the cards that could hold a pod is not drawn as its
+# one allowed model: a pin to a handful of cards (openb's two A10s) could never be served.
+MIN_MODEL_SHARE = 0.01
+
+
 def _constrain_models(
     pods: list[OpenbPod],
     nodes: list[OpenbNode],
@@ -130,9 +136,12 @@ def _constrain_models(
     rng: np.random.Generator,
     name: str,
 ) -> list[OpenbPod]:
-    """Each GPU pod, with probability `share`, is pinned to one model, drawn in proportion to
-    that model's cards among the nodes that could hold the pod empty (so demand per model
-    follows supply, and no pin is impossible by construction)."""
+    """Each GPU pod, with probability `share`, is pinned to one model, drawn evenly among the
+    models whose nodes could hold the pod empty (each with at least MIN_MODEL_SHARE of those
+    nodes' cards). Evenly, not in proportion to each model's cards: as in production, where
+    pinned work asks for particular models whatever their number, the small models' pinned
+    demand outgrows their capacity (the public gpuspec traces pin mostly T4, V100 and P100
+    work, while most cards are G2), and that scarcity is what a placement must handle."""
     out: list[OpenbPod] = []
     for k, pod in enumerate(pods):
         spec = pod.gpu_spec
@@ -146,10 +155,10 @@ def _constrain_models(
                     and node.memory_mib >= pod.memory_mib
                 ):
                     cards[node.model] = cards.get(node.model, 0) + node.gpus
-            if cards:
-                models = sorted(cards)
-                weights = np.asarray([cards[m] for m in models], np.float64)
-                spec = models[int(rng.choice(len(models), p=weights / weights.sum()))]
+            total = sum(cards.values())
+            models = sorted(m for m, n in cards.items() if n >= MIN_MODEL_SHARE * total)
+            if models:
+                spec = models[int(rng.integers(len(models)))]
         out.append(replace(pod, name=f"{name}-{k:05d}", gpu_spec=spec))
     return out
 
