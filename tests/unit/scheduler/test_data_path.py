@@ -4,7 +4,6 @@ speed asked, its space held), and the PCIe bandwidth a task asks of its cards' l
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +35,7 @@ from crater.scheduler.audit import decisions_json
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.demand import Demand
 from tests.support.topologies import node
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
+from tests.unit.scheduler.test_core import at
 
 
 def submit(task_id: str, when: float = 1, **needs: Any) -> TaskProfiled:
