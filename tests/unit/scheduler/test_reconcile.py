@@ -125,11 +125,13 @@ def test_an_allocation_its_node_stopped_running_is_released_after_the_grace() ->
         grant.allocation_id,
         "lost-run",
     )
-    assert "has not reported it running" in drift.reason and "grace 30 s" in drift.reason
+    assert "has not reported it running" in drift.reason
+    assert "grace 30 s" in drift.reason
     [released] = [d for d in seen if isinstance(d, AllocationReleased)]
     assert released.reason == "failed"
     [ended] = [d for d in seen if isinstance(d, TaskEnded)]
-    assert ended.status == "failed" and "orphaned allocation" in ended.reason
+    assert ended.status == "failed"
+    assert "orphaned allocation" in ended.reason
     assert "lost-run" not in scheduler.allocations
     assert scheduler.cluster.get("a").whole_gpus_free == 4  # type: ignore[union-attr]
     assert scheduler.tally["drift:orphaned-allocation:released"] == 1
@@ -152,7 +154,8 @@ def test_an_orphaned_allocation_is_retried_by_its_restart_policy() -> None:
     [retry] = [d for d in seen if isinstance(d, TaskPending)]
     assert retry.attempt == 2
     [again] = [d for d in seen if isinstance(d, AllocationGranted)]
-    assert again.attempt == 2 and again.node == "b", "away from the node that lost it"
+    assert again.attempt == 2
+    assert again.node == "b", "away from the node that lost it"
     assert not [d for d in seen if isinstance(d, TaskEnded)]
 
 
@@ -187,7 +190,8 @@ def test_a_task_the_core_does_not_hold_blocks_its_cards_until_it_goes() -> None:
         seen += beat_both(scheduler, second, [stranger])
     assert drifts(seen) == []
     node_a = scheduler.cluster.get("a")
-    assert node_a is not None and node_a.whole_gpus_free == 4
+    assert node_a is not None
+    assert node_a.whole_gpus_free == 4
     for second in range(25, 45):
         seen += beat_both(scheduler, second, [stranger])
     [held] = drifts(seen)
@@ -196,14 +200,17 @@ def test_a_task_the_core_does_not_hold_blocks_its_cards_until_it_goes() -> None:
         DriftAction.HELD,
         [0, 1],
     )
-    assert "does not hold there" in held.reason and "GPUs 0,1 count busy" in held.reason
-    assert node_a.whole_gpus_free == 2 and node_a.blocked == {0: 1000, 1: 1000}
+    assert "does not hold there" in held.reason
+    assert "GPUs 0,1 count busy" in held.reason
+    assert node_a.whole_gpus_free == 2
+    assert node_a.blocked == {0: 1000, 1: 1000}
     # a 4-GPU task cannot go on a; a 2-GPU one goes on the free cards only
     decisions = scheduler.handle(profiled("four", when=46, gpus=4))
     [four] = [d for d in decisions if isinstance(d, AllocationGranted)]
     assert four.node == "b"
     two = place(scheduler, "two", 47, gpus=2)
-    assert two.node == "a" and set(two.gpu_ids) == {2, 3}
+    assert two.node == "a"
+    assert set(two.gpu_ids) == {2, 3}
     confirm(scheduler, two, 48)
     # the stranger goes: its cards are free again at the next pass
     seen = []
@@ -216,7 +223,8 @@ def test_a_task_the_core_does_not_hold_blocks_its_cards_until_it_goes() -> None:
         DriftAction.FREED,
         [0, 1],
     )
-    assert node_a.blocked == {} and node_a.whole_gpus_free == 2
+    assert node_a.blocked == {}
+    assert node_a.whole_gpus_free == 2
 
 
 def test_a_blocked_card_stays_blocked_when_the_cores_own_allocation_there_ends() -> None:
@@ -238,7 +246,8 @@ def test_a_blocked_card_stays_blocked_when_the_cores_own_allocation_there_ends()
     assert node_a.gpu_milli_free[card] == 0, "the intruder still runs there"
     for second in range(51, 70):
         seen += beat_both(scheduler, second, [])
-    assert node_a.gpu_milli_free[card] == 1000 and not node_a.blocked
+    assert node_a.gpu_milli_free[card] == 1000
+    assert not node_a.blocked
 
 
 def test_running_figures_off_their_allocations_sum_are_corrected() -> None:
@@ -299,7 +308,8 @@ def test_nothing_is_reconciled_when_switched_off() -> None:
     seen: list[Event] = []
     for second in range(3, 300):
         seen += beat_both(scheduler, second, [])
-    assert drifts(seen) == [] and "kept" in scheduler.allocations
+    assert drifts(seen) == []
+    assert "kept" in scheduler.allocations
 
 
 def test_an_old_heartbeat_is_no_fresher_inventory() -> None:
@@ -392,7 +402,7 @@ def honest_run(seed: int, steps_count: int = 250) -> tuple[Scheduler, list[Event
 
 def test_an_honest_fleet_never_drifts() -> None:
     for seed in range(8):
-        scheduler, seen = honest_run(seed)
+        _, seen = honest_run(seed)
         assert drifts(seen) == [], seed
         assert sum(isinstance(d, AllocationGranted) for d in seen) > 10
         assert any(isinstance(d, AllocationReleased) for d in seen)

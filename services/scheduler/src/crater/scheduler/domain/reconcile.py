@@ -481,14 +481,16 @@ def over_capacity(node: Node, members: list[Allocation]) -> str:
 def figure_differences(node: Node, fresh: Node) -> list[str]:
     """Where `node`'s running figures differ from `fresh`'s (recomputed), in words."""
     found: list[str] = []
-    for gpu, (now, then) in enumerate(zip(node.gpu_milli_free, fresh.gpu_milli_free, strict=True)):
-        if now != then:
-            found.append(f"GPU {gpu} {now} thousandths free, recomputed {then}")
+    cards = zip(node.gpu_milli_free, fresh.gpu_milli_free, strict=True)
+    for gpu, (free, recomputed) in enumerate(cards):
+        if free != recomputed:
+            found.append(f"GPU {gpu} {free} thousandths free, recomputed {recomputed}")
     for figure in NODE_FIGURES[1:]:
-        now, then = getattr(node, figure), getattr(fresh, figure)
+        now: object = getattr(node, figure)
+        then: object = getattr(fresh, figure)
         if figure == "cpu_held":  # a core no task holds counts the same listed at 0 or not
-            now = {core: n for core, n in now.items() if n}
-            then = {core: n for core, n in then.items() if n}
+            now = {core: n for core, n in node.cpu_held.items() if n}
+            then = {core: n for core, n in fresh.cpu_held.items() if n}
         if now != then:
             found.append(f"{figure} {now}, recomputed {then}")
     return found
