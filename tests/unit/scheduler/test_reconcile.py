@@ -170,6 +170,30 @@ def test_a_reservation_not_yet_confirmed_is_not_reconciled_away() -> None:
     assert "slow-start" in scheduler.allocations
 
 
+def test_an_end_lagging_in_the_report_stream_is_waited_for() -> None:
+    """The node dropped the allocation because the task ended; its `succeeded` lags in the
+    task reports' own stream while heartbeats flow. The pass waits for the reports of that
+    time, so the task ends as it did, not as an orphan."""
+    scheduler = core(confirmation_lag_seconds=300)
+    grant = place(scheduler, "done", 1, gpus=1)
+    confirm(scheduler, grant, 2)
+    seen: list[Event] = []
+    for second in range(3, 36):
+        seen += beat_both(scheduler, second, inventory(grant))
+    for second in range(36, 150):  # gone from the node, its end not consumed yet
+        seen += beat_both(scheduler, second, [])
+    assert drifts(seen) == []
+    late = TaskStatusReported(
+        occurred_at=at(35), task_id="done", allocation_id=grant.allocation_id, status="succeeded"
+    )
+    decisions = scheduler.handle(late)
+    [ended] = [d for d in decisions if isinstance(d, TaskEnded)]
+    assert ended.status == "succeeded"
+    for second in range(150, 200):
+        seen += beat_both(scheduler, second, [])
+    assert drifts(seen) == []
+
+
 def test_a_node_without_an_inventory_is_not_judged() -> None:
     scheduler = core()
     grant = place(scheduler, "launcher-run", 1, gpus=1)

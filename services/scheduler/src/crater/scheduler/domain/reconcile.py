@@ -45,6 +45,7 @@ from crater.scheduler.domain.state import (
     Inventory,
     SchedulerState,
     UnknownRun,
+    consumed_until,
     hold,
 )
 
@@ -127,6 +128,12 @@ class Reconciler:
     def _orphans(self, cause: Event) -> list[Event]:
         grace = self.state.config.reconcile_grace_seconds
         missing = self.state.missing_since
+        # The task reports consumed so far: an end reported before the node dropped the
+        # allocation must have been taken first (its stream may lag the heartbeats').
+        now = self.state.clock or cause.occurred_at
+        reports_in = consumed_until(
+            self.state.reports_clock, now, self.state.config.confirmation_lag_seconds
+        )
         judged: set[str] = set()
         orphaned: dict[str, tuple[Allocation, datetime, datetime]] = {}
         for head in self.state.allocations.values():
@@ -139,7 +146,7 @@ class Reconciler:
                     missing.pop(member.allocation_id, None)
                     continue
                 since = missing.setdefault(member.allocation_id, inventory.at)
-                if (inventory.at - since).total_seconds() >= grace:
+                if (inventory.at - since).total_seconds() >= grace and reports_in >= since:
                     orphaned.setdefault(head.task_id, (member, since, inventory.at))
         for allocation_id in [a for a in missing if a not in judged]:
             del missing[allocation_id]  # released, or no longer judged (its node NotReady)
