@@ -136,6 +136,9 @@ class Reconciler:
         )
         judged: set[str] = set()
         orphaned: dict[str, tuple[Allocation, datetime, datetime]] = {}
+        if not self.state.inventories:
+            missing.clear()  # no node reports what it runs: nothing to judge
+            return []
         for head in self.state.allocations.values():
             for member in head.members():
                 inventory = self._trusted(member.node)
@@ -303,7 +306,7 @@ class Reconciler:
     def _node_ledger(
         self, node: Node, members: list[Allocation], cause: Event
     ) -> tuple[list[Event], bool]:
-        fresh = Node.empty(node.topology, node.overcommit)
+        fresh = node.emptied()
         for member in members:
             hold(fresh, member)
         decisions: list[Event] = []
@@ -470,7 +473,11 @@ def over_capacity(node: Node, members: list[Allocation]) -> str:
             problems.append(f"GPU {gpu} is promised {-free} thousandths past its capacity")
     if node.cpu_taken > node.cpu_capacity:
         problems.append(f"{node.cpu_taken} core-slots are held of {node.cpu_capacity}")
-    crowded = sorted(c for c, n in node.cpu_held.items() if n > node.cpu_holders_max)
+    crowded = (
+        sorted(c for c, n in node.cpu_held.items() if n > node.cpu_holders_max)
+        if node.cpu_taken
+        else []
+    )
     if crowded:
         problems.append(
             f"cores {_cards(crowded)} are held by more than {node.cpu_holders_max} task(s)"
