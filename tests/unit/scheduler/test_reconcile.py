@@ -21,6 +21,7 @@ from crater.contracts import (
     DriftAction,
     DriftKind,
     Event,
+    GpuProcess,
     NodeCondition,
     NodeHealthReported,
     NodeTopologyReported,
@@ -272,6 +273,53 @@ def test_a_blocked_card_stays_blocked_when_the_cores_own_allocation_there_ends()
         seen += beat_both(scheduler, second, [])
     assert node_a.gpu_milli_free[card] == 1000
     assert not node_a.blocked
+
+
+def test_processes_on_a_card_held_free_block_it_until_they_go() -> None:
+    """A node whose probe runs no tasks still lists the processes on its cards (NVML): one
+    on a card the scheduler holds free (a job started by hand) blocks it; one on a card a
+    placed task holds is that task's business."""
+    scheduler = core()
+    grant = place(scheduler, "placed", 1, gpus=1)
+    confirm(scheduler, grant, 2)
+    mine = grant.gpu_ids[0]
+    other = 3 if mine != 3 else 2
+
+    def beat(when: float, processes: list[GpuProcess]) -> list[Event]:
+        report = heartbeat("a", when, None).model_copy(update={"gpu_processes": processes})
+        return scheduler.handle(report)
+
+    squatters = [
+        GpuProcess(gpu=mine, pid=100, memory_mb=30000),  # the placed task's own
+        GpuProcess(gpu=other, pid=4242, memory_mb=2048),
+        GpuProcess(gpu=other, pid=4243, memory_mb=0),
+    ]
+    seen: list[Event] = []
+    for second in range(3, 50):
+        seen += beat(second, squatters)
+    [held] = drifts(seen)
+    assert (held.kind, held.action, held.gpu_ids) == (
+        DriftKind.UNKNOWN_PROCESS,
+        DriftAction.HELD,
+        [other],
+    )
+    assert held.allocation_id is None
+    assert f"processes 4242 (2048 MiB), 4243 on GPU {other}" in held.reason
+    assert "a card the scheduler holds free" in held.reason
+    node_a = scheduler.cluster.get("a")
+    assert node_a is not None
+    assert node_a.whole_gpus_free == 2
+    assert "placed" in scheduler.allocations, "no inventory of allocations: no orphan judged"
+    seen = []
+    for second in range(50, 80):
+        seen += beat(second, squatters[:1])
+    [freed] = drifts(seen)
+    assert (freed.kind, freed.action, freed.gpu_ids) == (
+        DriftKind.UNKNOWN_PROCESS,
+        DriftAction.FREED,
+        [other],
+    )
+    assert node_a.whole_gpus_free == 3
 
 
 def test_running_figures_off_their_allocations_sum_are_corrected() -> None:

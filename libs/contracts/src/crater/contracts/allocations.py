@@ -162,6 +162,7 @@ class DriftKind(StrEnum):
 
     ORPHANED_ALLOCATION = "orphaned-allocation"  # held here, not run by its node
     UNKNOWN_ALLOCATION = "unknown-allocation"  # run by a node, not held there here
+    UNKNOWN_PROCESS = "unknown-process"  # processes on a card held free here
     OVER_CAPACITY = "over-capacity"  # a node's allocations add up past what it offers
     LEDGER_MISMATCH = "ledger-mismatch"  # running figures differ from the allocations' sum
 
@@ -170,8 +171,8 @@ class DriftAction(StrEnum):
     """What the scheduler did about a drift."""
 
     RELEASED = "released"  # the orphaned allocation went back (its attempt failed)
-    HELD = "held"  # the unknown allocation's cards count busy: nothing is placed on them
-    FREED = "freed"  # the unknown allocation is gone: its cards are free again
+    HELD = "held"  # the unknown allocation's (process's) cards count busy: nothing goes there
+    FREED = "freed"  # the unknown allocation (process) is gone: its cards are free again
     REPORTED = "reported"  # said, nothing changed (over capacity: no task is stopped for it)
     CORRECTED = "corrected"  # the running figures were set to the allocations' sum
 

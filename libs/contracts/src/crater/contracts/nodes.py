@@ -304,6 +304,14 @@ class RunningAllocation(Contract):
     )
 
 
+class GpuProcess(Contract):
+    """A process holding memory on one of the node's cards, as NVML lists it."""
+
+    gpu: int = Field(ge=0, le=1023, description="The card's index.")
+    pid: ExactInt = Field(ge=0)
+    memory_mb: ExactInt = Field(ge=0, description="GPU memory it holds; 0: NVML cannot say.")
+
+
 class NodeHealthReported(Event):
     """Health, sent on an interval: it is also the node's heartbeat."""
 
@@ -321,4 +329,14 @@ class NodeHealthReported(Event):
         "reconciles its ledger against it: docs/architecture.md, Reconciling against "
         "reality); empty: nothing. None: the agent keeps no inventory (a probe that does not "
         "run tasks), and the node is not reconciled.",
+    )
+    # Left out of the JSON when None, as `running`.
+    gpu_processes: list[GpuProcess] | None = Field(
+        default=None,
+        max_length=100_000,
+        exclude_if=lambda processes: processes is None,
+        description="The compute processes holding memory on this node's cards now (NVML); "
+        "the scheduler counts a card it holds free busy while processes stay on it "
+        "(docs/architecture.md, Reconciling against reality). None: not read (no GPUs, no "
+        "NVML, a simulated node).",
     )

@@ -114,10 +114,11 @@ class ProbeSettings(ServiceSettings):
     report_inventory: bool = Field(
         default=True,
         description="With each heartbeat, list the allocations this agent runs (the simulated "
-        "fleet's, or the executing agent's), which the scheduler reconciles its ledger against "
-        "(docs/architecture.md, Reconciling against reality). Switch it off where this probe "
-        "does not see all that runs on its nodes (two replicas sharing one simulated fleet's "
-        "grants). A probe that runs nothing sends no inventory either way.",
+        "fleet's, or the executing agent's) and, in local mode, the processes NVML sees on "
+        "the cards, which the scheduler reconciles its ledger against (docs/architecture.md, "
+        "Reconciling against reality). Switch it off where this probe does not see all that "
+        "runs on its nodes (two replicas sharing one simulated fleet's grants). A probe that "
+        "runs nothing sends no list of allocations either way.",
     )
     state_dir: Path = Field(
         default=Path("var/probe"),

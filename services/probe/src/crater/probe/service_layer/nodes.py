@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Protocol
 
 from crater.contracts import (
+    GpuProcess,
     NodeHealthReported,
     NodeMetricsReported,
     NodeTopology,
@@ -62,6 +63,8 @@ class LocalNode:
         # What this node's agent runs (the executing agent's runs), sent with each heartbeat;
         # None: it runs nothing, and the heartbeat carries no inventory.
         self.inventory: Callable[[], list[RunningAllocation]] | None = None
+        # The processes on the cards at the last metrics round (None: not read).
+        self.processes: list[GpuProcess] | None = None
 
     def _discover(self) -> NodeTopology:
         root = self.settings.host_root
@@ -118,6 +121,7 @@ class LocalNode:
         assert self.topology is not None
         assert self._host is not None
         cpu, used, total = self._host.sample()
+        self.processes = self._gpus.processes()
         return NodeMetricsReported(
             node_id=self.topology.node_id,
             cpu_utilization_percent=cpu,
@@ -138,6 +142,8 @@ class LocalNode:
         report = evaluate(self.topology, self.last, disk_wear=self.wear).report()
         if self.inventory is not None:
             report = report.model_copy(update={"running": self.inventory()})
+        if self.processes is not None and self.settings.report_inventory:
+            report = report.model_copy(update={"gpu_processes": self.processes})
         yield [report]
 
     async def close(self) -> None:

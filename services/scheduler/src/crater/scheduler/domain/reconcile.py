@@ -31,6 +31,7 @@ from crater.contracts import (
     DriftAction,
     DriftKind,
     Event,
+    GpuProcess,
     NodeCondition,
     NodeHealthReported,
     ReleaseReason,
@@ -44,6 +45,7 @@ from crater.scheduler.domain.state import (
     Allocation,
     Inventory,
     SchedulerState,
+    UnknownKey,
     UnknownRun,
     consumed_until,
     hold,
@@ -80,14 +82,21 @@ class Reconciler:
         none (any more): the node is not reconciled against reports."""
         if self.state.cluster.get(event.node_id) is None:
             return
-        if event.running is None:
+        if event.running is None and event.gpu_processes is None:
             self.state.inventories.pop(event.node_id, None)
             return
         known = self.state.inventories.get(event.node_id)
         if known is not None and known.at > event.occurred_at:
             return  # an older report, delivered late: the newer one stands
-        running = {r.allocation_id: r for r in event.running}
-        self.state.inventories[event.node_id] = Inventory(event.occurred_at, running)
+        running = None
+        if event.running is not None:
+            running = {r.allocation_id: r for r in event.running}
+        processes: dict[int, tuple[GpuProcess, ...]] | None = None
+        if event.gpu_processes is not None:
+            processes = {}
+            for process in event.gpu_processes:
+                processes[process.gpu] = (*processes.get(process.gpu, ()), process)
+        self.state.inventories[event.node_id] = Inventory(event.occurred_at, running, processes)
 
     # -- the pass ----------------------------------------------------------------------------
 
@@ -142,7 +151,9 @@ class Reconciler:
         for head in self.state.allocations.values():
             for member in head.members():
                 inventory = self._trusted(member.node)
-                if inventory is None or not _accountable(head, member):
+                if inventory is None or inventory.running is None:
+                    continue  # no agent's inventory: processes alone cannot name allocations
+                if not _accountable(head, member):
                     continue
                 judged.add(member.allocation_id)
                 if member.allocation_id in inventory.running:
@@ -191,21 +202,16 @@ class Reconciler:
             node = self.state.cluster.get(name)
             runs = self.state.unknown.setdefault(name, {})
             inventory = self._trusted(name)
-            if node is None:
-                gone = list(runs)
-            elif inventory is None and name in self.state.inventories:
+            if node is not None and inventory is None and name in self.state.inventories:
                 continue  # NotReady: the lost-node grace decides; what was seen stays
-            elif inventory is None:
-                gone = list(runs)  # its agent reports no inventory any more
-            else:
-                for allocation_id, entry in sorted(inventory.running.items()):
-                    member = held.get(allocation_id)
-                    if member is not None and member.node == name:
-                        continue
-                    run = runs.setdefault(
-                        allocation_id,
-                        UnknownRun(entry.task_id, tuple(entry.gpu_ids), inventory.at),
-                    )
+            # What the node reports now that the core does not hold there (none: its agent
+            # reports nothing any more, or the node is gone).
+            seen_now: dict[UnknownKey, tuple[str, tuple[int, ...], str]] = {}
+            if node is not None and inventory is not None:
+                seen_now = self._sightings(name, inventory, held)
+                for key, (task_id, gpu_ids, what) in sorted(seen_now.items()):
+                    run = runs.setdefault(key, UnknownRun(task_id, gpu_ids, inventory.at, what))
+                    run.what = what
                     seen = (inventory.at - run.first_seen).total_seconds()
                     if run.reported or seen < grace:
                         continue
@@ -221,50 +227,63 @@ class Reconciler:
                         self.state.cluster.refresh(name)
                         self.state.stale_pools = None
                         changed = True
-                    decisions.append(self._held(cause, name, allocation_id, run, seen, grace))
-                gone = [
-                    a
-                    for a in runs
-                    if a not in inventory.running or (a in held and held[a].node == name)
-                ]
-            for allocation_id in sorted(gone):
-                run = runs.pop(allocation_id)
+                    decisions.append(self._held(cause, name, key, run, seen, grace))
+            for key in sorted(k for k in runs if k not in seen_now):
+                run = runs.pop(key)
                 if not run.reported:
                     continue  # gone within the grace: ordinary lag
                 if node is not None:
                     self._free(node, run, runs)
                     changed = changed or bool(run.held)
-                decisions.append(
-                    self._drift(
-                        cause,
-                        DriftKind.UNKNOWN_ALLOCATION,
-                        DriftAction.FREED,
-                        name,
-                        reason=f"allocation {allocation_id} of task {run.task_id}, which "
-                        f"{name} ran without being held there, is gone"
-                        + (f": GPUs {_cards(run.held)} are free again" if run.held else ""),
-                        allocation_id=allocation_id,
-                        task_id=run.task_id,
-                        gpu_ids=run.held,
-                    )
-                )
+                decisions.append(self._gone(cause, name, key, run))
             if not runs:
                 del self.state.unknown[name]
         return decisions, changed
+
+    def _sightings(
+        self, name: str, inventory: Inventory, held: dict[str, Allocation]
+    ) -> dict[UnknownKey, tuple[str, tuple[int, ...], str]]:
+        """What `name` reports running that the core does not hold there, by key: each
+        allocation, and each card the core holds free that processes hold memory on."""
+        found: dict[UnknownKey, tuple[str, tuple[int, ...], str]] = {}
+        explained = {g for m in held.values() if m.node == name for g in m.gpu_ids}
+        for allocation_id, entry in (inventory.running or {}).items():
+            explained.update(entry.gpu_ids)
+            member = held.get(allocation_id)
+            if member is None or member.node != name:
+                what = f"allocation {allocation_id} of task {entry.task_id}"
+                found[("allocation", allocation_id)] = (entry.task_id, tuple(entry.gpu_ids), what)
+        for card, processes in sorted((inventory.processes or {}).items()):
+            if card in explained:
+                continue  # held here (or run by the agent): whose process it is is not asked
+            pids = ", ".join(
+                f"{p.pid} ({p.memory_mb} MiB)" if p.memory_mb else str(p.pid)
+                for p in sorted(processes, key=lambda p: p.pid)
+            )
+            what = f"process{'es' if len(processes) > 1 else ''} {pids} on GPU {card}"
+            found[("process", str(card))] = ("", (card,), what)
+        return found
 
     def _held(
         self,
         cause: Event,
         node: str,
-        allocation_id: str,
+        key: UnknownKey,
         run: UnknownRun,
         seen: float,
         grace: float,
     ) -> AllocationDriftFound:
-        what = (
-            f"{node} has run allocation {allocation_id} of task {run.task_id} for {seen:g} s "
-            f"(grace {grace:g} s), which the scheduler does not hold there"
-        )
+        kind, allocation_id = key
+        if kind == "process":
+            what = (
+                f"{node} has reported {run.what} for {seen:g} s (grace {grace:g} s), a card the "
+                "scheduler holds free"
+            )
+        else:
+            what = (
+                f"{node} has run {run.what} for {seen:g} s (grace {grace:g} s), which the "
+                "scheduler does not hold there"
+            )
         if run.held:
             reason = f"{what}: GPUs {_cards(run.held)} count busy until it goes"
         elif run.gpu_ids:
@@ -273,16 +292,33 @@ class Reconciler:
             reason = f"{what}: it names no GPUs, nothing is blocked"
         return self._drift(
             cause,
-            DriftKind.UNKNOWN_ALLOCATION,
+            DriftKind.UNKNOWN_PROCESS if kind == "process" else DriftKind.UNKNOWN_ALLOCATION,
             DriftAction.HELD if run.held else DriftAction.REPORTED,
             node,
             reason=reason,
-            allocation_id=allocation_id,
-            task_id=run.task_id,
+            allocation_id=None if kind == "process" else allocation_id,
+            task_id=run.task_id or None,
             gpu_ids=run.held or run.gpu_ids,
         )
 
-    def _free(self, node: Node, run: UnknownRun, others: dict[str, UnknownRun]) -> None:
+    def _gone(
+        self, cause: Event, node: str, key: UnknownKey, run: UnknownRun
+    ) -> AllocationDriftFound:
+        kind, allocation_id = key
+        ran = "ran on a card it held free" if kind == "process" else "ran without being held there"
+        return self._drift(
+            cause,
+            DriftKind.UNKNOWN_PROCESS if kind == "process" else DriftKind.UNKNOWN_ALLOCATION,
+            DriftAction.FREED,
+            node,
+            reason=f"{run.what}, which {node} {ran}, is gone"
+            + (f": GPUs {_cards(run.held)} are free again" if run.held else ""),
+            allocation_id=None if kind == "process" else allocation_id,
+            task_id=run.task_id or None,
+            gpu_ids=run.held,
+        )
+
+    def _free(self, node: Node, run: UnknownRun, others: dict[UnknownKey, UnknownRun]) -> None:
         """`run`'s cards go back, except those another unknown allocation still runs on."""
         for gpu in run.held:
             heir = next(

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from crater.contracts import (
     PRIORITY_MAX,
     FilterReason,
+    GpuProcess,
     ResourcePrediction,
     RunningAllocation,
     TaskRequest,
@@ -193,20 +194,28 @@ class LendingPhase:
 
 @dataclass
 class Inventory:
-    """A node's latest report of what its agent runs: when, and each allocation by id."""
+    """A node's latest report of what runs on it: when; each allocation its agent runs, by
+    id (None: the agent keeps no inventory); the processes on each card (None: not read)."""
 
     at: datetime
-    running: dict[str, RunningAllocation]
+    running: dict[str, RunningAllocation] | None
+    processes: dict[int, tuple[GpuProcess, ...]] | None = None
+
+
+# What an unknown run is: an allocation the core does not hold there, or processes on a card
+# the core holds free; keyed (kind, allocation id or card index).
+UnknownKey = tuple[str, str]
 
 
 @dataclass
 class UnknownRun:
-    """An allocation a node runs that the core does not hold there: since when it has been
-    reported, and the cards blocked for it (none until it outlasts the grace)."""
+    """Work a node runs that the core does not hold there: since when it has been reported,
+    and the cards blocked for it (none until it outlasts the grace)."""
 
-    task_id: str
+    task_id: str  # "" for processes
     gpu_ids: tuple[int, ...]
     first_seen: datetime
+    what: str = ""  # in words, for the reason
     reported: bool = False  # past the grace: said, and its cards blocked
     held: tuple[int, ...] = ()
 
@@ -313,7 +322,7 @@ class SchedulerState:
     # when the next pass is due.
     inventories: dict[str, Inventory] = field(default_factory=dict, compare=False, repr=False)
     missing_since: dict[str, datetime] = field(default_factory=dict, compare=False, repr=False)
-    unknown: dict[str, dict[str, UnknownRun]] = field(
+    unknown: dict[str, dict[UnknownKey, UnknownRun]] = field(
         default_factory=dict, compare=False, repr=False
     )
     over_reported: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
