@@ -8,8 +8,8 @@ the same points and decides the same) the pass:
   `reconcile_grace_seconds`, measured on the node's own inventories (orphaned: its attempt
   fails, and its restart policy applies);
 - blocks the cards of an allocation a node has reported running for the grace that the core
-  does not hold there (unknown: nothing is placed on them until it goes), and frees them when
-  it is gone;
+  does not hold there (unknown: nothing is placed on them until it goes), and of a card the
+  core holds free that the node reports processes on (NVML), and frees them when it is gone;
 - reports a node whose allocations add up past what it offers (over capacity: no task is
   stopped for it);
 - recomputes each node's free figures, and what each tenant and pool holds, from the

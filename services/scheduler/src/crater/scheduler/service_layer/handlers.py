@@ -180,7 +180,8 @@ class SchedulerMetrics:
         self.drift = Counter(
             "crater_scheduler_drift",
             "What the periodic reconciliation found apart between the ledger and reality, by "
-            "kind (orphaned-allocation, unknown-allocation, over-capacity, ledger-mismatch) "
+            "kind (orphaned-allocation, unknown-allocation, unknown-process, over-capacity, "
+            "ledger-mismatch) "
             "and what was done (released, held, freed, reported, corrected); each is an "
             "allocation.drift event saying why.",
             ["kind", "action"],
