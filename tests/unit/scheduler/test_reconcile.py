@@ -33,8 +33,11 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
 )
+from crater.scheduler.domain.cluster import Node
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
+from crater.scheduler.domain.mig import MigProfile
 from crater.scheduler.domain.quotas import Usage
+from crater.scheduler.domain.reconcile import figure_differences
 from tests.support.topologies import node
 from tests.unit.scheduler.test_core import profiled
 from tests.unit.scheduler.test_retry_fast_path import config as random_config
@@ -522,3 +525,64 @@ def test_a_forgotten_allocation_is_always_found_and_nothing_else(seed: int, vict
         (DriftKind.ORPHANED_ALLOCATION, lost.allocation_id)
     ]
     assert lost.task_id not in scheduler.allocations
+
+
+A100_MIG = ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"]
+node_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("take"), st.integers(0, 3), st.sampled_from(["whole", "share", "mig"])),
+        st.tuples(st.just("give"), st.integers(0, 20), st.just("")),
+        st.tuples(st.just("block"), st.integers(0, 3), st.just("")),
+        st.tuples(st.just("unblock"), st.integers(0, 3), st.just("")),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(node_ops)
+def test_blocked_cards_read_as_recomputed_whatever_is_taken_and_given_back(
+    ops: list[tuple[str, int, str]],
+) -> None:
+    """Cards blocked for an unknown task, under whole cards, shares and MIG slices taken and
+    given back in any order: the node's figures always equal a fresh node holding what is
+    held and blocking what is blocked (what the pass recomputes), a blocked card is never
+    offered, and with everything gone the node is whole again."""
+    topology = node("m", gpus=4)
+    cards = [
+        g.model_copy(update={"mig_capable": True, "mig_profiles": A100_MIG}) for g in topology.gpus
+    ]
+    live = Node.empty(topology.model_copy(update={"gpus": cards}))
+    held: list[tuple[tuple[int, ...], int, str | None]] = []
+    for op, arg, kind in ops:
+        if op == "take":
+            card, free = arg, live.gpu_milli_free[arg]
+            if kind == "whole" and free == 1000 and card not in live.mig_used:
+                held.append(((card,), 1000, None))
+            elif kind == "share" and free >= 250 and card not in live.mig_used:
+                held.append(((card,), 250, None))
+            elif kind == "mig" and live.mig_fits(MigProfile.parse("1g.10gb"), card):
+                held.append(((card,), 1000, "1g.10gb"))
+            else:
+                continue
+            live.take(held[-1][0], held[-1][1], (), 0, None, held[-1][2])
+        elif op == "give" and held:
+            gpus, milli, mig = held.pop(arg % len(held))
+            live.give_back(gpus, milli, (), 0, None, mig)
+        elif op == "block":
+            live.block(arg)
+        elif op == "unblock":
+            live.unblock(arg)
+        fresh = live.emptied()
+        for gpus, milli, mig in held:
+            fresh.take(gpus, milli, (), 0, None, mig)
+        for card in sorted(live.blocked):
+            fresh.block(card)
+        assert figure_differences(live, fresh) == [], (op, arg, kind)
+        assert all(live.gpu_milli_free[c] == 0 for c in live.blocked)
+    for gpus, milli, mig in held:
+        live.give_back(gpus, milli, (), 0, None, mig)
+    for card in list(live.blocked):
+        live.unblock(card)
+    assert live.gpu_milli_free == [1000] * 4
+    assert live.mig_used == {}
