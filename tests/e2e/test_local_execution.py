@@ -1,10 +1,14 @@
 """Crater runs the task: every service as its own process, the local probe as the node with
 execution switched on, commands submitted through the gateway. Settings turned down:
-CRATER_PROBE_EXECUTE_POLL_SECONDS 0.1, CRATER_PROBE_KILL_GRACE_SECONDS 1, heartbeats 1 s."""
+CRATER_PROBE_EXECUTE_POLL_SECONDS 0.1, CRATER_PROBE_KILL_GRACE_SECONDS 1, heartbeats 1 s, the
+scheduler's reconciliation against the agent's inventory every 1 s with a 3 s grace."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -35,6 +39,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
                 "CRATER_PROBE_HEALTH_INTERVAL_SECONDS": "1",
                 "CRATER_PROBE_METRICS_INTERVAL_SECONDS": "1",
                 "CRATER_SCHEDULER_CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
+                "CRATER_SCHEDULER_RECONCILE_INTERVAL_SECONDS": "1",
+                "CRATER_SCHEDULER_RECONCILE_GRACE_SECONDS": "3",
             },
         )
         yield running
@@ -113,3 +119,44 @@ def test_cancel_kills_a_task_that_ignores_sigterm(stack: Stack, tmp_path: Path) 
         time.sleep(0.2)
     assert "killed by SIGKILL" in log.read_text()
     assert os.path.exists(log)
+
+
+def test_a_task_the_agent_runs_is_never_reconciled_away(stack: Stack) -> None:
+    """The agent lists the task in every heartbeat while it runs for several graces; it ends
+    as its exit code says, and the scheduler found no drift at all."""
+    submit(stack, "steady", [sys.executable, "-c", "import time; time.sleep(12)"])
+    wait_status(stack, "steady", {"running"})
+    done = wait_status(stack, "steady", {"succeeded", "failed", "cancelled"})
+    assert done["status"] == "succeeded", done
+    metrics = httpx.get(f"{stack.url('scheduler')}/metrics", timeout=5).text
+    drift = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("crater_scheduler_drift_total{") and not line.endswith(" 0.0")
+    ]
+    assert drift == []
+    assert "# TYPE crater_scheduler_drift_total counter" in metrics  # the family is served
+
+
+def test_a_task_its_agent_forgot_is_released_as_orphaned(stack: Stack, tmp_path: Path) -> None:
+    """The agent loses what it knew of a running task (killed, its run directory gone, as on
+    a reimaged disk) and comes back: its heartbeats no longer list the task, and the scheduler,
+    which would otherwise hold its core until restarted, releases it and ends the task."""
+    submit(stack, "forgotten", [sys.executable, "-c", "import time; time.sleep(300)"])
+    wait_status(stack, "forgotten", {"running"})
+    [run_dir] = (tmp_path / "agent" / "runs").iterdir()
+    stack.kill("probe")
+    child = json.loads((run_dir / "supervisor.json").read_text())
+    os.killpg(child["pid"], signal.SIGKILL)  # the task dies with what the agent knew of it
+    deadline = time.monotonic() + 20
+    while not (run_dir / "exit.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shutil.rmtree(run_dir)
+    stack.restart("probe")
+    ended = wait_status(stack, "forgotten", {"succeeded", "failed", "cancelled"})
+    assert ended["status"] == "failed", ended
+    assert "orphaned allocation" in json.dumps(ended), ended
+    metrics = httpx.get(f"{stack.url('scheduler')}/metrics", timeout=5).text
+    assert (
+        'crater_scheduler_drift_total{action="released",kind="orphaned-allocation"} 1.0' in metrics
+    )

@@ -48,6 +48,8 @@ class Card:
     clocks_mhz: tuple[int, int] | None = (1410, 1593)  # SM, memory
     # ECC (corrected, uncorrected) since boot; None: no ECC on this card (GeForce).
     ecc: tuple[int, int] | None = (0, 0)
+    # Compute processes: (pid, bytes held; None: NVML cannot say).
+    processes: list[tuple[int, int | None]] = field(default_factory=list)
 
 
 class FakeNvml:
@@ -138,6 +140,11 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrPcieLinkWidth(self, card: Card) -> int:
         return self._pcie(card.pcie_now, 1)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, card: Card) -> list[Any]:
+        if card.lost:
+            raise NVMLErrorGpuIsLost()
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in card.processes]
 
     def nvmlDeviceGetClockInfo(self, card: Card, clock: int) -> int:
         if card.clocks_mhz is None:

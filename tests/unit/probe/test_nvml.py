@@ -111,3 +111,19 @@ def test_sampler_reads_clocks_link_and_ecc_and_tolerates_their_absence() -> None
     assert geforce.pcie_generation is None
     assert geforce.ecc_errors_uncorrected is None
     sampler.close()
+
+
+def test_sampler_lists_the_processes_on_each_card_with_their_memory() -> None:
+    cards = pcie_only(3)
+    cards[0].processes = [(4242, 2048 * FakeNvml.MIB), (77, None)]  # None: NVML cannot say
+    cards[1].lost = True  # lists nothing; the others are still read
+    sampler = GpuSampler(FakeNvml(cards))
+    assert sampler.processes() is None  # not open: nothing read, not "nothing runs"
+    assert sampler.open()
+    assert [(p.gpu, p.pid, p.memory_mb) for p in sampler.processes() or []] == [
+        (0, 4242, 2048),
+        (0, 77, 0),
+    ]
+    cards[0].processes = []
+    assert sampler.processes() == []
+    sampler.close()

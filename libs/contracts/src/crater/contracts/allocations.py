@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from pydantic import AwareDatetime, Field
 
-from crater.contracts.base import MAX_ATTEMPT, Contract, ExactInt, TaskEvent
+from crater.contracts.base import MAX_ATTEMPT, Contract, Event, ExactInt, TaskEvent
 from crater.contracts.tasks import MetricsFormat, TaskId
 
 # Every variable a placed task is handed (AllocationGranted.environment), with its meaning:
@@ -155,6 +155,42 @@ class ReleaseReason(StrEnum):
     EXPIRED = "expired"
     NODE_LOST = "node-lost"
     SCALED_IN = "scaled-in"
+
+
+class DriftKind(StrEnum):
+    """What a reconciliation found the core's ledger and a node's reports disagree on."""
+
+    ORPHANED_ALLOCATION = "orphaned-allocation"  # held here, not run by its node
+    UNKNOWN_ALLOCATION = "unknown-allocation"  # run by a node, not held there here
+    UNKNOWN_PROCESS = "unknown-process"  # processes on a card held free here
+    OVER_CAPACITY = "over-capacity"  # a node's allocations add up past what it offers
+    LEDGER_MISMATCH = "ledger-mismatch"  # running figures differ from the allocations' sum
+
+
+class DriftAction(StrEnum):
+    """What the scheduler did about a drift."""
+
+    RELEASED = "released"  # the orphaned allocation went back (its attempt failed)
+    HELD = "held"  # the unknown allocation's (process's) cards count busy: nothing goes there
+    FREED = "freed"  # the unknown allocation (process) is gone: its cards are free again
+    REPORTED = "reported"  # said, nothing changed (over capacity: no task is stopped for it)
+    CORRECTED = "corrected"  # the running figures were set to the allocations' sum
+
+
+class AllocationDriftFound(Event):
+    """A periodic reconciliation found the scheduler's ledger and reality apart on one node,
+    and what it did about it (docs/architecture.md, Reconciling against reality)."""
+
+    node: str | None = Field(
+        description="The node concerned; None: figures of the whole cluster (what tenants and "
+        "pools hold)."
+    )
+    kind: DriftKind
+    action: DriftAction
+    allocation_id: str | None = Field(default=None, description="The allocation concerned.")
+    task_id: str | None = Field(default=None, description="Its task.")
+    gpu_ids: list[ExactInt] = Field(default_factory=list, description="The cards concerned.")
+    reason: str = Field(description="What was found and what was done, for a person.")
 
 
 class AllocationReleased(TaskEvent):

@@ -6,7 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from crater.contracts.allocations import AllocationGranted, AllocationReleased
+from crater.contracts.allocations import (
+    AllocationDriftFound,
+    AllocationGranted,
+    AllocationReleased,
+)
 from crater.contracts.autoscaling import (
     LatencySamplesReported,
     ReplicaDrained,
@@ -309,6 +313,15 @@ class Subjects:
         producers=("scheduler",),
         consumers=("callback", "probe", "predictor", "autoscaler"),
     )
+    ALLOCATION_DRIFT = Channel(
+        f"{PREFIX}.allocation.drift",
+        AllocationDriftFound,
+        Streams.ALLOCATIONS,
+        "The scheduler's periodic reconciliation found its ledger and a node's reports apart "
+        "(an orphaned or unknown allocation, a node held over capacity, running figures off "
+        "their allocations' sum), and what it did about it.",
+        producers=("scheduler",),
+    )
     INFERENCE_LATENCY = Channel(
         f"{PREFIX}.inference.latency",
         LatencySamplesReported,
@@ -427,6 +440,7 @@ class Subjects:
         TASK_USAGE,
         ALLOCATION_GRANTED,
         ALLOCATION_RELEASED,
+        ALLOCATION_DRIFT,
         INFERENCE_LATENCY,
         SCALE_DECIDED,
         SCALE_REPLICAS_REQUESTED,

@@ -294,6 +294,24 @@ class HealthCheck(Contract):
     detail: str
 
 
+class RunningAllocation(Contract):
+    """One allocation a node's agent runs now (its inventory), as the grant named it."""
+
+    allocation_id: str = Field(min_length=1, max_length=512)
+    task_id: str = Field(min_length=1, max_length=512)
+    gpu_ids: list[Annotated[int, Field(ge=0, le=1023)]] = Field(
+        default_factory=list, max_length=1024, description="The cards it runs on; empty: none."
+    )
+
+
+class GpuProcess(Contract):
+    """A process holding memory on one of the node's cards, as NVML lists it."""
+
+    gpu: int = Field(ge=0, le=1023, description="The card's index.")
+    pid: ExactInt = Field(ge=0)
+    memory_mb: ExactInt = Field(ge=0, description="GPU memory it holds; 0: NVML cannot say.")
+
+
 class NodeHealthReported(Event):
     """Health, sent on an interval: it is also the node's heartbeat."""
 
@@ -301,3 +319,24 @@ class NodeHealthReported(Event):
     condition: NodeCondition
     score: ExactInt = Field(ge=0, le=100)
     checks: list[HealthCheck] = Field(default_factory=list)
+    # Left out of the JSON when None: a heartbeat of an agent that keeps no inventory reads
+    # byte for byte as before, so recorded decisions replay identically (audit).
+    running: list[RunningAllocation] | None = Field(
+        default=None,
+        max_length=100_000,
+        exclude_if=lambda running: running is None,
+        description="What this node's agent runs now, every allocation of it (the scheduler "
+        "reconciles its ledger against it: docs/architecture.md, Reconciling against "
+        "reality); empty: nothing. None: the agent keeps no inventory (a probe that does not "
+        "run tasks), and the node is not reconciled.",
+    )
+    # Left out of the JSON when None, as `running`.
+    gpu_processes: list[GpuProcess] | None = Field(
+        default=None,
+        max_length=100_000,
+        exclude_if=lambda processes: processes is None,
+        description="The compute processes holding memory on this node's cards now (NVML); "
+        "the scheduler counts a card it holds free busy while processes stay on it "
+        "(docs/architecture.md, Reconciling against reality). None: not read (no GPUs, no "
+        "NVML, a simulated node).",
+    )

@@ -52,7 +52,7 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
                 ", ".join(f"{f.kind} on {f.node} at {f.at_seconds:g} s" for f in faults),
             )
         simulator = FleetSimulator(fleet.nodes, fleet.seed, faults)
-        nodes = FleetNodes(simulator)
+        nodes = FleetNodes(simulator, inventory=settings.report_inventory)
         runner = TaskRunner(
             simulator,
             lambda event: publish(service.broker, event),
@@ -80,6 +80,8 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
         )
         subscribe_runner(service, executor, metrics, agent_consumer(node_id))
         service.state = executor
+        if isinstance(nodes, LocalNode) and settings.report_inventory:
+            nodes.inventory = executor.inventory
 
     reporting = Reporting(settings, nodes, metrics, publisher, runner)
 

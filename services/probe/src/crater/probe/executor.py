@@ -41,6 +41,7 @@ from typing import Any
 from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
+    RunningAllocation,
     TaskPreempted,
     TaskProfiled,
     TaskStatus,
@@ -187,6 +188,18 @@ class TaskExecutor:
     def running(self) -> int:
         """Attempts this agent watches."""
         return len(self.runs)
+
+    def inventory(self) -> list[RunningAllocation]:
+        """The allocations this agent runs now (started, not yet over here), for the
+        heartbeat: what the scheduler reconciles its ledger against."""
+        return [
+            RunningAllocation(
+                allocation_id=run.allocation_id,
+                task_id=run.grant.task_id,
+                gpu_ids=list(run.grant.gpu_ids),
+            )
+            for run in sorted(self.runs.values(), key=lambda r: r.allocation_id)
+        ]
 
     # --- lifecycle -------------------------------------------------------------------------
 

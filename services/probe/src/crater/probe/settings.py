@@ -111,6 +111,15 @@ class ProbeSettings(ServiceSettings):
         description="Local mode: run the `command` of each task granted to this node as a "
         "process pinned to the granted cores, and report its outcome (docs/execution.md).",
     )
+    report_inventory: bool = Field(
+        default=True,
+        description="With each heartbeat, list the allocations this agent runs (the simulated "
+        "fleet's, or the executing agent's) and, in local mode, the processes NVML sees on "
+        "the cards, which the scheduler reconciles its ledger against (docs/architecture.md, "
+        "Reconciling against reality). Switch it off where this probe does not see all that "
+        "runs on its nodes (two replicas sharing one simulated fleet's grants). A probe that "
+        "runs nothing sends no list of allocations either way.",
+    )
     state_dir: Path = Field(
         default=Path("var/probe"),
         description="Execution: run directories (runs/), task bodies (tasks/) and task logs "

@@ -169,6 +169,26 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
     ageing_step: int = Field(
         default=100, ge=1, le=1000, description="Ageing: priority gained per interval waited."
     )
+    reconcile_interval_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=86_400,
+        description="Reconciling against reality: every this many seconds of event time the "
+        "ledger is checked against itself and against what nodes report running (their "
+        "heartbeats' inventory): orphaned allocations released, unknown ones' cards blocked, "
+        "over-capacity reported, running figures corrected, each an allocation.drift event. "
+        "0: off.",
+    )
+    reconcile_grace_seconds: float = Field(
+        default=60.0,
+        ge=1,
+        le=86_400,
+        description="Reconciling against reality: how long, on the node's own reports, an "
+        "allocation must be missing from its node's inventory before it is released "
+        "(orphaned), or a task the scheduler does not hold be reported there before its "
+        "cards are blocked; longer than a release takes to stop a task and a report to cross "
+        "the streams.",
+    )
     ageing_max: int = Field(
         default=400, ge=0, le=1000, description="Ageing: the most priority a wait adds."
     )
@@ -332,6 +352,8 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         ageing_interval_seconds=settings.ageing_interval_seconds,
         ageing_step=settings.ageing_step,
         ageing_max=settings.ageing_max,
+        reconcile_interval_seconds=settings.reconcile_interval_seconds,
+        reconcile_grace_seconds=settings.reconcile_grace_seconds,
     )
 
 

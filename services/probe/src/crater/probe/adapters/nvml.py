@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from crater.contracts import Gpu, GpuMetrics
+from crater.contracts import Gpu, GpuMetrics, GpuProcess
 from crater.probe.adapters.pci import pci_numa_node, pci_root, sysfs_bus_id
 
 log = logging.getLogger("crater.probe.nvml")
@@ -231,6 +231,30 @@ class GpuSampler:
                 )
             )
         return readings
+
+    def processes(self) -> list[GpuProcess] | None:
+        """The compute processes on each card that answers, with the memory each holds;
+        None without NVML (nothing read, which is not "nothing runs")."""
+        nvml = self._nvml
+        if nvml is None:
+            return None
+        found: list[GpuProcess] = []
+        for index, handle in self._handles:
+            try:
+                running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except NvmlFailure as error:
+                log.debug("GPU %d lists no processes: %s", index, error)
+                continue
+            for process in running:
+                used = getattr(process, "usedGpuMemory", None)  # None: not available (MIG, WDDM)
+                found.append(
+                    GpuProcess(
+                        gpu=index,
+                        pid=int(process.pid),
+                        memory_mb=int(used) // MIB if isinstance(used, int) and used > 0 else 0,
+                    )
+                )
+        return found
 
     def close(self) -> None:
         if self._nvml is not None:

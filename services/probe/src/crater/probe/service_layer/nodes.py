@@ -8,7 +8,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Protocol
 
-from crater.contracts import NodeHealthReported, NodeMetricsReported, NodeTopology, Taint
+from crater.contracts import (
+    GpuProcess,
+    NodeHealthReported,
+    NodeMetricsReported,
+    NodeTopology,
+    RunningAllocation,
+    Taint,
+)
 from crater.probe.adapters.host import HostSampler
 from crater.probe.adapters.measure import Measurements, measure_node
 from crater.probe.adapters.nvme import disks_wear
@@ -53,6 +60,11 @@ class LocalNode:
         self.wear: list[DiskWear] = []
         self._host: HostSampler | None = None
         self._gpus = GpuSampler()
+        # What this node's agent runs (the executing agent's runs), sent with each heartbeat;
+        # None: it runs nothing, and the heartbeat carries no inventory.
+        self.inventory: Callable[[], list[RunningAllocation]] | None = None
+        # The processes on the cards at the last metrics round (None: not read).
+        self.processes: list[GpuProcess] | None = None
 
     def _discover(self) -> NodeTopology:
         root = self.settings.host_root
@@ -109,6 +121,7 @@ class LocalNode:
         assert self.topology is not None
         assert self._host is not None
         cpu, used, total = self._host.sample()
+        self.processes = self._gpus.processes()
         return NodeMetricsReported(
             node_id=self.topology.node_id,
             cpu_utilization_percent=cpu,
@@ -126,7 +139,12 @@ class LocalNode:
 
     def health(self, chunk: int) -> Iterator[list[NodeHealthReported]]:
         assert self.topology is not None
-        yield [evaluate(self.topology, self.last, disk_wear=self.wear).report()]
+        report = evaluate(self.topology, self.last, disk_wear=self.wear).report()
+        if self.inventory is not None:
+            report = report.model_copy(update={"running": self.inventory()})
+        if self.processes is not None and self.settings.report_inventory:
+            report = report.model_copy(update={"gpu_processes": self.processes})
+        yield [report]
 
     async def close(self) -> None:
         await asyncio.to_thread(self._gpus.close)
@@ -136,9 +154,15 @@ class FleetNodes:
     """Every node of a simulated fleet. The simulation clock (what faults are timed by) is
     the seconds since `open()`; a silent node is left out of every round."""
 
-    def __init__(self, simulator: FleetSimulator, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        simulator: FleetSimulator,
+        clock: Callable[[], float] = time.monotonic,
+        inventory: bool = True,
+    ):
         self.simulator = simulator
         self._clock = clock
+        self.inventory = inventory  # each heartbeat lists what the simulated node runs
         self._started: float | None = None
 
     def _tick(self) -> None:
@@ -168,7 +192,12 @@ class FleetNodes:
         self._tick()
         sim = self.simulator
         for ids in chunked(sim.reporting_ids, chunk):
-            yield [evaluate(sim.topology(n), sim.last_metrics(n)).report() for n in ids]
+            reports = [evaluate(sim.topology(n), sim.last_metrics(n)).report() for n in ids]
+            if self.inventory:
+                reports = [
+                    r.model_copy(update={"running": sim.inventory(r.node_id)}) for r in reports
+                ]
+            yield reports
 
     async def close(self) -> None:
         pass

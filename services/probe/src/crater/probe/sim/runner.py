@@ -107,6 +107,7 @@ class TaskRunner:
             cpu_cores=len(event.cpu_cores),
             memory_mb=event.memory_mb,
             used_mb=self._use.get(event.task_id),
+            task_id=event.task_id,
         )
         if event.task_id not in self._use:
             # its profile is still on its way (another consumer): until `profiled` says what

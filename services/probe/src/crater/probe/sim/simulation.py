@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from crater.contracts import GpuMetrics, NodeMetricsReported, NodeTopology
+from crater.contracts import GpuMetrics, NodeMetricsReported, NodeTopology, RunningAllocation
 from crater.contracts.nodes import DiskMetrics
 
 IDLE_GPU_MEMORY_MB = 64  # an idle card still holds a little for the driver
@@ -114,6 +114,7 @@ class Load:
     cpu_cores: int
     memory_mb: int
     used_mb: int | None = None
+    task_id: str = ""  # what the node's inventory names it by (RunningAllocation)
 
 
 def true_use_mb(seed: int, family: str, task_type: str, modelled_mb: int, task_id: str) -> int:
@@ -271,6 +272,17 @@ class FleetSimulator:
 
     def placed(self, allocation_id: str) -> bool:
         return allocation_id in self._node_of
+
+    def inventory(self, node_id: str) -> list[RunningAllocation]:
+        """What the node runs now, as its agent would list it with a heartbeat."""
+        return [
+            RunningAllocation(
+                allocation_id=load.allocation_id,
+                task_id=load.task_id or load.allocation_id,
+                gpu_ids=list(load.gpu_ids),
+            )
+            for load in sorted(self._nodes[node_id].loads.values(), key=lambda x: x.allocation_id)
+        ]
 
     def busy_gpus(self, node_id: str) -> set[int]:
         return {g for load in self._nodes[node_id].loads.values() for g in load.gpu_ids}

@@ -4,6 +4,7 @@ filters and scores run vectorised over every node at once."""
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -62,6 +63,10 @@ class Node:
     # each solid-state disk's space not promised to a task, GB (tasks asking ssd.capacity_gb
     # hold it on the one disk chosen for them)
     disk_free_gb: dict[str, int] = field(default_factory=dict)
+    # Cards a task the core does not hold here runs on (its node reports it: reconcile.py):
+    # card -> the thousandths taken off its free share for it. What the core's own
+    # allocations give back on such a card stays blocked until the unknown task goes.
+    blocked: dict[int, int] = field(default_factory=dict)
     # Fixed for the Node's life (a topology report makes a new Node), read by every refresh:
     # computed once.
     _cpu_total: int = field(init=False, repr=False, compare=False)
@@ -92,6 +97,24 @@ class Node:
         node.memory_free_mb = node.memory_capacity_mb
         node.disk_free_gb = {d.name: d.capacity_gb for d in node._ssds}
         return node
+
+    def emptied(self) -> Node:
+        """This node with nothing held (what `empty` would build from its topology), sharing
+        the figures fixed for its life instead of computing them again."""
+        node = copy.copy(self)
+        node.gpu_milli_free = [self.gpu_capacity_milli] * len(self.topology.gpus)
+        node.cpu_held = dict.fromkeys(self.cpu_held_empty, 0)
+        node.numa_room = {numa.id: len(numa.cpus) for numa in self.topology.numa_nodes}
+        node.memory_free_mb = self.memory_capacity_mb
+        node.disk_free_gb = {d.name: d.capacity_gb for d in self._ssds}
+        node.groups, node.mig_used, node.blocked = {}, {}, {}
+        node.cpu_taken = node.cpu_cores_full = 0
+        return node
+
+    @cached_property
+    def cpu_held_empty(self) -> tuple[int, ...]:
+        """Every CPU of the topology, in its order (the keys of `cpu_held` when empty)."""
+        return tuple(cpu for numa in self.topology.numa_nodes for cpu in numa.cpus)
 
     @cached_property
     def cpu_numa(self) -> dict[int, int]:
@@ -187,11 +210,14 @@ class Node:
         """Hold devices for a task; `disk`: (SSD name, GB) of its space on that disk."""
         if disk is not None:
             self._disk_space(disk, -1)
+        cards = len(self.gpu_milli_free)
         if mig is not None:
-            self._mig_slice(gpu_ids[0], MigProfile.parse(mig), +1)
+            if gpu_ids[0] < cards:  # a card gone from a re-reported topology holds nothing
+                self._mig_slice(gpu_ids[0], MigProfile.parse(mig), +1)
         else:
             for gpu in gpu_ids:
-                self.gpu_milli_free[gpu] -= milli
+                if gpu < cards:
+                    self.gpu_milli_free[gpu] -= milli
         limit = self.cpu_holders_max
         for core in cores:
             held = self.cpu_held.get(core, 0) + 1
@@ -216,11 +242,16 @@ class Node:
     ) -> None:
         if disk is not None:
             self._disk_space(disk, +1)
+        cards = len(self.gpu_milli_free)
         if mig is not None:
-            self._mig_slice(gpu_ids[0], MigProfile.parse(mig), -1)
+            if gpu_ids[0] < cards:
+                self._mig_slice(gpu_ids[0], MigProfile.parse(mig), -1)
         else:
             for gpu in gpu_ids:
-                self.gpu_milli_free[gpu] += milli
+                if gpu in self.blocked:
+                    self.blocked[gpu] += milli  # an unknown task still runs there
+                elif gpu < cards:
+                    self.gpu_milli_free[gpu] += milli
         limit = self.cpu_holders_max
         for core in cores:
             if self.cpu_held[core] == limit:
@@ -233,6 +264,21 @@ class Node:
             self.groups[group] -= 1
             if not self.groups[group]:
                 del self.groups[group]
+
+    def block(self, gpu: int) -> None:
+        """Count card `gpu` busy for a task the core does not hold here: its free share is
+        taken (a card cut into MIG has none free; its slices are not blocked)."""
+        if gpu in self.blocked or gpu >= len(self.gpu_milli_free):
+            return
+        taken = 0 if gpu in self.mig_used else max(0, self.gpu_milli_free[gpu])
+        self.gpu_milli_free[gpu] -= taken
+        self.blocked[gpu] = taken
+
+    def unblock(self, gpu: int) -> None:
+        """The unknown task on card `gpu` is gone: what it kept from the card is free."""
+        taken = self.blocked.pop(gpu, None)
+        if taken is not None and gpu not in self.mig_used and gpu < len(self.gpu_milli_free):
+            self.gpu_milli_free[gpu] += taken
 
     def _disk_space(self, disk: tuple[str, int], sign: int) -> None:
         # a disk gone from a re-reported topology still counts its holders (below zero)
@@ -253,7 +299,11 @@ class Node:
         now = (used[0] + sign * compute, used[1] + sign * memory)
         if now == (0, 0):
             del self.mig_used[gpu]
-            self.gpu_milli_free[gpu] = self.gpu_capacity_milli  # a whole card again
+            if gpu in self.blocked:  # whole again, but an unknown task still runs there
+                self.blocked[gpu] = self.gpu_capacity_milli
+                self.gpu_milli_free[gpu] = 0
+            else:
+                self.gpu_milli_free[gpu] = self.gpu_capacity_milli  # a whole card again
         else:
             self.mig_used[gpu] = now
             self.gpu_milli_free[gpu] = 0  # cut: no whole or shared use

@@ -80,6 +80,12 @@ class SchedulerConfig:
     ageing_interval_seconds: float = 0.0
     ageing_step: int = 100
     ageing_max: int = 400
+    # Reconciling against reality (reconcile.py): every this many seconds of event time the
+    # ledger is checked against itself and against what nodes report running (0: never);
+    # an allocation its node has not run, or a task the core does not hold there, for the
+    # grace (measured on the node's own reports) is acted on, so normal lag is not.
+    reconcile_interval_seconds: float = 30.0
+    reconcile_grace_seconds: float = 60.0
 
     def restart_for(self, request: TaskRequest) -> RestartPolicy:
         """The task's own restart policy, else its pool's, else never."""

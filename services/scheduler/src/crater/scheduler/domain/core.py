@@ -58,6 +58,7 @@ from crater.scheduler.domain.placer import Diagnosis, Pick, Placer, Ranked
 from crater.scheduler.domain.preemptor import Preemptor, forget_victims
 from crater.scheduler.domain.quotas import Over
 from crater.scheduler.domain.reasons import TRANSIENT_FILTERS, Reasons
+from crater.scheduler.domain.reconcile import Reconciler
 from crater.scheduler.domain.reservations import NEVER, Reservations
 from crater.scheduler.domain.retries import RetryIndex, pool_filtered_first
 from crater.scheduler.domain.state import Allocation, PendingTask, SchedulerState, hold
@@ -100,6 +101,7 @@ class Scheduler(SchedulerState):
     lifecycle: Lifecycle = field(init=False, repr=False, compare=False)
     reservations: Reservations = field(init=False, repr=False, compare=False)
     nodes: NodeWatch = field(init=False, repr=False, compare=False)
+    reconciler: Reconciler = field(init=False, repr=False, compare=False)
     admission: Admission = field(init=False, repr=False, compare=False)
     cycle: Cycle = field(init=False, repr=False, compare=False)
     lending: Lending = field(init=False, repr=False, compare=False)
@@ -124,6 +126,7 @@ class Scheduler(SchedulerState):
         self.lifecycle = Lifecycle(self, self.retries, self.ledger, self.waitlist)
         self.reservations = Reservations(self, self.lifecycle)
         self.nodes = NodeWatch(self, self.lifecycle)
+        self.reconciler = Reconciler(self, self.lifecycle)
         self.lending = Lending(self, self.retries, self.placer)
         self.phasing = Phases(self, self.placer, self.preemptor)
         self.admission = Admission(
@@ -305,6 +308,7 @@ class Scheduler(SchedulerState):
             changed = True
         elif isinstance(event, NodeHealthReported):
             changed = self.nodes.on_health(event) or changed
+            self.reconciler.on_health(event)
         elif isinstance(event, ReplicaReleaseRequested):
             decisions += self.lifecycle.on_release_requested(event)
             changed = changed or bool(decisions)
@@ -317,6 +321,10 @@ class Scheduler(SchedulerState):
         lost = self.nodes.release_lost_nodes(now, event)
         decisions += lost
         changed = changed or bool(lost)
+        # The periodic check of the ledger against itself and the nodes' reports, when due.
+        drift, moved = self.reconciler.run(now, event)
+        decisions += drift
+        changed = changed or moved
         if changed:
             decisions += self._retry_pending(event)
         if self.phases:

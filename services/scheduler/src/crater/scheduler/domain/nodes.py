@@ -82,6 +82,9 @@ class NodeWatch:
             for member in allocation.members():
                 if member.node == node.name:
                     hold(node, member)
+        if existing is not None:  # cards an unknown task runs on stay blocked (reconcile.py)
+            for gpu in sorted(existing.blocked):
+                node.block(gpu)
         self.state.cluster.refresh(node.name)
 
     def on_health(self, event: NodeHealthReported) -> bool:

@@ -11,7 +11,9 @@ from datetime import datetime, timedelta
 from crater.contracts import (
     PRIORITY_MAX,
     FilterReason,
+    GpuProcess,
     ResourcePrediction,
+    RunningAllocation,
     TaskRequest,
     priority_value,
 )
@@ -191,6 +193,34 @@ class LendingPhase:
 
 
 @dataclass
+class Inventory:
+    """A node's latest report of what runs on it: when; each allocation its agent runs, by
+    id (None: the agent keeps no inventory); the processes on each card (None: not read)."""
+
+    at: datetime
+    running: dict[str, RunningAllocation] | None
+    processes: dict[int, tuple[GpuProcess, ...]] | None = None
+
+
+# What an unknown run is: an allocation the core does not hold there, or processes on a card
+# the core holds free; keyed (kind, allocation id or card index).
+UnknownKey = tuple[str, str]
+
+
+@dataclass
+class UnknownRun:
+    """Work a node runs that the core does not hold there: since when it has been reported,
+    and the cards blocked for it (none until it outlasts the grace)."""
+
+    task_id: str  # "" for processes
+    gpu_ids: tuple[int, ...]
+    first_seen: datetime
+    what: str = ""  # in words, for the reason
+    reported: bool = False  # past the grace: said, and its cards blocked
+    held: tuple[int, ...] = ()
+
+
+@dataclass
 class SchedulerState:
     """Everything the core knows, shared by its collaborators (`core.Scheduler` is one)."""
 
@@ -285,6 +315,18 @@ class SchedulerState:
     # Preemptions held back, by rule (min_run, victim_cooldown, unproven), and ageing steps
     # taken, since the service last read them (its metrics).
     tally: Counter[str] = field(default_factory=Counter, compare=False, repr=False)
+    # Reconciling against reality (reconcile.py), none of it stored (a restart starts every
+    # grace again): each node's latest inventory (what its agent runs); since when each
+    # confirmed allocation has been missing from its node's inventory; the allocations each
+    # node runs that the core does not hold there; the over-capacity last reported per node;
+    # when the next pass is due.
+    inventories: dict[str, Inventory] = field(default_factory=dict, compare=False, repr=False)
+    missing_since: dict[str, datetime] = field(default_factory=dict, compare=False, repr=False)
+    unknown: dict[str, dict[UnknownKey, UnknownRun]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    over_reported: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    reconcile_at: datetime | None = field(default=None, compare=False, repr=False)
 
     def dequeue(self, task_id: str) -> None:
         """`task_id` leaves the queue (placed, or cancelled while waiting)."""

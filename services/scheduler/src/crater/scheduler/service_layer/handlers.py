@@ -177,6 +177,16 @@ class SchedulerMetrics:
             ["rule"],
             registry=registry,
         )
+        self.drift = Counter(
+            "crater_scheduler_drift",
+            "What the periodic reconciliation found apart between the ledger and reality, by "
+            "kind (orphaned-allocation, unknown-allocation, unknown-process, over-capacity, "
+            "ledger-mismatch) "
+            "and what was done (released, held, freed, reported, corrected); each is an "
+            "allocation.drift event saying why.",
+            ["kind", "action"],
+            registry=registry,
+        )
         self.ageing_steps = Counter(
             "crater_scheduler_ageing_steps",
             "Steps waiting tasks rose in the queue for their wait (ageing).",
@@ -844,6 +854,9 @@ class SchedulerService:
         for rule, count in tally.items():
             if rule == "ageing_steps":
                 self.metrics.ageing_steps.inc(count)
+            elif rule.startswith("drift:"):
+                _, kind, action = rule.split(":")
+                self.metrics.drift.labels(kind=kind, action=action).inc(count)
             else:
                 self.metrics.preemptions_held.labels(rule=rule).inc(count)
         self.metrics.pending.set(len(self.scheduler.pending))
