@@ -306,8 +306,10 @@ def test_nodes_with_the_same_hardware_share_a_capacity_profile_until_the_topolog
         OpenbNode("g2-b", 96000, 393216, 8, "G2"),
     )
     of, first = c.capacity_profiles()
-    assert of.tolist() == [0, 1, 0] and first.tolist() == [0, 1]
+    assert of.tolist() == [0, 1, 0]
+    assert first.tolist() == [0, 1]
     assert c.capacity_profiles()[0] is of  # kept while the topology stands
     c.upsert(Node.empty(topology(OpenbNode("t4-a", 96000, 393216, 8, "T4"), cpu_unit_milli=1000)))
     of, first = c.capacity_profiles()
-    assert of.tolist() == [0, 1, 0, 2] and first.tolist() == [0, 1, 3]
+    assert of.tolist() == [0, 1, 0, 2]
+    assert first.tolist() == [0, 1, 3]
