@@ -254,3 +254,62 @@ def test_no_pinned_work_no_reserve_cost() -> None:
     c.workload.observe(demand(1))
     shapes = [s for s in c.workload.shapes() if s.gpus]
     assert reserve_cost(c, demand(1), np.arange(2), shapes).tolist() == [0.0, 0.0]
+
+
+def big(gpus: int, cores: int) -> Demand:
+    return demand(gpus, cores=cores)
+
+
+def test_work_that_fits_elsewhere_leaves_the_largest_nodes_to_the_work_only_they_hold() -> None:
+    """openb's multi-GPU traces: eight-card pods asking 120 cores fit only the 128-core nodes;
+    one-card pods and 64-core eight-card pods that take those nodes' cards fail them."""
+    c = cluster(
+        OpenbNode("g2-a", 96000, 393216, 8, "G2"),
+        OpenbNode("g2-b", 96000, 393216, 8, "G2"),
+        OpenbNode("g3-a", 128000, 786432, 8, "G3"),
+    )
+    for _ in range(30):
+        c.workload.observe(demand(1, cores=8))
+    for _ in range(2):
+        c.workload.observe(big(8, 120))
+    shapes = [s for s in c.workload.shapes() if s.gpus]
+    every = np.arange(3)
+    one_card = reserve_cost(c, demand(1, cores=8), every, shapes)
+    assert one_card[0] == one_card[1] == 0.0
+    assert one_card[2] > 0
+    # an eight-card pod that a G2 node could hold pays there too; one that only G3 holds does not
+    assert reserve_cost(c, big(8, 64), every, shapes)[2] > 0
+    assert reserve_cost(c, big(8, 120), every, shapes).tolist() == [0.0, 0.0, 0.0]
+    # so the one-card pod goes to a G2 node, all else equal
+    growth = fragmentation_growth(c, demand(1, cores=8), every)
+    assert growth[2] > max(growth[0], growth[1])
+
+
+def test_requests_rare_by_count_but_not_by_cards_are_measured_against() -> None:
+    model = WorkloadModel()
+    for _ in range(1000):
+        model.observe(demand(1, cores=8))
+    for _ in range(4):
+        model.observe(big(8, 48))
+    for _ in range(4):
+        model.observe(big(8, 120))
+    learned = {(s.gpus, round(s.cpu_cores)) for s in model.shapes() if s.gpus}
+    # under 1% of the requests each, but a few percent of the cards asked; and told apart by
+    # their cores, which decide which nodes could hold them
+    assert learned == {(1, 8), (8, 48), (8, 120)}
+
+
+def test_nodes_with_the_same_hardware_share_a_capacity_profile_until_the_topology_changes() -> None:
+    c = cluster(
+        OpenbNode("g2-a", 96000, 393216, 8, "G2"),
+        OpenbNode("g3-a", 128000, 786432, 8, "G3"),
+        OpenbNode("g2-b", 96000, 393216, 8, "G2"),
+    )
+    of, first = c.capacity_profiles()
+    assert of.tolist() == [0, 1, 0]
+    assert first.tolist() == [0, 1]
+    assert c.capacity_profiles()[0] is of  # kept while the topology stands
+    c.upsert(Node.empty(topology(OpenbNode("t4-a", 96000, 393216, 8, "T4"), cpu_unit_milli=1000)))
+    of, first = c.capacity_profiles()
+    assert of.tolist() == [0, 1, 0, 2]
+    assert first.tolist() == [0, 1, 3]

@@ -415,6 +415,11 @@ _COLUMNS: dict[str, str] = {
 }
 
 
+def _no_caches() -> dict[str, object]:
+    """What a snapshot leaves out of `ClusterArrays`: its caches, rebuilt on use."""
+    return {"_pool_rows": {}, "_pools_for": -1, "_profiles_for": -1}
+
+
 class ClusterArrays:
     """Column arrays over nodes, row i = `nodes[i]`. Rows are rewritten when a node changes.
 
@@ -475,6 +480,10 @@ class ClusterArrays:
         # Each pool's rows (`in_pool`), valid for `_pools_for` (a topology_version) only.
         self._pool_rows: dict[str, BoolArray] = {}
         self._pools_for = -1
+        # Rows with the same capacity and cards share a profile (`capacity_profiles`), valid
+        # for `_profiles_for` (a topology_version) only.
+        self._profiles: tuple[IntArray, IntArray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._profiles_for = -1
         self.label_sets: list[dict[str, str]] = []
         self.taint_sets: list[tuple[Taint, ...]] = []
         self._label_ids: dict[tuple[tuple[str, str], ...], int] = {}
@@ -489,10 +498,10 @@ class ClusterArrays:
 
     def __getstate__(self) -> dict[str, object]:
         kept = {k: v for k, v in self.__dict__.items() if k not in self._VIEWS}
-        return kept | {"_pool_rows": {}, "_pools_for": -1}  # a cache: left out
+        return kept | _no_caches()
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update({"_pool_rows": {}, "_pools_for": -1} | state)
+        self.__dict__.update(_no_caches() | state)
         _read_only(self._everywhere_backing)
         self._views()
 
@@ -515,6 +524,32 @@ class ClusterArrays:
         if rows is None:
             rows = self._pool_rows[pool] = _read_only(np.asarray(self.pool == pool))
         return rows
+
+    def capacity_profiles(self) -> tuple[IntArray, IntArray]:
+        """Each row's profile (what could ever run there: its cards, their model and memory,
+        its CPU and memory capacity) and one row of each profile. A fleet has few; what
+        depends only on them is computed once a profile, not once a node."""
+        if self._profiles_for != self.topology_version:
+            seen: dict[tuple[object, ...], int] = {}
+            of = np.zeros(len(self.nodes), np.int64)
+            first: list[int] = []
+            for row in range(len(self.nodes)):
+                key = (
+                    int(self.gpus_total[row]),
+                    int(self.cpu_capacity[row]),
+                    int(self.memory_capacity_mb[row]),
+                    str(self.gpu_model[row]),
+                    str(self.gpu_family[row]),
+                    str(self.gpu_form[row]),
+                    int(self.gpu_memory_mb[row]),
+                )
+                if key not in seen:
+                    seen[key] = len(first)
+                    first.append(row)
+                of[row] = seen[key]
+            self._profiles = (of, np.asarray(first, np.int64))
+            self._profiles_for = self.topology_version
+        return self._profiles
 
     def get(self, name: str) -> Node | None:
         i = self.index.get(name)

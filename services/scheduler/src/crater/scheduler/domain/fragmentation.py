@@ -196,42 +196,80 @@ def fragmentation_growth(c: ClusterArrays, d: Demand, idx: IntArray) -> FloatArr
     return growth
 
 
-# How much a GPU thousandth taken from capacity that pinned work needs counts against the
-# fragmentation it saves, at a pinned pressure of 1 (pinned demand in proportion to the
+# How much a GPU thousandth taken from capacity that scarce work needs counts against the
+# fragmentation it saves, at a pressure of 1 (that work's demand in proportion to the
 # capacity left for it).
 RESERVE_WEIGHT = 1.0
+
+
+def _could_hold(
+    c: ClusterArrays,
+    rows: IntArray,
+    gpus: list[int],
+    cpu_cores: list[float],
+    memory_mb: list[float],
+    gpu_models: list[str | None],
+) -> BoolArray:
+    """[request, row]: whether node `rows[row]` could ever hold the request, empty: enough
+    cards, CPU and memory in all, and the model it names."""
+    ok = c.gpus_total[rows] >= np.asarray(gpus, np.int64)[:, None]
+    ok &= c.cpu_capacity[rows] >= np.asarray(cpu_cores, np.float64)[:, None]
+    ok &= c.memory_capacity_mb[rows] >= np.asarray(memory_mb, np.float64)[:, None]
+    for model in dict.fromkeys(m for m in gpu_models if m):
+        named = [k for k, m in enumerate(gpu_models) if m == model]
+        ok[named] &= model_matches(c, rows, model)
+    return np.asarray(ok, np.bool_)
 
 
 def reserve_cost(
     c: ClusterArrays, d: Demand, nodes: IntArray, gpu_shapes: list[LearnedShape]
 ) -> FloatArray:
-    """What `d` costs on each of `nodes` by taking capacity that the work pinned to those
-    nodes' GPU models needs (the workload's requests naming models): per pinned model set,
-    its share of the GPU demand over its share of the free GPUs, times the thousandths `d`
-    takes. Work that may run only there (its own models within the set) pays nothing: the
-    capacity is for it. Where pinned demand follows the free capacity the cost is the same
-    on every node; as a model's cards run short it grows, and work that can go elsewhere
-    does."""
+    """What `d` costs on each of `nodes` by taking capacity that scarce work needs: work of
+    the learned shapes that only some nodes could ever hold (a GPU model named, or more
+    cards, cores or memory than most nodes have). Per such set of nodes, the set's share of
+    the GPU demand over its share of the free GPUs, times the thousandths `d` takes. Work
+    that could run only within the set pays nothing there: the capacity is for it. Where
+    that demand follows the free capacity the cost is even; as the set runs short it grows,
+    and work that can go elsewhere does."""
     cost = np.zeros(len(nodes))
-    pinned = [s for s in gpu_shapes if s.gpu_model]
     asked = d.gpus * (d.gpu_milli or WHOLE)
-    if not pinned or not asked:
+    if not asked or not gpu_shapes:
+        return cost
+    every = np.flatnonzero(c.ready & (c.gpus_total > 0))
+    if not len(every):
+        return cost
+    # What could hold what is a matter of each node's profile (its capacity and cards): a
+    # fleet has few, so it is worked out per profile, not per node.
+    profile_of, first = c.capacity_profiles()
+    present, of_every = np.unique(profile_of[every], return_inverse=True)
+    held = _could_hold(
+        c,
+        first[present],
+        [s.gpus for s in gpu_shapes] + [d.gpus],
+        [s.cpu_cores for s in gpu_shapes] + [d.cpu_cores],
+        [s.memory_mb for s in gpu_shapes] + [d.memory_mb],
+        [s.gpu_model for s in gpu_shapes] + [d.gpu_model],
+    )
+    mine = held[-1]
+    sets: dict[bytes, tuple[BoolArray, float]] = {}
+    for s, where in zip(gpu_shapes, held[:-1], strict=True):
+        if where.all() or not where.any() or not (mine & ~where).any():
+            continue  # not scarce, nowhere to keep room, or `d` could run only within it
+        key = where.tobytes()
+        wanted = s.popularity * s.gpus * s.gpu_milli
+        sets[key] = (where, sets[key][1] + wanted if key in sets else wanted)
+    if not sets:
         return cost
     demand = sum(s.popularity * s.gpus * s.gpu_milli for s in gpu_shapes)
-    every = np.arange(len(c.ready))
-    free_total = float(c.gpu_milli_free[c.ready].sum())
-    own = set(d.gpu_models)
-    by_set: dict[str, float] = {}
-    for s in pinned:
-        assert s.gpu_model is not None
-        by_set[s.gpu_model] = by_set.get(s.gpu_model, 0.0) + s.popularity * s.gpus * s.gpu_milli
-    for models, wanted in by_set.items():
-        allowed = {m.strip() for m in models.split("|") if m.strip()}
-        if own and own <= allowed:
-            continue
-        free_set = float(c.gpu_milli_free[model_matches(c, every, models) & c.ready].sum())
-        pressure = (wanted / demand) * free_total / max(free_set, WHOLE)
-        cost += np.where(model_matches(c, nodes, models), pressure, 0.0)
+    free = np.bincount(of_every, weights=c.gpu_milli_free[every], minlength=len(present))
+    free_total = float(free.sum())
+    # each candidate's place among the present profiles (-1: not ready or no cards)
+    place = np.full(len(profile_of), -1, np.int64)
+    place[every] = of_every
+    at = place[nodes]
+    for where, wanted in sets.values():
+        pressure = (wanted / demand) * free_total / max(float(free[where].sum()), WHOLE)
+        cost += np.where((at >= 0) & where[at], pressure, 0.0)
     return np.asarray(RESERVE_WEIGHT * asked * cost, np.float64)
 
 
