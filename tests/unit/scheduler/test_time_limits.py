@@ -1,0 +1,265 @@
+"""Time limits (issue 27, item 3): a task states its expected and maximum run time (its pool
+may give the maximum); once it has held its grant for its maximum it is told to checkpoint and
+stop (`task.preempted` with `time_limit_seconds`, the grace period) and goes back at the
+deadline as `time-limit`, by event time only, across a restart too."""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from crater.contracts import (
+    AllocationGranted,
+    AllocationReleased,
+    Event,
+    ReleaseReason,
+    RestartOn,
+    RestartPolicy,
+    TaskEnded,
+    TaskPending,
+    TaskPreempted,
+    TaskRequest,
+    TaskStatus,
+)
+from crater.scheduler.adapters.pools_file import parse_pools
+from crater.scheduler.domain.core import Scheduler, SchedulerConfig
+from crater.scheduler.domain.pools import PoolPolicy
+from tests.support.topologies import node
+from tests.unit.scheduler.test_core import at, profiled, running
+from tests.unit.scheduler.test_preemption_thrashing import core, of, stopped, tick
+
+BODY: dict[str, Any] = {"task_id": "t", "task_type": "training", "model_config": {"name": "m"}}
+
+
+# -- the contract ------------------------------------------------------------------------------
+
+
+def test_expected_above_the_limit_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError) as refused:
+        TaskRequest.model_validate({**BODY, "max_run_seconds": 3600, "expected_run_seconds": 7200})
+    [error] = refused.value.errors()
+    assert error["loc"] == ("expected_run_seconds",)
+    assert "7200 s is more than max_run_seconds (3600 s)" in error["msg"]
+
+
+@pytest.mark.parametrize("field", ["max_run_seconds", "expected_run_seconds"])
+@pytest.mark.parametrize("value", [0, -5, 400 * 86_400])
+def test_a_run_time_must_be_positive_and_within_a_year(field: str, value: int) -> None:
+    with pytest.raises(ValidationError) as refused:
+        TaskRequest.model_validate({**BODY, field: value})
+    assert refused.value.errors()[0]["loc"] == (field,)
+
+
+def test_unset_run_times_are_left_out_of_the_json_so_old_records_replay_byte_for_byte() -> None:
+    plain = TaskRequest.model_validate(BODY)
+    assert "max_run_seconds" not in plain.model_dump_json()
+    assert "expected_run_seconds" not in plain.model_dump_json()
+    stated = TaskRequest.model_validate({**BODY, "max_run_seconds": 60, "expected_run_seconds": 30})
+    assert json.loads(stated.model_dump_json())["max_run_seconds"] == 60
+    preempted = TaskPreempted(
+        occurred_at=at(0), task_id="t", allocation_id="a", node="n", grace_period_seconds=30
+    )
+    assert "time_limit_seconds" not in preempted.model_dump_json()
+
+
+def test_the_pools_file_gives_a_default_limit() -> None:
+    pools = parse_pools("pools:\n  training:\n    max_run_seconds: 86400\n")
+    assert pools["training"].max_run_seconds == 86400
+    config = SchedulerConfig(pools=pools)
+    own = TaskRequest.model_validate({**BODY, "pool": "training", "max_run_seconds": 60})
+    bare = TaskRequest.model_validate({**BODY, "pool": "training"})
+    elsewhere = TaskRequest.model_validate(BODY)
+    assert config.run_limit_for(own) == 60  # the task's own wins
+    assert config.run_limit_for(bare) == 86400
+    assert config.run_limit_for(elsewhere) is None
+    assert config.expected_run_for(bare) == 86400  # the limit stands for the expectation
+    expects = TaskRequest.model_validate({**BODY, "pool": "training", "expected_run_seconds": 9})
+    assert config.expected_run_for(expects) == 9
+
+
+# -- enforcement -------------------------------------------------------------------------------
+
+
+def limited(limit: int = 3600, **config: Any) -> Scheduler:
+    scheduler = core(SchedulerConfig(**config), node("a100-01", gpus=4))
+    [granted] = scheduler.handle(profiled("job", gpus=2, when=1, max_run_seconds=limit))
+    assert isinstance(granted, AllocationGranted)
+    scheduler.handle(running("job", 2))
+    return scheduler
+
+
+def test_a_task_at_its_limit_is_told_to_checkpoint_and_stop_with_the_reason() -> None:
+    scheduler = limited(3600)
+    assert not scheduler.handle(tick(3600))  # granted at 1: its limit is at 3601
+    [told] = scheduler.handle(tick(3601))
+    assert isinstance(told, TaskPreempted)
+    assert told.time_limit_seconds == 3600
+    assert told.preempted_by is None
+    assert told.grace_period_seconds == 30
+    assert told.must_stop_by == at(3631)
+    assert told.cause() == "reached its time limit of 3600 s"
+    assert not scheduler.handle(tick(3620))  # told once
+    assert not scheduler.handle(tick(3631))
+    decisions = scheduler.handle(tick(3632))  # past its grace: released like a victim
+    [released] = of(decisions, AllocationReleased)
+    assert released.reason is ReleaseReason.TIME_LIMIT
+    [ended] = of(decisions, TaskEnded)
+    assert ended.status is TaskStatus.FAILED
+    assert ended.release_reason == ReleaseReason.TIME_LIMIT
+    assert ended.reason == "it reached its time limit of 3600 s and was stopped"
+
+
+def test_a_task_that_stops_within_its_grace_ends_by_its_limit_and_frees_its_gpus() -> None:
+    scheduler = limited(600)
+    scheduler.handle(profiled("next", gpus=4, when=10))  # waits for the cards
+    assert "next" in scheduler.pending
+    scheduler.handle(tick(601))
+    decisions = scheduler.handle(stopped("job", 610))  # checkpointed and stopped
+    [released] = of(decisions, AllocationReleased)
+    assert released.reason is ReleaseReason.TIME_LIMIT
+    assert [g.task_id for g in of(decisions, AllocationGranted)] == ["next"]
+
+
+def test_a_task_that_succeeds_before_its_limit_is_never_told() -> None:
+    scheduler = limited(600)
+    scheduler.handle(stopped("job", 100).model_copy(update={"status": TaskStatus.SUCCEEDED}))
+    assert "job" not in scheduler.allocations
+    assert not of(scheduler.handle(tick(700)), TaskPreempted)
+
+
+def test_the_pools_limit_applies_to_tasks_that_state_none() -> None:
+    config = SchedulerConfig(pools={"default": PoolPolicy(max_run_seconds=120)})
+    scheduler = core(config, node("a100-01", gpus=4))
+    scheduler.handle(profiled("bare", gpus=1, when=1))
+    scheduler.handle(profiled("own", gpus=1, when=1, max_run_seconds=300))
+    [told] = of(scheduler.handle(tick(125)), TaskPreempted)
+    assert (told.task_id, told.time_limit_seconds) == ("bare", 120)
+    [told] = of(scheduler.handle(tick(305)), TaskPreempted)
+    assert (told.task_id, told.time_limit_seconds) == ("own", 300)
+
+
+def test_a_time_limit_is_not_retried_as_a_preemption_nor_remembered_as_a_victim() -> None:
+    retried = RestartPolicy(when=[RestartOn.PREEMPTION], max_attempts=3, backoff_seconds=0)
+    config = SchedulerConfig(
+        preemption_victim_cooldown_seconds=900, pools={"default": PoolPolicy(restart=retried)}
+    )
+    scheduler = core(config, node("a100-01", gpus=4))
+    scheduler.handle(profiled("job", gpus=1, when=1, max_run_seconds=60))
+    scheduler.handle(tick(61))
+    assert "job" not in scheduler.victims
+    decisions = scheduler.handle(stopped("job", 70))
+    assert not of(decisions, TaskPending)  # no second attempt
+    [ended] = of(decisions, TaskEnded)
+    assert ended.release_reason == ReleaseReason.TIME_LIMIT
+
+
+def test_a_gang_is_told_to_stop_whole_at_its_limit() -> None:
+    scheduler = core(SchedulerConfig(), node("a100-01", gpus=4), node("a100-02", gpus=4))
+    granted = scheduler.handle(profiled("gang", gpus=4, when=1, gang_size=2, max_run_seconds=60))
+    assert len(of(granted, AllocationGranted)) == 2
+    told = of(scheduler.handle(tick(61)), TaskPreempted)
+    assert sorted(t.node for t in told) == ["a100-01", "a100-02"]
+    assert {t.time_limit_seconds for t in told} == {60}
+
+
+def test_a_restored_core_enforces_the_limit_from_the_stored_grant_time() -> None:
+    """As the repository restores it: the live allocations with their grant times and their
+    tasks' requests; the limit is derived, not stored."""
+    live = limited(600)
+    for when, told_too in ((300, False), (605, True)):
+        source = copy.deepcopy(live)
+        if told_too:
+            source.handle(tick(when))  # told to stop before the restart
+        held = [copy.copy(a) for a in source.allocations.values()]
+        for allocation in held:
+            allocation.peers, allocation.run_limit = [], None
+        restored = Scheduler(config=live.config)
+        restored.restore(
+            nodes=[(n.topology, n.condition, n.last_heartbeat_at) for n in live.cluster.nodes],
+            allocations=held,
+            pending=[],
+            next_seq=10,
+        )
+        if not told_too:
+            assert not of(restored.handle(tick(600)), TaskPreempted)
+            [told] = of(restored.handle(tick(601)), TaskPreempted)
+            assert told.time_limit_seconds == 600
+        else:
+            assert not of(restored.handle(tick(620)), TaskPreempted)  # not told twice
+        decisions = restored.handle(tick(700))  # its grace is over (the restart's hold aside)
+        [released] = of(decisions, AllocationReleased)
+        assert released.reason is ReleaseReason.TIME_LIMIT
+
+
+# -- as a property -----------------------------------------------------------------------------
+
+WORKLOAD = st.lists(
+    st.tuples(
+        st.integers(min_value=1, max_value=4),  # GPUs
+        st.integers(min_value=1, max_value=90),  # seconds after the previous arrival
+        st.one_of(st.none(), st.integers(min_value=5, max_value=400)),  # max_run_seconds
+        st.integers(min_value=0, max_value=500),  # how long it would run (0: until told)
+        st.booleans(),  # stops when told (else held to the end of its grace)
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=WORKLOAD, pool_limit=st.sampled_from([None, 150]))
+def test_no_task_holds_its_grant_past_its_limit_and_grace_and_none_is_told_early(
+    workload: list[tuple[int, int, int | None, int, bool]], pool_limit: int | None
+) -> None:
+    config = SchedulerConfig(pools={"default": PoolPolicy(max_run_seconds=pool_limit)})
+    scheduler = core(config, node("a100-01", gpus=4), node("a100-02", gpus=4))
+    queue: list[tuple[float, int, Event]] = []
+    seq = 0
+
+    def push(when: float, event: Event) -> None:
+        nonlocal seq
+        heapq.heappush(queue, (when, seq, event))
+        seq += 1
+
+    t = 0.0
+    limits: dict[str, int | None] = {}
+    lengths: dict[str, tuple[int, bool]] = {}
+    for i, (gpus, gap, limit, length, obeys) in enumerate(workload):
+        t += gap
+        limits[f"t{i}"] = limit if limit is not None else pool_limit
+        lengths[f"t{i}"] = (length, obeys)
+        push(t, profiled(f"t{i}", gpus=gpus, when=t, max_run_seconds=limit))
+    for k in range(int((t + 1_500) // 7)):
+        push(k * 7.0 + 0.5, tick(k * 7.0 + 0.5))
+    granted: dict[str, float] = {}
+    while queue:
+        when, _, event = heapq.heappop(queue)
+        for d in scheduler.handle(event):
+            if isinstance(d, AllocationGranted) and d.gang_index == 0:
+                granted[d.task_id] = when
+                push(when, running(d.task_id, when))
+                length, _ = lengths[d.task_id]
+                if length:
+                    push(when + length, stopped(d.task_id, when + length))
+            elif isinstance(d, TaskPreempted):
+                limit = limits[d.task_id]
+                assert limit is not None
+                assert d.time_limit_seconds == limit
+                assert when >= granted[d.task_id] + limit  # never before its limit
+                assert when < granted[d.task_id] + limit + 7.5  # nor later than the next tick
+                if lengths[d.task_id][1]:
+                    push(when + 3, stopped(d.task_id, when + 3))
+            elif isinstance(d, AllocationReleased):
+                limit = limits[d.task_id]
+                if limit is None:
+                    assert d.reason is not ReleaseReason.TIME_LIMIT
+                else:  # gone by its limit, its grace and one tick at the latest
+                    assert when <= granted[d.task_id] + limit + 30 + 2 * 7.5
+    assert not scheduler.allocations or all(limits[t] is None for t in scheduler.allocations)
