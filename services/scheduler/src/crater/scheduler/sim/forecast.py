@@ -175,9 +175,9 @@ def run_forward(
                     status=TaskStatus.RUNNING,
                 )
             )
-            head = clone.allocations.get(decision.task_id)
-            if decision.gang_index == 0 and head is not None:
-                expect(head, at)
+            granted = clone.allocations.get(decision.task_id)
+            if decision.gang_index == 0 and granted is not None:
+                expect(granted, at)
     result.complete = not (wanted - started.keys())
     result.estimates = _estimates(positions, now, started, unknown, result.complete)
     return result
