@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import heapq
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from crater.contracts import (
 from crater.scheduler.adapters.pools_file import parse_pools
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.pools import PoolPolicy
+from crater.scheduler.domain.waitlist import due_free
 from tests.support.topologies import node
 from tests.unit.scheduler.test_core import at, profiled, running
 from tests.unit.scheduler.test_preemption_thrashing import core, of, stopped, tick
@@ -236,7 +238,7 @@ def test_no_task_holds_its_grant_past_its_limit_and_grace_and_none_is_told_early
         limits[f"t{i}"] = limit if limit is not None else pool_limit
         lengths[f"t{i}"] = (length, obeys)
         push(t, profiled(f"t{i}", gpus=gpus, when=t, max_run_seconds=limit))
-    for k in range(int((t + 1_500) // 7)):
+    for k in range(int((t + 7_000) // 7)):  # past the last end, even with every task in turn
         push(k * 7.0 + 0.5, tick(k * 7.0 + 0.5))
     granted: dict[str, float] = {}
     while queue:
@@ -263,3 +265,103 @@ def test_no_task_holds_its_grant_past_its_limit_and_grace_and_none_is_told_early
                 else:  # gone by its limit, its grace and one tick at the latest
                     assert when <= granted[d.task_id] + limit + 30 + 2 * 7.5
     assert not scheduler.allocations or all(limits[t] is None for t in scheduler.allocations)
+
+
+# -- backfill by time limits -------------------------------------------------------------------
+
+
+def blocked_head(holder_limit: int | None) -> Scheduler:
+    """One 8-card node: 4 cards held since 1 s (limit `holder_limit`), and `big` (8 cards)
+    heading the queue, keeping the node."""
+    scheduler = core(SchedulerConfig(), node("a100-01", gpus=8))
+    limit = {} if holder_limit is None else {"max_run_seconds": holder_limit}
+    scheduler.handle(profiled("holder", gpus=4, when=1, **limit))
+    scheduler.handle(running("holder", 2))
+    scheduler.handle(profiled("big", gpus=8, when=5, max_run_seconds=100))
+    assert scheduler.backfill["default"].task_id == "big"
+    return scheduler
+
+
+def test_a_task_whose_limit_ends_before_the_heads_nodes_are_due_free_backfills_there() -> None:
+    scheduler = blocked_head(1000)  # due free by 1 + 1000 + 30 (grace) = 1031
+    [granted] = of(
+        scheduler.handle(profiled("short", gpus=2, when=10, max_run_seconds=990)), AllocationGranted
+    )
+    assert (granted.task_id, granted.node) == ("short", "a100-01")  # 10 + 990 + 30 <= 1031
+    decisions = scheduler.handle(profiled("long", gpus=2, when=11, max_run_seconds=991))
+    assert not of(decisions, AllocationGranted)
+    [pending] = of(decisions, TaskPending)
+    assert (
+        "is kept for big, which waits ahead of it (due free by 2026-01-01T00:17:11Z: this "
+        "task's limit of 991 s would run past that)"
+    ) in pending.summary
+    bare = of(scheduler.handle(profiled("bare", gpus=2, when=12)), TaskPending)
+    assert "is kept for big, which waits ahead of it" in bare[0].summary
+    assert "limit" not in bare[0].summary  # a task with no limit is told as before
+
+
+def test_no_task_backfills_onto_nodes_held_by_a_task_with_no_limit() -> None:
+    scheduler = blocked_head(None)
+    [pending] = of(
+        scheduler.handle(profiled("short", gpus=2, when=10, max_run_seconds=5)), TaskPending
+    )
+    assert "a task there states no time limit" in pending.summary
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    workload=st.lists(
+        st.tuples(
+            st.integers(min_value=1, max_value=8),  # GPUs
+            st.integers(min_value=1, max_value=60),  # seconds after the previous arrival
+            st.integers(min_value=20, max_value=600),  # max_run_seconds
+            st.floats(min_value=0.05, max_value=1.5),  # runs this share of its limit
+            st.booleans(),  # stops when told (else released at its deadline)
+        ),
+        min_size=2,
+        max_size=14,
+    )
+)
+def test_a_head_starts_by_the_time_its_nodes_were_due_free_whatever_backfilled(
+    workload: list[tuple[int, int, int, float, bool]],
+) -> None:
+    """EASY's promise with limits: once a task heads the queue, with its nodes' holders all
+    limited, it starts by the time they were due free then (a heartbeat or two later: the
+    core decides on events), however many later tasks backfilled onto its nodes."""
+    scheduler = core(SchedulerConfig(), node("a100-01", gpus=8))
+    queue: list[tuple[float, int, Event]] = []
+    seq = 0
+
+    def push(when: float, event: Event) -> None:
+        nonlocal seq
+        heapq.heappush(queue, (when, seq, event))
+        seq += 1
+
+    t = 0.0
+    plans: dict[str, tuple[float, bool]] = {}
+    for i, (gpus, gap, limit, share, obeys) in enumerate(workload):
+        t += gap
+        plans[f"t{i}"] = (limit * share, obeys)
+        push(t, profiled(f"t{i}", gpus=gpus, when=t, max_run_seconds=limit))
+    for k in range(int((t + 2 * 600 * len(workload)) // 5)):
+        push(k * 5.0 + 0.5, tick(k * 5.0 + 0.5))
+    promised: dict[str, Any] = {}  # head -> when its nodes were due free as it became head
+
+    while queue:
+        when, _, event = heapq.heappop(queue)
+        decisions = scheduler.handle(event)
+        for d in decisions:
+            if isinstance(d, AllocationGranted):
+                push(when, running(d.task_id, when))
+                length, _ = plans[d.task_id]
+                push(when + length, stopped(d.task_id, when + length))
+                if d.task_id in promised:
+                    assert d.occurred_at <= promised.pop(d.task_id) + timedelta(seconds=10)
+            elif isinstance(d, TaskPreempted) and plans[d.task_id][1]:
+                push(when + 3, stopped(d.task_id, when + 3))
+        head = scheduler.backfill.get("default")
+        if head is not None and head.task_id in scheduler.pending and head.task_id not in promised:
+            due = due_free(scheduler, head)
+            if due is not None:
+                promised[head.task_id] = due
+    assert not scheduler.pending

@@ -185,6 +185,7 @@ class Scheduler(SchedulerState):
         }
         self.cycle.lending = self.admission.lending = self.lending if self.lending.active else None
         self.stale_pools = None  # every pool: any decision may now differ
+        self.due_free = {}  # the grace period may have changed
         self.reconfigured = True
         return None
 

@@ -323,6 +323,7 @@ class Preemptor:
             heapq.heappush(self.state.victims_due, (until, victim.task_id))
         self.ledger.count_preemptible(victim, -1)
         self.retries.stale(victim.pool)
+        self.state.holdings_version += 1  # it is due to go by its deadline now
         decisions: list[Event] = []
         for member in victim.members():
             member.yield_by = must_stop_by

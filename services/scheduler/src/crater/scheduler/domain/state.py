@@ -285,6 +285,14 @@ class SchedulerState:
     # (time, seq, task id): victims held back for a waiting task may go from then: its pool
     # is retried at that time.
     wakeups: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # Grows whenever what is held, or when it must be gone by, changes (a grant, a release,
+    # a yield ordered): what is derived from the holdings is cached against it.
+    holdings_version: int = field(default=0, compare=False, repr=False)
+    # Backfill by time limits: each blocked head's nodes, and when they are due free (None:
+    # a task holding them has no limit), for the holdings version it was computed at.
+    due_free: dict[tuple[str, tuple[str, ...]], tuple[int, datetime | None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
     # Time limits: (when, allocation id, task id) of each running task's limit (its grant's
     # time plus its max_run_seconds), earliest first: no per-event scan of the allocations.
     limits: list[tuple[datetime, str, str]] = field(default_factory=list)
