@@ -349,7 +349,8 @@ def tasks(
     if as_json:
         emit_json(answer.model_dump_json())
         return
-    table = Table("task", "type", "status", "pool", "GPUs", "node", "GPU ids", "queue", "why")
+    # the queue's column last: scripts that cut the earlier ones (`cut -f 8`: why) still work
+    table = Table("task", "type", "status", "pool", "GPUs", "node", "GPU ids", "why", "queue")
     for t in answer.tasks:
         table.add_row(
             t.task_id,
@@ -359,8 +360,8 @@ def tasks(
             str(t.gpus),
             t.node or "-",
             ",".join(map(str, t.gpu_ids)) or "-",
-            queue_cell(t.queue_position, t.estimated_start_at),
             t.reason or "",
+            queue_cell(t.queue_position, t.estimated_start_at),
         )
     print_table(table)
 

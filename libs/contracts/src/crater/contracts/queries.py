@@ -232,6 +232,14 @@ class TasksQuery(Contract):
         max_length=128,
         description="Only tasks whose id contains this text (any case).",
     )
+    # Left out of the JSON when true (the default), so queries read as before.
+    estimates: bool = Field(
+        default=True,
+        exclude_if=lambda wanted: wanted,
+        description="Waiting tasks' queue position and estimated start (made at most once "
+        "per the scheduler's estimate interval); false: not wanted (the gateway's check of "
+        "known ids).",
+    )
 
 
 class AttemptRecord(Contract):

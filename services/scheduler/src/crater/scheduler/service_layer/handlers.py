@@ -660,7 +660,7 @@ class SchedulerService:
         async with self.sessions() as session:
             summaries = await SchedulerRepository(session).task_summaries(query)
         live = self.scheduler.pending
-        waiting = any(s.task_id in live for s in summaries)
+        waiting = query.estimates and any(s.task_id in live for s in summaries)
         estimates = (await self.estimates()).estimates if waiting else {}
         return [
             s.model_copy(
