@@ -684,8 +684,12 @@ class SchedulerService:
             if self.forecast is not None and fresh:
                 return self.forecast
             started = time.monotonic()
-            clone = forecast_snapshot(self.scheduler)
-            self.forecast = await asyncio.to_thread(run_forward, clone)
+            try:
+                clone = forecast_snapshot(self.scheduler)
+                self.forecast = await asyncio.to_thread(run_forward, clone)
+            except Exception:  # an estimate is advice: the query still answers without it
+                log.exception("start estimates failed; answering without them")
+                self.forecast = Forecast(at=self.scheduler.clock)
             self.forecast_made = time.monotonic()
             log.info(
                 "start estimates for %d waiting tasks in %.3f s (%d events run forward)",
