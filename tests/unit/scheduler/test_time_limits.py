@@ -365,3 +365,18 @@ def test_a_head_starts_by_the_time_its_nodes_were_due_free_whatever_backfilled(
             if due is not None:
                 promised[head.task_id] = due
     assert not scheduler.pending
+
+
+def test_a_snapshot_of_the_core_enforces_limits_as_the_live_core_does() -> None:
+    """The audit log's snapshots (pickled cores) carry the limits' heap and the stops ordered:
+    a replay from one decides as the live core."""
+    from crater.scheduler import audit_state
+
+    live = limited(600)
+    live.handle(profiled("next", gpus=4, when=5, max_run_seconds=50))
+    copy_ = audit_state.load_core(audit_state.dump_core(live), live.config)
+    for when in (601, 640, 700):
+        beat = tick(when)  # one event for both: decisions take their ids from it
+        mine, theirs = live.handle(beat), copy_.handle(beat)
+        assert [d.model_dump_json() for d in mine] == [d.model_dump_json() for d in theirs]
+    assert live.pending == copy_.pending == {}
