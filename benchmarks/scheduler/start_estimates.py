@@ -32,12 +32,13 @@ import json
 import math
 import os
 import platform
+import random
 import sys
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,9 @@ from crater.scheduler.domain.core import Scheduler
 from crater.scheduler.sim.forecast import forecast
 from crater.scheduler.sim.openb import SIM_TIME
 from crater.scheduler.sim.shared import Job, Setup, run_day, workload
+
+if __package__ in (None, ""):  # run as a script: the repository root is where it imports from
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "start_estimates.json"
 MODES = ("exact", "noisy", "limit")
@@ -146,6 +150,51 @@ class Measure:
         }
 
 
+def at_scale(nodes: int, waiting: int, seed: int = 1) -> dict[str, Any]:
+    """What one forecast costs on a large fleet: the probe's demo profiles scaled to `nodes`
+    (`crater bench`'s fleet), filled with the decision-time benchmark's task shapes, each
+    stating 10 min..2 h of run time, until `waiting` wait; the copy and the forward run
+    timed apart, three times."""
+    from benchmarks.scheduler.decision_time import T0, task
+    from benchmarks.scheduler.throughput import PREDICTION, scaled_fleet
+    from crater.contracts import NodeTopologyReported, TaskProfiled
+    from crater.scheduler.sim.forecast import run_forward, snapshot
+
+    rng = random.Random(seed)
+    core = Scheduler()
+    topologies = scaled_fleet(nodes, seed)
+    for topology in topologies:
+        core.handle(NodeTopologyReported(occurred_at=T0, node=topology))
+    pools = sorted({t.pool for t in topologies})
+    n = 0
+    while len(core.pending) < waiting:
+        request = task(n, rng, pools).model_copy(
+            update={"expected_run_seconds": rng.randint(600, 7200)}
+        )
+        when = T0 + timedelta(seconds=n * 0.01)
+        core.handle(TaskProfiled(occurred_at=when, task=request, prediction=PREDICTION))
+        n += 1
+    copies, runs, events, timed = [], [], [], 0
+    for _ in range(3):
+        began = time.perf_counter()
+        clone = snapshot(core)
+        copies.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        made = run_forward(clone)
+        runs.append(time.perf_counter() - began)
+        events.append(made.events)
+        timed = sum(e.start_at is not None for e in made.estimates.values())
+    return {
+        "nodes": len(topologies),
+        "running": len(core.allocations),
+        "waiting": len(core.pending),
+        "copy_seconds_median": round(float(np.median(copies)), 3),
+        "run_forward_seconds_median": round(float(np.median(runs)), 3),
+        "events": int(np.median(events)),
+        "estimates_with_a_time": timed,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="1", help="e.g. 1 or 1-3")
@@ -153,6 +202,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--shared", action="store_true", help="the inference pool lends")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--scale",
+        default=None,
+        metavar="NODES:WAITING",
+        help="Also time one forecast on a fleet this large with this many waiting (1000:500).",
+    )
     args = parser.parse_args(argv)
     low, _, high = args.seeds.partition("-")
     seeds = list(range(int(low), int(high or low) + 1))
@@ -171,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "load_average_start": os.getloadavg(),
         "runs": {},
     }
-    for mode in args.modes.split(","):
+    for mode in [m for m in args.modes.split(",") if m]:
         for seed in seeds:
             jobs = workload(setup, seed)
             measure = Measure(every=args.sample_minutes * 60)
@@ -193,6 +248,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{result['forecast_events_median']} events)",
                 flush=True,
             )
+    if args.scale:
+        nodes, _, waiting = args.scale.partition(":")
+        scale = at_scale(int(nodes), int(waiting or 500))
+        report["at_scale"] = scale
+        print(
+            f"at scale: {scale['nodes']} nodes, {scale['running']} running, {scale['waiting']} "
+            f"waiting: copy {scale['copy_seconds_median']} s, forward run "
+            f"{scale['run_forward_seconds_median']} s ({scale['events']} events, "
+            f"{scale['estimates_with_a_time']} estimates with a time)",
+            flush=True,
+        )
     report["load_average_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -18,7 +18,7 @@ estimate, tested). Deterministic: event times only.
 Cost: one deep copy of the core and one `handle` per synthetic event (about two per task that
 runs or starts in the forecast, plus the timer ticks), bounded by `max_events` and
 `horizon_seconds`: the service computes it on a tasks query, at most once per
-`CRATER_SCHEDULER_ESTIMATE_INTERVAL_SECONDS`, the forward run off the event loop.
+`CRATER_SCHEDULER_ESTIMATE_INTERVAL_SECONDS`, copy and run off the event loop.
 """
 
 from __future__ import annotations
@@ -72,8 +72,9 @@ class Forecast:
 
 
 def snapshot(core: Scheduler) -> Scheduler:
-    """A copy of `core` to run forward: nothing it does reaches `core` (take it where no
-    event is being decided, the service's event loop; the run may then go to a thread)."""
+    """A copy of `core` to run forward: nothing it does reaches `core` (take it while no
+    event is being decided: the service holds its decision lock; the run may then go on
+    while decisions do)."""
     return copy.deepcopy(core)
 
 
