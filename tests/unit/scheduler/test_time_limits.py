@@ -380,3 +380,17 @@ def test_a_snapshot_of_the_core_enforces_limits_as_the_live_core_does() -> None:
         mine, theirs = live.handle(beat), copy_.handle(beat)
         assert [d.model_dump_json() for d in mine] == [d.model_dump_json() for d in theirs]
     assert live.pending == copy_.pending == {}
+
+
+def test_the_limits_of_tasks_that_ended_early_do_not_pile_up() -> None:
+    scheduler = core(SchedulerConfig(), node("a100-01", gpus=4))
+    for i in range(1_500):  # each ends long before its day-long limit
+        scheduler.handle(tick(1 + i))  # the node's heartbeat
+        [granted] = scheduler.handle(profiled(f"t{i}", gpus=1, when=1 + i, max_run_seconds=86_400))
+        assert isinstance(granted, AllocationGranted)
+        done = stopped(f"t{i}", 1.5 + i).model_copy(update={"status": TaskStatus.SUCCEEDED})
+        scheduler.handle(done)
+    assert len(scheduler.limits) <= 1024 + 2
+    scheduler.handle(profiled("last", gpus=1, when=1_501, max_run_seconds=20))
+    [told] = of(scheduler.handle(tick(1_521)), TaskPreempted)  # the live one still counts
+    assert told.task_id == "last"

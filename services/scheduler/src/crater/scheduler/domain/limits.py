@@ -33,6 +33,8 @@ class TimeLimits:
             if head is None or head.allocation_id != allocation_id or head.yield_by is not None:
                 continue  # ended, a later attempt's, or yielding already (it goes anyway)
             due.append(head)
+        if len(self.state.limits) > 2 * len(self.state.allocations) + 1024:
+            self.compact()
         decisions: list[Event] = []
         grace = timedelta(seconds=self.state.config.grace_period_seconds)
         for head in sorted(due, key=lambda a: a.task_id):
@@ -40,3 +42,16 @@ class TimeLimits:
                 head, now + grace, cause, None, None, time_limit=head.run_limit
             )
         return decisions
+
+    def compact(self) -> None:
+        """Drop the entries of tasks that ended (or were told to go) before their limit: each
+        stays in the heap until its time otherwise, which for long limits is a long time."""
+        live = [
+            (when, allocation_id, task_id)
+            for when, allocation_id, task_id in self.state.limits
+            if (head := self.state.allocations.get(task_id)) is not None
+            and head.allocation_id == allocation_id
+            and head.yield_by is None
+        ]
+        heapq.heapify(live)
+        self.state.limits = live
