@@ -169,3 +169,45 @@ def test_a_wide_topology_is_drawn_smaller_not_wider(tmp_path: Path) -> None:
     wide = Drawing("wide", 5000, 400, [Text(20, 24, "eight NUMA nodes")])
     assert topology_png.paint(wide, tmp_path / "w.png") == (2400, 192)
     assert _png_size(tmp_path / "w.png") == (2400, 192)
+
+
+def test_tasks_show_a_waiting_tasks_place_and_estimated_start_in_the_last_column(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from crater.cli import gateway
+    from crater.contracts import TasksAnswer, TaskStatus, TaskSummary, TaskType
+
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+    def task(task_id: str, **fields: Any) -> TaskSummary:
+        base: dict[str, Any] = {
+            "task_id": task_id,
+            "task_type": TaskType.TRAINING,
+            "status": TaskStatus.PENDING,
+            "pool": "training",
+            "tenant": "search",
+            "priority": 500,
+            "gpus": 8,
+            "reason": "kept for big",
+            "submitted_at": now,
+            "updated_at": now,
+        }
+        return TaskSummary(**{**base, **fields})
+
+    answer = TasksAnswer(
+        tasks=[
+            task("next", queue_position=1, estimated_start_at=now.replace(hour=14)),
+            task("later", queue_position=2),  # no estimate
+            task("placed", status=TaskStatus.RUNNING, node="a100-01", reason=None),
+        ]
+    )
+    monkeypatch.setattr(
+        gateway, "call", lambda *_, **__: SimpleNamespace(content=answer.model_dump_json())
+    )
+    result = runner.invoke(app, ["tasks"])
+    assert result.exit_code == 0, result.output
+    header, *rows = (line.split("\t") for line in result.stdout.splitlines())
+    assert header[7:] == ["why", "queue"]  # why stays column 8 (`cut -f 8`)
+    assert [r[8] for r in rows] == ["#1, ~2026-01-01 14:00:00Z", "#2, ?", ""]

@@ -195,6 +195,21 @@ def test_a_waiting_task_says_why_per_filter_most_nodes_first_with_its_peaks() ->
     assert (row.priority, row.updated) == ("high", "3 s ago")
 
 
+def test_a_waiting_task_shows_its_place_in_the_queue_and_its_estimated_start() -> None:
+    estimated = summary(
+        queue_position=2,
+        estimated_start_at=NOW + timedelta(minutes=10),
+        estimate="estimated to start in 600 s (position 2 in pool training)",
+    )
+    assert views.task_row(estimated, NOW).estimate == (
+        f"#2 in pool training, estimated start {NOW + timedelta(minutes=10):%Y-%m-%d %H:%M:%S}Z"
+        ": estimated to start in 600 s (position 2 in pool training)"
+    )
+    unknown = summary(queue_position=1, estimate="no estimate: a task ahead states no run time")
+    assert views.task_row(unknown, NOW).estimate.startswith("#1 in pool training, no estimate:")
+    assert views.task_row(summary(), NOW).estimate == ""  # no place: nothing said
+
+
 def test_a_placed_task_says_where_it_runs() -> None:
     row = views.task_row(
         summary(status=TaskStatus.RUNNING, node="a100-01", gpu_ids=[0, 1], reason=None, reasons=[]),

@@ -62,6 +62,9 @@ def profiled(task_id: str, when: float = 1, **needs: Any) -> TaskProfiled:
         "preemptible",
         "anti_affinity",
         "reservation_timeout_ms",
+        "max_run_seconds",
+        "expected_run_seconds",
+        "restart_policy",
     )
     for key in keys:
         if key in needs:

@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from datetime import datetime
 from difflib import get_close_matches
 from functools import cache
 from pathlib import Path
@@ -317,6 +318,15 @@ def list_nodes(
     print_table(table)
 
 
+def queue_cell(position: int | None, start: datetime | None) -> str:
+    """A waiting task's place in its pool's queue and estimated start (`#2, ~14:05:00Z`;
+    `?`: no estimate); empty for a task that does not wait."""
+    if position is None:
+        return ""
+    when = f"~{start:%Y-%m-%d %H:%M:%S}Z" if start is not None else "?"
+    return f"#{position}, {when}"
+
+
 @app.command()
 def tasks(
     status: Annotated[str | None, typer.Option(help="Only tasks in this status.")] = None,
@@ -339,7 +349,8 @@ def tasks(
     if as_json:
         emit_json(answer.model_dump_json())
         return
-    table = Table("task", "type", "status", "pool", "GPUs", "node", "GPU ids", "why")
+    # the queue's column last: scripts that cut the earlier ones (`cut -f 8`: why) still work
+    table = Table("task", "type", "status", "pool", "GPUs", "node", "GPU ids", "why", "queue")
     for t in answer.tasks:
         table.add_row(
             t.task_id,
@@ -350,6 +361,7 @@ def tasks(
             t.node or "-",
             ",".join(map(str, t.gpu_ids)) or "-",
             t.reason or "",
+            queue_cell(t.queue_position, t.estimated_start_at),
         )
     print_table(table)
 

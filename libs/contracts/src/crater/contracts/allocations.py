@@ -155,6 +155,7 @@ class ReleaseReason(StrEnum):
     EXPIRED = "expired"
     NODE_LOST = "node-lost"
     SCALED_IN = "scaled-in"
+    TIME_LIMIT = "time-limit"  # held its grant for its max_run_seconds, told to stop
 
 
 class DriftKind(StrEnum):

@@ -232,6 +232,14 @@ class TasksQuery(Contract):
         max_length=128,
         description="Only tasks whose id contains this text (any case).",
     )
+    # Left out of the JSON when true (the default), so queries read as before.
+    estimates: bool = Field(
+        default=True,
+        exclude_if=lambda wanted: wanted,
+        description="Waiting tasks' queue position and estimated start (made at most once "
+        "per the scheduler's estimate interval); false: not wanted (the gateway's check of "
+        "known ids).",
+    )
 
 
 class AttemptRecord(Contract):
@@ -320,6 +328,28 @@ class TaskSummary(Contract):
         default=None,
         description="The predictor's whole prediction (breakdown, DataLoader settings, "
         "timeline); filled when one task is asked for by id.",
+    )
+    # A waiting task's place and estimated start (docs/architecture.md, start estimates);
+    # left out of the JSON for other tasks, so their answers read as before.
+    queue_position: int | None = Field(
+        default=None,
+        ge=1,
+        exclude_if=lambda position: position is None,
+        description="A waiting task's place in its pool's queue order (1: next to be tried).",
+    )
+    estimated_start_at: AwareDatetime | None = Field(
+        default=None,
+        exclude_if=lambda when: when is None,
+        description="When a waiting task is estimated to start if nothing new arrives: the "
+        "scheduling core run forward on a copy of its state over the running tasks' expected "
+        "ends (expected_run_seconds, else their time limit). None: no estimate (estimate "
+        "says why).",
+    )
+    estimate: str | None = Field(
+        default=None,
+        exclude_if=lambda text: text is None,
+        description="The estimate in words, or why there is none (a task ahead states no run "
+        "time), and when it was made.",
     )
 
 

@@ -125,6 +125,9 @@ PRIORITY_MIN, PRIORITY_MAX = 0, 1000
 RESERVATION_TIMEOUT_MS_DEFAULT = 30_000
 RESERVATION_TIMEOUT_MS_MIN = 1_000
 RESERVATION_TIMEOUT_MS_MAX = 3_600_000
+# A task's stated run time (expected, and the limit it is stopped at), in seconds: a year at
+# most, so that an event time plus a limit never leaves the calendar.
+RUN_SECONDS_MAX = 366 * 86_400
 
 PRIORITY_VALUES = {Priority.LOW: 100, Priority.MEDIUM: 500, Priority.HIGH: 900}
 PRIORITY_NAMES = frozenset(p.value for p in Priority)
@@ -915,6 +918,38 @@ class TaskRequest(Contract):
         f"(default {RESERVATION_TIMEOUT_MS_DEFAULT}).",
     )
 
+    # Both left out of the JSON when unset: a request without them reads byte for byte as
+    # one made before they existed, so recorded inputs and decisions replay identically.
+    max_run_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=RUN_SECONDS_MAX,
+        exclude_if=lambda seconds: seconds is None,
+        description="Time limit: once the task has held its grant this long it is told to "
+        "checkpoint and stop (task.preempted with time_limit_seconds, the pool's grace "
+        "period), and released at the end of the grace (release reason time-limit); never "
+        "retried for it. None: the pool's max_run_seconds (pools file), else no limit.",
+    )
+    expected_run_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=RUN_SECONDS_MAX,
+        exclude_if=lambda seconds: seconds is None,
+        description="How long the task is expected to run, for the start-time estimates of "
+        "the tasks waiting behind it; at most max_run_seconds. None: its limit stands for it.",
+    )
+
+    @field_validator("expected_run_seconds")
+    @classmethod
+    def _expected_within_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        limit = info.data.get("max_run_seconds")
+        if value is not None and limit is not None and value > limit:
+            raise ValueError(
+                f"{value} s is more than max_run_seconds ({limit} s): a task is stopped at its "
+                "limit, so it cannot be expected to run longer"
+            )
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _keep_alldata_name(cls, data: object) -> object:
@@ -1215,9 +1250,20 @@ class TaskPreempted(TaskEvent):
         "this tenant, within its own guarantee, needs the capacity back (reclaim, whatever "
         "the priorities).",
     )
+    # Left out of the JSON when None: a preemption reads as it did before time limits.
+    time_limit_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        exclude_if=lambda seconds: seconds is None,
+        description="Set when the task has held its grant for its time limit "
+        "(max_run_seconds, its own or its pool's): it is asked to checkpoint and stop, and "
+        "is released at must_stop_by (release reason time-limit).",
+    )
 
     def cause(self) -> str:
         """Why, as a phrase ("preempted by t-9")."""
+        if self.time_limit_seconds is not None:
+            return f"reached its time limit of {self.time_limit_seconds} s"
         if self.lent_by is not None:
             return f"the GPUs lent by {self.lent_by} taken back"
         if self.preempted_by is not None and self.reclaimed_by_tenant is not None:

@@ -66,7 +66,8 @@ class Bus:
 
     async def _known(self, task_ids: list[str]) -> list[TaskSummary | None]:
         """The scheduler's view of each of `task_ids`, in one question."""
-        query = TasksQuery(task_ids=task_ids, limit=len(task_ids)).model_dump_json().encode()
+        asked = TasksQuery(task_ids=task_ids, limit=len(task_ids), estimates=False)
+        query = asked.model_dump_json().encode()
         try:
             # nats-py's own request: with no scheduler subscribed it fails at once (no
             # responders) instead of holding every submission for the whole timeout.

@@ -192,6 +192,15 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
     ageing_max: int = Field(
         default=400, ge=0, le=1000, description="Ageing: the most priority a wait adds."
     )
+    estimate_interval_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        le=3_600,
+        description="Start estimates of waiting tasks (tasks query, crater tasks) are "
+        "computed when asked for, at most once per this long (the core run forward on a "
+        "copy of its state; its cost grows with the running and waiting tasks). 0: on "
+        "every query.",
+    )
     pending_interval_seconds: float = Field(
         default=60.0,
         ge=0,
@@ -239,7 +248,7 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         description="YAML: pools: {NAME: {filters: [...], scores: {PLUGIN: weight}, "
         "overcommit: {cpu, memory, gpu}, restart_policy: {...}, reservation_timeout_ms, "
         "cohort, lend: {limit, keep_idle, reserved, prewarm}, borrow: {limit}, "
-        "min_run_seconds, victim_cooldown_seconds}} "
+        "min_run_seconds, victim_cooldown_seconds, max_run_seconds}} "
         "(docs/pools.md); unset: every filter, default scores, no over-commit, the default "
         "timeout, no lending. Reloaded on change, and replaceable over the API "
         "(PUT /api/v1/admin/pools).",
@@ -381,6 +390,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
         settings.max_clock_skew_seconds,
         audit_log(settings),
         ConfigWatch(settings.pools_file, settings.quotas_file, settings.config_reload_seconds),
+        estimate_interval_seconds=settings.estimate_interval_seconds,
     )
     service.registry.register(ClusterSeries(lambda: core.scheduler, settings.task_metrics_limit))
     broker, name, batch = service.broker, service.name, settings.consumer_batch

@@ -258,6 +258,8 @@ class TaskRow:
     submitted: str
     updated: str
     attempt: int
+    # a waiting task's queue position and estimated start, in words (empty: none)
+    estimate: str = ""
 
 
 def where(summary: TaskSummary) -> str:
@@ -298,7 +300,19 @@ def task_row(summary: TaskSummary, now: datetime) -> TaskRow:
         submitted=ago(summary.submitted_at, now),
         updated=ago(summary.updated_at, now),
         attempt=summary.attempt,
+        estimate=estimate_text(summary),
     )
+
+
+def estimate_text(summary: TaskSummary) -> str:
+    """`#2 in pool training, estimated start 2026-01-01 14:05:00Z: ...` (the scheduler's
+    words after the colon); empty for a task with no place in a queue."""
+    if summary.queue_position is None:
+        return ""
+    start = summary.estimated_start_at
+    when = f"estimated start {start:%Y-%m-%d %H:%M:%S}Z" if start is not None else "no estimate"
+    said = f": {summary.estimate}" if summary.estimate else ""
+    return f"#{summary.queue_position} in pool {summary.pool}, {when}{said}"
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,8 @@ allocations = Table(
     Column("environment", JSON, nullable=True),
     # a launcher confirmed it with its token: failed when its heartbeats stop this long
     Column("heartbeat_grace_seconds", Float, nullable=True),
+    # told to stop at its time limit (yield_by is then that stop's deadline, not a preemption)
+    Column("time_limited", Boolean, nullable=True),
 )
 
 # Cancels of tasks the scheduler has not received yet (still being profiled): when the task

@@ -13,6 +13,7 @@ pools:
     borrow: {limit: {gpus: 0}}               # and it borrows none (see docs/pools.md)
     min_run_seconds: 600                     # not preempted in its first 10 minutes
     victim_cooldown_seconds: 900             # nor again within 15 minutes of yielding
+    max_run_seconds: 86400                   # time limit of its tasks that state none
 
 A pool left out, or a field left out, keeps the default: every filter, the default scores,
 no over-commit, no restart, the scheduler's reservation timeout (a task's own
@@ -37,6 +38,7 @@ from pydantic import (
 from crater.contracts import (
     RESERVATION_TIMEOUT_MS_MAX,
     RESERVATION_TIMEOUT_MS_MIN,
+    RUN_SECONDS_MAX,
     RestartPolicy,
 )
 from crater.scheduler.adapters.yaml_spec import SpecError, parse_yaml_spec
@@ -147,6 +149,14 @@ class _Pool(BaseModel):
         description="No preemption thrashing: a task of the pool told to yield is not "
         "preempted again this long after it had to be gone by (default: the scheduler's).",
     )
+    max_run_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=RUN_SECONDS_MAX,
+        description="Time limit of the pool's tasks that state no max_run_seconds of their "
+        "own: told to checkpoint and stop once they have held their grant this long "
+        "(default: none). It also stands for their expected run time in start estimates.",
+    )
     lend: _Loans | None = None
     borrow: _Loans | None = None
 
@@ -212,6 +222,7 @@ class _Pool(BaseModel):
             else self.lend.prewarm.settings(),
             min_run_seconds=self.min_run_seconds,
             victim_cooldown_seconds=self.victim_cooldown_seconds,
+            max_run_seconds=self.max_run_seconds,
         )
 
 

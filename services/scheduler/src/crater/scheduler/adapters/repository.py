@@ -285,7 +285,11 @@ class SchedulerRepository:
         elif isinstance(decision, TaskPreempted):
             self.writes.add(
                 SET_ALLOCATION,
-                {"b_allocation_id": decision.allocation_id, "yield_by": decision.must_stop_by},
+                {
+                    "b_allocation_id": decision.allocation_id,
+                    "yield_by": decision.must_stop_by,
+                    "time_limited": decision.time_limit_seconds is not None,
+                },
                 allocation_row(decision.allocation_id),
             )
             if decision.preempted_by is not None:
@@ -457,6 +461,8 @@ class SchedulerRepository:
                 select(allocations.c.task_id, tasks.c.pool, func.max(allocations.c.yield_by))
                 .join(tasks, tasks.c.task_id == allocations.c.task_id)
                 .where(allocations.c.yield_by.is_not(None))
+                # told to stop at its time limit: not a victim of anyone
+                .where(allocations.c.time_limited.is_not(True))
                 .where(tasks.c.status.in_(LIVE_STATUSES))
                 .group_by(allocations.c.task_id, tasks.c.pool)
             )
@@ -517,6 +523,7 @@ class SchedulerRepository:
                     # on a card lent during a CPU phase: its grant said so to the replica
                     lent_by=(r.environment or {}).get("CRATER_LENT_BY"),
                     granted_at=_aware(r.granted_at),
+                    time_limited=bool(r.time_limited),
                     # the SSD chosen with the GPUs: its grant told the task (and the space held)
                     disk=(disk := (r.environment or {}).get("CRATER_SSD_DEVICE")),
                     disk_gb=_pending(r, config.prediction_margin).demand.disk_gb if disk else 0,

@@ -105,6 +105,20 @@ class SchedulerConfig:
                 ms = policy.reservation_timeout_ms
         return timedelta(milliseconds=ms)
 
+    def run_limit_for(self, request: TaskRequest) -> int | None:
+        """The task's time limit in seconds: its own, else its pool's; None: no limit."""
+        if request.max_run_seconds is not None:
+            return request.max_run_seconds
+        policy = self.pools.get(request.pool)
+        return None if policy is None else policy.max_run_seconds
+
+    def expected_run_for(self, request: TaskRequest) -> int | None:
+        """How long the task is expected to hold its grant, for start estimates: its own
+        expected run time, else its time limit (`run_limit_for`); None: unknown."""
+        if request.expected_run_seconds is not None:
+            return request.expected_run_seconds
+        return self.run_limit_for(request)
+
     def pipeline_for(self, pool: str) -> Pipeline:
         policy = self.pools.get(pool)
         return self.pipeline if policy is None else policy.pipeline

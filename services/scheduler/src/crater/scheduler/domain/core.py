@@ -52,6 +52,7 @@ from crater.scheduler.domain.inputs import ReservationArmed
 from crater.scheduler.domain.ledger import Ledger
 from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.lifecycle import END_REASON, END_STATUS, RESTART_ON, Lifecycle
+from crater.scheduler.domain.limits import TimeLimits
 from crater.scheduler.domain.nodes import NODE_LOST_SCAN_SECONDS, NodeWatch
 from crater.scheduler.domain.phases import Phases, restored_lent_milli
 from crater.scheduler.domain.placer import Diagnosis, Pick, Placer, Ranked
@@ -61,7 +62,13 @@ from crater.scheduler.domain.reasons import TRANSIENT_FILTERS, Reasons
 from crater.scheduler.domain.reconcile import Reconciler
 from crater.scheduler.domain.reservations import NEVER, Reservations
 from crater.scheduler.domain.retries import RetryIndex, pool_filtered_first
-from crater.scheduler.domain.state import Allocation, PendingTask, SchedulerState, hold
+from crater.scheduler.domain.state import (
+    Allocation,
+    PendingTask,
+    SchedulerState,
+    arm_limit,
+    hold,
+)
 from crater.scheduler.domain.waitlist import HEAD_CANDIDATES, Waitlist
 
 __all__ = [
@@ -107,6 +114,7 @@ class Scheduler(SchedulerState):
     lending: Lending = field(init=False, repr=False, compare=False)
     phasing: Phases = field(init=False, repr=False, compare=False)
     guarantees: Guarantees = field(init=False, repr=False, compare=False)
+    time_limits: TimeLimits = field(init=False, repr=False, compare=False)
     # A reloaded configuration was taken: the next event retries every waiting task.
     reconfigured: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -125,6 +133,7 @@ class Scheduler(SchedulerState):
         self.preemptor = Preemptor(self, self.retries, self.ledger, self.placer, self.guarantees)
         self.lifecycle = Lifecycle(self, self.retries, self.ledger, self.waitlist)
         self.reservations = Reservations(self, self.lifecycle)
+        self.time_limits = TimeLimits(self, self.preemptor)
         self.nodes = NodeWatch(self, self.lifecycle)
         self.reconciler = Reconciler(self, self.lifecycle)
         self.lending = Lending(self, self.retries, self.placer)
@@ -179,6 +188,7 @@ class Scheduler(SchedulerState):
         }
         self.cycle.lending = self.admission.lending = self.lending if self.lending.active else None
         self.stale_pools = None  # every pool: any decision may now differ
+        self.due_free = {}  # the grace period may have changed
         self.reconfigured = True
         return None
 
@@ -224,10 +234,18 @@ class Scheduler(SchedulerState):
             if held is not None:
                 hold(held, allocation)
                 self.cluster.refresh(held.name)
+        self.limits = []
         for head in self.allocations.values():
             # A preempted gang yields as a whole: every member carries the head's deadline.
             for peer in head.peers:
                 peer.yield_by = peer.yield_by or head.yield_by
+                peer.time_limited = peer.time_limited or head.time_limited
+            # Its time limit as the configuration in force says, from its stored grant time.
+            if head.task is not None:
+                limit = self.config.run_limit_for(head.task.request)
+                for member in head.members():
+                    member.run_limit = limit
+            arm_limit(self, head)
         self.phases = {}
         self.phasing.restore()
         self.pending = {}
@@ -281,6 +299,7 @@ class Scheduler(SchedulerState):
             self.health_clock = max(self.health_clock or event.occurred_at, event.occurred_at)
         decisions: list[Event] = self.reservations.expire_reservations(now, event)
         decisions += self.reservations.fail_silent_tasks(now, event)
+        decisions += self.time_limits.enforce(now, event)
         decisions += self.waitlist.escalate(now, event)
         forget_victims(self, now)
         changed = self.nodes.expire_heartbeats(self.nodes.heard_until(now)) or bool(decisions)

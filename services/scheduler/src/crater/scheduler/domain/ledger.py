@@ -26,6 +26,7 @@ class Ledger:
         self.retries = retries
 
     def take(self, allocation: Allocation) -> None:
+        self.state.holdings_version += 1
         self.state.held_by[allocation.allocation_id] = allocation.task_id
         if self.state.expiry_floor is not None:
             self.state.expiry_floor = min(self.state.expiry_floor, allocation.expires_at)
@@ -79,6 +80,7 @@ class Ledger:
     def release_member(
         self, allocation: Allocation, reason: ReleaseReason, cause: Event
     ) -> AllocationReleased:
+        self.state.holdings_version += 1
         node = self.state.cluster.get(allocation.node)
         gpu_ids = allocation.gpu_ids
         if allocation.lent_by is not None:

@@ -50,12 +50,18 @@ END_STATUS = {
     ReleaseReason.EXPIRED: TaskStatus.FAILED,
     ReleaseReason.NODE_LOST: TaskStatus.FAILED,
     ReleaseReason.SCALED_IN: TaskStatus.CANCELLED,
+    ReleaseReason.TIME_LIMIT: TaskStatus.FAILED,
 }
 END_REASON = {
     ReleaseReason.EXPIRED: "its node never confirmed the reservation",
     ReleaseReason.NODE_LOST: "its node stopped answering",
     ReleaseReason.SCALED_IN: "the autoscaler removed this replica",
 }
+
+
+def yield_end(allocation: Allocation) -> ReleaseReason:
+    """How an allocation told to go ends when it goes: a preemption, or its time limit."""
+    return ReleaseReason.TIME_LIMIT if allocation.time_limited else ReleaseReason.PREEMPTED
 
 
 class Lifecycle:
@@ -94,7 +100,7 @@ class Lifecycle:
             return []  # confirmed already (`Reservations.confirm`)
         # Any member's end (or a cancel) ends the attempt: every member goes back.
         if allocation.yield_by is not None and event.status is not TaskStatus.SUCCEEDED:
-            return self.attempt_over(allocation, ReleaseReason.PREEMPTED, event)
+            return self.attempt_over(allocation, yield_end(allocation), event)
         return self.attempt_over(allocation, ReleaseReason(event.status.value), event)
 
     def on_release_requested(self, event: ReplicaReleaseRequested) -> list[Event]:
@@ -132,6 +138,8 @@ class Lifecycle:
             pass
         elif reason is ReleaseReason.PREEMPTED and allocation.lent_by is not None:
             why = f"the GPUs lent by {allocation.lent_by} were taken back"
+        elif reason is ReleaseReason.TIME_LIMIT:
+            why = f"it reached its time limit of {allocation.run_limit} s and was stopped"
         elif reason is ReleaseReason.PREEMPTED and allocation.yield_by is not None:
             why = "it yielded its resources to a higher-priority task"
         elif reason in (ReleaseReason.SUCCEEDED, ReleaseReason.FAILED, ReleaseReason.CANCELLED):

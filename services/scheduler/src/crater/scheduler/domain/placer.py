@@ -38,6 +38,7 @@ from crater.scheduler.domain.state import (
     Allocation,
     PendingTask,
     SchedulerState,
+    arm_limit,
     hold,
 )
 from crater.scheduler.domain.wording import for_nodes
@@ -395,6 +396,7 @@ class Placer:
             granted_at=cause.occurred_at,  # as the grant says, and the tables keep
             disk=selection.disk,
             disk_gb=task.demand.disk_gb if selection.disk is not None else 0,
+            run_limit=self.state.config.run_limit_for(request),
         )
         if lent_by is not None:
             allocation.gpu_milli = 0  # the card stays its lender's hold
@@ -406,6 +408,7 @@ class Placer:
         else:
             self.state.allocations[request.task_id] = allocation
             self.ledger.count_preemptible(allocation, +1)
+            arm_limit(self.state, allocation)
         return granted(
             self.state, task, node, selection, allocation, score, details, cause, event_id
         )

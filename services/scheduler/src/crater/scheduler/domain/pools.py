@@ -40,6 +40,9 @@ class PoolPolicy:
     # last had to yield. None: the scheduler's defaults (`SchedulerConfig`).
     min_run_seconds: float | None = None
     victim_cooldown_seconds: float | None = None
+    # Time limit of the pool's tasks that state none (`TaskRequest.max_run_seconds`); None:
+    # no limit. It is also their expected run time where they state none, for estimates.
+    max_run_seconds: int | None = None
 
 
 DEFAULT_POLICY = PoolPolicy()

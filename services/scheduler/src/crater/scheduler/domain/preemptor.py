@@ -311,19 +311,23 @@ class Preemptor:
         reclaim: str | None,
         lent_by: str | None = None,
         tenant: str | None = None,
+        time_limit: int | None = None,
     ) -> list[Event]:
-        """`victim` (a whole gang) is told to be gone by `must_stop_by`."""
+        """`victim` (a whole gang) is told to be gone by `must_stop_by`. `time_limit`: it has
+        held its grant for its time limit (not a victim of anyone: no cooldown)."""
         now = self.state.clock or cause.occurred_at
         cooldown = self.state.config.victim_cooldown_for(victim.pool)
-        if cooldown > 0:
+        if cooldown > 0 and time_limit is None:
             until = must_stop_by + timedelta(seconds=cooldown)
             self.state.victims[victim.task_id] = until
             heapq.heappush(self.state.victims_due, (until, victim.task_id))
         self.ledger.count_preemptible(victim, -1)
         self.retries.stale(victim.pool)
+        self.state.holdings_version += 1  # it is due to go by its deadline now
         decisions: list[Event] = []
         for member in victim.members():
             member.yield_by = must_stop_by
+            member.time_limited = time_limit is not None
             if self.state.expiry_floor is not None:
                 self.state.expiry_floor = min(self.state.expiry_floor, must_stop_by)
             decisions.append(
@@ -339,6 +343,7 @@ class Preemptor:
                     reclaimed_by_pool=reclaim,
                     lent_by=lent_by,
                     reclaimed_by_tenant=tenant,
+                    time_limit_seconds=time_limit,
                 )
             )
         return decisions

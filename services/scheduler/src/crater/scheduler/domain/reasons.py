@@ -24,6 +24,7 @@ from crater.scheduler.domain.guarantees import Guarantees
 from crater.scheduler.domain.placer import Diagnosis, Placer
 from crater.scheduler.domain.queue import node_mask
 from crater.scheduler.domain.quotas import BUDGET, CLAIMED, RESERVED, Over, Usage
+from crater.scheduler.domain.waitlist import due_free
 from crater.scheduler.domain.wording import for_nodes, sentence
 
 __all__ = ["Reasons", "for_nodes", "kind_of", "sentence"]
@@ -142,13 +143,24 @@ class Reasons:
                 )
                 kept = kept & ~failed
         if count := int(np.count_nonzero(kept)):
-            head = self.state.backfill[task.request.pool].task_id
+            blocked = self.state.backfill[task.request.pool]
+            message = f"is kept for {blocked.task_id}, which waits ahead of it"
+            limit = self.state.config.run_limit_for(task.request)
+            if limit is not None:  # why its time limit does not let it backfill there
+                due = due_free(self.state, blocked)
+                message += (
+                    f" (due free by {due:%Y-%m-%dT%H:%M:%SZ}: this task's limit of {limit} s "
+                    "would run past that)"
+                    if due is not None
+                    else " (a task there states no time limit: backfill by limit cannot "
+                    "prove this task would be gone in time)"
+                )
             reasons.append(
                 FilterReason(
                     filter="Backfill",
                     code="ReservedForWaitingTask",
                     nodes=count,
-                    message=f"is kept for {head}, which waits ahead of it",
+                    message=message,
                 )
             )
         return reasons

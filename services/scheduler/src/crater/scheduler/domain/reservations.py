@@ -14,7 +14,7 @@ from crater.contracts import (
     TaskStatusReported,
 )
 from crater.scheduler.domain.inputs import ReservationArmed
-from crater.scheduler.domain.lifecycle import Lifecycle
+from crater.scheduler.domain.lifecycle import Lifecycle, yield_end
 from crater.scheduler.domain.state import (
     Allocation,
     SchedulerState,
@@ -167,7 +167,7 @@ class Reservations:
         for a in sorted(expired, key=lambda a: a.task_id):
             released += self.lifecycle.attempt_over(a, ReleaseReason.EXPIRED, cause)
         for a in sorted(yielded, key=lambda a: a.task_id):
-            released += self.lifecycle.attempt_over(a, ReleaseReason.PREEMPTED, cause)
+            released += self.lifecycle.attempt_over(a, yield_end(a), cause)
         self.state.expiry_floor = min(
             (t for a in self.state.allocations.values() for t in expiries(a)), default=NEVER
         )

@@ -4,6 +4,7 @@ allocation are."""
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -158,6 +159,11 @@ class Allocation:
     # The SSD chosen for it and the space it holds there (ssd.capacity_gb); None: none.
     disk: str | None = None
     disk_gb: int = 0
+    # Its time limit in seconds, counted from `granted_at` (the task's max_run_seconds, else
+    # its pool's; None: none), and whether it was told to stop for it (then `yield_by` is
+    # that stop's deadline and it goes back as `time-limit`, not as a preemption).
+    run_limit: int | None = None
+    time_limited: bool = False
 
     @property
     def disk_hold(self) -> tuple[str, int] | None:
@@ -309,6 +315,17 @@ class SchedulerState:
     # (time, seq, task id): victims held back for a waiting task may go from then: its pool
     # is retried at that time.
     wakeups: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # Grows whenever what is held, or when it must be gone by, changes (a grant, a release,
+    # a yield ordered): what is derived from the holdings is cached against it.
+    holdings_version: int = field(default=0, compare=False, repr=False)
+    # Backfill by time limits: each blocked head's nodes, and when they are due free (None:
+    # a task holding them has no limit), for the holdings version it was computed at.
+    due_free: dict[tuple[str, tuple[str, ...]], tuple[int, datetime | None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    # Time limits: (when, allocation id, task id) of each running task's limit (its grant's
+    # time plus its max_run_seconds), earliest first: no per-event scan of the allocations.
+    limits: list[tuple[datetime, str, str]] = field(default_factory=list)
     # Tasks reclaiming their tenant's guarantee, by task id: the room their victims leave is
     # their tenant's first (`claimed_ahead`). Not stored: a restart forgets the claims.
     claimants: dict[str, None] = field(default_factory=dict, compare=False, repr=False)
@@ -354,6 +371,14 @@ def hold(node: Node, allocation: Allocation) -> None:
         allocation.carved,
         allocation.disk_hold,
     )
+
+
+def arm_limit(state: SchedulerState, head: Allocation) -> None:
+    """`head` (a task's first member) is told to stop when it has held its grant for its time
+    limit: its limit joins the heap `TimeLimits.enforce` reads."""
+    if head.run_limit is not None and head.granted_at is not None and head.yield_by is None:
+        when = head.granted_at + timedelta(seconds=head.run_limit)
+        heapq.heappush(state.limits, (when, head.allocation_id, head.task_id))
 
 
 def yielding_on(state: SchedulerState, nodes: tuple[str, ...]) -> bool:

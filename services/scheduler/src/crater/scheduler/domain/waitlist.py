@@ -204,7 +204,21 @@ class Waitlist:
         # end, and ageing lifts it (a stale order would let a task it outranks take its nodes).
         if self.order(task) < self.order(waiting):
             return None
+        if self.ends_before(task, head):
+            return None  # its time limit ends it before the head's nodes are due free
         return head
+
+    def ends_before(self, task: PendingTask, head: Backfill) -> bool:
+        """Whether `task`, started now, is gone (its time limit and the grace to stop) by
+        the time the head's nodes are due free (`due_free`): then it may run on them
+        without delaying the head's start past that time (EASY backfill by limits)."""
+        limit = self.state.config.run_limit_for(task.request)
+        now = self.state.clock
+        if limit is None or now is None:
+            return False
+        due = due_free(self.state, head)
+        grace = timedelta(seconds=self.state.config.grace_period_seconds + limit)
+        return due is not None and now + grace <= due
 
     def reserved_for(self, task: PendingTask) -> BoolArray | None:
         """The nodes `task` must leave alone: those kept for its pool's blocked head, when
@@ -254,6 +268,34 @@ class Waitlist:
         self.state.backfill[task.request.pool] = Backfill(
             task.request.task_id, self.order(task), nodes
         )
+
+
+def due_free(state: SchedulerState, head: Backfill) -> datetime | None:
+    """When every task holding one of the head's kept nodes is gone at the latest: its
+    yield deadline, else its grant's time plus its time limit and the grace to stop.
+    None: one of them has no time limit (or none is kept). Cached per holdings."""
+    key = (head.task_id, head.nodes)
+    known = state.due_free.get(key)
+    if known is not None and known[0] == state.holdings_version:
+        return known[1]
+    due: datetime | None = None
+    grace = timedelta(seconds=state.config.grace_period_seconds)
+    names = set(head.nodes)
+    for held in state.allocations.values():
+        if not any(m.node in names for m in held.members()):
+            continue
+        if held.yield_by is not None:
+            end = held.yield_by
+        elif held.run_limit is None or held.granted_at is None:
+            due = None
+            break
+        else:
+            end = held.granted_at + timedelta(seconds=held.run_limit) + grace
+        due = end if due is None else max(due, end)
+    if len(state.due_free) > 64:
+        state.due_free.clear()  # heads come and go: keep only the recent ones
+    state.due_free[key] = (state.holdings_version, due)
+    return due
 
 
 def could_hold(node: Node, demand: Demand, members: int) -> bool:

@@ -24,6 +24,7 @@ GPU-hours lost.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -257,10 +258,11 @@ def _at(seconds: float) -> datetime:
     return SIM_TIME + timedelta(seconds=seconds)
 
 
-def _request(job: Job, task_id: str) -> TaskProfiled:
+def _request(job: Job, task_id: str, stated: dict[str, int] | None = None) -> TaskProfiled:
     inference = job.kind == "inference"
     request = TaskRequest.model_validate(
         {
+            **(stated or {}),
             "task_id": task_id,
             "task_type": "inference" if inference else "training",
             "model_config": {"name": job.kind},
@@ -283,8 +285,23 @@ def _request(job: Job, task_id: str) -> TaskProfiled:
     )
 
 
-def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayResult:
-    """One day through `Scheduler.handle`; `shared`: the inference pool lends."""
+# What a job's task states of its run time (expected_run_seconds, max_run_seconds), given the
+# job and the work it has left; and a look at the core after each event with its decisions.
+Stated = Callable[[Job, float], dict[str, int]]
+Observer = Callable[[Scheduler, float, list[Event]], None]
+
+
+def run_day(
+    setup: Setup,
+    jobs: list[Job],
+    shared: bool,
+    seed: int = 0,
+    stated: Stated | None = None,
+    observe: Observer | None = None,
+) -> DayResult:
+    """One day through `Scheduler.handle`; `shared`: the inference pool lends. `stated`:
+    the run times each task states (none by default); `observe`: called after each event
+    with the core, the time and the event's decisions (start estimates measure themselves)."""
     scheduler = Scheduler(config(setup, shared))
     nodes = [("inference", i) for i in range(setup.inference_nodes)] + [
         ("training", i) for i in range(setup.training_nodes)
@@ -340,7 +357,10 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
             last = now
 
     def feed(event: Event, now: float) -> None:
-        for d in scheduler.handle(event):
+        decisions = scheduler.handle(event)
+        if observe is not None:
+            observe(scheduler, now, decisions)
+        for d in decisions:
             if isinstance(d, AllocationGranted):
                 on_grant(d, now)
             elif isinstance(d, TaskPreempted):
@@ -427,7 +447,8 @@ def run_day(setup: Setup, jobs: list[Job], shared: bool, seed: int = 0) -> DayRe
             task_id = job.name if attempt == 1 else f"{job.name}.{attempt}"
             waiting[task_id] = (job, attempt, left, now)
             asked[task_id] = now
-            feed(_request(Job(job.name, job.kind, now, job.gpus, left), task_id), now)
+            again = Job(job.name, job.kind, now, job.gpus, left)
+            feed(_request(again, task_id, stated(job, left) if stated else None), now)
         elif kind == "done":
             task_id, attempt = payload
             if task_id in running:
