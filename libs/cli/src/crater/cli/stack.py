@@ -80,6 +80,17 @@ class Stack:
     hosts: dict[str, int] = field(default_factory=dict)
     forwarder: subprocess.Popen[bytes] | None = None
     hosted_database_url: str | None = None
+    # Ports handed out so far: a process binds its port only once it has started, so a port
+    # the kernel calls free may already be promised to one still starting.
+    _promised: set[int] = field(default_factory=set, repr=False)
+
+    def _free_port(self, host: str = "127.0.0.1") -> int:
+        """A free port no process of this stack has been promised yet."""
+        while True:
+            port = free_port(host)
+            if port not in self._promised and port not in self.ports.values():
+                self._promised.add(port)
+                return port
 
     @property
     def database_url(self) -> str:
@@ -181,7 +192,7 @@ class Stack:
         outside = outside or "127.0.0.1"
         if self.hosts:
             self.hosted_database_url = self._forward_database(outside)
-        receiver_port = free_port()
+        receiver_port = self._free_port()
         self._spawn(
             "receiver",
             receiver_port,
@@ -217,7 +228,7 @@ class Stack:
             given = {**os.environ, **self.env}
             if not given.get(variable) and not given.get(f"{variable}_FILE"):
                 self.env[f"{variable}_FILE"] = str(secret_files[name])
-        ports = {name: self.ports.get(name) or free_port() for name in services}
+        ports = {name: self.ports.get(name) or self._free_port() for name in services}
         if "gateway" in ports:  # where a task's crater_client posts its usage samples
             self.env.setdefault(
                 "CRATER_SCHEDULER_GATEWAY_URL",
@@ -226,7 +237,7 @@ class Stack:
         for name in services:
             self._spawn(name, ports[name], ["run", name], self._identity_env(name))
             for replica in replica_names(name, (replicas or {}).get(name, 1))[1:]:
-                port = self.ports.get(replica) or free_port()
+                port = self.ports.get(replica) or self._free_port()
                 self._spawn(replica, port, ["run", name], self._identity_env(name))
         # The services declare the streams; a node's agent may declare none (its permissions
         # allow none) and fails to start when it comes first ("stream not found"), so it is
@@ -236,7 +247,7 @@ class Stack:
         if local_node:
             self._spawn(
                 "agent",
-                free_port(),
+                self._free_port(),
                 ["run", "probe"],
                 {
                     "CRATER_PROBE_MODE": "local",
@@ -324,7 +335,7 @@ class Stack:
             "127.0.0.1",
         ):
             return None
-        port = free_port(bridge)
+        port = self._free_port(bridge)
         self.forwarder = start_forwarder(bridge, port, "127.0.0.1", url.port or 5432)
         return url.set(host=bridge, port=port).render_as_string(hide_password=False)
 
