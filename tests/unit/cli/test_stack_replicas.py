@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,7 +43,8 @@ def test_the_local_node_agent_starts_once_the_services_answer(
 
     monkeypatch.setattr(stack, "start_nats_server", lambda *a, **k: FakeNats())
     monkeypatch.setattr(stack, "migrate", lambda url: None)
-    monkeypatch.setattr(stack, "free_port", lambda: 1)
+    ports = itertools.count(20000)
+    monkeypatch.setattr(stack, "free_port", lambda host="127.0.0.1": next(ports))
     monkeypatch.setattr(Stack, "_spawn", spawn)
     monkeypatch.setattr(
         stack, "wait_healthy", lambda process: events.append(f"healthy {process.name}")
@@ -51,3 +53,14 @@ def test_the_local_node_agent_starts_once_the_services_answer(
     agent = events.index("spawn agent")
     assert {f"healthy {name}" for name in SERVICES} <= set(events[:agent]), events
     assert events[agent + 1 :] == ["healthy agent"]
+
+
+def test_a_port_promised_to_one_process_is_never_handed_to_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel may call a port free twice while the process it went to has not bound it
+    yet (a replica's port was drawn after the first services were spawned)."""
+    drawn = iter([5, 5, 7, 5, 7, 8])
+    monkeypatch.setattr(stack, "free_port", lambda host="127.0.0.1": next(drawn))
+    s = Stack(tmp_path, ports={"gateway": 7})
+    assert [s._free_port() for _ in range(2)] == [5, 8]
