@@ -39,9 +39,13 @@ from crater.contracts.budgets import (
 from crater.contracts.catalog import Channel, Retention, Streams, StreamSpec, Subjects, channel_for
 from crater.contracts.jobs import Framework, JobDescription
 from crater.contracts.nodes import (
+    FABRIC_LABELS,
+    FABRIC_LEVELS,
     Cpu,
     Disk,
     DiskMetrics,
+    FabricLevel,
+    FabricPlace,
     FigureSource,
     Gpu,
     GpuMetrics,
@@ -140,6 +144,7 @@ from crater.contracts.tasks import (
     MemoryRequirement,
     MetricsFormat,
     ModelSpec,
+    NetworkTopology,
     OnExitCodes,
     Precision,
     Priority,
@@ -173,6 +178,8 @@ from crater.contracts.webhooks import (
 )
 
 __all__ = [
+    "FABRIC_LABELS",
+    "FABRIC_LEVELS",
     "FINAL_STATUSES",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
@@ -212,6 +219,8 @@ __all__ = [
     "DriftAction",
     "DriftKind",
     "Event",
+    "FabricLevel",
+    "FabricPlace",
     "FailureKind",
     "FieldError",
     "FigureSource",
@@ -241,6 +250,7 @@ __all__ = [
     "MessageReplayed",
     "MetricsFormat",
     "ModelSpec",
+    "NetworkTopology",
     "NodeCondition",
     "NodeFit",
     "NodeHealthReported",

@@ -25,7 +25,7 @@ from pydantic_core import CoreSchema
 
 from crater.contracts.base import MAX_ATTEMPT, MAX_EXACT_INT, Contract, Event, TaskEvent
 from crater.contracts.gpus import parse_gpu_product
-from crater.contracts.nodes import Toleration
+from crater.contracts.nodes import FABRIC_LEVELS, FabricLevel, Toleration
 from crater.contracts.quantities import GBQuantity, MiBQuantity
 
 TaskId = Annotated[
@@ -494,6 +494,51 @@ class AntiAffinity(Contract):
     )
 
 
+class NetworkTopology(Contract):
+    """Where a gang's members go in the network fabric between nodes (nodes declare their
+    place: NodeTopology.fabric), as Kueue's podset-required-topology and
+    podset-preferred-topology: `required` keeps every member within one domain of that level
+    or the gang waits; `preferred` tries one domain of that level first, then looser levels
+    (up to `required`, else anywhere). Either way the members' ranks follow the fabric: those
+    sharing a domain are consecutive, so a ring crosses each switch as few times as it can."""
+
+    required: FabricLevel | None = Field(
+        default=None,
+        description="Every member within one domain of this level (one NVLink domain, under "
+        "one leaf switch, under one spine), on nodes that declare it; else the gang waits.",
+    )
+    preferred: FabricLevel | None = Field(
+        default=None,
+        description="One domain of this level if the gang fits in one now, else the next "
+        "looser level; at least as tight as `required`.",
+    )
+
+    @model_validator(mode="after")
+    def _levels(self) -> NetworkTopology:
+        if self.required is None and self.preferred is None:
+            raise ValueError("name a required or a preferred level (nvlink-domain, leaf, spine)")
+        if (
+            self.required is not None
+            and self.preferred is not None
+            and FABRIC_LEVELS.index(self.preferred) > FABRIC_LEVELS.index(self.required)
+        ):
+            raise ValueError(
+                f"preferred {self.preferred.value} is looser than required "
+                f"{self.required.value}: every placement is within one {self.required.value}"
+            )
+        return self
+
+    @property
+    def levels(self) -> tuple[FabricLevel | None, ...]:
+        """The levels a placement tries, tightest first; None: anywhere (nothing required)."""
+        first = self.preferred or self.required
+        assert first is not None
+        start = FABRIC_LEVELS.index(first)
+        if self.required is None:
+            return (*FABRIC_LEVELS[start:], None)
+        return FABRIC_LEVELS[start : FABRIC_LEVELS.index(self.required) + 1]
+
+
 class Optimizer(StrEnum):
     """The optimizer and where it keeps its states."""
 
@@ -870,6 +915,16 @@ class TaskRequest(Contract):
         ge=1,
         le=1024,
         description="Members placed all or nothing, each with the whole resource request.",
+    )
+    # Left out of the JSON when unset, as max_run_seconds below.
+    network_topology: NetworkTopology | None = Field(
+        default=None,
+        exclude_if=lambda topology: topology is None,
+        description="Where a gang's members go in the network fabric between nodes: within "
+        "one NVLink domain, leaf switch or spine, required or preferred; their ranks follow "
+        "the fabric. None: anywhere, ranks by score (still along the fabric where nodes "
+        "declare it).",
+        examples=[{"required": "leaf", "preferred": "nvlink-domain"}],
     )
     training_config: TrainingConfig | None = None
     inference_config: InferenceConfig | None = None
