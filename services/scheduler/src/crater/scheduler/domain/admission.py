@@ -24,6 +24,7 @@ from crater.scheduler.domain.events import (
     ended,
     rejected,
 )
+from crater.scheduler.domain.fabric import never_in_one
 from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.phases import Phases
 from crater.scheduler.domain.placer import Pick, Placer
@@ -175,7 +176,7 @@ class Admission:
             ]
         room = int(members_per_node(self.state.cluster, demand, np.flatnonzero(fits)).sum())
         if room >= members:
-            return []
+            return never_in_one(self.state.cluster, demand, fits, members)
         return [
             FieldError(
                 field="gang_size",

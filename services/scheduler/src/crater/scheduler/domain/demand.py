@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from crater.contracts import (
     Affinity,
     Confidence,
+    FabricLevel,
     PlacementQuery,
     ResourcePrediction,
     ResourceRequirements,
@@ -65,6 +66,9 @@ class Demand:
     tolerations: tuple[Toleration, ...] = ()
     # High-priority work (900 and up): kept off nodes whose health score is restricted.
     high_priority: bool = False
+    # network_topology.required: only nodes that declare a domain at this level (the gang's
+    # members all within one of them: fabric.py)
+    fabric_required: FabricLevel | None = None
 
     @property
     def wants_ssd(self) -> bool:
@@ -96,7 +100,10 @@ class Demand:
             anti_affinity_group=request.anti_affinity.group,
         )
         if priority_value(request.priority) >= HIGH_PRIORITY:
-            return replace(demand, high_priority=True)
+            demand = replace(demand, high_priority=True)
+        topology = request.network_topology
+        if topology is not None and topology.required is not None:
+            demand = replace(demand, fabric_required=topology.required)
         return demand
 
     @classmethod

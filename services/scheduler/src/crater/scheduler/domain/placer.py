@@ -12,6 +12,7 @@ import numpy as np
 from crater.contracts import (
     AllocationGranted,
     Event,
+    FabricLevel,
     FilterReason,
     NodeFit,
     NodeMisfit,
@@ -29,6 +30,7 @@ from crater.scheduler.domain.events import (
     attempt_key,
     granted,
 )
+from crater.scheduler.domain.fabric import along_ring, domains_for
 from crater.scheduler.domain.ledger import Ledger
 from crater.scheduler.domain.placement import Selection, select, unplaceable
 from crater.scheduler.domain.plugins import Filter
@@ -177,7 +179,9 @@ class Placer:
         for score, values in zip(scores, rows, strict=True):
             total += score.weight * values
         total = np.round(total, 9)  # equal scores must compare equal on every machine
-        names = [s.name for s in scores]
+        shown = [j for j, s in enumerate(scores) if not s.quiet or rows[j].any()]
+        names = [scores[j].name for j in shown]
+        rows = rows[shown]
         for k in np.lexsort((cluster.name_rank[idx], -total)):
             details = [
                 ScoreDetail(plugin=name, score=round(float(v), 4))
@@ -280,7 +284,32 @@ class Placer:
                 if picks is not None:
                     return picks
             return None
-        return self.trial(task, None, avoid)
+        topology = task.request.network_topology
+        if topology is None:
+            picks = self.trial(task, None, avoid)
+        else:
+            picks = self.within_fabric(task, candidates, avoid, topology.levels)
+        return None if picks is None else along_ring(self.state.cluster, picks)
+
+    def within_fabric(
+        self,
+        task: PendingTask,
+        candidates: BoolArray,
+        avoid: BoolArray | None,
+        levels: tuple[FabricLevel | None, ...],
+    ) -> list[Pick] | None:
+        """A spread gang within one domain of the tightest of `levels` that holds it now
+        (None: anywhere), each level's domains best fit first (fabric.py)."""
+        cluster = self.state.cluster
+        for level in levels:
+            if level is None:
+                return self.trial(task, None, avoid)
+            for domain in domains_for(cluster, level, task.demand, candidates, task.gang_size):
+                outside = cluster.fabric(level) != domain
+                picks = self.trial(task, None, outside if avoid is None else avoid | outside)
+                if picks is not None:
+                    return picks
+        return None
 
     def trial(
         self,

@@ -20,6 +20,7 @@ from crater.scheduler.domain.cluster import (
 from crater.scheduler.domain.events import (
     attempt_key,
 )
+from crater.scheduler.domain.fabric import too_small
 from crater.scheduler.domain.guarantees import Guarantees
 from crater.scheduler.domain.placer import Diagnosis, Placer
 from crater.scheduler.domain.queue import node_mask
@@ -78,6 +79,10 @@ class Reasons:
             fits, reasons = found or self.placer.diagnose(task.filter_demand)
         if fits is not None and avoid is not None:
             reasons = [*reasons, *self.kept_from(task, fits & avoid)]
+        if fits is not None and not task.same_node:
+            usable = fits if avoid is None else fits & ~avoid
+            split = too_small(self.state.cluster, task.demand, usable, task.gang_size)
+            reasons = reasons if split is None else [*reasons, split]
         if task.borrow_reason is not None and not over:
             reasons = [
                 *reasons,

@@ -47,6 +47,10 @@ class Score:
     card: Callable[[ClusterArrays, Demand, int], int | None] | None = field(
         default=None, compare=False
     )
+    # Left out of a placement's per-plugin scores where it rates every candidate 0: a score
+    # that reads what nodes may not declare (their place in the fabric) shows nothing where
+    # none do, so decisions read byte for byte as before it existed.
+    quiet: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
