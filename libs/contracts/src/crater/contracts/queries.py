@@ -15,7 +15,7 @@ from crater.contracts.autoscaling import ScaleDecided
 from crater.contracts.base import Contract
 from crater.contracts.catalog import PREFIX
 from crater.contracts.jobs import JobDescription
-from crater.contracts.nodes import NodeCondition, Toleration
+from crater.contracts.nodes import FabricPlace, NodeCondition, Toleration
 from crater.contracts.phases import LendingState
 from crater.contracts.tasks import (
     Affinity,
@@ -69,6 +69,12 @@ class NodeSummary(Contract):
     memory_mb_total: int = Field(ge=0)
     memory_mb_free: int = Field(ge=0)
     labels: dict[str, str] = Field(default_factory=dict)
+    fabric: FabricPlace | None = Field(
+        default=None,
+        exclude_if=lambda fabric: fabric is None,  # answers without one read as before
+        description="Its place in the network fabric (NVLink domain, leaf, spine); None: "
+        "undeclared.",
+    )
 
 
 class NodesAnswer(Contract):
