@@ -21,6 +21,7 @@ from crater.contracts import (
     NodeTopology,
     NodeTopologyReported,
     TaskPending,
+    TaskPreempted,
     TaskRejected,
     TaskRequest,
     TaskStatus,
@@ -182,6 +183,26 @@ def test_a_single_task_requiring_a_level_only_goes_where_one_is_declared() -> No
     )
     [placed] = grants(scheduler.handle(profiled("one", gpus=1, network_topology=REQUIRE_LEAF)))
     assert placed.node == "z-placed"
+
+
+def test_a_required_gang_preempts_within_one_leaf_only() -> None:
+    # by progress alone the victims would be b-1 (latest) and a-2: room under two leaves,
+    # which the gang cannot use; within one leaf it takes a-1 and a-2 (b-2's is not
+    # preemptible), and starts there when they yield
+    scheduler, _ = cluster(*racks(("a", 2), ("b", 2)))
+    low = {"priority": "low", "preemptible": True}
+    for k, extra in enumerate((low, low, low, {"priority": "low"})):
+        [_] = grants(scheduler.handle(profiled(f"busy-{k}", gpus=4, when=1 + k, **extra)))
+        scheduler.handle(status(f"busy-{k}", 1.5 + k, TaskStatus.RUNNING))
+    assert [a.node for a in scheduler.allocations.values()] == ["a-1", "a-2", "b-1", "b-2"]
+    decisions = scheduler.handle(
+        gang("ddp", 2, when=9, priority="high", network_topology=REQUIRE_LEAF)
+    )
+    victims = sorted((d.task_id, d.node) for d in decisions if isinstance(d, TaskPreempted))
+    assert victims == [("busy-0", "a-1"), ("busy-1", "a-2")]
+    scheduler.handle(status("busy-0", 10, TaskStatus.CANCELLED))
+    placed = grants(scheduler.handle(status("busy-1", 11, TaskStatus.CANCELLED)))
+    assert sorted(g.node for g in placed) == ["a-1", "a-2"]
 
 
 # -- preferred: tried first, then looser -------------------------------------------------------
