@@ -205,6 +205,18 @@ def test_a_required_gang_preempts_within_one_leaf_only() -> None:
     assert sorted(g.node for g in placed) == ["a-1", "a-2"]
 
 
+def test_a_waiting_gang_that_heads_its_queue_keeps_nodes_of_one_leaf() -> None:
+    # names alternate leaves (n1, n3 under a; n2, n4 under b): closest to fitting by name
+    # would keep n1 and n2, under two leaves, which the gang could never use together
+    nodes = [node(f"n{i}", gpus=4, fabric=place("s1", "a" if i % 2 else "b")) for i in range(1, 5)]
+    scheduler, _ = cluster(*nodes)
+    for k in range(4):
+        assert grants(scheduler.handle(profiled(f"busy-{k}", gpus=4, when=1 + k)))
+    decisions = scheduler.handle(gang("ddp", 2, when=9, network_topology=REQUIRE_LEAF))
+    assert [type(d) for d in decisions] == [TaskPending]
+    assert scheduler.backfill["default"].nodes == ("n1", "n3")
+
+
 # -- preferred: tried first, then looser -------------------------------------------------------
 
 
