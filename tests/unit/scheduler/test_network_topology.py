@@ -155,6 +155,7 @@ def test_a_required_gang_goes_whole_into_the_tightest_leaf_that_holds_it() -> No
     assert leaves_of(scheduler, placed) == ["b", "b"]  # a stays whole for a gang of 3
     bigger = grants(scheduler.handle(gang("ddp3", 3, when=2, network_topology=REQUIRE_LEAF)))
     assert leaves_of(scheduler, bigger) == ["a", "a", "a"]
+    assert placed[0].explanation.endswith("; fabric s1/b/-"), placed[0].explanation
 
 
 def test_a_gang_that_cannot_fit_under_one_leaf_says_so_and_starts_when_one_frees() -> None:
