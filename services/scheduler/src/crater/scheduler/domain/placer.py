@@ -301,6 +301,8 @@ class Placer:
         """A spread gang within one domain of the tightest of `levels` that holds it now
         (None: anywhere), each level's domains best fit first (fabric.py)."""
         cluster = self.state.cluster
+        if not cluster.fabric_nodes and levels[-1] is None:  # no domains: only anywhere
+            return self.trial(task, None, avoid)
         for level in levels:
             if level is None:
                 return self.trial(task, None, avoid)
