@@ -73,12 +73,16 @@ def placed(topologies: list[NodeTopology], leaf_size: int) -> list[NodeTopology]
     ]
 
 
-def task(n: int, rng: random.Random, pools: list[str], gang_every: int = 0) -> TaskRequest:
+def task(
+    n: int, rng: random.Random, pools: list[str], gang_every: int = 0, in_leaf: bool = False
+) -> TaskRequest:
     gpus, milli, gpu_mb, cores, memory = rng.choice(SHAPES)
     gang: dict[str, Any] = {}
-    if gang_every and n % gang_every == 0:  # a data-parallel gang kept under one leaf
+    if gang_every and n % gang_every == 0:  # a data-parallel gang (kept under one leaf)
         gpus, milli, gpu_mb, cores, memory = SHAPES[2]
-        gang = {"gang_size": 4, "network_topology": {"required": "leaf"}}
+        gang = {"gang_size": 4}
+        if in_leaf:
+            gang["network_topology"] = {"required": "leaf"}
     return TaskRequest.model_validate(
         gang
         | {
@@ -161,7 +165,7 @@ def run(
                 scheduler.handle(report)
                 times.append(time.perf_counter() - started)
                 cpu_times.append(time.thread_time() - cpu)
-        request = task(n, rng, pools, gang_every)
+        request = task(n, rng, pools, gang_every, in_leaf=leaf_size > 0)
         event = TaskProfiled(occurred_at=at, task=request, prediction=PREDICTION)
         started, cpu = time.perf_counter(), time.thread_time()
         decisions = scheduler.handle(event)
@@ -184,7 +188,7 @@ def run(
         "tasks": tasks,
         "waiting": waiting,
         "own_pool_release_every": own_pool_every if waiting else 0,
-        **({"leaf_size": leaf_size, "gang_every": gang_every} if leaf_size else {}),
+        **({"leaf_size": leaf_size, "gang_every": gang_every} if leaf_size or gang_every else {}),
         "p50_ms": round(statistics.median(ms), 3),
         "p99_ms": round(ms[int(len(ms) * 0.99) - 1], 3),
         "p99_9_ms": round(ms[int(len(ms) * 0.999) - 1], 3),
@@ -230,7 +234,7 @@ def main() -> None:
         type=int,
         default=0,
         metavar="K",
-        help="With --leaf-size: every K-th task is a gang of 4 one-GPU members that requires "
+        help="Every K-th task is a gang of 4 one-GPU members, which with --leaf-size requires "
         "one leaf (network_topology.required: leaf); 0: none.",
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="Where the JSON goes.")
