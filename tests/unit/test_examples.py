@@ -20,6 +20,16 @@ def test_example_task_is_a_valid_request(path: Path) -> None:
     assert request.task_id
 
 
+def test_the_leaf_bound_gang_example_asks_what_its_docs_say() -> None:
+    request = TaskRequest.model_validate_json((EXAMPLES / "train-ddp-one-leaf.json").read_text())
+    assert request.gang_size == 4
+    assert request.network_topology is not None
+    assert [level.value if level else None for level in request.network_topology.levels] == [
+        "nvlink-domain",
+        "leaf",
+    ]
+
+
 def test_example_pools_file_loads() -> None:
     pools = load_pools(EXAMPLES / "pools.yaml")
     assert pools["inference"].overcommit.cpu == 2.0
