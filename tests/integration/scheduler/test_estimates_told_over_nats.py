@@ -74,6 +74,11 @@ async def test_a_waiting_tasks_estimate_is_told_in_its_order_and_not_again_unles
         assert estimate.task_sequence.previous == pending.task_sequence.number
 
         assert await next_look(core, service.broker) == []  # the same estimate: no news
+        core.tell_interval = 0  # no more looks of its own from here
+        core.told.clear()  # forgotten: news again, but a process that does not lead tells none
+        epoch, core.epoch = core.epoch, None
+        assert await core.tell_estimates() == []
+        core.epoch = epoch
 
         done = TaskStatusReported(
             task_id="job", status=TaskStatus.SUCCEEDED, occurred_at=datetime.now(UTC)

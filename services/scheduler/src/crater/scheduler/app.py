@@ -202,7 +202,7 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         "every query.",
     )
     estimate_tell_interval_seconds: float = Field(
-        default=60.0,
+        default=300.0,
         ge=0,
         le=86_400,
         description="How often the leader looks for waiting tasks whose start estimate is "

@@ -232,7 +232,7 @@ class SchedulerService:
         audit: AuditLog | None = None,
         watch: ConfigWatch | None = None,
         estimate_interval_seconds: float = 10.0,
-        estimate_tell_interval_seconds: float = 60.0,
+        estimate_tell_interval_seconds: float = 300.0,
     ) -> None:
         self.sessions = sessions
         self.watch = watch
