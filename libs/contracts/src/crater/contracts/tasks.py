@@ -1348,6 +1348,29 @@ class TaskEscalated(TaskEvent):
     escalated_priority: int = Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)
 
 
+class TaskStartEstimated(TaskEvent):
+    """A waiting task's place in its pool's queue and when it is estimated to start, from
+    the scheduler's start-time forecast (the production core run forward over the queue and
+    the running tasks' expected or maximum run times). Told when it is first known and when
+    it moves materially, only while the task waits; numbered among the task's events, so its
+    `pending` webhook never follows the task's `scheduled`. Advice, not a decision: it is
+    not in the audit log."""
+
+    task_id: TaskId
+    attempt: int = Field(default=1, ge=1, le=MAX_ATTEMPT, description="Which attempt waits.")
+    pool: str = Field(max_length=253)
+    queue_position: int = Field(ge=1, le=MAX_EXACT_INT, description="1: next in its pool.")
+    estimated_start_at: AwareDatetime | None = Field(
+        description="When it is estimated to start if nothing new arrives; None: no estimate "
+        "(`estimate` says why)."
+    )
+    estimate: str = Field(
+        max_length=2048,
+        examples=["estimated to start in 420 s (position 3 in pool training)"],
+        description="The estimate in words, or why there is none.",
+    )
+
+
 class TaskStatusReported(Event):
     """A node (or its runner), or the task's launcher, reports a placed task's progress.
 

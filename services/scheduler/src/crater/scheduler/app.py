@@ -201,6 +201,16 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         "copy of its state; its cost grows with the running and waiting tasks). 0: on "
         "every query.",
     )
+    estimate_tell_interval_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        le=86_400,
+        description="How often the leader looks for waiting tasks whose start estimate is "
+        "news (first known, or its start moved by more than 60 s and a quarter of the wait "
+        "told) and tells them on task.estimated: a `pending` webhook with the queue position "
+        "and estimated start. Each look runs the forecast (see estimate_interval_seconds). "
+        "0: never.",
+    )
     pending_interval_seconds: float = Field(
         default=60.0,
         ge=0,
@@ -391,6 +401,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
         audit_log(settings),
         ConfigWatch(settings.pools_file, settings.quotas_file, settings.config_reload_seconds),
         estimate_interval_seconds=settings.estimate_interval_seconds,
+        estimate_tell_interval_seconds=settings.estimate_tell_interval_seconds,
     )
     service.registry.register(ClusterSeries(lambda: core.scheduler, settings.task_metrics_limit))
     broker, name, batch = service.broker, service.name, settings.consumer_batch
@@ -505,6 +516,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
 
     async def step_down() -> None:
         core.epoch = None
+        await core.stop_telling()
         await gate.close()
         await relay.stop(flush=False)
 
@@ -522,6 +534,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     async def resign() -> None:
         # Consume no more, publish what was committed, and only then hand the lease back.
         await gate.close()
+        await core.stop_telling()
         await relay.stop(flush=core.epoch is not None)
         core.epoch = None
         if service.leadership is not None:
