@@ -30,6 +30,7 @@ from crater.scheduler.domain.placer import Pick, Placer
 from crater.scheduler.domain.plugins import judged_field
 from crater.scheduler.domain.preemptor import Preemptor
 from crater.scheduler.domain.queue import (
+    gang_demand,
     members_per_node,
 )
 from crater.scheduler.domain.quotas import QUOTA_FIELDS
@@ -41,7 +42,15 @@ from crater.scheduler.domain.state import (
 from crater.scheduler.domain.waitlist import Waitlist
 
 
-# Which request field a filter judges: named in a rejection.
+def named_field(request: TaskRequest, filter_name: str) -> str:
+    """The request field a rejection by `filter_name` names: the one the task wrote (its
+    ordered `gpu.models` where it lists them, for the GPU model filter)."""
+    field = judged_field(filter_name)
+    if field == "resource_requirements.gpu.type" and request.resource_requirements.gpu.models:
+        return "resource_requirements.gpu.models"
+    return field
+
+
 class Admission:
     """Admits, refuses or queues an arriving task."""
 
@@ -141,8 +150,9 @@ class Admission:
 
     def never_fits(self, task: PendingTask) -> list[FieldError]:
         """Why no node of the task's pool could hold it even empty; [] when one could (or
-        when there are no nodes yet: they may still come). A gang: every member at once."""
-        demand = task.demand
+        when there are no nodes yet: they may still come). A gang: every member at once. Every
+        GPU model it lists counts, whether or not it waits for its first."""
+        demand = task.full_demand
         if not len(self.state.cluster):
             return []
         in_pool = self.state.cluster.in_pool(demand.pool)
@@ -153,7 +163,7 @@ class Admission:
         if not fits.any():
             return [
                 FieldError(
-                    field=judged_field(r.filter),
+                    field=named_field(task.request, r.filter),
                     reason=f"no node in pool {demand.pool!r} can ever fit: {sentence(r)}",
                 )
                 for r in reasons
@@ -162,7 +172,9 @@ class Admission:
         if members == 1:
             return []
         if task.same_node:
-            together, reasons = self.placer.diagnose(task.filter_demand, free=False, among=in_pool)
+            together, reasons = self.placer.diagnose(
+                gang_demand(demand, members), free=False, among=in_pool
+            )
             if together.any():
                 return []
             detail = "; ".join(sentence(r) for r in reasons)
@@ -191,7 +203,10 @@ class Admission:
         `on_profiled` decides it (refusals, quota, the pool's reserved head, every gang
         member), without queueing, reserving or announcing anything."""
         demand = Demand.of(request, prediction, self.state.config.prediction_margin)
-        task = PendingTask(request, prediction, demand, self.state.next_seq)
+        # submitted now, as the submission would be (a wait for its first GPU model counts)
+        task = PendingTask(
+            request, prediction, demand, self.state.next_seq, submitted_at=self.state.clock
+        )
         nodes = self.placer.dry_run(task.filter_demand)
         errors = self.refusals(task)
         picks: list[Pick] | None = None

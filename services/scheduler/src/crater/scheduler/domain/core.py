@@ -304,6 +304,7 @@ class Scheduler(SchedulerState):
         forget_victims(self, now)
         changed = self.nodes.expire_heartbeats(self.nodes.heard_until(now)) or bool(decisions)
         changed = self.retries.end_backoffs(now) or changed
+        changed = self.retries.preferences_due(now) or changed
         changed = self.retries.announcements_due(now) or changed
         changed = self.retries.wakeups_due(now) or changed
         changed = self.waitlist.age(now) or changed

@@ -29,6 +29,7 @@ from crater.scheduler.domain.events import (
     attempt_key,
     granted,
 )
+from crater.scheduler.domain.gpu_order import choose_in_order
 from crater.scheduler.domain.ledger import Ledger
 from crater.scheduler.domain.placement import Selection, select, unplaceable
 from crater.scheduler.domain.plugins import Filter
@@ -264,7 +265,22 @@ class Placer:
         self, task: PendingTask, fits: BoolArray, avoid: BoolArray | None
     ) -> list[Pick] | None:
         """Where every member would go (one pick per member), off the `avoid` nodes; None
-        when not all of them fit now. Changes nothing: a dry run asks this too."""
+        when not all of them fit now. Changes nothing: a dry run asks this too. A task whose
+        GPU models are ordered takes the first of them that holds all of it (gpu_order.py)."""
+        if task.full_demand.gpu_model_order:
+            return choose_in_order(
+                self.state,
+                task,
+                fits,
+                avoid,
+                lambda on, off: self.choose_among(task, on, off),
+            )
+        return self.choose_among(task, fits, avoid)
+
+    def choose_among(
+        self, task: PendingTask, fits: BoolArray, avoid: BoolArray | None
+    ) -> list[Pick] | None:
+        """`choose` on the nodes `fits` off `avoid`, whatever the task's order of models."""
         candidates = fits if avoid is None else fits & ~avoid
         if task.gang_size == 1:
             for i, score, details in self.rank(task.demand, candidates):

@@ -20,6 +20,7 @@ from crater.scheduler.domain.cluster import (
 from crater.scheduler.domain.events import (
     attempt_key,
 )
+from crater.scheduler.domain.gpu_order import waiting_for_first
 from crater.scheduler.domain.guarantees import Guarantees
 from crater.scheduler.domain.placer import Diagnosis, Placer
 from crater.scheduler.domain.queue import node_mask
@@ -86,6 +87,17 @@ class Reasons:
                     code="NoLendableCapacity",
                     nodes=0,
                     message=task.borrow_reason,
+                ),
+            ]
+        first = waiting_for_first(task)
+        if first is not None and not over:
+            reasons = [
+                *reasons,
+                FilterReason(
+                    filter="GpuPreference",
+                    code="WaitingForPreferredModel",
+                    nodes=0,
+                    message=first,
                 ),
             ]
         members = task.gang_size

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 from datetime import datetime
 
+from crater.scheduler.domain.gpu_order import widen_due
 from crater.scheduler.domain.plugins import Pipeline
 from crater.scheduler.domain.state import (
     SchedulerState,
@@ -47,6 +48,14 @@ class RetryIndex:
                 self.stale(task.request.pool)
                 due = True
         return due
+
+    def preferences_due(self, now: datetime) -> bool:
+        """Waiting tasks whose wait for their first GPU model is over take every listed
+        model from now: their pools are retried. True if any."""
+        pools = widen_due(self.state, now)
+        for pool in pools:
+            self.stale(pool)
+        return bool(pools)
 
     def end_backoffs(self, now: datetime) -> bool:
         """Retried attempts whose backoff is over may be placed again: True if any."""

@@ -7,7 +7,15 @@ from crater.contracts import FilterReason
 
 # Reasons about the task, not about nodes: their message is the whole sentence.
 NODELESS_FILTERS = frozenset(
-    {"TenantQuota", "TenantBudget", "Borrow", "RestartBackoff", "Preemption", "Ageing"}
+    {
+        "TenantQuota",
+        "TenantBudget",
+        "Borrow",
+        "RestartBackoff",
+        "Preemption",
+        "Ageing",
+        "GpuPreference",
+    }
 )
 PLURAL_VERBS = {"has": "have", "is": "are", "does": "do", "lacks": "lack", "runs": "run"}
 
