@@ -950,6 +950,20 @@ class TaskRequest(Contract):
     sla: Sla = Field(default_factory=Sla)
     pool: Name = "default"
     tenant: Name = "default"
+    # The two left out of the JSON when unset, as the run times below.
+    user: Name | None = Field(
+        default=None,
+        exclude_if=lambda user: user is None,
+        description="Who submits it, inside its tenant: the quotas file's per-user limits "
+        "(running GPUs, queued tasks, notebooks) count by it. None: no per-user limit applies.",
+        examples=["alice"],
+    )
+    interactive: bool = Field(
+        default=False,
+        exclude_if=lambda interactive: not interactive,
+        description="A notebook or another interactive session: counts against its user's "
+        "notebooks limit (quotas file).",
+    )
     priority: Priority | NumericPriority = Field(
         default=Priority.MEDIUM,
         description="high/medium/low, or 0..1000 (larger first; low 100, medium 500, high 900).",

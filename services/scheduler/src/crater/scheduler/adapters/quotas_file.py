@@ -7,10 +7,17 @@ tenants:
     guarantee: {gpus: 8, cpu_cores: 64, disk_gb: 2000}
     borrow: {gpus: 8}                  # up to 16 GPUs while others leave theirs idle
     reserved: {gpus: 2}                # of its guarantee, never lent to others' borrowing
+    per_user: {running_gpus: 4, queued_tasks: 20, notebooks: 2}   # each user of acme
+    users:
+      alice: {running_gpus: 8}         # her own, the rest as per_user
 
 A resource left out of a hard limit is unlimited. An elastic tenant's resources are those
 its guarantee sets; `borrow` left out (or a resource of it) is unlimited, `borrow` and
 `reserved` may name only resources the guarantee sets, and `reserved` at most the guarantee.
+
+Per-user limits (docs/queues.md) count the tasks that name their `user`: `per_user` for each
+user of the tenant, `users` a named user's own (a limit it leaves out is `per_user`'s); a
+tenant may have them with no quota of its own.
 """
 
 from __future__ import annotations
@@ -19,8 +26,16 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from crater.contracts.tasks import Name
 from crater.scheduler.adapters.yaml_spec import SpecError, parse_yaml_spec
-from crater.scheduler.domain.quotas import QUOTA_FIELDS, Quota, Share, TenantQuotas
+from crater.scheduler.domain.quotas import (
+    QUOTA_FIELDS,
+    Quota,
+    Share,
+    TenantQuotas,
+    UserLimit,
+    UserLimits,
+)
 
 
 class _Amounts(BaseModel):
@@ -36,10 +51,47 @@ class _Amounts(BaseModel):
         return Quota(**{r: getattr(self, r) for r in QUOTA_FIELDS})
 
 
+class _UserSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    running_gpus: float | None = Field(
+        default=None, ge=0, description="GPUs the user holds at once; over it a task waits."
+    )
+    queued_tasks: int | None = Field(
+        default=None, ge=0, description="Tasks the user has waiting; one more is refused."
+    )
+    notebooks: int | None = Field(
+        default=None,
+        ge=0,
+        description="Interactive tasks the user has, waiting or placed; one more is refused.",
+    )
+
+    def limit(self) -> UserLimit:
+        return UserLimit(self.running_gpus, self.queued_tasks, self.notebooks)
+
+
 class _QuotaSpec(_Amounts):
     guarantee: _Amounts | None = None
     borrow: _Amounts | None = None
     reserved: _Amounts | None = None
+    per_user: _UserSpec | None = None
+    users: dict[Name, _UserSpec] = Field(default_factory=dict)
+
+    @property
+    def users_only(self) -> bool:
+        """Per-user limits and no quota of the tenant's own."""
+        hard = any(getattr(self, r) is not None for r in QUOTA_FIELDS)
+        return (self.per_user is not None or bool(self.users)) and not (
+            hard or self.guarantee is not None
+        )
+
+    def user_limits(self) -> UserLimits | None:
+        if self.per_user is None and not self.users:
+            return None
+        return UserLimits(
+            (self.per_user or _UserSpec()).limit(),
+            {user: spec.limit() for user, spec in self.users.items()},
+        )
 
     @model_validator(mode="after")
     def _one_shape(self) -> _QuotaSpec:
@@ -91,13 +143,16 @@ def parse_quotas(text: str, origin: str = "quotas file") -> TenantQuotas:
     spec = parse_yaml_spec(text, _QuotasFile, QuotasFileError, origin)
     limits: dict[str, Quota] = {}
     shares: dict[str, Share] = {}
+    users: dict[str, UserLimits] = {}
     for tenant, q in spec.tenants.items():
+        if (per_user := q.user_limits()) is not None:
+            users[tenant] = per_user
         share = q.share()
-        if share is None:
-            limits[tenant] = q.quota()
-        else:
+        if share is not None:
             shares[tenant] = share
-    return TenantQuotas(limits, shares)
+        elif not q.users_only:
+            limits[tenant] = q.quota()
+    return TenantQuotas(limits, shares, users)
 
 
 def load_quotas(path: Path) -> TenantQuotas:

@@ -119,7 +119,9 @@ class Scheduler(SchedulerState):
     reconfigured: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.quotas.configure(self.config.quotas, self.config.tenant_shares)
+        self.quotas.configure(
+            self.config.quotas, self.config.tenant_shares, self.config.user_limits
+        )
         self.guarantees = Guarantees(self)
         self.quotas.borrow_check = self.guarantees
         pipelines = [self.config.pipeline, *(p.pipeline for p in self.config.pools.values())]
@@ -180,7 +182,7 @@ class Scheduler(SchedulerState):
         if why is not None:
             return why
         self.config = config
-        self.quotas.configure(config.quotas, config.tenant_shares)
+        self.quotas.configure(config.quotas, config.tenant_shares, config.user_limits)
         pipelines = [config.pipeline, *(p.pipeline for p in config.pools.values())]
         self.pools_independent = all(map(pool_filtered_first, pipelines))
         self.retries.cohorts = {
@@ -265,7 +267,9 @@ class Scheduler(SchedulerState):
         # Each pool's blocked head keeps its nodes from the start, as before the restart.
         self.backfill = {}
         for task in self.waitlist.queue():
-            blocked = self.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
+            blocked = self.quotas.blocking(
+                task.request.tenant, task.demand, task.gang_size, task.request.user
+            )
             if task.request.pool not in self.backfill and not blocked:
                 self.waitlist.make_head(task)
         self.expiry_floor = self.heartbeat_floor = None

@@ -249,7 +249,9 @@ class Placer:
         self, task: PendingTask, cause: Event, avoid: BoolArray | None = None
     ) -> list[AllocationGranted]:
         """Place the task (every member of a gang, or none), off the `avoid` nodes."""
-        if self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size):
+        if self.state.quotas.blocking(
+            task.request.tenant, task.demand, task.gang_size, task.request.user
+        ):
             return []
         fits, _ = self.diagnose(task.filter_demand)
         return self.place(task, cause, fits, avoid)
@@ -397,6 +399,7 @@ class Placer:
             expires,
             tenant=request.tenant,
             usage=Usage.of(task.demand),
+            user=request.user,
             priority=task.priority,
             preemptible=request.preemptible,
             granted_seq=task.seq,

@@ -24,7 +24,7 @@ from crater.scheduler.domain.gpu_order import waiting_for_first
 from crater.scheduler.domain.guarantees import Guarantees
 from crater.scheduler.domain.placer import Diagnosis, Placer
 from crater.scheduler.domain.queue import node_mask
-from crater.scheduler.domain.quotas import BUDGET, CLAIMED, RESERVED, Over, Usage
+from crater.scheduler.domain.quotas import BUDGET, CLAIMED, RESERVED, USER_GPUS, Over, Usage
 from crater.scheduler.domain.waitlist import due_free
 from crater.scheduler.domain.wording import for_nodes, sentence
 
@@ -214,6 +214,8 @@ class Reasons:
         quotas = self.state.quotas
         share = quotas.shares.get(tenant)
         kind = over[0][0]
+        if kind == USER_GPUS and task.request.user is not None:
+            return self.over_user_limit(task, task.request.user, over[0], total)
         if kind == CLAIMED:
             claimant = self.guarantees.claimant(tenant, task.request.pool)
             who = "another tenant" if claimant is None else f"tenant {claimant.request.tenant}"
@@ -247,6 +249,23 @@ class Reasons:
                 for resource, wanted, limit in over
             )
         return FilterReason(filter="TenantQuota", code=code, nodes=total, message=message)
+
+    def over_user_limit(self, task: PendingTask, user: str, over: Over, total: int) -> FilterReason:
+        """Why `user`'s own limit of running GPUs holds `task` (quotas file)."""
+        tenant = task.request.tenant
+        _, wanted, cap = over
+        held = self.state.quotas.user_gpus.get((tenant, user), 0.0)
+        limits = self.state.quotas.users[tenant]
+        return FilterReason(
+            filter="UserLimit",
+            code="UserGpuLimit",
+            nodes=total,
+            message=(
+                f"user {user} of tenant {tenant} holds {held:g} of its {cap:g} running GPUs "
+                f"({limits.source(tenant, user, 'running_gpus')}); the task would take it to "
+                f"{wanted:g}"
+            ),
+        )
 
     def announce(
         self, task: PendingTask, cause: Event, reasons: list[FilterReason], summary: str

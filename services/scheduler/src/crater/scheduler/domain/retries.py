@@ -77,7 +77,7 @@ class RetryIndex:
             return None
         pools = set(self.state.stale_pools)
         limited = [
-            t for t in self.state.pending.values() if t.request.tenant in self.state.quotas.limits
+            t for t in self.state.pending.values() if self.state.quotas.limited(t.request.tenant)
         ]
         grown = True
         while grown:
@@ -97,7 +97,7 @@ class RetryIndex:
     def tenant_changed(self, tenant: str) -> None:
         """A tenant's holdings changed: with a quota, its tasks in every pool may now wait
         (or fit) otherwise."""
-        if tenant in self.state.quotas.limits and self.state.stale_pools is not None:
+        if self.state.quotas.limited(tenant) and self.state.stale_pools is not None:
             self.state.stale_pools.update(
                 t.request.pool for t in self.state.pending.values() if t.request.tenant == tenant
             )

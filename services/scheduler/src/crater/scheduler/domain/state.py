@@ -152,6 +152,7 @@ class Allocation:
     running: bool = False
     tenant: str = "default"
     usage: Usage = field(default_factory=Usage)  # this member's own
+    user: str | None = None  # its request's, whose per-user limits it counts against
     priority: int = 500  # 0..1000, larger first
     preemptible: bool = False
     granted_seq: int = 0
@@ -434,7 +435,9 @@ def claimed_ahead(state: SchedulerState, task: PendingTask) -> list[PendingTask]
             and other.request.tenant != task.request.tenant
             and claimed_before(other, task)
             and yielding_for(state, other)
-            and not state.quotas.blocking(other.request.tenant, other.demand, other.gang_size)
+            and not state.quotas.blocking(
+                other.request.tenant, other.demand, other.gang_size, other.request.user
+            )
         ):
             ahead.append(other)
     return ahead

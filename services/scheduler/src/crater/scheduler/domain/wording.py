@@ -15,6 +15,7 @@ NODELESS_FILTERS = frozenset(
         "Preemption",
         "Ageing",
         "GpuPreference",
+        "UserLimit",
     }
 )
 PLURAL_VERBS = {"has": "have", "is": "are", "does": "do", "lacks": "lack", "runs": "run"}
