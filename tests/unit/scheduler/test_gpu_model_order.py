@@ -187,6 +187,29 @@ def test_wait_holds_out_for_the_first_model_and_says_until_when() -> None:
     assert why.message in waits.summary
 
 
+def test_tasks_waiting_alike_each_say_their_own_bound_after_a_retry_pass() -> None:
+    """Tasks of the same demand wait for their first model with different bounds; a retry
+    pass judges them together (those behind the pool's head reuse one verdict) and each
+    still says its own bound."""
+    scheduler = waiting_fleet()
+    scheduler.handle(submit("other", 5, 1, type="a100-80gb"))
+    for task_id, when in (("t1", 10), ("t2", 20), ("t3", 25), ("t4", 28)):
+        scheduler.handle(
+            ordered(
+                task_id, when, 4, "h100", "a100-80gb", models_policy="wait", models_wait_seconds=300
+            )
+        )
+    scheduler.handle(stopped("other", 30))  # a retry pass: both judged again
+    bounds = (("t1", "05:10"), ("t2", "05:20"), ("t3", "05:25"), ("t4", "05:28"))
+    for task_id, until in bounds:
+        [why] = [r for r in scheduler.pending[task_id].live_reasons if r.filter == "GpuPreference"]
+        assert f"until 2026-01-01T00:{until}Z" in why.message
+    # a task naming h100 alone, of the same demand, says no preference of its own
+    scheduler.handle(submit("plain", 31, 4, type="h100"))
+    scheduler.handle(stopped("nothing", 32))
+    assert [r.filter for r in scheduler.pending["plain"].live_reasons] == ["GpuCount", "GpuModel"]
+
+
 def test_wait_takes_the_first_model_when_it_frees_within_the_bound() -> None:
     scheduler = waiting_fleet()
     scheduler.handle(
