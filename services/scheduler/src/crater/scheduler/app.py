@@ -242,7 +242,8 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         "memory_mb, disk_gb}} for a hard limit, or {NAME: {guarantee: {...}, borrow: {...}, "
         "reserved: {...}}} for an elastic quota (docs/pools.md); with per_user: "
         "{running_gpus, queued_tasks, notebooks} and users: {USER: {...}}, limits per user "
-        "inside the tenant (docs/queues.md); reloaded on change, and "
+        "inside the tenant; queues: {NAME: {limit: {...}, tenants: [...], queues: {...}}} "
+        "for nested queues above tenants (docs/queues.md); reloaded on change, and "
         "replaceable over the API (PUT /api/v1/admin/quotas).",
     )
     pools_file: Path | None = Field(
@@ -347,6 +348,8 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         quotas=tenants.limits,
         tenant_shares=tenants.shares,
         user_limits=tenants.users,
+        queues=tenants.queues,
+        queue_of=tenants.queue_of,
         pools=load_pools(settings.pools_file) if settings.pools_file else {},
         grace_period_seconds=settings.grace_period_seconds,
         prediction_margin=settings.prediction_margin,

@@ -89,7 +89,13 @@ class ConfigWatch:
         try:
             pools = running.pools if self.pools_file is None else load_pools(self.pools_file)
             tenants = (
-                TenantQuotas(running.quotas, running.tenant_shares, running.user_limits)
+                TenantQuotas(
+                    running.quotas,
+                    running.tenant_shares,
+                    running.user_limits,
+                    running.queues,
+                    running.queue_of,
+                )
                 if self.quotas_file is None
                 else load_quotas(self.quotas_file)
             )
@@ -110,4 +116,6 @@ def with_files(
         quotas=tenants.limits,
         tenant_shares=tenants.shares,
         user_limits=tenants.users,
+        queues=tenants.queues,
+        queue_of=tenants.queue_of,
     )

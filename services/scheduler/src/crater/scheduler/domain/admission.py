@@ -33,7 +33,7 @@ from crater.scheduler.domain.queue import (
     gang_demand,
     members_per_node,
 )
-from crater.scheduler.domain.quotas import QUOTA_FIELDS, USER_GPUS
+from crater.scheduler.domain.quotas import QUEUE, QUOTA_FIELDS, USER_GPUS
 from crater.scheduler.domain.reasons import Reasons, sentence
 from crater.scheduler.domain.state import (
     PendingTask,
@@ -131,7 +131,14 @@ class Admission:
         for resource, wanted, limit in self.state.quotas.never(
             request.tenant, task.demand, members, request.user
         ):
-            if resource == USER_GPUS:
+            if resource.startswith(f"{QUEUE}."):
+                _, queue, quota = resource.split(".")
+                reason = (
+                    f"queue {queue!r} above tenant {request.tenant!r} may hold {limit:g} "
+                    f"{quota} for all its tenants; the task alone: {wanted:g}{gang}"
+                )
+                errors.append(FieldError(field=QUOTA_FIELDS[quota], reason=reason))
+            elif resource == USER_GPUS:
                 source = self.state.quotas.users[request.tenant].source(
                     request.tenant, str(request.user), "running_gpus"
                 )

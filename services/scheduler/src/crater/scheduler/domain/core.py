@@ -120,7 +120,11 @@ class Scheduler(SchedulerState):
 
     def __post_init__(self) -> None:
         self.quotas.configure(
-            self.config.quotas, self.config.tenant_shares, self.config.user_limits
+            self.config.quotas,
+            self.config.tenant_shares,
+            self.config.user_limits,
+            self.config.queues,
+            self.config.queue_of,
         )
         self.guarantees = Guarantees(self)
         self.quotas.borrow_check = self.guarantees
@@ -182,7 +186,9 @@ class Scheduler(SchedulerState):
         if why is not None:
             return why
         self.config = config
-        self.quotas.configure(config.quotas, config.tenant_shares, config.user_limits)
+        self.quotas.configure(
+            config.quotas, config.tenant_shares, config.user_limits, config.queues, config.queue_of
+        )
         pipelines = [config.pipeline, *(p.pipeline for p in config.pools.values())]
         self.pools_independent = all(map(pool_filtered_first, pipelines))
         self.retries.cohorts = {

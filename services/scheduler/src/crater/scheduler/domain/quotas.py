@@ -24,6 +24,8 @@ CLAIMED = "claimed"
 RESERVED = "reserved"
 # The user's own limit of GPUs held at once (`UserLimit.running_gpus`), inside its tenant.
 USER_GPUS = "user.running_gpus"
+# A queue above the tenant (`Queue`) at its limit: "queue.<name>.<resource>".
+QUEUE = "queue"
 
 
 @dataclass(frozen=True)
@@ -208,12 +210,36 @@ class UserLimits:
 
 
 @dataclass(frozen=True)
+class Queue:
+    """A queue above tenants (an organisation, a department): what the tenants under it hold
+    together stays within its `limit`, except what keeps an elastic tenant within its own
+    guarantee (a guarantee is always honoured: the limit caps borrowing and the tenants
+    without one). `parent`: the queue it is part of (None: a root, an organisation)."""
+
+    limit: Quota = field(default_factory=Quota)
+    parent: str | None = None
+
+
+@dataclass(frozen=True)
 class TenantQuotas:
-    """A quotas file: the tenants with a hard limit, the elastic ones, and per-user limits."""
+    """A quotas file: the tenants with a hard limit, the elastic ones, per-user limits, and
+    the queues above tenants with the queue each tenant is part of."""
 
     limits: dict[str, Quota] = field(default_factory=dict)
     shares: dict[str, Share] = field(default_factory=dict)
     users: dict[str, UserLimits] = field(default_factory=dict)
+    queues: dict[str, Queue] = field(default_factory=dict)
+    queue_of: dict[str, str] = field(default_factory=dict)
+
+
+def ancestors(queues: dict[str, Queue], queue: str | None) -> list[str]:
+    """`queue` and the queues above it, nearest first (the file's validation keeps the tree a
+    tree: a cycle stops at the first queue seen twice)."""
+    found: list[str] = []
+    while queue is not None and queue in queues and queue not in found:
+        found.append(queue)
+        queue = queues[queue].parent
+    return found
 
 
 class BorrowCheck(Protocol):
@@ -239,6 +265,11 @@ class Quotas:
     # Per-user limits by tenant, and the GPUs each (tenant, user) holds now.
     users: dict[str, UserLimits] = field(default_factory=dict)
     user_gpus: dict[tuple[str, str], float] = field(default_factory=dict)
+    # Queues above tenants: each tenant's queues, nearest first, and what each queue's
+    # tenants hold together now.
+    queues: dict[str, Queue] = field(default_factory=dict)
+    tenant_queues: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    queue_used: dict[str, Usage] = field(default_factory=dict)
 
     def blocking(
         self, tenant: str, demand: Demand, copies: int = 1, user: str | None = None
@@ -254,10 +285,12 @@ class Quotas:
             wanted = self.user_gpus.get((tenant, user), 0.0) + Usage.of(demand).gpus * copies
             if cap is not None and wanted > cap + 1e-9:  # shared cards' fractions: no residue
                 return [(USER_GPUS, wanted, cap)]
+        adding = Usage.of(demand).times(copies)
+        if tenant in self.tenant_queues and (over := self.over_queues(tenant, adding)):
+            return over
         quota = self.limits.get(tenant)
         if quota is None:
             return []
-        adding = Usage.of(demand).times(copies)
         after = self.used.get(tenant, Usage()) + adding
         over = quota.excess(after)
         share = self.shares.get(tenant)
@@ -265,13 +298,39 @@ class Quotas:
             return over
         return self.borrow_check.refusal(tenant, demand.pool, adding)
 
+    def over_queues(self, tenant: str, adding: Usage) -> list[Over]:
+        """("queue.<name>.<resource>", wanted, limit) for the nearest queue above `tenant`
+        that `adding` would take past its limit; [] when none, or when `adding` keeps an
+        elastic tenant within its guarantee (honoured whatever its queues hold)."""
+        share = self.shares.get(tenant)
+        if share is not None and not share.above(self.used.get(tenant, Usage()) + adding):
+            return []
+        for queue in self.tenant_queues[tenant]:
+            after = self.queue_used.get(queue, Usage()) + adding
+            over = self.queues[queue].limit.excess(after)
+            if over:
+                return [(f"{QUEUE}.{queue}.{r}", wanted, limit) for r, wanted, limit in over]
+        return []
+
     def configure(
         self,
         limits: dict[str, Quota],
         shares: dict[str, Share],
         users: dict[str, UserLimits] | None = None,
+        queues: dict[str, Queue] | None = None,
+        queue_of: dict[str, str] | None = None,
     ) -> None:
-        """The hard limits, elastic shares and per-user limits in force from now on."""
+        """The hard limits, elastic shares, per-user limits and queues in force from now on.
+        What each queue's tenants hold is counted again from what they hold now."""
+        self.queues = dict(queues or {})
+        self.tenant_queues = {
+            tenant: tuple(ancestors(self.queues, queue))
+            for tenant, queue in sorted((queue_of or {}).items())
+        }
+        self.queue_used = {}
+        for tenant, used in self.used.items():
+            for queue in self.tenant_queues.get(tenant, ()):
+                self.queue_used[queue] = self.queue_used.get(queue, Usage()) + used
         self.users = dict(users or {})
         self.shares = dict(shares)
         self.limits = {**limits, **{tenant: s.cap for tenant, s in shares.items()}}
@@ -296,6 +355,13 @@ class Quotas:
         this user of it)."""
         quota = self.limits.get(tenant)
         over = [] if quota is None else quota.excess(Usage.of(demand).times(copies))
+        for queue in self.tenant_queues.get(tenant, ()):
+            over += [
+                (f"{QUEUE}.{queue}.{r}", wanted, limit)
+                for r, wanted, limit in self.queues[queue].limit.excess(
+                    Usage.of(demand).times(copies)
+                )
+            ]
         if user is not None and (limits := self.users.get(tenant)) is not None:
             cap = limits.of(user).running_gpus
             wanted = Usage.of(demand).gpus * copies
@@ -305,7 +371,15 @@ class Quotas:
 
     def limited(self, tenant: str) -> bool:
         """A tenant whose holdings decide whether its waiting tasks may take more."""
-        return tenant in self.limits or tenant in self.users
+        return tenant in self.limits or tenant in self.users or tenant in self.tenant_queues
+
+    def related(self, tenant: str) -> set[str]:
+        """`tenant` and the tenants sharing a queue with it: what one holds, the others may
+        take or not."""
+        mine = set(self.tenant_queues.get(tenant, ()))
+        if not mine:
+            return {tenant}
+        return {tenant} | {t for t, qs in self.tenant_queues.items() if mine.intersection(qs)}
 
     def take_user(self, tenant: str, user: str | None, gpus: float) -> None:
         """`user` of `tenant` holds `gpus` more (fewer, negative)."""
@@ -321,8 +395,12 @@ class Quotas:
 
     def take(self, tenant: str, usage: Usage) -> None:
         self.used[tenant] = self.used.get(tenant, Usage()) + usage
+        for queue in self.tenant_queues.get(tenant, ()):
+            self.queue_used[queue] = self.queue_used.get(queue, Usage()) + usage
         self.version += 1
 
     def give_back(self, tenant: str, usage: Usage) -> None:
         self.used[tenant] = self.used.get(tenant, Usage()) - usage
+        for queue in self.tenant_queues.get(tenant, ()):
+            self.queue_used[queue] = self.queue_used.get(queue, Usage()) - usage
         self.version += 1

@@ -24,7 +24,16 @@ from crater.scheduler.domain.gpu_order import waiting_for_first
 from crater.scheduler.domain.guarantees import Guarantees
 from crater.scheduler.domain.placer import Diagnosis, Placer
 from crater.scheduler.domain.queue import node_mask
-from crater.scheduler.domain.quotas import BUDGET, CLAIMED, RESERVED, USER_GPUS, Over, Usage
+from crater.scheduler.domain.quotas import (
+    BUDGET,
+    CLAIMED,
+    QUEUE,
+    RESERVED,
+    USER_GPUS,
+    Over,
+    Quotas,
+    Usage,
+)
 from crater.scheduler.domain.waitlist import due_free
 from crater.scheduler.domain.wording import for_nodes, sentence
 
@@ -216,6 +225,13 @@ class Reasons:
         kind = over[0][0]
         if kind == USER_GPUS and task.request.user is not None:
             return self.over_user_limit(task, task.request.user, over[0], total)
+        if kind.startswith(f"{QUEUE}."):
+            return FilterReason(
+                filter="QueueLimit",
+                code="QueueLimitReached",
+                nodes=total,
+                message=queue_full(quotas, tenant, over),
+            )
         if kind == CLAIMED:
             claimant = self.guarantees.claimant(tenant, task.request.pool)
             who = "another tenant" if claimant is None else f"tenant {claimant.request.tenant}"
@@ -304,6 +320,20 @@ class Reasons:
                 attempt=task.attempt,
             )
         ]
+
+
+def queue_full(quotas: Quotas, tenant: str, over: list[Over]) -> str:
+    """`queue research (in acme) at its limit: its tenants hold 32 of 32 gpus, ...`."""
+    queue = over[0][0].split(".")[1]
+    parent = quotas.queues[queue].parent
+    place = f" (in {parent})" if parent is not None else ""
+    used = quotas.queue_used.get(queue, Usage())
+    held = ", ".join(
+        f"{getattr(used, kind.split('.')[2]):g} of {limit:g} {kind.split('.')[2]}, the task "
+        f"would take it to {wanted:g}"
+        for kind, wanted, limit in over
+    )
+    return f"queue {queue}{place} of tenant {tenant} at its limit: its tenants hold {held}"
 
 
 def kind_of(reasons: list[FilterReason]) -> frozenset[str]:

@@ -82,6 +82,8 @@ class RetryIndex:
         grown = True
         while grown:
             tenants = {t.request.tenant for t in limited if t.request.pool in pools}
+            if self.state.quotas.tenant_queues:  # tenants sharing a queue move together
+                tenants = set().union(*(self.state.quotas.related(t) for t in tenants))
             linked = {t.request.pool for t in limited if t.request.tenant in tenants}
             grown = not linked <= pools
             pools |= linked
@@ -96,10 +98,12 @@ class RetryIndex:
 
     def tenant_changed(self, tenant: str) -> None:
         """A tenant's holdings changed: with a quota, its tasks in every pool may now wait
-        (or fit) otherwise."""
-        if self.state.quotas.limited(tenant) and self.state.stale_pools is not None:
+        (or fit) otherwise, and so may those of the tenants sharing a queue with it."""
+        quotas = self.state.quotas
+        if quotas.limited(tenant) and self.state.stale_pools is not None:
+            tenants = quotas.related(tenant)
             self.state.stale_pools.update(
-                t.request.pool for t in self.state.pending.values() if t.request.tenant == tenant
+                t.request.pool for t in self.state.pending.values() if t.request.tenant in tenants
             )
 
 

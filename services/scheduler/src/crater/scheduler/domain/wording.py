@@ -16,6 +16,7 @@ NODELESS_FILTERS = frozenset(
         "Ageing",
         "GpuPreference",
         "UserLimit",
+        "QueueLimit",
     }
 )
 PLURAL_VERBS = {"has": "have", "is": "are", "does": "do", "lacks": "lack", "runs": "run"}

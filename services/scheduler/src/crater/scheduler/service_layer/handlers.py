@@ -820,7 +820,14 @@ class SchedulerService:
             proposed = with_files(
                 running,
                 running.pools if pools is None else pools,
-                tenants or TenantQuotas(running.quotas, running.tenant_shares, running.user_limits),
+                tenants
+                or TenantQuotas(
+                    running.quotas,
+                    running.tenant_shares,
+                    running.user_limits,
+                    running.queues,
+                    running.queue_of,
+                ),
             )
             why = self.scheduler.refuse_config(proposed)
             if why is not None:
