@@ -172,6 +172,17 @@ def test_a_task_naming_no_user_is_held_by_no_user_limit() -> None:
     assert granted(scheduler.handle(submit("x1", 1, 8, user=None))) == ["x1"]
 
 
+def test_a_task_its_users_limit_holds_claims_no_guarantee_from_other_tenants() -> None:
+    """acme's bob waits on his own limit, within acme's guarantee: beta may still borrow
+    (no owner of acme could take the capacity back anyway)."""
+    text = QUOTAS + "  beta:\n    guarantee: {gpus: 2}\n"
+    scheduler = limited(text, 8)
+    scheduler.handle(submit("b1", 1, 4))
+    assert of(scheduler.handle(submit("b2", 2, 1)), TaskPending)  # his limit, not acme's
+    decisions = scheduler.handle(submit("beta-1", 3, 3, user=None, tenant="beta"))
+    assert granted(decisions) == ["beta-1"]  # borrows 1 above its guarantee of 2
+
+
 # -- queued tasks and notebooks: refused at admission ------------------------------------------
 
 

@@ -280,11 +280,8 @@ class Quotas:
         hold = self.holds.get(tenant)
         if hold is not None:
             return [(BUDGET, float(hold.cost), float(hold.budget))]
-        if user is not None and (limits := self.users.get(tenant)) is not None:
-            cap = limits.of(user).running_gpus
-            wanted = self.user_gpus.get((tenant, user), 0.0) + Usage.of(demand).gpus * copies
-            if cap is not None and wanted > cap + 1e-9:  # shared cards' fractions: no residue
-                return [(USER_GPUS, wanted, cap)]
+        if over := self.user_over(tenant, user, demand, copies):
+            return over
         adding = Usage.of(demand).times(copies)
         if tenant in self.tenant_queues and (over := self.over_queues(tenant, adding)):
             return over
@@ -297,6 +294,19 @@ class Quotas:
         if over or share is None or self.borrow_check is None or not share.above(after):
             return over
         return self.borrow_check.refusal(tenant, demand.pool, adding)
+
+    def user_over(
+        self, tenant: str, user: str | None, demand: Demand, copies: int = 1
+    ) -> list[Over]:
+        """[(USER_GPUS, wanted, limit)] when `copies` of `demand` would take `user` of
+        `tenant` past its running-GPU limit; [] otherwise (or without a user)."""
+        if user is None or (limits := self.users.get(tenant)) is None:
+            return []
+        cap = limits.of(user).running_gpus
+        wanted = self.user_gpus.get((tenant, user), 0.0) + Usage.of(demand).gpus * copies
+        if cap is not None and wanted > cap + 1e-9:  # shared cards' fractions: no residue
+            return [(USER_GPUS, wanted, cap)]
+        return []
 
     def over_queues(self, tenant: str, adding: Usage) -> list[Over]:
         """("queue.<name>.<resource>", wanted, limit) for the nearest queue above `tenant`
