@@ -9,7 +9,7 @@ import pytest
 from crater.contracts import TaskRequest
 from crater.scheduler.adapters.pools_file import load_pools
 from crater.scheduler.adapters.quotas_file import load_quotas
-from crater.scheduler.domain.quotas import Quota
+from crater.scheduler.domain.quotas import Queue, Quota, UserLimit
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -46,6 +46,23 @@ def test_example_quotas_file_loads_hard_and_elastic_tenants() -> None:
     search = tenants.shares["search"]
     assert (search.guarantee.gpus, search.cap.gpus, search.reserved.gpus) == (16, 24, 4)
     assert tenants.shares["ads"].cap.gpus is None  # no borrowing limit
+
+
+def test_example_quotas_file_loads_per_user_limits() -> None:
+    tenants = load_quotas(EXAMPLES / "quotas-users.yaml")
+    acme = tenants.users["acme"]
+    assert acme.of("bob") == UserLimit(running_gpus=4, queued_tasks=20, notebooks=2)
+    assert acme.of("alice") == UserLimit(running_gpus=8, queued_tasks=20, notebooks=2)
+    assert tenants.shares["acme"].cap.gpus == 24
+    assert "lab" not in tenants.limits  # per-user limits only
+    assert tenants.users["lab"].of("x") == UserLimit(notebooks=1)
+
+
+def test_example_quotas_file_loads_nested_queues() -> None:
+    tenants = load_quotas(EXAMPLES / "quotas-queues.yaml")
+    assert tenants.queues["research"] == Queue(Quota(gpus=24), "acme")
+    assert tenants.queues["ads"] == Queue(Quota(), "acme")
+    assert tenants.queue_of == {"vision": "research", "nlp": "research", "ads-ranking": "ads"}
 
 
 def test_example_price_file_prices_every_gpu_of_the_demo_fleet() -> None:

@@ -250,7 +250,10 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         default=None,
         description="YAML (or JSON): tenants: {NAME: {gpus, gpu_memory_mb, cpu_cores, "
         "memory_mb, disk_gb}} for a hard limit, or {NAME: {guarantee: {...}, borrow: {...}, "
-        "reserved: {...}}} for an elastic quota (docs/pools.md); reloaded on change, and "
+        "reserved: {...}}} for an elastic quota (docs/pools.md); with per_user: "
+        "{running_gpus, queued_tasks, notebooks} and users: {USER: {...}}, limits per user "
+        "inside the tenant; queues: {NAME: {limit: {...}, tenants: [...], queues: {...}}} "
+        "for nested queues above tenants (docs/queues.md); reloaded on change, and "
         "replaceable over the API (PUT /api/v1/admin/quotas).",
     )
     pools_file: Path | None = Field(
@@ -354,6 +357,9 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         checkpoint_root=settings.checkpoint_root,
         quotas=tenants.limits,
         tenant_shares=tenants.shares,
+        user_limits=tenants.users,
+        queues=tenants.queues,
+        queue_of=tenants.queue_of,
         pools=load_pools(settings.pools_file) if settings.pools_file else {},
         grace_period_seconds=settings.grace_period_seconds,
         prediction_margin=settings.prediction_margin,

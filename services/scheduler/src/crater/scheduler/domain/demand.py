@@ -69,6 +69,9 @@ class Demand:
     # network_topology.required: only nodes that declare a domain at this level (the gang's
     # members all within one of them: fabric.py)
     fabric_required: FabricLevel | None = None
+    # `gpu.models`, more than one, in order of preference: `gpu_model` lets every one of them
+    # pass the filters, the placer tries them in this order (gpu_order.py). Empty: unordered.
+    gpu_model_order: tuple[str, ...] = ()
 
     @property
     def wants_ssd(self) -> bool:
@@ -141,7 +144,7 @@ class Demand:
                 source = f"predicted peak {predicted} MiB + {margin:.0%}"
         gpu = needs.gpu
         mig = MigProfile.parse(gpu.mig_profile) if gpu.mig_profile and gpu.count else None
-        models = [m for m in (gpu.type, *gpu.types) if m]
+        models = gpu.models or [m for m in (gpu.type, *gpu.types) if m]
         return cls(
             pool=pool,
             gpus=gpu.count,
@@ -163,4 +166,5 @@ class Demand:
             node_selector=tuple(sorted((node_selector or {}).items())),
             tolerations=tuple(tolerations),
             anti_affinity_group=anti_affinity_group,
+            gpu_model_order=tuple(gpu.models) if gpu.models and len(gpu.models) > 1 else (),
         )

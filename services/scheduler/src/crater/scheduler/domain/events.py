@@ -149,6 +149,7 @@ def granted(
             f"GPU memory {task.demand.gpu_memory_mb} MiB per card "
             f"({task.demand.gpu_memory_source}); {numa_words(node, selection)}"
             f"{disk_words(node, selection, allocation)}{fabric_words(node)}{loan}"
+            + (f"; {task.model_choice}" if task.model_choice else "")
         ),
         environment=env,
         gang_index=member,

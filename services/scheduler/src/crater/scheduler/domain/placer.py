@@ -31,6 +31,7 @@ from crater.scheduler.domain.events import (
     granted,
 )
 from crater.scheduler.domain.fabric import along_ring, domains_for
+from crater.scheduler.domain.gpu_order import choose_in_order
 from crater.scheduler.domain.ledger import Ledger
 from crater.scheduler.domain.placement import Selection, select, unplaceable
 from crater.scheduler.domain.plugins import Filter
@@ -253,7 +254,9 @@ class Placer:
         self, task: PendingTask, cause: Event, avoid: BoolArray | None = None
     ) -> list[AllocationGranted]:
         """Place the task (every member of a gang, or none), off the `avoid` nodes."""
-        if self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size):
+        if self.state.quotas.blocking(
+            task.request.tenant, task.demand, task.gang_size, task.request.user
+        ):
             return []
         fits, _ = self.diagnose(task.filter_demand)
         return self.place(task, cause, fits, avoid)
@@ -269,7 +272,22 @@ class Placer:
         self, task: PendingTask, fits: BoolArray, avoid: BoolArray | None
     ) -> list[Pick] | None:
         """Where every member would go (one pick per member), off the `avoid` nodes; None
-        when not all of them fit now. Changes nothing: a dry run asks this too."""
+        when not all of them fit now. Changes nothing: a dry run asks this too. A task whose
+        GPU models are ordered takes the first of them that holds all of it (gpu_order.py)."""
+        if task.full_demand.gpu_model_order:
+            return choose_in_order(
+                self.state,
+                task,
+                fits,
+                avoid,
+                lambda on, off: self.choose_among(task, on, off),
+            )
+        return self.choose_among(task, fits, avoid)
+
+    def choose_among(
+        self, task: PendingTask, fits: BoolArray, avoid: BoolArray | None
+    ) -> list[Pick] | None:
+        """`choose` on the nodes `fits` off `avoid`, whatever the task's order of models."""
         candidates = fits if avoid is None else fits & ~avoid
         if task.gang_size == 1:
             for i, score, details in self.rank(task.demand, candidates):
@@ -413,6 +431,7 @@ class Placer:
             expires,
             tenant=request.tenant,
             usage=Usage.of(task.demand),
+            user=request.user,
             priority=task.priority,
             preemptible=request.preemptible,
             granted_seq=task.seq,

@@ -82,7 +82,9 @@ class Preemptor:
         if (
             task.nominated
             or not (reclaims or any(p < mine for p in self.state.preemptible))
-            or self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
+            or self.state.quotas.blocking(
+                task.request.tenant, task.demand, task.gang_size, task.request.user
+            )
         ):
             return []
         now = self.state.clock or cause.occurred_at

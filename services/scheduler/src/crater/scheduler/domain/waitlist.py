@@ -22,6 +22,7 @@ from crater.scheduler.domain.cluster import (
     Node,
 )
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.gpu_order import remember as remember_preference
 from crater.scheduler.domain.placement import select
 from crater.scheduler.domain.placer import Placer
 from crater.scheduler.domain.plugins.filters import RESTRICTED_BELOW
@@ -64,6 +65,7 @@ class Waitlist:
             heapq.heappush(self.state.deadlines, (deadline, task.seq, task.request.task_id))
         if task.not_before is not None:
             heapq.heappush(self.state.backoffs, (task.not_before, task.seq, task.request.task_id))
+        remember_preference(self.state, task)
         self.next_step(task)
 
     def next_step(self, task: PendingTask) -> None:

@@ -15,6 +15,9 @@ NODELESS_FILTERS = frozenset(
         "Preemption",
         "Ageing",
         "FabricDomain",
+        "GpuPreference",
+        "UserLimit",
+        "QueueLimit",
     }
 )
 PLURAL_VERBS = {

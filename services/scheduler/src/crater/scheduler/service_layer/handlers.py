@@ -917,7 +917,14 @@ class SchedulerService:
             proposed = with_files(
                 running,
                 running.pools if pools is None else pools,
-                tenants or TenantQuotas(running.quotas, running.tenant_shares),
+                tenants
+                or TenantQuotas(
+                    running.quotas,
+                    running.tenant_shares,
+                    running.user_limits,
+                    running.queues,
+                    running.queue_of,
+                ),
             )
             why = self.scheduler.refuse_config(proposed)
             if why is not None:
@@ -968,7 +975,7 @@ class SchedulerService:
             self.metrics.config_reloads.labels(outcome="applied").inc()
             log.info("%s file from %s applied over the API", request.file, who)
         running = self.config
-        tenants = sorted({*running.quotas, *running.tenant_shares})
+        tenants = sorted({*running.quotas, *running.tenant_shares, *running.user_limits})
         summary = (
             f"applied: {len(running.pools)} pools, {len(tenants)} tenant quotas, from the next "
             "event on (the file on disk is unchanged)"
