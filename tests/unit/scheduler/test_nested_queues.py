@@ -123,7 +123,7 @@ def test_the_file_gives_each_queue_its_limit_and_parent_and_each_team_its_queue(
         ),
         ("queues:\n  a: {limit: {gpus: -1}}\n", "queues.a.limit.gpus", "greater than or equal"),
         ("queues:\n  A!: {}\n", "queues.A!.[key]", "should match pattern"),
-        ("queues:\n  a: {guarantee: {gpus: 1}}\n", "queues.a.guarantee", "Extra inputs"),
+        ("queues:\n  a: {deserved: {gpus: 1}}\n", "queues.a.deserved", "Extra inputs"),
     ],
 )
 def test_a_bad_queue_tree_is_refused_naming_the_field(text: str, field: str, says: str) -> None:

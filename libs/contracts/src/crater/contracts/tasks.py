@@ -1420,6 +1420,14 @@ class TaskPreempted(TaskEvent):
         "this tenant, within its own guarantee, needs the capacity back (reclaim, whatever "
         "the priorities).",
     )
+    # Left out of the JSON when None: a preemption reads as it did before queue guarantees.
+    reclaimed_by_queue: str | None = Field(
+        default=None,
+        exclude_if=lambda queue: queue is None,
+        description="With reclaimed_by_tenant: the tenant's task claimed the guarantee of this "
+        "queue above it (docs/queues.md), whose capacity the task's tenant (or a queue above "
+        "it) held above its own guarantee.",
+    )
     # Left out of the JSON when None: a preemption reads as it did before time limits.
     time_limit_seconds: int | None = Field(
         default=None,
@@ -1436,6 +1444,11 @@ class TaskPreempted(TaskEvent):
             return f"reached its time limit of {self.time_limit_seconds} s"
         if self.lent_by is not None:
             return f"the GPUs lent by {self.lent_by} taken back"
+        if self.preempted_by is not None and self.reclaimed_by_queue is not None:
+            return (
+                f"preempted by {self.preempted_by}: queue {self.reclaimed_by_queue} takes "
+                "back its guarantee"
+            )
         if self.preempted_by is not None and self.reclaimed_by_tenant is not None:
             return (
                 f"preempted by {self.preempted_by}: tenant {self.reclaimed_by_tenant} takes "

@@ -152,6 +152,21 @@ class _QueueSpec(BaseModel):
     limit: _Amounts | None = Field(
         default=None, description="What the tenants under it hold together, at most."
     )
+    guarantee: _Amounts | None = Field(
+        default=None,
+        description="What the tenants under it may always hold together; unused, lent to "
+        "its siblings first, then further up (reclaimed with the grace period).",
+    )
+    borrowing_limit: _Amounts | None = Field(
+        default=None,
+        description="How much above its guarantee its tenants may hold together while others "
+        "leave theirs idle (a resource left out: unlimited); not on a root.",
+    )
+    lending_limit: _Amounts | None = Field(
+        default=None,
+        description="How much of its unused guarantee others may borrow at once (a resource "
+        "left out: all of it); the rest is kept free for its own tenants.",
+    )
     queues: dict[Name, _QueueSpec] = Field(default_factory=dict)
     tenants: list[Name] = Field(default_factory=list, description="Tenants directly in it.")
 
@@ -200,7 +215,8 @@ def _queue_tree(
         if name in queues:
             problems.append((where, f"queue {name!r} is named twice: each queue once"))
             continue
-        queues[name] = Queue((spec.limit or _Amounts()).quota(), parent)
+        queues[name] = Queue((spec.limit or _Amounts()).quota(), parent, _queue_share(spec))
+        problems += _queue_problems(where, spec, parent)
         for index, tenant in enumerate(spec.tenants):
             if tenant in queue_of:
                 problems.append(
@@ -231,9 +247,135 @@ def _queue_tree(
                         f"= {sum(promised.values())}): a guarantee is always honoured",
                     )
                 )
+    problems += _nested_guarantees(queues, queue_of, shares)
     if problems:
         raise QuotasFileError(origin, problems)
     return queues, queue_of
+
+
+def _queue_share(spec: _QueueSpec) -> Share | None:
+    """A queue's guarantee as an elastic tenant's: its borrowing limit, and the part of its
+    guarantee it never lends (the guarantee less its lending limit)."""
+    if spec.guarantee is None:
+        return None
+    guarantee = spec.guarantee.quota()
+    lend = spec.lending_limit
+    reserved = Quota(
+        **{
+            r: None
+            if lend is None or getattr(lend, r) is None or getattr(guarantee, r) is None
+            else max(0, getattr(guarantee, r) - getattr(lend, r))
+            for r in QUOTA_FIELDS
+        }
+    )
+    return Share(guarantee, (spec.borrowing_limit or _Amounts()).quota(), reserved)
+
+
+def _queue_problems(where: str, spec: _QueueSpec, parent: str | None) -> list[tuple[str, str]]:
+    """A queue's own fields that contradict each other: limits without a guarantee, a
+    borrowing limit on a root, a resource the guarantee does not set, a lending limit above
+    the guarantee, a limit below it."""
+    problems: list[tuple[str, str]] = []
+    if spec.guarantee is None:
+        for part in ("borrowing_limit", "lending_limit"):
+            if getattr(spec, part) is not None:
+                problems.append(
+                    (
+                        f"{where}.{part}",
+                        "needs a guarantee: a queue lends or borrows only "
+                        "around a guarantee of its own",
+                    )
+                )
+        return problems
+    if spec.borrowing_limit is not None and parent is None:
+        problems.append(
+            (
+                f"{where}.borrowing_limit",
+                "a root queue has no parent to borrow within: its limit caps what its tenants hold",
+            )
+        )
+    for part in ("borrowing_limit", "lending_limit"):
+        amounts: _Amounts | None = getattr(spec, part)
+        for r in QUOTA_FIELDS:
+            value = None if amounts is None else getattr(amounts, r)
+            if value is None:
+                continue
+            promised = getattr(spec.guarantee, r)
+            if promised is None:
+                problems.append((f"{where}.{part}.{r}", f"the guarantee sets no {r}"))
+            elif part == "lending_limit" and value > promised:
+                problems.append(
+                    (f"{where}.{part}.{r}", f"{value} is more than the guarantee's {promised}")
+                )
+    for r in QUOTA_FIELDS:
+        limit = None if spec.limit is None else getattr(spec.limit, r)
+        promised = getattr(spec.guarantee, r)
+        if limit is not None and promised is not None and limit < promised:
+            problems.append(
+                (f"{where}.limit.{r}", f"{limit} is less than the queue's own guarantee {promised}")
+            )
+    return problems
+
+
+def _nested_guarantees(
+    queues: dict[str, Queue], queue_of: dict[str, str], shares: dict[str, Share]
+) -> list[tuple[str, str]]:
+    """Each queue's guarantee (or, without one, its limit) against what the queues and
+    elastic tenants directly under it are guaranteed (a queue without a guarantee passes on
+    its own children's): a guarantee is a part of its parent's, never more than it."""
+    problems: list[tuple[str, str]] = []
+
+    def promised(queue: str, resource: str) -> tuple[int, list[str]]:
+        """What is guaranteed under `queue` (directly or through queues without a guarantee
+        of their own), and its parts for a reason."""
+        total, parts = 0, []
+        for child, node in sorted(queues.items()):
+            if node.parent != queue:
+                continue
+            own = None if node.share is None else getattr(node.share.guarantee, resource)
+            if own is None:
+                below, _ = promised(child, resource)
+                if below:
+                    total += below
+                    parts.append(f"queue {child} {below}")
+            else:
+                total += own
+                parts.append(f"queue {child} {own}")
+        for tenant, home in sorted(queue_of.items()):
+            if home == queue and tenant in shares:
+                amount = getattr(shares[tenant].guarantee, resource)
+                if amount is not None:
+                    total += amount
+                    parts.append(f"tenant {tenant} {amount}")
+        return total, parts
+
+    for name, queue in queues.items():
+        if not any(q.share is not None for q in queues.values()):
+            break  # no queue guarantees: the tenants' guarantees are checked above
+        for resource in QUOTA_FIELDS:
+            total, parts = promised(name, resource)
+            if not parts:
+                continue
+            own = None if queue.share is None else getattr(queue.share.guarantee, resource)
+            if own is not None and total > own:
+                problems.append(
+                    (
+                        f"{_path(queues, name)}.guarantee.{resource}",
+                        f"{own} is less than the guarantees under it ({' + '.join(parts)} = "
+                        f"{total}): a child's guarantee is part of its parent's",
+                    )
+                )
+            limit = getattr(queue.limit, resource)
+            by_queues = any(part.startswith("queue ") for part in parts)
+            if own is None and by_queues and limit is not None and total > limit:
+                problems.append(
+                    (
+                        f"{_path(queues, name)}.limit.{resource}",
+                        f"{limit} is less than the guarantees under it ({' + '.join(parts)} = "
+                        f"{total}): a guarantee is always honoured",
+                    )
+                )
+    return problems
 
 
 def _path(queues: dict[str, Queue], name: str) -> str:

@@ -34,7 +34,7 @@ from crater.scheduler.domain.queue import (
     gang_demand,
     members_per_node,
 )
-from crater.scheduler.domain.quotas import QUEUE, QUOTA_FIELDS, USER_GPUS
+from crater.scheduler.domain.quotas import QUEUE, QUEUE_BORROW, QUOTA_FIELDS, USER_GPUS
 from crater.scheduler.domain.reasons import Reasons, sentence
 from crater.scheduler.domain.state import (
     PendingTask,
@@ -137,6 +137,14 @@ class Admission:
                 reason = (
                     f"queue {queue!r} above tenant {request.tenant!r} may hold {limit:g} "
                     f"{quota} for all its tenants; the task alone: {wanted:g}{gang}"
+                )
+                errors.append(FieldError(field=QUOTA_FIELDS[quota], reason=reason))
+            elif resource.startswith(f"{QUEUE_BORROW}."):
+                _, queue, quota = resource.split(".")
+                reason = (
+                    f"queue {queue!r} above tenant {request.tenant!r} may hold {limit:g} "
+                    f"{quota} for all its tenants (its guarantee and borrowing limit); the "
+                    f"task alone: {wanted:g}{gang}"
                 )
                 errors.append(FieldError(field=QUOTA_FIELDS[quota], reason=reason))
             elif resource == USER_GPUS:

@@ -117,6 +117,8 @@ def granted(
             f"; tenant {request.tenant} over its guarantee: borrowing {borrowing.brief()}"
             " (reclaimable)"
         )
+    if member + 1 == size and (queued := state.quotas.queue_loan(request.tenant)):
+        loan += f"; {queued}"
     token = sign_token(
         state.config.token_secret, allocation_id, request.task_id, node.name, expires
     )

@@ -31,7 +31,16 @@ import itertools
 from datetime import datetime
 
 from crater.scheduler.domain.fairshare import DecayedUsage
-from crater.scheduler.domain.quotas import CLAIMED, QUOTA_FIELDS, RESERVED, Over, Usage
+from crater.scheduler.domain.quotas import (
+    CLAIMED,
+    QUOTA_FIELDS,
+    RESERVED,
+    Over,
+    Usage,
+    ancestors,
+    queue_key,
+    queue_of_key,
+)
 from crater.scheduler.domain.state import Allocation, PendingTask, SchedulerState
 
 # The resources free capacity is known for, cluster-wide, for the reserved amounts: GPUs,
@@ -62,18 +71,19 @@ class Guarantees:
     def fair(self) -> bool:
         """Whether borrowing tenants are served by their decayed usage."""
         return self.state.config.borrow_half_life_seconds is not None and bool(
-            self.state.quotas.shares
+            self.state.quotas.holders()
         )
 
     def age(self, now: datetime) -> None:
         """Fold the time since the last event into each elastic tenant's decayed usage."""
         half_life = self.state.config.borrow_half_life_seconds
-        if half_life is not None and self.state.quotas.shares:
+        if half_life is not None and self.state.quotas.holders():
             self.usage.age(now, half_life, self.shares)
 
     def shares(self) -> dict[str, float]:
-        """Per elastic tenant borrowing now: what it holds above its guarantee as its dominant
-        share of the ready cluster (the largest of its GPU, CPU and memory shares)."""
+        """Per holder of a guarantee borrowing now (an elastic tenant, a queue with a
+        guarantee: "queue/<name>"): what it holds above its guarantee as its dominant share of
+        the ready cluster (the largest of its GPU, CPU and memory shares)."""
         quotas, cluster = self.state.quotas, self.state.cluster
         ready = cluster.ready
         totals = (
@@ -82,21 +92,25 @@ class Guarantees:
             float(cluster.memory_total_mb[ready].sum()),
         )
         found: dict[str, float] = {}
-        for tenant in sorted(quotas.shares):
-            above = quotas.borrowing(tenant)
+        for key in quotas.holders():
+            above = quotas.share_of(key).above(quotas.used_by(key))
             if not above:
                 continue
             amounts = (above.gpus, above.cpu_cores, above.memory_mb)
-            found[tenant] = max(
+            found[key] = max(
                 (float(a) / t for a, t in zip(amounts, totals, strict=True) if t > 0),
                 default=0.0,
             )
         return found
 
-    def standing(self, tenant: str) -> tuple[float, float]:
+    def standing(self, tenant: str) -> tuple[tuple[float, float], ...]:
         """The order borrowing tenants are served in: least decayed usage, then least
-        borrowed now."""
-        return self.usage.standing(tenant, self.shares().get(tenant, 0.0))
+        borrowed now; under queues with guarantees, compared from the top of the tree down
+        (the organisations', then the departments', then the tenants' own: siblings share
+        what is borrowed by their dominant resource share, recursively)."""
+        shares = self.shares()
+        chain = self.state.quotas.chain(tenant) or (tenant,)
+        return tuple(self.usage.standing(key, shares.get(key, 0.0)) for key in reversed(chain))
 
     def refusal(self, tenant: str, pool: str, adding: Usage) -> list[Over]:
         """Why `tenant`, which would hold more than its guarantee with `adding`, may not take
@@ -107,14 +121,21 @@ class Guarantees:
         return self.reserved_short(tenant, adding)
 
     def claimant(self, tenant: str, pool: str) -> PendingTask | None:
-        """The earliest waiting task of `pool` of another elastic tenant that is within its
-        guarantee with it (not held by its budget, not backing off): its owner claims the
-        capacity borrowers would take. None when there is none."""
+        """The earliest waiting task of `pool` within the guarantee of a holder `tenant` is
+        not under (another elastic tenant, a queue it is not part of; not held by its budget,
+        not backing off): its owner claims the capacity borrowers would take. None when there
+        is none."""
+        return self.claim_of(tenant, pool)[1]
+
+    def claim_of(self, tenant: str, pool: str) -> tuple[str | None, PendingTask | None]:
+        """`claimant`, with the holder whose guarantee it claims."""
+        mine = self.state.quotas.chain(tenant)
         found: PendingTask | None = None
+        owner: str | None = None
         for other, task in self.claiming().get(pool, {}).items():
-            if other != tenant and (found is None or task.seq < found.seq):
-                found = task
-        return found
+            if other != tenant and other not in mine and (found is None or task.seq < found.seq):
+                found, owner = task, other
+        return owner, found
 
     def claiming(self) -> dict[str, dict[str, PendingTask]]:
         """`claims`, kept up to date: built again when what it reads has changed (holdings,
@@ -143,26 +164,27 @@ class Guarantees:
         """`task` into `claims`, if it is within its elastic tenant's guarantee."""
         quotas = self.state.quotas
         tenant = task.request.tenant
-        share = quotas.shares.get(tenant)
-        if share is None or task.not_before is not None or tenant in quotas.holds:
+        if not quotas.chain(tenant) or task.not_before is not None or tenant in quotas.holds:
             return
         if quotas.user_over(tenant, task.request.user, task.demand, task.gang_size):
             return  # its user's own limit holds it: no claim on others' borrowing
-        if share.above(quotas.used.get(tenant, Usage()) + demand_of(task)):
+        owner = quotas.within_at(tenant, demand_of(task))
+        if owner is None:
             return
         earliest = self.claims.setdefault(task.request.pool, {})
-        if tenant not in earliest or task.seq < earliest[tenant].seq:
-            earliest[tenant] = task
+        if owner not in earliest or task.seq < earliest[owner].seq:
+            earliest[owner] = task
 
     def reserved_short(self, tenant: str, adding: Usage) -> list[Over]:
         """(`reserved.<resource>`, free after `adding`, unused reserved of the others) for each
         resource where taking `adding` leaves less free than the other tenants' reserved
         amounts still unused."""
         quotas = self.state.quotas
+        mine = quotas.chain(tenant)
         held = Usage()
-        for other, share in sorted(quotas.shares.items()):
-            if other != tenant:
-                held = held + share.reserved.unused(quotas.used.get(other, Usage()))
+        for other in quotas.holders():
+            if other != tenant and other not in mine:
+                held = held + quotas.share_of(other).reserved.unused(quotas.used_by(other))
         if not held:
             return []
         free = self.free()
@@ -184,40 +206,99 @@ class Guarantees:
             memory_mb=int(cluster.memory_free_mb[ready].sum()),
         )
 
-    def reclaimable(self, task: PendingTask) -> dict[str, Usage]:
-        """Per other elastic tenant: what it holds above its guarantee and is not yet yielding,
-        that `task` may take back; {} unless `task` is of an elastic tenant and within its
-        guarantee with it and with its tenant's other tasks that have victims yielding (it
-        needs its own guarantee, not a loan)."""
+    def owner(self, task: PendingTask) -> str | None:
+        """The holder whose guarantee `task` claims: the nearest in its tenant's chain (the
+        elastic tenant itself, then the queues above it with a guarantee) that it keeps within
+        its guarantee, with the tasks under that holder that have victims yielding for them
+        (an owner takes back its guarantee once, not once per task it has waiting). None:
+        not within any (it would borrow), or its tenant's budget holds it."""
         quotas = self.state.quotas
         tenant = task.request.tenant
-        share = quotas.shares.get(tenant)
-        if share is None or tenant in quotas.holds:
-            return {}
-        # What it holds, with what its other waiting tasks have victims yielding for: an
-        # owner takes back its guarantee once, not once per task it has waiting.
-        after = quotas.used.get(tenant, Usage()) + demand_of(task)
-        if share.above(after):
-            return {}
-        for waiting in self.state.pending.values():
-            if waiting.nominated and waiting is not task and waiting.request.tenant == tenant:
-                after = after + demand_of(waiting)
-        if share.above(after):
+        chain = quotas.chain(tenant)
+        if not chain or tenant in quotas.holds:
+            return None
+        mine = demand_of(task)
+        for key in chain:
+            share = quotas.share_of(key)
+            after = quotas.used_by(key) + mine
+            if share.above(after):
+                continue
+            for waiting in self.state.pending.values():
+                if (
+                    waiting.nominated
+                    and waiting is not task
+                    and self.under(waiting.request.tenant, key)
+                ):
+                    after = after + demand_of(waiting)
+            if not share.above(after):
+                return key
+        return None
+
+    def under(self, tenant: str, key: str) -> bool:
+        """Whether `tenant` is under holder `key` (is it, or is in that queue)."""
+        return tenant == key or key in self.state.quotas.chain(tenant)
+
+    def reclaimable(self, task: PendingTask) -> dict[str, Usage]:
+        """Per holder of a guarantee apart from `task`'s owner (another elastic tenant, a queue
+        neither above nor below it): what it holds above its guarantee and is not yet
+        yielding, that `task` may take back; {} unless `task` is within a guarantee
+        (`owner`: it needs its own guarantee, not a loan)."""
+        quotas = self.state.quotas
+        owner = self.owner(task)
+        if owner is None:
             return {}
         yielding: dict[str, Usage] = {}
         for head in self.state.allocations.values():
-            if head.yield_by is not None and head.tenant in quotas.shares:
-                yielding[head.tenant] = yielding.get(head.tenant, Usage()) + held(head)
+            if head.yield_by is not None:
+                for key in quotas.chain(head.tenant):
+                    yielding[key] = yielding.get(key, Usage()) + held(head)
+        mine = quotas.chain(task.request.tenant)
         found: dict[str, Usage] = {}
-        for other in sorted(quotas.shares):
-            if other == tenant:
-                continue
-            above = quotas.shares[other].above(
-                quotas.used.get(other, Usage()) - yielding.get(other, Usage())
+        for other in quotas.holders():
+            if other in mine or owner in quotas.chain(other) or self.below(other, owner):
+                continue  # itself, a queue above it, or a holder under its owner
+            above = quotas.share_of(other).above(
+                quotas.used_by(other) - yielding.get(other, Usage())
             )
             if above:
                 found[other] = above
-        return found
+        # A holder borrows from `task`'s side only when the queues above it that are not
+        # above `task` too hold more than their guarantees as well: a tenant above its own
+        # guarantee inside a department within its own borrows from its siblings, not from
+        # `task`'s owner.
+        return {
+            other: above
+            for other, above in found.items()
+            if all(key in found for key in self.above_holder(other) if key not in mine)
+        }
+
+    def above_holder(self, holder: str) -> tuple[str, ...]:
+        """The queues with a guarantee above `holder` (a tenant or a queue), nearest first."""
+        queue = queue_of_key(holder)
+        if queue is None:
+            return tuple(k for k in self.state.quotas.chain(holder) if k != holder)
+        return tuple(
+            queue_key(q)
+            for q in ancestors(self.state.quotas.queues, queue)[1:]
+            if self.state.quotas.queues[q].share is not None
+        )
+
+    def below(self, holder: str, owner: str) -> bool:
+        """Whether `holder` (a tenant or a queue) is under queue holder `owner`."""
+        queue, parent = queue_of_key(owner), queue_of_key(holder)
+        if queue is None:
+            return False
+        if parent is None:
+            return queue_key(queue) in self.state.quotas.chain(holder)
+        return queue in ancestors(self.state.quotas.queues, parent) and parent != queue
+
+    def lender_of(self, tenant: str, borrowing: dict[str, Usage]) -> str | None:
+        """The holder among `borrowing`'s that a task of `tenant` is taken back from: the
+        nearest in its chain (the tenant when elastic, else its nearest queue with a
+        guarantee), when that holds more than its guarantee; None when that is within its
+        own (a guarantee below protects the task)."""
+        chain = self.state.quotas.chain(tenant)
+        return chain[0] if chain and chain[0] in borrowing else None
 
 
 def demand_of(task: PendingTask) -> Usage:

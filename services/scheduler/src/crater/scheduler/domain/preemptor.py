@@ -27,7 +27,7 @@ from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.placer import Placer
 from crater.scheduler.domain.preemption import Candidate, Plan, plan, plan_gang
 from crater.scheduler.domain.queue import node_mask
-from crater.scheduler.domain.quotas import Usage
+from crater.scheduler.domain.quotas import Usage, queue_of_key
 from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import (
     Allocation,
@@ -102,12 +102,15 @@ class Preemptor:
                 continue  # yielding already; or on lent cards, which only their lender takes
             borrower = lent and head.borrowed_from == pool
             outranked = head.preemptible and head.priority < mine
-            room = borrowing.get(head.tenant)
+            # its tenant's, or a queue's above it, borrowing (the nearest holding more than
+            # its guarantee): what taking it gives back
+            lender = self.guarantees.lender_of(head.tenant, borrowing) if borrowing else None
+            room = None if lender is None else borrowing[lender]
             over_guarantee = room is not None and gives_back(held(head), room)
             if not (borrower or outranked or over_guarantee):
                 continue
-            if over_guarantee and not (borrower or outranked):
-                above[head.task_id] = head.tenant
+            if over_guarantee and not (borrower or outranked) and lender is not None:
+                above[head.task_id] = lender
             guard = None if borrower or over_guarantee else self.guard(head, now)
             borrower = borrower or over_guarantee
             for a in head.members():
@@ -162,15 +165,18 @@ class Preemptor:
             # Its tenant's guarantee: the room these victims leave is the tenant's first
             # (`state.claimed_ahead`). A pool's reclaim is its pool's, whichever of its
             # tasks its own queue serves first.
-            self.state.claimants[task.request.task_id] = None
+            self.state.claimants[task.request.task_id] = self.guarantees.owner(task)
             task.yielders = {
                 m.allocation_id: (m.node, whole_cards(m))
                 for victim in victims.values()
                 for m in victim.members()
             }
+        owner = self.guarantees.owner(task) if above else None
+        by_queue = queue_of_key(owner) if owner is not None else None
         for victim in victims.values():
             reclaim = victim.borrowed_from if victim.borrowed_from == pool else None
             tenant = task.request.tenant if victim.task_id in above else None
+            queue = by_queue if victim.task_id in above else None
             must_stop_by = full
             if reclaim is not None or tenant is not None:
                 # A grace never starts over for an owner: borrowers it picks again (others
@@ -180,7 +186,9 @@ class Preemptor:
                     task.reclaim_by = full
                 must_stop_by = max(now, min(full, task.reclaim_by))
             by = task.request.task_id
-            decisions += self.order_yield(victim, must_stop_by, cause, by, reclaim, tenant=tenant)
+            decisions += self.order_yield(
+                victim, must_stop_by, cause, by, reclaim, tenant=tenant, queue=queue
+            )
         return decisions
 
     def guard(self, head: Allocation, now: datetime) -> tuple[str, datetime] | None:
@@ -344,6 +352,7 @@ class Preemptor:
         lent_by: str | None = None,
         tenant: str | None = None,
         time_limit: int | None = None,
+        queue: str | None = None,
     ) -> list[Event]:
         """`victim` (a whole gang) is told to be gone by `must_stop_by`. `time_limit`: it has
         held its grant for its time limit (not a victim of anyone: no cooldown)."""
@@ -375,6 +384,7 @@ class Preemptor:
                     reclaimed_by_pool=reclaim,
                     lent_by=lent_by,
                     reclaimed_by_tenant=tenant,
+                    reclaimed_by_queue=queue,
                     time_limit_seconds=time_limit,
                 )
             )

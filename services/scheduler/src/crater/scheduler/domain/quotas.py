@@ -26,6 +26,21 @@ RESERVED = "reserved"
 USER_GPUS = "user.running_gpus"
 # A queue above the tenant (`Queue`) at its limit: "queue.<name>.<resource>".
 QUEUE = "queue"
+# A queue at its borrowing limit (its guarantee + `Queue.borrow_limit`):
+# "queue-borrow.<name>.<resource>".
+QUEUE_BORROW = "queue-borrow"
+# A queue's key among the holders of guarantees (tenants are keyed by their name, which
+# never holds a "/"): "queue/<name>".
+QUEUE_KEY = "queue/"
+
+
+def queue_key(queue: str) -> str:
+    return QUEUE_KEY + queue
+
+
+def queue_of_key(key: str) -> str | None:
+    """The queue a guarantee holder's key names; None for a tenant's."""
+    return key[len(QUEUE_KEY) :] if key.startswith(QUEUE_KEY) else None
 
 
 @dataclass(frozen=True)
@@ -169,6 +184,9 @@ class Share:
         )
 
 
+NOTHING = Share(Quota(**dict.fromkeys(QUOTA_FIELDS, 0)))  # a guarantee of nothing
+
+
 @dataclass(frozen=True)
 class UserLimit:
     """What one user of a tenant may have at once; None: no limit (Slurm's MaxTRESPerUser
@@ -212,12 +230,16 @@ class UserLimits:
 @dataclass(frozen=True)
 class Queue:
     """A queue above tenants (an organisation, a department): what the tenants under it hold
-    together stays within its `limit`, except what keeps an elastic tenant within its own
-    guarantee (a guarantee is always honoured: the limit caps borrowing and the tenants
-    without one). `parent`: the queue it is part of (None: a root, an organisation)."""
+    together stays within its `limit`, except what keeps an elastic tenant (or a queue below
+    it) within its own guarantee (a guarantee is always honoured: the limit caps borrowing
+    and the tenants without one). `parent`: the queue it is part of (None: a root, an
+    organisation). `share`: its own guarantee, borrowing limit and reserved part (the
+    guarantee less its lending limit), as an elastic tenant's (Kueue's hierarchical cohorts,
+    KAI's and Volcano's hierarchical queues); None: it guarantees nothing of its own."""
 
     limit: Quota = field(default_factory=Quota)
     parent: str | None = None
+    share: Share | None = None
 
 
 @dataclass(frozen=True)
@@ -270,6 +292,133 @@ class Quotas:
     queues: dict[str, Queue] = field(default_factory=dict)
     tenant_queues: dict[str, tuple[str, ...]] = field(default_factory=dict)
     queue_used: dict[str, Usage] = field(default_factory=dict)
+    # Per tenant, the holders of guarantees it is under, nearest first: itself when elastic,
+    # then each queue above it that has a guarantee ("queue/<name>"). Only elastic tenants
+    # when no queue has a guarantee: then everything decides as before queues had them.
+    chains: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The tenants under a queue with a guarantee that have none of their own: each a holder
+    # of a guarantee of nothing (all it holds is borrowed: its siblings' guarantees, its
+    # queue's unassigned part), so that an elastic sibling takes its guarantee back from it.
+    unguaranteed: frozenset[str] = field(default_factory=frozenset)
+
+    def chain(self, tenant: str) -> tuple[str, ...]:
+        """The holders of guarantees `tenant` is under, nearest first (`chains`)."""
+        found = self.chains.get(tenant)
+        if found is not None:
+            return found
+        return (tenant,) if tenant in self.shares else ()
+
+    def share_of(self, key: str) -> Share:
+        """The guarantee of a holder (an elastic tenant's name, or a queue's key)."""
+        queue = queue_of_key(key)
+        if queue is None:
+            return self.shares[key] if key not in self.unguaranteed else NOTHING
+        share = self.queues[queue].share
+        assert share is not None
+        return share
+
+    def used_by(self, key: str) -> Usage:
+        """What a holder of a guarantee holds now (a queue: all its tenants together)."""
+        queue = queue_of_key(key)
+        if queue is None:
+            return self.used.get(key, Usage())
+        return self.queue_used.get(queue, Usage())
+
+    def holders(self) -> list[str]:
+        """Every holder of a guarantee: the elastic tenants, then the queues with one."""
+        return sorted(self.shares) + sorted(self.unguaranteed) + [
+            queue_key(q) for q, queue in sorted(self.queues.items()) if queue.share is not None
+        ]
+
+    def over_at(self, tenant: str, adding: Usage) -> list[str]:
+        """The holders in `tenant`'s chain that `adding` would take above their guarantee,
+        up to the first it keeps within (from there up the task borrows nothing)."""
+        found: list[str] = []
+        for key in self.chain(tenant):
+            if not self.share_of(key).above(self.used_by(key) + adding):
+                return found
+            found.append(key)
+        return found
+
+    def within_at(self, tenant: str, adding: Usage) -> str | None:
+        """The nearest holder in `tenant`'s chain that `adding` keeps within its guarantee:
+        whose guarantee the task claims. None: it borrows at every level."""
+        for key in self.chain(tenant):
+            if not self.share_of(key).above(self.used_by(key) + adding):
+                return key
+        return None
+
+    def holder_name(self, key: str) -> str:
+        """A holder in a reason: "tenant nlp", "queue research (in acme)"."""
+        queue = queue_of_key(key)
+        if queue is None:
+            return f"tenant {key}"
+        parent = self.queues[queue].parent
+        return f"queue {queue}" + (f" (in {parent})" if parent is not None else "")
+
+    def queue_loan(self, tenant: str) -> str:
+        """Under queues with guarantees, what `tenant`'s holdings borrow now and from whom,
+        for a grant's explanation: "borrowed 2 GPUs from queue research (in acme)
+        (reclaimable)" (the nearest queue whose guarantee still covers them lends: its other
+        tenants' unused guarantee), or "queue acme over its guarantee: borrowing 4 GPUs
+        (reclaimable)" (above every guarantee). "" when it borrows nothing, or no queue above
+        it has a guarantee (the tenant's own wording says it)."""
+        chain = self.chain(tenant)
+        if not any(queue_of_key(key) is not None for key in chain):
+            return ""
+        over = [key for key in chain if self.share_of(key).above(self.used_by(key))]
+        if not over:
+            return ""
+        if len(over) > 1 and over[0] in self.unguaranteed:
+            over = over[1:]  # a team without a guarantee: what its queue borrows says it
+        nearest = over[0]
+        amount = self.share_of(nearest).above(self.used_by(nearest))
+        if over == [tenant] and tenant in self.unguaranteed:
+            queue = self.tenant_queues[tenant][0]
+            if not any(t in self.shares for t, qs in self.tenant_queues.items() if qs[0] == queue):
+                return ""  # on its queue's guarantee, which no elastic sibling claims a part of
+        sibling = None if nearest in self.unguaranteed else self.idle_sibling(nearest)
+        if sibling is not None:
+            return f"borrowed {amount.brief()} from {self.holder_name(sibling)} (reclaimable)"
+        lender = next((k for k in chain[chain.index(nearest) + 1 :] if k not in over), None)
+        if lender is None:
+            top = over[-1]
+            taken = self.share_of(top).above(self.used_by(top))
+            name = self.holder_name(top)
+            return f"{name} over its guarantee: borrowing {taken.brief()} (reclaimable)"
+        return f"borrowed {amount.brief()} from {self.holder_name(lender)} (reclaimable)"
+
+    def idle_sibling(self, key: str) -> str | None:
+        """The holder beside `key` (in the same queue, or a root beside a root) that leaves
+        most of its guaranteed GPUs unused (then the first by name): whose guarantee a
+        borrower above `key`'s is lent first. None when none leaves any."""
+        queue = queue_of_key(key)
+        parent = self.queues[queue].parent if queue is not None else None
+        if queue is None:
+            mine = self.tenant_queues.get(key, ())
+            parent = mine[0] if mine else None
+        best: tuple[float, str] | None = None
+        for other in self.holders():
+            if other == key:
+                continue
+            other_queue = queue_of_key(other)
+            if other_queue is None:
+                theirs = self.tenant_queues.get(other, ())
+                beside = (theirs[0] if theirs else None) == parent
+            else:
+                beside = self.queues[other_queue].parent == parent
+            guaranteed = self.share_of(other).guarantee.gpus
+            if not beside or not guaranteed or other in self.unguaranteed:
+                continue
+            idle = guaranteed - self.used_by(other).gpus
+            if idle > 1e-9 and (best is None or (-idle, other) < best):
+                best = (-idle, other)
+        return None if best is None else best[1]
+
+    def borrows(self, tenant: str, adding: Usage) -> bool:
+        """Whether `adding` takes `tenant` above its guarantee or a queue above it above
+        its own: the task borrows (reclaimable)."""
+        return bool(self.over_at(tenant, adding))
 
     def blocking(
         self, tenant: str, demand: Demand, copies: int = 1, user: str | None = None
@@ -286,12 +435,8 @@ class Quotas:
         if tenant in self.tenant_queues and (over := self.over_queues(tenant, adding)):
             return over
         quota = self.limits.get(tenant)
-        if quota is None:
-            return []
-        after = self.used.get(tenant, Usage()) + adding
-        over = quota.excess(after)
-        share = self.shares.get(tenant)
-        if over or share is None or self.borrow_check is None or not share.above(after):
+        over = [] if quota is None else quota.excess(self.used.get(tenant, Usage()) + adding)
+        if over or self.borrow_check is None or not self.borrows(tenant, adding):
             return over
         return self.borrow_check.refusal(tenant, demand.pool, adding)
 
@@ -317,9 +462,14 @@ class Quotas:
             return []
         for queue in self.tenant_queues[tenant]:
             after = self.queue_used.get(queue, Usage()) + adding
+            own = self.queues[queue].share
+            if own is not None and not own.above(after):
+                return []  # within this queue's guarantee: honoured here and above
             over = self.queues[queue].limit.excess(after)
             if over:
                 return [(f"{QUEUE}.{queue}.{r}", wanted, limit) for r, wanted, limit in over]
+            if own is not None and (over := own.cap.excess(after)):
+                return [(f"{QUEUE_BORROW}.{queue}.{r}", wanted, limit) for r, wanted, limit in over]
         return []
 
     def configure(
@@ -337,6 +487,13 @@ class Quotas:
             tenant: tuple(ancestors(self.queues, queue))
             for tenant, queue in sorted((queue_of or {}).items())
         }
+        self.chains = {
+            tenant: (tenant,)
+            + tuple(queue_key(q) for q in queues_above if self.queues[q].share is not None)
+            for tenant, queues_above in self.tenant_queues.items()
+            if any(self.queues[q].share is not None for q in queues_above)
+        }
+        self.unguaranteed = frozenset(t for t in self.chains if t not in shares)
         self.queue_used = {}
         for tenant, used in self.used.items():
             for queue in self.tenant_queues.get(tenant, ()):
@@ -347,11 +504,9 @@ class Quotas:
         self.version += 1
 
     def would_borrow(self, tenant: str, demand: Demand, copies: int = 1) -> bool:
-        """Whether `copies` of `demand` would take an elastic tenant above its guarantee."""
-        share = self.shares.get(tenant)
-        if share is None:
-            return False
-        return bool(share.above(self.used.get(tenant, Usage()) + Usage.of(demand).times(copies)))
+        """Whether `copies` of `demand` would take an elastic tenant above its guarantee (or
+        a queue above it above its own)."""
+        return self.borrows(tenant, Usage.of(demand).times(copies))
 
     def borrowing(self, tenant: str) -> Usage:
         """What `tenant` holds above its guarantee now (nothing without a share)."""
@@ -372,6 +527,11 @@ class Quotas:
                     Usage.of(demand).times(copies)
                 )
             ]
+            if (own := self.queues[queue].share) is not None:
+                over += [
+                    (f"{QUEUE_BORROW}.{queue}.{r}", wanted, limit)
+                    for r, wanted, limit in own.cap.excess(Usage.of(demand).times(copies))
+                ]
         if user is not None and (limits := self.users.get(tenant)) is not None:
             cap = limits.of(user).running_gpus
             wanted = Usage.of(demand).gpus * copies

@@ -29,6 +29,7 @@ from crater.scheduler.domain.quotas import (
     BUDGET,
     CLAIMED,
     QUEUE,
+    QUEUE_BORROW,
     RESERVED,
     USER_GPUS,
     Over,
@@ -237,14 +238,34 @@ class Reasons:
                 nodes=total,
                 message=queue_full(quotas, tenant, over),
             )
+        if kind.startswith(f"{QUEUE_BORROW}."):
+            return FilterReason(
+                filter="QueueLimit",
+                code="QueueBorrowingLimit",
+                nodes=total,
+                message=queue_borrowing_full(quotas, tenant, over),
+            )
         if kind == CLAIMED:
-            claimant = self.guarantees.claimant(tenant, task.request.pool)
+            owner, claimant = self.guarantees.claim_of(tenant, task.request.pool)
             who = "another tenant" if claimant is None else f"tenant {claimant.request.tenant}"
             code = "GuaranteeClaimed"
-            message = (
-                f"tenant {tenant} is at its guarantee and borrows no more while {who} "
-                f"waits for its own guarantee in pool {task.request.pool}"
-            )
+            if owner is not None and owner != (claimant and claimant.request.tenant):
+                # a queue's guarantee, claimed by a task of a tenant under it
+                message = (
+                    f"tenant {tenant} borrows no more while {quotas.holder_name(owner)} waits "
+                    f"for its guarantee ({who}'s task {claimant and claimant.request.task_id}) "
+                    f"in pool {task.request.pool}"
+                )
+            else:
+                at = (
+                    "has no guarantee of its own"
+                    if tenant in quotas.unguaranteed
+                    else "is at its guarantee"
+                )
+                message = (
+                    f"tenant {tenant} {at} and borrows no more while {who} "
+                    f"waits for its own guarantee in pool {task.request.pool}"
+                )
         elif kind.startswith(RESERVED):
             code = "ReservedForTenants"
             message = f"tenant {tenant} would borrow capacity reserved for other tenants: " + (
@@ -339,6 +360,23 @@ def queue_full(quotas: Quotas, tenant: str, over: list[Over]) -> str:
         for kind, wanted, limit in over
     )
     return f"queue {queue}{place} of tenant {tenant} at its limit: its tenants hold {held}"
+
+
+def queue_borrowing_full(quotas: Quotas, tenant: str, over: list[Over]) -> str:
+    """`queue research (in acme) of tenant nlp at its borrowing limit: its tenants hold 24 of
+    24 gpus (guarantee 16 + borrowing 8), the task would take it to 26`."""
+    queue = over[0][0].split(".")[1]
+    share = quotas.queues[queue].share
+    used = quotas.queue_used.get(queue, Usage())
+    held = ", ".join(
+        f"{getattr(used, kind.split('.')[2]):g} of {limit:g} {kind.split('.')[2]} (guarantee "
+        f"{getattr(share.guarantee, kind.split('.')[2]) if share else 0} + borrowing "
+        f"{limit - (getattr(share.guarantee, kind.split('.')[2]) if share else 0):g}), the task "
+        f"would take it to {wanted:g}"
+        for kind, wanted, limit in over
+    )
+    name = quotas.holder_name(f"queue/{queue}")
+    return f"{name} of tenant {tenant} at its borrowing limit: its tenants hold {held}"
 
 
 def kind_of(reasons: list[FilterReason]) -> frozenset[str]:

@@ -355,9 +355,10 @@ class SchedulerState:
     # Time limits: (when, allocation id, task id) of each running task's limit (its grant's
     # time plus its max_run_seconds), earliest first: no per-event scan of the allocations.
     limits: list[tuple[datetime, str, str]] = field(default_factory=list)
-    # Tasks reclaiming their tenant's guarantee, by task id: the room their victims leave is
-    # their tenant's first (`claimed_ahead`). Not stored: a restart forgets the claims.
-    claimants: dict[str, None] = field(default_factory=dict, compare=False, repr=False)
+    # Tasks reclaiming their tenant's guarantee, by task id, each with the holder whose
+    # guarantee it claims (its tenant, or a queue above it): the room their victims leave is
+    # that holder's first (`claimed_ahead`). Not stored: a restart forgets the claims.
+    claimants: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
     # Preemptions held back, by rule (min_run, victim_cooldown, unproven), and ageing steps
     # taken, since the service last read them (its metrics).
     tally: Counter[str] = field(default_factory=Counter, compare=False, repr=False)
@@ -428,11 +429,13 @@ def claimed_ahead(state: SchedulerState, task: PendingTask) -> list[PendingTask]
     tenant's quota holds back now (its tenant took a card meanwhile through another task):
     it could not take the room. The owner is the tenant: its own tasks are not kept off."""
     ahead: list[PendingTask] = []
-    for task_id in state.claimants:
+    mine = state.quotas.chain(task.request.tenant)
+    for task_id, owner in state.claimants.items():
         other = state.pending.get(task_id)
         if (
             other is not None
             and other.request.tenant != task.request.tenant
+            and owner not in mine  # a queue's claim: its tenants may take the room
             and claimed_before(other, task)
             and yielding_for(state, other)
             and not state.quotas.blocking(
