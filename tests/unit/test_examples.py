@@ -65,6 +65,14 @@ def test_example_quotas_file_loads_nested_queues() -> None:
     assert tenants.queue_of == {"vision": "research", "nlp": "research", "ads-ranking": "ads"}
 
 
+def test_example_quotas_file_loads_queue_guarantees() -> None:
+    tenants = load_quotas(EXAMPLES / "quotas-queue-guarantees.yaml")
+    research = tenants.queues["research"].share
+    assert research is not None
+    assert (research.guarantee.gpus, research.cap.gpus, research.reserved.gpus) == (16, 24, 4)
+    assert tenants.queues["acme"].limit == Quota(gpus=40)
+
+
 def test_example_price_file_prices_every_gpu_of_the_demo_fleet() -> None:
     """crater up runs with it (crater cost shows a cost): each of the demo's GPU models has a
     price of its own, none falls back to the default."""

@@ -266,11 +266,16 @@ class Guarantees:
         # above `task` too hold more than their guarantees as well: a tenant above its own
         # guarantee inside a department within its own borrows from its siblings, not from
         # `task`'s owner.
-        return {
-            other: above
-            for other, above in found.items()
-            if all(key in found for key in self.above_holder(other) if key not in mine)
-        }
+        # What is taken back from a holder is at most what each of those queues holds above
+        # its guarantee, too.
+        taken: dict[str, Usage] = {}
+        for other, above in found.items():
+            between = [key for key in self.above_holder(other) if key not in mine]
+            if all(key in found for key in between):
+                for key in between:
+                    above = least(above, found[key])
+                taken[other] = above
+        return taken
 
     def above_holder(self, holder: str) -> tuple[str, ...]:
         """The queues with a guarantee above `holder` (a tenant or a queue), nearest first."""
@@ -299,6 +304,11 @@ class Guarantees:
         own (a guarantee below protects the task)."""
         chain = self.state.quotas.chain(tenant)
         return chain[0] if chain and chain[0] in borrowing else None
+
+
+def least(one: Usage, other: Usage) -> Usage:
+    """Per resource, the smaller of the two."""
+    return Usage(**{r: min(getattr(one, r), getattr(other, r)) for r in QUOTA_FIELDS})
 
 
 def demand_of(task: PendingTask) -> Usage:

@@ -326,8 +326,10 @@ class Quotas:
 
     def holders(self) -> list[str]:
         """Every holder of a guarantee: the elastic tenants, then the queues with one."""
-        return sorted(self.shares) + sorted(self.unguaranteed) + [
-            queue_key(q) for q, queue in sorted(self.queues.items()) if queue.share is not None
+        return [
+            *sorted(self.shares),
+            *sorted(self.unguaranteed),
+            *(queue_key(q) for q, queue in sorted(self.queues.items()) if queue.share is not None),
         ]
 
     def over_at(self, tenant: str, adding: Usage) -> list[str]:
@@ -488,8 +490,10 @@ class Quotas:
             for tenant, queue in sorted((queue_of or {}).items())
         }
         self.chains = {
-            tenant: (tenant,)
-            + tuple(queue_key(q) for q in queues_above if self.queues[q].share is not None)
+            tenant: (
+                tenant,
+                *(queue_key(q) for q in queues_above if self.queues[q].share is not None),
+            )
             for tenant, queues_above in self.tenant_queues.items()
             if any(self.queues[q].share is not None for q in queues_above)
         }
