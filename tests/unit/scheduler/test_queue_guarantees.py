@@ -343,7 +343,31 @@ def tree(capacity: int, departments: list[int], teams: list[int], borrow: list[i
     return "\n".join(lines) + "\n"
 
 
+# Derandomized: CI checks the same cases every run; wider random searches are run by hand
+# (docs/queues.md). The cases the searches found run as explicit examples: a team without a
+# guarantee of its own waiting behind its elastic sibling's claim (a department owed two
+# cards gets one a grace period); an owner inside a department taking a card back from its
+# sibling while the department stays above its guarantee (the other department's owner
+# was kept waiting for that claim, then a grace period more).
 @settings(max_examples=120, deadline=None, derandomize=True)
+@example(
+    node_gpus=[2],
+    departments=[2, 0],
+    teams=[1, 0],
+    borrow=[None, None],
+    victims_report=False,
+    filler=2,
+    script=[("submit", 1, 0, 0, 1), ("submit", 1, 1, 0, 1)],
+)
+@example(
+    node_gpus=[2],
+    departments=[1, 1],
+    teams=[1, 0],
+    borrow=[None, None],
+    victims_report=False,
+    filler=1,
+    script=[("submit", 1, 0, 0, 1), ("submit", 1, 2, 0, 1)],
+)
 @example(
     node_gpus=[4, 4],
     departments=[4, 4],

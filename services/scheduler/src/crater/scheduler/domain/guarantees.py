@@ -116,26 +116,37 @@ class Guarantees:
         """Why `tenant`, which would hold more than its guarantee with `adding`, may not take
         it now in `pool`: another tenant waits there for its guarantee, or it would take
         capacity reserved for others. [] when it may."""
-        if self.claimant(tenant, pool) is not None:
+        if self.claimant(tenant, pool, adding) is not None:
             return [(CLAIMED, 0.0, 0.0)]
         return self.reserved_short(tenant, adding)
 
-    def claimant(self, tenant: str, pool: str) -> PendingTask | None:
+    def claimant(
+        self, tenant: str, pool: str, adding: Usage | None = None
+    ) -> PendingTask | None:
         """The earliest waiting task of `pool` within the guarantee of a holder `tenant` is
         not under (another elastic tenant, a queue it is not part of; not held by its budget,
         not backing off): its owner claims the capacity borrowers would take. None when there
-        is none."""
-        return self.claim_of(tenant, pool)[1]
+        is none. With `adding` within a queue's guarantee (that queue owns it), only the
+        claims of holders under that queue count: it borrows only from them."""
+        return self.claim_of(tenant, pool, adding)[1]
 
-    def claim_of(self, tenant: str, pool: str) -> tuple[str | None, PendingTask | None]:
+    def claim_of(
+        self, tenant: str, pool: str, adding: Usage | None = None
+    ) -> tuple[str | None, PendingTask | None]:
         """`claimant`, with the holder whose guarantee it claims."""
-        mine = self.state.quotas.chain(tenant)
+        quotas = self.state.quotas
+        mine = quotas.chain(tenant)
+        owner = None if adding is None or not quotas.chains else quotas.within_at(tenant, adding)
         found: PendingTask | None = None
-        owner: str | None = None
+        claimed: str | None = None
         for other, task in self.claiming().get(pool, {}).items():
-            if other != tenant and other not in mine and (found is None or task.seq < found.seq):
-                found, owner = task, other
-        return owner, found
+            if other == tenant or other in mine:
+                continue
+            if owner is not None and not self.below(other, owner):
+                continue  # a claim outside the guarantee it takes from
+            if found is None or task.seq < found.seq:
+                found, claimed = task, other
+        return claimed, found
 
     def claiming(self) -> dict[str, dict[str, PendingTask]]:
         """`claims`, kept up to date: built again when what it reads has changed (holdings,
@@ -251,14 +262,23 @@ class Guarantees:
         for head in self.state.allocations.values():
             if head.yield_by is not None:
                 for key in quotas.chain(head.tenant):
-                    yielding[key] = yielding.get(key, Usage()) + held(head)
+                    yielding[key] = yielding.get(key, Usage()) - held(head)
+        if quotas.chains:
+            # Under queues with guarantees: what the holder's other owners will hold once
+            # their victims are gone counts too (an owner inside a department taking a card
+            # back from its sibling leaves the department as far above its guarantee as it
+            # was: another department's owner may take that back meanwhile).
+            for waiting in self.state.pending.values():
+                if waiting.nominated and waiting is not task and waiting.yielders:
+                    for key in quotas.chain(waiting.request.tenant):
+                        yielding[key] = yielding.get(key, Usage()) + demand_of(waiting)
         mine = quotas.chain(task.request.tenant)
         found: dict[str, Usage] = {}
         for other in quotas.holders():
             if other in mine or owner in quotas.chain(other) or self.below(other, owner):
                 continue  # itself, a queue above it, or a holder under its owner
             above = quotas.share_of(other).above(
-                quotas.used_by(other) - yielding.get(other, Usage())
+                quotas.used_by(other) + yielding.get(other, Usage())
             )
             if above:
                 found[other] = above

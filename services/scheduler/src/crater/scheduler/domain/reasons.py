@@ -22,7 +22,7 @@ from crater.scheduler.domain.events import (
 )
 from crater.scheduler.domain.fabric import too_small
 from crater.scheduler.domain.gpu_order import waiting_for_first
-from crater.scheduler.domain.guarantees import Guarantees
+from crater.scheduler.domain.guarantees import Guarantees, demand_of
 from crater.scheduler.domain.placer import Diagnosis, Placer
 from crater.scheduler.domain.queue import node_mask
 from crater.scheduler.domain.quotas import (
@@ -246,7 +246,9 @@ class Reasons:
                 message=queue_borrowing_full(quotas, tenant, over),
             )
         if kind == CLAIMED:
-            owner, claimant = self.guarantees.claim_of(tenant, task.request.pool)
+            owner, claimant = self.guarantees.claim_of(
+                tenant, task.request.pool, demand_of(task)
+            )
             who = "another tenant" if claimant is None else f"tenant {claimant.request.tenant}"
             code = "GuaranteeClaimed"
             if owner is not None and owner != (claimant and claimant.request.tenant):
