@@ -82,9 +82,11 @@ async def gateway(nats_url: str, **settings: Any) -> AsyncIterator[httpx.AsyncCl
         yield http
 
 
-async def store_key(nats_url: str, tenant: str, *scopes: Scope, revoked: bool = False) -> str:
+async def store_key(
+    nats_url: str, tenant: str, *scopes: Scope, revoked: bool = False, user: str | None = None
+) -> str:
     """A new key in the bucket; its token."""
-    token, key = new_key(tenant, list(scopes), name="test")
+    token, key = new_key(tenant, list(scopes), name="test", user=user)
     if revoked:
         key = key.model_copy(update={"revoked": datetime.now(UTC)})
     connection = await nats.connect(nats_url)
@@ -202,6 +204,53 @@ async def test_a_submission_takes_the_credentials_tenant(
     assert by_b.status_code == 404
     assert by_a.status_code == 202
     assert by_a.json()["previous"] == "submitted"
+
+
+async def test_a_key_naming_a_user_submits_as_that_user_only(
+    fresh_nats: NatsServer, tap: EventTap
+) -> None:
+    async with gateway(fresh_nats.url) as http:
+        alice = await store_key(fresh_nats.url, "a", Scope.SUBMIT, user="alice")
+        tenant_key = await store_key(fresh_nats.url, "a", Scope.SUBMIT)
+        as_bob = await http.post(
+            "/api/v1/schedule", json=task(task_id="t-1", user="bob"), headers=bearer(alice)
+        )
+        unnamed = await http.post(
+            "/api/v1/schedule", json=task(task_id="t-2"), headers=bearer(alice)
+        )
+        named = await http.post(
+            "/api/v1/schedule", json=task(task_id="t-3", user="alice"), headers=bearer(alice)
+        )
+        # a key naming no user: the request's own, as before
+        anyone = await http.post(
+            "/api/v1/schedule", json=task(task_id="t-4", user="bob"), headers=bearer(tenant_key)
+        )
+        submitted = await tap.wait_for(TaskSubmitted, count=3)
+        metrics = (await http.get("/metrics")).text
+    assert as_bob.status_code == 403
+    assert as_bob.json()["detail"] == [
+        {
+            "field": "user",
+            "reason": "this credential submits as user 'alice' of tenant 'a', not 'bob'",
+        }
+    ]
+    assert denials(metrics, "user") == 1
+    assert (unnamed.status_code, named.status_code, anyone.status_code) == (202, 202, 202)
+    users = {e.task_id: e.user for e in submitted}
+    assert users == {"t-2": "alice", "t-3": "alice", "t-4": "bob"}
+
+
+def test_crater_tokens_create_names_the_keys_user(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    runner = CliRunner()
+    made = runner.invoke(
+        cli,
+        ["tokens", "create", "--tenant", "a", "--user", "alice", "--scope", "submit", "--file", str(keys)],
+    )
+    assert made.exit_code == 0, made.output
+    assert "for tenant a, user alice (submit)" in made.stderr
+    listed = runner.invoke(cli, ["tokens", "list", "--json", "--file", str(keys)])
+    assert json.loads(listed.stdout.splitlines()[0])["user"] == "alice"
 
 
 async def test_a_revoked_key_is_401(fresh_nats: NatsServer) -> None:

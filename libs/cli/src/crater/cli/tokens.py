@@ -83,15 +83,23 @@ def create(
         list[Scope], typer.Option("--scope", help="submit, read, cancel or admin; repeatable.")
     ],
     name: Annotated[str, typer.Option(help="What the key is for (shown by list).")] = "",
+    user: Annotated[
+        str | None,
+        typer.Option(
+            help="The user the key submits as: a task naming another user is refused (403)."
+        ),
+    ] = None,
     file: FileOption = None,
     nats_url: NatsOption = DEFAULT_NATS,
 ) -> None:
     """Create a key and print its token, once: only its hash is kept."""
-    token, key = new_key(tenant, scope, name)
+    token, key = new_key(tenant, scope, name, user)
     save(file, nats_url, key)
     typer.echo(token)
     typer.echo(
-        f"key {key.key_id} for tenant {key.tenant} ({', '.join(key.scopes)}): the token above "
+        f"key {key.key_id} for tenant {key.tenant}"
+        + (f", user {key.user}" if key.user else "")
+        + f" ({', '.join(key.scopes)}): the token above "
         "is shown only now",
         err=True,
     )
@@ -103,17 +111,18 @@ def list_keys(
     nats_url: NatsOption = DEFAULT_NATS,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
 ) -> None:
-    """The keys (never their tokens): id, tenant, scopes, name, created, revoked."""
+    """The keys (never their tokens): id, tenant, user, scopes, name, created, revoked."""
     keys = load(file, nats_url)
     if as_json:
         for key in keys:
             typer.echo(json.dumps({"id": key.key_id, **key.model_dump(mode="json")}))
         return
-    table = Table("id", "tenant", "scopes", "name", "created", "revoked")
+    table = Table("id", "tenant", "user", "scopes", "name", "created", "revoked")
     for key in keys:
         table.add_row(
             key.key_id,
             key.tenant,
+            key.user or "",
             ",".join(key.scopes),
             key.name,
             key.created.isoformat(timespec="seconds"),

@@ -40,6 +40,11 @@ class ApiKey(BaseModel):
 
     hash: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the token, hex.")
     tenant: Name
+    user: Name | None = Field(
+        default=None,
+        description="The user the key submits as (a task's `user`): set, a submission naming "
+        "no user gets it and one naming another is refused (403). None: the request's own.",
+    )
     scopes: list[Scope] = Field(min_length=1)
     name: str = Field(default="", max_length=200)
     created: AwareDatetime
@@ -61,12 +66,15 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def new_key(tenant: str, scopes: list[Scope], name: str = "") -> tuple[str, ApiKey]:
+def new_key(
+    tenant: str, scopes: list[Scope], name: str = "", user: str | None = None
+) -> tuple[str, ApiKey]:
     """A fresh token (shown once) and what is stored of it."""
     token = new_token()
     key = ApiKey(
         hash=token_hash(token),
         tenant=tenant,
+        user=user,
         scopes=sorted(set(scopes)),
         name=name,
         created=datetime.now(UTC),

@@ -49,6 +49,7 @@ class Principal:
     subject: str  # the key id, or the JWT's issuer and subject: never the token
     tenant: str | None  # None: auth off
     scopes: frozenset[Scope]
+    user: str | None = None  # an API key naming its user: the tasks it submits are that user's
 
     def allows(self, scope: Scope) -> bool:
         return Scope.ADMIN in self.scopes or scope in self.scopes
@@ -249,7 +250,9 @@ class Authenticator:
             raise unauthenticated("unknown_key", "the API key is not known")
         if key.revoked is not None:
             raise unauthenticated("revoked", f"the API key {key.key_id} was revoked")
-        return Principal("api-key", f"key:{key.key_id}", key.tenant, frozenset(key.scopes))
+        return Principal(
+            "api-key", f"key:{key.key_id}", key.tenant, frozenset(key.scopes), key.user
+        )
 
     async def jwt(self, token: str) -> Principal:
         assert self.jwks is not None
@@ -322,16 +325,30 @@ def require(scope: Scope) -> Callable[[Request], Awaitable[Principal]]:
 
 def submitted_as(principal: Principal, request: TaskRequest) -> TaskRequest:
     """The request under the caller's tenant: a body naming none gets the credential's; one
-    naming another is refused (an admin submits for any tenant)."""
+    naming another is refused (an admin submits for any tenant). The same for its user when
+    the credential names one (an API key created with `--user`): the per-user limits of the
+    quotas file then count what the credential's holder submits, whatever the body says."""
     if principal.tenant is None:
         return request
     if "tenant" not in request.model_fields_set:
-        return request.model_copy(update={"tenant": principal.tenant})
-    if request.tenant != principal.tenant and not principal.sees_all:
+        request = request.model_copy(update={"tenant": principal.tenant})
+    elif request.tenant != principal.tenant and not principal.sees_all:
         raise Denied(
             403,
             "tenant",
             f"this credential submits for tenant {principal.tenant!r}, not {request.tenant!r}",
             field="tenant",
+        )
+    if principal.user is None or principal.sees_all:
+        return request
+    if request.user is None:
+        return request.model_copy(update={"user": principal.user})
+    if request.user != principal.user:
+        raise Denied(
+            403,
+            "user",
+            f"this credential submits as user {principal.user!r} of tenant "
+            f"{principal.tenant!r}, not {request.user!r}",
+            field="user",
         )
     return request

@@ -120,9 +120,7 @@ class Guarantees:
             return [(CLAIMED, 0.0, 0.0)]
         return self.reserved_short(tenant, adding)
 
-    def claimant(
-        self, tenant: str, pool: str, adding: Usage | None = None
-    ) -> PendingTask | None:
+    def claimant(self, tenant: str, pool: str, adding: Usage | None = None) -> PendingTask | None:
         """The earliest waiting task of `pool` within the guarantee of a holder `tenant` is
         not under (another elastic tenant, a queue it is not part of; not held by its budget,
         not backing off): its owner claims the capacity borrowers would take. None when there

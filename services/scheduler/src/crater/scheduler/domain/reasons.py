@@ -246,9 +246,7 @@ class Reasons:
                 message=queue_borrowing_full(quotas, tenant, over),
             )
         if kind == CLAIMED:
-            owner, claimant = self.guarantees.claim_of(
-                tenant, task.request.pool, demand_of(task)
-            )
+            owner, claimant = self.guarantees.claim_of(tenant, task.request.pool, demand_of(task))
             who = "another tenant" if claimant is None else f"tenant {claimant.request.tenant}"
             code = "GuaranteeClaimed"
             if owner is not None and owner != (claimant and claimant.request.tenant):
