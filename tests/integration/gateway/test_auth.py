@@ -243,10 +243,8 @@ async def test_a_key_naming_a_user_submits_as_that_user_only(
 def test_crater_tokens_create_names_the_keys_user(tmp_path: Path) -> None:
     keys = tmp_path / "keys.yaml"
     runner = CliRunner()
-    made = runner.invoke(
-        cli,
-        ["tokens", "create", "--tenant", "a", "--user", "alice", "--scope", "submit", "--file", str(keys)],
-    )
+    create = ["tokens", "create", "--tenant", "a", "--user", "alice", "--scope", "submit"]
+    made = runner.invoke(cli, [*create, "--file", str(keys)])
     assert made.exit_code == 0, made.output
     assert "for tenant a, user alice (submit)" in made.stderr
     listed = runner.invoke(cli, ["tokens", "list", "--json", "--file", str(keys)])
