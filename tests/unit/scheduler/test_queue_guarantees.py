@@ -11,6 +11,8 @@ guarantee with a one-card task waiting gets a card within the grace plus a tick.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
@@ -31,9 +33,10 @@ from crater.contracts import (
 from crater.scheduler.adapters.quotas_file import QuotasFileError, parse_quotas
 from crater.scheduler.audit_state import config_from_json, config_json
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
-from crater.scheduler.domain.quotas import Quota, Share
+from crater.scheduler.domain.quotas import Quota, Share, Usage
 from tests.support.topologies import node
 from tests.unit.scheduler.test_lending import T0, at
+from tests.unit.scheduler.test_lending_fair_share import Script, scripted, scripts
 from tests.unit.scheduler.test_tenant_guarantees import cluster, grants, said, stopped, submit
 
 GRACE = 10
@@ -259,6 +262,42 @@ def test_without_queue_guarantees_a_queue_holds_nothing_back() -> None:
     assert not preempted(scheduler.handle(submit("n1", 1, "nlp", 4)))
 
 
+def test_a_restored_core_knows_what_each_queue_borrows_and_takes_it_back() -> None:
+    live = cluster(config_of(DEPARTMENTS), 8, 8)
+    live.handle(submit("r1", 0, "ranking", 8))
+    live.handle(submit("r2", 1, "ranking", 8))  # borrowed from research
+    held = [copy.copy(a) for a in live.allocations.values()]
+    for allocation in held:
+        allocation.peers = []
+    restored = Scheduler(config=live.config)
+    restored.restore(
+        nodes=[(n.topology, n.condition, n.last_heartbeat_at) for n in live.cluster.nodes],
+        allocations=held,
+        pending=[],
+        next_seq=10,
+    )
+    assert restored.quotas.queue_used["ads"].gpus == 16
+    assert (
+        restored.quotas.share_of("queue/ads").above(restored.quotas.used_by("queue/ads")).gpus == 8
+    )
+    [yielded] = preempted(restored.handle(submit("n1", 2, "nlp", 2)))
+    assert (yielded.reclaimed_by_queue, yielded.preempted_by) == ("research", "n1")
+
+
+def test_a_reload_that_raises_a_queues_guarantee_lets_it_take_back_what_is_lent() -> None:
+    small = DEPARTMENTS.replace("gpus: 8}\n        borrowing", "gpus: 2}\n        borrowing")
+    scheduler = cluster(config_of(small), 8, 8)
+    scheduler.handle(submit("r1", 0, "ranking", 8))
+    scheduler.handle(submit("r2", 1, "ranking", 8))
+    # research guarantees 2: nlp's 4 would borrow, so it waits and preempts nobody
+    decisions = scheduler.handle(submit("n1", 2, "nlp", 4))
+    assert not preempted(decisions)
+    assert not grants(decisions)
+    assert scheduler.reconfigure(config_of(DEPARTMENTS)) is None  # research guarantees 8
+    [yielded] = preempted(scheduler.handle(stopped("nothing", 3)))
+    assert (yielded.task_id, yielded.reclaimed_by_queue) == ("r2", "research")
+
+
 # -- fair share between queues ---------------------------------------------------------------
 
 FAIR = """
@@ -297,6 +336,72 @@ def test_with_a_half_life_the_queue_that_borrowed_least_lately_goes_first() -> N
     assert scheduler.guarantees.history["queue/a"] > 0
     assert scheduler.guarantees.history.get("queue/b", 0.0) == 0.0
     assert scheduler.guarantees.standing("tb") < scheduler.guarantees.standing("ta")
+
+
+NESTED_FAIR = """
+queues:
+  org:
+    guarantee: {gpus: 8}
+    queues:
+      a: {guarantee: {gpus: 2}, borrowing_limit: {gpus: 6}, tenants: [ta, tc]}
+      b: {guarantee: {gpus: 2}, borrowing_limit: {gpus: 6}, tenants: [tb]}
+"""
+
+
+@pytest.mark.parametrize(("half_life", "first"), [(None, "ta1"), (300.0, "tb2")])
+def test_siblings_are_compared_at_their_queue_before_their_teams(
+    half_life: float | None, first: str
+) -> None:
+    """ta has borrowed nothing itself, but its department a has, through tc: b's team goes
+    first (compared as tenants alone, ta would)."""
+    scheduler = cluster(config_of(NESTED_FAIR, borrow_half_life_seconds=half_life), 8)
+    placed: list[str] = []
+    for message in (
+        submit("tb1", 0, "tb", 2),  # b within its guarantee (tb, without one, borrows it)
+        submit("tc1", 0, "tc", 2),  # a within its guarantee
+        submit("tc2", 1, "tc", 4),  # a borrows 4 until t=50
+        submit("ta1", 10, "ta", 4),  # first in the queue, would borrow for a
+        submit("tb2", 11, "tb", 4),  # would borrow for b, which has not
+        TaskStatusReported(occurred_at=at(50), task_id="tc2", status=TaskStatus.SUCCEEDED),
+    ):
+        placed += [g.task_id for g in grants(scheduler.handle(message))]
+    assert placed == ["tb1", "tc1", "tc2", first]
+    if half_life is not None:
+        history = scheduler.guarantees.history
+        assert history["queue/a"] > history.get("queue/b", 0.0)
+        assert history.get("ta", 0.0) < history["tb"]  # as tenants alone, ta would go first
+
+
+FAIR_TREE = """
+tenants:
+  ta: {guarantee: {gpus: 1}}
+queues:
+  org:
+    guarantee: {gpus: 8}
+    queues:
+      a: {guarantee: {gpus: 4}, borrowing_limit: {gpus: 4}, tenants: [ta, tc]}
+      b: {guarantee: {gpus: 2}, borrowing_limit: {gpus: 6}, tenants: [tb]}
+"""
+
+
+@settings(max_examples=40, deadline=None)
+@given(scripts(("ta", "tb", "tc")), st.sampled_from((10.0, 100.0, 3600.0)))
+def test_queue_fair_share_is_decided_the_same_way_every_time_within_every_limit(
+    script: Script, half_life: float
+) -> None:
+    events = scripted(script, lambda name, t, tenant, gpus, _: submit(name, t, tenant, gpus))
+    runs = []
+    for _ in range(2):
+        scheduler = cluster(config_of(FAIR_TREE, borrow_half_life_seconds=half_life), 8)
+        decided = [d for e in events for d in scheduler.handle(e)]
+        assert all(n.whole_gpus_free >= 0 for n in scheduler.cluster.nodes)
+        quotas = scheduler.quotas
+        honoured = min(quotas.used.get("ta", Usage()).gpus, 1)
+        assert quotas.queue_used.get("a", Usage()).gpus <= 8 + honoured
+        assert quotas.queue_used.get("b", Usage()).gpus <= 8
+        runs.append((decided, dict(scheduler.guarantees.history)))
+    assert runs[0] == runs[1]
+    assert all(v >= 0 for v in runs[0][1].values())
 
 
 # -- properties ------------------------------------------------------------------------------
@@ -358,6 +463,7 @@ def tree(capacity: int, departments: list[int], teams: list[int], borrow: list[i
     victims_report=False,
     filler=2,
     script=[("submit", 1, 0, 0, 1), ("submit", 1, 1, 0, 1)],
+    half_life=None,
 )
 @example(
     node_gpus=[2],
@@ -367,6 +473,7 @@ def tree(capacity: int, departments: list[int], teams: list[int], borrow: list[i
     victims_report=False,
     filler=1,
     script=[("submit", 1, 0, 0, 1), ("submit", 1, 2, 0, 1)],
+    half_life=None,
 )
 @example(
     node_gpus=[4, 4],
@@ -376,6 +483,7 @@ def tree(capacity: int, departments: list[int], teams: list[int], borrow: list[i
     victims_report=False,
     filler=3,
     script=[("submit", 1, 0, 0, 4), ("wait", 5, 0, 0, 1), ("submit", 1, 1, 0, 2)],
+    half_life=None,
 )
 @given(
     node_gpus=st.lists(st.sampled_from([2, 4, 8]), min_size=1, max_size=3),
@@ -385,6 +493,7 @@ def tree(capacity: int, departments: list[int], teams: list[int], borrow: list[i
     victims_report=st.booleans(),
     filler=st.integers(0, 3),
     script=steps,
+    half_life=st.sampled_from([None, 100.0]),  # fair share between queues, or queue order
 )
 def test_queues_get_their_guarantee_within_the_grace_and_nobody_passes_a_limit(
     node_gpus: list[int],
@@ -394,11 +503,13 @@ def test_queues_get_their_guarantee_within_the_grace_and_nobody_passes_a_limit(
     victims_report: bool,
     filler: int,
     script: list[tuple[str, int, int, int, int]],
+    half_life: float | None,
 ) -> None:
     capacity = sum(node_gpus)
     config = config_of(
         tree(capacity, departments, teams, borrow),
         reservation_timeout_ms=RESERVATION_TIMEOUT_MS_MAX,  # held until it ends or yields
+        borrow_half_life_seconds=half_life,
     )
     scheduler = cluster(config, *node_gpus)
     scheduler.handle(
