@@ -2,7 +2,8 @@
 department borrows its sibling's idle guarantee, the quotas file is reloaded with the
 sibling's guarantee raised, and a team of the sibling takes it back (the borrowed task
 preempted with the grace period, `reclaimed_by_queue`); a file refused on reload (a child's
-guarantee above its parent's) changes nothing."""
+guarantee above its parent's) changes nothing, and so does one sent over the config API
+(422, each field and why)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ from crater.contracts import (
     TaskStatus,
     TaskStatusReported,
 )
+from crater.gateway.apikeys import Scope
 from crater.runtime.bus import publish
 from crater.runtime.nats_server import NatsServer
 from crater.scheduler.app import SchedulerSettings, build
+from tests.integration.scheduler.test_config_api_over_nats import gateway, store_key
 from tests.support.events import EventTap
 from tests.support.profiles import profiled
 from tests.support.topologies import node
@@ -107,3 +110,29 @@ async def test_a_reload_raising_a_queues_guarantee_takes_its_borrowed_capacity_b
         assert granted[-1].task_id == "nlp-1"
         released = await tap.wait_for(AllocationReleased)
         assert [r.task_id for r in released] == ["r-2"]
+
+
+async def test_the_config_api_refuses_a_bad_queue_tree_naming_each_field(
+    fresh_nats: NatsServer, database_url: str
+) -> None:
+    settings = SchedulerSettings(nats_url=fresh_nats.url, database_url=database_url)
+    service, app = build(settings)
+    admin = await store_key(fresh_nats.url, "ops", Scope.ADMIN)
+    async with TestApp(app), gateway(fresh_nats.url) as http:
+        for _ in range(200):  # leading: it answers the admin subject
+            if service.state.epoch is not None:
+                break
+            await asyncio.sleep(0.05)
+        bad = QUOTAS.format(research=6, ads=6).replace(
+            "guarantee: {gpus: 8}", "guarantee: {gpus: 8}\n    borrowing_limit: {gpus: 2}"
+        )
+        refused = await http.put(
+            "/api/v1/admin/quotas", content=bad, headers={"Authorization": f"Bearer {admin}"}
+        )
+        assert refused.status_code == 422, refused.text
+        fields = {e["field"]: e["reason"] for e in refused.json()["detail"]}
+        assert (
+            "a root queue has no parent to borrow within" in fields["queues.acme.borrowing_limit"]
+        )
+        assert "(queue ads 6 + queue research 6 = 12)" in fields["queues.acme.guarantee.gpus"]
+        assert not service.state.scheduler.quotas.queues  # the running configuration kept
