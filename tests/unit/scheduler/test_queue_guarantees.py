@@ -453,8 +453,19 @@ def tree(capacity: int, departments: list[int], teams: list[int], borrow: list[i
 # guarantee of its own waiting behind its elastic sibling's claim (a department owed two
 # cards gets one a grace period); an owner inside a department taking a card back from its
 # sibling while the department stays above its guarantee (the other department's owner
-# was kept waiting for that claim, then a grace period more).
+# was kept waiting for that claim, then a grace period more); a team's claims ripe first and
+# held by its sibling's claim to its own guarantee, never tried again after the sibling went.
 @settings(max_examples=120, deadline=None, derandomize=True)
+@example(
+    node_gpus=[2],
+    departments=[0, 2],
+    teams=[0, 1],
+    borrow=[None, None],
+    victims_report=False,
+    filler=0,
+    script=[("submit", 1, 3, 0, 2), ("submit", 1, 2, 0, 1)],
+    half_life=None,
+)
 @example(
     node_gpus=[2],
     departments=[2, 0],

@@ -20,7 +20,7 @@ from crater.scheduler.domain.phases import Phases
 from crater.scheduler.domain.placer import Diagnosis, Placer
 from crater.scheduler.domain.preemptor import Preemptor
 from crater.scheduler.domain.queue import Backfill, node_mask
-from crater.scheduler.domain.quotas import Over
+from crater.scheduler.domain.quotas import CLAIMED, Over
 from crater.scheduler.domain.reasons import Reasons
 from crater.scheduler.domain.retries import RetryIndex
 from crater.scheduler.domain.state import (
@@ -50,11 +50,17 @@ class Pass:
     )
     masks: dict[Backfill, BoolArray] = field(default_factory=dict)
     deferred: list[Deferred] = field(default_factory=list)
+    # Under queues with guarantees: the tasks that waited for another's claim to its
+    # guarantee, and whether something was placed since (the claimant, maybe): they are
+    # tried once more at the end of the pass (docs/queues.md).
+    claim_held: dict[str, PendingTask] = field(default_factory=dict)
+    placed_since_held: bool = False
 
     def granted(self) -> None:
         """Something was placed: less is free, what found no node may find one now."""
         self.no_candidates.clear()
         self.said.clear()
+        self.placed_since_held = bool(self.claim_held)
 
 
 class Cycle:
@@ -129,6 +135,13 @@ class Cycle:
             for task in sorted(borrowing, key=lambda t: standing[t.request.tenant]):
                 if task.request.task_id in self.state.pending:
                     decisions += self.try_task(task, cause, run)
+        if run.placed_since_held:
+            # A claim that held a borrower may be gone (its task placed after it in this
+            # pass: a ripe claim tried first waits for a sibling's claim to its own
+            # guarantee): try the held ones again, in their order, once.
+            for task in sorted(run.claim_held.values(), key=lambda t: t.seq):
+                if task.request.task_id in self.state.pending and task.not_before is None:
+                    decisions += self.try_task(task, cause, run)
         decisions += self.borrow_fairly(run.deferred, cause)
         # A pool where nodes were ranked would rank (and draw) again: retry it.
         if self.state.stale_pools is not None:
@@ -152,6 +165,8 @@ class Cycle:
         )
         found: Diagnosis | None = None
         why: tuple[list[FilterReason], str] | None = None
+        if over and over[0][0] == CLAIMED and self.state.quotas.chains:
+            run.claim_held.setdefault(task.request.task_id, task)
         if not over:
             memo = (task.filter_demand, head, claimed)
             found = run.no_candidates.get(memo)
