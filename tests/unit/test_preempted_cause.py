@@ -34,6 +34,10 @@ def preempted(**why: str | None) -> TaskPreempted:
             "preempted by t-2: tenant beta takes back its guarantee",
         ),
         (
+            {"preempted_by": "n1", "reclaimed_by_tenant": "nlp", "reclaimed_by_queue": "research"},
+            "preempted by n1: queue research takes back its guarantee",
+        ),
+        (
             {"reclaimed_by_pool": "inference"},
             "taken back by pool inference ahead of its expected demand",
         ),
@@ -44,3 +48,7 @@ def test_each_preemption_says_who_takes_the_capacity_and_why(
     why: dict[str, str], said: str
 ) -> None:
     assert preempted(**why).cause() == said
+
+
+def test_a_preemption_not_a_queues_leaves_reclaimed_by_queue_out_of_the_json() -> None:
+    assert "reclaimed_by_queue" not in preempted(preempted_by="t-2").model_dump(mode="json")
