@@ -70,14 +70,15 @@ class Guarantees:
     @property
     def fair(self) -> bool:
         """Whether borrowing tenants are served by their decayed usage."""
+        quotas = self.state.quotas
         return self.state.config.borrow_half_life_seconds is not None and bool(
-            self.state.quotas.holders()
+            quotas.shares or quotas.chains
         )
 
     def age(self, now: datetime) -> None:
         """Fold the time since the last event into each elastic tenant's decayed usage."""
         half_life = self.state.config.borrow_half_life_seconds
-        if half_life is not None and self.state.quotas.holders():
+        if half_life is not None and (self.state.quotas.shares or self.state.quotas.chains):
             self.usage.age(now, half_life, self.shares)
 
     def shares(self) -> dict[str, float]:
