@@ -375,6 +375,18 @@ class GpuFault(Contract):
         return (self.gpu, self.kind.value, self.xid, self.since)
 
 
+class GpuCordonRequested(Event):
+    """An operator cordons one card of a node (no new work lands on it; what runs there goes
+    on), or lifts its cordon, whatever put it there: a fault the probe reported (that
+    occurrence stays lifted while the probe reports it) or an operator."""
+
+    node_id: str = Field(pattern=NODE_ID_PATTERN)
+    gpu: int = Field(ge=0, le=1023, description="The card's index on the node.")
+    cordon: bool = Field(description="True: cordon the card; False: lift its cordon.")
+    reason: str = Field(default="", max_length=512, description="Why, for the record.")
+    requested_by: str = Field(default="", max_length=256, description="Who asked.")
+
+
 class NodeHealthReported(Event):
     """Health, sent on an interval: it is also the node's heartbeat."""
 

@@ -23,6 +23,7 @@ from crater.contracts import (
     Event,
     FieldError,
     FilterReason,
+    GpuCordonRequested,
     NodeCondition,
     NodeHealthReported,
     NodeTopology,
@@ -45,6 +46,7 @@ from crater.scheduler.domain.cluster import (
     Node,
 )
 from crater.scheduler.domain.config import NODE_LOST_SECONDS, SchedulerConfig
+from crater.scheduler.domain.cordons import Cordons
 from crater.scheduler.domain.cycle import Cycle
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.guarantees import Guarantees
@@ -108,6 +110,7 @@ class Scheduler(SchedulerState):
     lifecycle: Lifecycle = field(init=False, repr=False, compare=False)
     reservations: Reservations = field(init=False, repr=False, compare=False)
     nodes: NodeWatch = field(init=False, repr=False, compare=False)
+    cordons: Cordons = field(init=False, repr=False, compare=False)
     reconciler: Reconciler = field(init=False, repr=False, compare=False)
     admission: Admission = field(init=False, repr=False, compare=False)
     cycle: Cycle = field(init=False, repr=False, compare=False)
@@ -135,6 +138,7 @@ class Scheduler(SchedulerState):
         self.reservations = Reservations(self, self.lifecycle)
         self.time_limits = TimeLimits(self, self.preemptor)
         self.nodes = NodeWatch(self, self.lifecycle)
+        self.cordons = Cordons(self, self.lifecycle)
         self.reconciler = Reconciler(self, self.lifecycle)
         self.lending = Lending(self, self.retries, self.placer)
         self.phasing = Phases(self, self.placer, self.preemptor)
@@ -328,6 +332,13 @@ class Scheduler(SchedulerState):
         elif isinstance(event, NodeHealthReported):
             changed = self.nodes.on_health(event) or changed
             self.reconciler.on_health(event)
+            ended, moved = self.cordons.on_health(event)
+            decisions += ended
+            changed = changed or moved or bool(ended)
+        elif isinstance(event, GpuCordonRequested):
+            ended, moved = self.cordons.on_request(event)
+            decisions += ended
+            changed = changed or moved
         elif isinstance(event, ReplicaReleaseRequested):
             decisions += self.lifecycle.on_release_requested(event)
             changed = changed or bool(decisions)

@@ -168,7 +168,11 @@ class Placer:
             return
         self.state.ranked_pools.add(demand.pool)
         cluster = self.state.cluster
-        scores = self.state.config.pipeline_for(demand.pool).scores
+        scores = tuple(
+            s
+            for s in self.state.config.pipeline_for(demand.pool).scores
+            if s.applies is None or s.applies(cluster, idx)
+        )
         # One row per plugin, clipped in one call (on a few candidates a numpy call costs
         # its call, not its rows); the weighted sum is added up plugin by plugin as ever.
         rows = np.array([s.rate(cluster, demand, idx) for s in scores], np.float64)

@@ -47,6 +47,9 @@ class Score:
     card: Callable[[ClusterArrays, Demand, int], int | None] | None = field(
         default=None, compare=False
     )
+    # (cluster, candidate indexes) -> whether the score takes part at all; None: always. A
+    # score that reads optional readings leaves every decision as it was where none exist.
+    applies: Callable[[ClusterArrays, IntArray], bool] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

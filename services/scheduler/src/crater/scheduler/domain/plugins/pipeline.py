@@ -60,9 +60,12 @@ class Pipeline:
 # workload seen decides; bin packing and card fit only break its ties (weighed any higher
 # they override real fragmentation differences: 1.6 points lost on openb at 1%).
 TIE_BREAK = 1e-4
+# Live readings (a card another process holds, hot, on a degraded link) outweigh
+# fragmentation differences below a quarter; they take part only where a node has some.
+LIVE_READINGS_WEIGHT = 0.25
 DEFAULT_PIPELINE = Pipeline.from_names(
     list(FILTERS),
-    {"Fragmentation": 1.0}
+    {"Fragmentation": 1.0, "LiveReadings": LIVE_READINGS_WEIGHT}
     | {
         name: weight * TIE_BREAK
         for name, weight in (
