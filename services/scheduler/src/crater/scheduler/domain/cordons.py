@@ -190,24 +190,21 @@ class Cordons:
         self, node: Node, event: NodeHealthReported, faults: list[GpuFault]
     ) -> dict[int, float]:
         """Each card's penalty from the heartbeat's live readings: heat, a degraded link,
-        another process holding memory on a card no allocation of the core's holds."""
+        another process holding memory on a card the core holds wholly free. O(faults +
+        processes): every heartbeat comes through here."""
         penalty: dict[int, float] = {}
         for fault in faults:
             weight = READING_PENALTY.get(fault.kind)
             if weight is not None:
                 penalty[fault.gpu] = min(1.0, penalty.get(fault.gpu, 0.0) + weight)
         if event.gpu_processes:
-            held = {
-                g
-                for head in self.state.allocations.values()
-                for m in head.members()
-                if m.node == node.name
-                for g in m.gpu_ids
-            }
+            whole = node.gpu_capacity_milli
             for process in event.gpu_processes:
                 gpu = process.gpu
-                if gpu in held or gpu >= len(node.gpu_milli_free):
-                    continue  # its own task's (or no card of this node's)
+                # A card the core holds (part of) is its tasks': whose process it is is not
+                # asked (reconcile.py judges that); one it holds wholly free is another's.
+                if gpu >= len(node.gpu_milli_free) or node.gpu_milli_free[gpu] < whole:
+                    continue
                 total = node.topology.gpus[gpu].memory_mb or 1
                 share = max(FOREIGN_PROCESS_PENALTY, process.memory_mb / total)
                 penalty[gpu] = min(1.0, penalty.get(gpu, 0.0) + share)
