@@ -18,7 +18,8 @@ ledger see it busy; what its tasks give back stays blocked until the cordon lift
 
 from __future__ import annotations
 
-from typing import Literal
+from datetime import datetime
+from typing import Any, Literal
 
 from crater.contracts import (
     AttemptFailure,
@@ -30,7 +31,7 @@ from crater.contracts import (
     NodeHealthReported,
     ReleaseReason,
 )
-from crater.scheduler.domain.cluster import CardCordon, Node
+from crater.scheduler.domain.cluster import CardCordon, FaultKey, Node
 from crater.scheduler.domain.lifecycle import Lifecycle
 from crater.scheduler.domain.state import SchedulerState
 
@@ -209,3 +210,49 @@ class Cordons:
                 share = max(FOREIGN_PROCESS_PENALTY, process.memory_mb / total)
                 penalty[gpu] = min(1.0, penalty.get(gpu, 0.0) + share)
         return penalty
+
+
+def _key_out(key: FaultKey) -> list[Any]:
+    gpu, kind, xid, since = key
+    return [gpu, kind, xid, since.isoformat()]
+
+
+def _key_in(data: list[Any]) -> FaultKey:
+    gpu, kind, xid, since = data
+    return (int(gpu), str(kind), None if xid is None else int(xid), datetime.fromisoformat(since))
+
+
+def stored(node: Node) -> dict[str, Any] | None:
+    """A node's cordons as the database keeps them (JSON); None: nothing to keep."""
+    if not node.cordons and not node.cleared and node.node_cordon is None:
+        return None
+    return {
+        "cards": {
+            str(gpu): {
+                "reason": c.reason,
+                "until": c.until,
+                "fault": None if c.fault is None else _key_out(c.fault),
+            }
+            for gpu, c in sorted(node.cordons.items())
+        },
+        "cleared": sorted(_key_out(k) for k in node.cleared),
+        "node": node.node_cordon,
+        "faults_at": node.faults_at,
+    }
+
+
+def restore(node: Node, data: dict[str, Any]) -> None:
+    """A node's stored cordons back, after its allocations are held (a cordoned card's free
+    share is blocked on top of them)."""
+    cards = len(node.gpu_milli_free)
+    for gpu, entry in sorted(data.get("cards", {}).items(), key=lambda item: int(item[0])):
+        if int(gpu) >= cards:
+            continue  # a card gone from the topology since
+        fault = entry.get("fault")
+        node.cordons[int(gpu)] = CardCordon(
+            entry["reason"], entry["until"], None if fault is None else _key_in(fault)
+        )
+        node.block(int(gpu))
+    node.cleared = {_key_in(k) for k in data.get("cleared", [])}
+    node.node_cordon = data.get("node")
+    node.faults_at = data.get("faults_at")

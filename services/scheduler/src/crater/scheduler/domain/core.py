@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from crater.contracts import (
     AllocationGranted,
@@ -47,6 +48,7 @@ from crater.scheduler.domain.cluster import (
 )
 from crater.scheduler.domain.config import NODE_LOST_SECONDS, SchedulerConfig
 from crater.scheduler.domain.cordons import Cordons
+from crater.scheduler.domain.cordons import restore as restore_cordons
 from crater.scheduler.domain.cycle import Cycle
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.guarantees import Guarantees
@@ -205,6 +207,7 @@ class Scheduler(SchedulerState):
         early_cancels: list[str] | None = None,
         budget_holds: list[TenantBudgetExceeded] | None = None,
         victims: list[tuple[str, str, datetime]] | None = None,
+        cordons: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         """Load persisted state (service start): nodes, their live allocations (a gang's
         members each one, in any order), the queue with its escalations and nominations, the
@@ -238,6 +241,12 @@ class Scheduler(SchedulerState):
             if held is not None:
                 hold(held, allocation)
                 self.cluster.refresh(held.name)
+        # Cordons last: a cordoned card's free share is blocked on top of what is held.
+        for name, data in sorted((cordons or {}).items()):
+            cordoned = self.cluster.get(name)
+            if cordoned is not None:
+                restore_cordons(cordoned, data)
+                self.cluster.refresh(name)
         self.limits = []
         for head in self.allocations.values():
             # A preempted gang yields as a whole: every member carries the head's deadline.
