@@ -59,7 +59,6 @@ class LocalNode:
         self,
         settings: ProbeSettings,
         on_xid: Callable[[XidSeen], None] | None = None,
-        gpus: GpuSampler | None = None,
     ) -> None:
         self.settings = settings
         self.topology: NodeTopology | None = None
@@ -67,7 +66,7 @@ class LocalNode:
         self.measured: Measurements | None = None
         self.wear: list[DiskWear] = []
         self._host: HostSampler | None = None
-        self._gpus = gpus or GpuSampler()
+        self._gpus = GpuSampler()
         table, unknown = settings.xid_table()
         limits = HealthLimits()
         self.tracker = FaultTracker(
