@@ -256,6 +256,22 @@ def test_live_readings_rank_a_card_lower_and_only_where_there_are_some() -> None
     assert avoided.node != first.node
 
 
+def test_within_a_node_a_card_with_readings_is_taken_last() -> None:
+    scheduler = fleet("n1", gpus=2)
+    hot = GpuFault(gpu=0, kind="hot", action="none", since=SINCE, detail="92 C")
+    scheduler.handle(beat("n1", 0.9, [hot]))
+    first = submit(scheduler, "a", 1)
+    assert first is not None
+    assert first.gpu_ids == [1]  # card 0 is hot: without readings, card 0 comes first
+    second = submit(scheduler, "b", 1.1)
+    assert second is not None
+    assert second.gpu_ids == [0]  # the hot card still takes work when it is all there is
+    calm = fleet("n1", gpus=2)
+    plain = submit(calm, "a", 1)
+    assert plain is not None
+    assert plain.gpu_ids == [0]
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(
