@@ -29,8 +29,10 @@ from crater.contracts import (
     TaskStatusReported,
 )
 from crater.scheduler.domain.core import Scheduler
+from crater.scheduler.domain.pools import PoolPolicy
 from tests.support.topologies import node
 from tests.unit.scheduler.test_core import at, profiled
+from tests.unit.scheduler.test_launcher_reports import health, launcher, placed
 from tests.unit.scheduler.test_lifecycle_truth import of, report
 
 SINCE = at(0.5)
@@ -322,3 +324,21 @@ def test_a_cordoned_card_never_takes_a_task_and_lifts_give_everything_back(
     scheduler.handle(beat("n1", end + 1, []))
     assert n1.cordons == {}
     assert n1.gpu_milli_free == [1000, 1000, 1000]
+
+
+def test_an_attempt_ended_during_another_tasks_report_is_not_judged_by_that_report() -> None:
+    """A silent launcher's task fails while another task's out-of-memory report is being
+    taken: its kind is other (no report of its own), never that report's oom."""
+    oom_only = RestartPolicy(when=["failure"], on_failure_kinds=["oom"], backoff_seconds=0)
+    scheduler, granted = placed(grace=20, pools={"default": PoolPolicy(restart=oom_only)})
+    for when in (5, 15, 25):
+        scheduler.handle(launcher(granted, when))
+    for when in range(30, 46, 5):
+        scheduler.handle(health(when))
+    other = TaskStatusReported(
+        occurred_at=at(46), task_id="other", status=TaskStatus.FAILED, out_of_memory=True
+    )
+    [ended] = of(TaskEnded, scheduler.handle(other))
+    assert ended.task_id == "t1"
+    assert ended.reason.startswith("no heartbeat for 20 s")
+    assert "does not retry failures of kind other" in ended.reason

@@ -60,17 +60,25 @@ END_REASON = {
 }
 
 
+def own_report(cause: Event, task_id: str) -> TaskStatusReported | None:
+    """`cause` when it is the task's own report; None when the attempt ended on another
+    event (a pass run on any event: an expiry, a silent task, an orphan found)."""
+    if isinstance(cause, TaskStatusReported) and cause.task_id == task_id:
+        return cause
+    return None
+
+
 def failure_kind(
-    reason: ReleaseReason, cause: Event, kind: AttemptFailure | None = None
+    reason: ReleaseReason, report: TaskStatusReported | None, kind: AttemptFailure | None = None
 ) -> AttemptFailure | None:
-    """What kind of failure ended an attempt (a restart policy's on_failure_kinds); None:
-    the attempt did not fail."""
+    """What kind of failure ended an attempt (a restart policy's on_failure_kinds), from the
+    task's own report if it ended on one; None: the attempt did not fail."""
     if reason not in (ReleaseReason.FAILED, ReleaseReason.EXPIRED):
         return None
     if kind is not None:
         return kind
-    if reason is ReleaseReason.FAILED and isinstance(cause, TaskStatusReported):
-        return AttemptFailure.OOM if cause.out_of_memory else AttemptFailure.EXIT_CODE
+    if reason is ReleaseReason.FAILED and report is not None:
+        return AttemptFailure.OOM if report.out_of_memory else AttemptFailure.EXIT_CODE
     return AttemptFailure.OTHER
 
 
@@ -141,11 +149,13 @@ class Lifecycle:
         attempt = allocation.attempt
         code_not_retried = False  # the policy would retry, but not this exit code
         kind_not_retried = False  # ... nor this kind of failure
-        failed_as = failure_kind(reason, cause, kind)
+        report = own_report(cause, allocation.task_id)
+        failed_as = failure_kind(reason, report, kind)
         if task is not None:
             policy = self.state.config.restart_for(task.request)
             on = RESTART_ON.get(reason)
-            code = getattr(cause, "exit_code", None) if reason is ReleaseReason.FAILED else None
+            # The task's own exit code: not another task's report the attempt ended during.
+            code = report.exit_code if reason is ReleaseReason.FAILED and report else None
             retried = on is not None and on in policy.when and attempt < policy.max_attempts
             kind_not_retried = retried and not policy.retries_kind(failed_as)
             # Exit codes judge the failures their launcher reported, not an OOM or a fault.
