@@ -5,6 +5,7 @@ card off the bus, and the readings that only lower a card's rank."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -19,7 +20,10 @@ from crater.contracts import (
 from crater.probe.adapters.nvml import GpuSampler
 from crater.probe.domain.faults import DEFAULT_XID_ACTIONS, FaultTracker, parse_action
 from crater.probe.domain.health import CHECK_GPU_FAULTS, evaluate
+from crater.probe.service_layer.nodes import FleetNodes
 from crater.probe.settings import ProbeSettings
+from crater.probe.sim.fleet import FleetError, open_fleet
+from crater.probe.sim.simulation import FleetSimulator
 from tests.support.topologies import node
 from tests.unit.probe.fake_nvml import Card, FakeNvml, nvlink_pair, pcie_only
 
@@ -172,3 +176,35 @@ def test_a_heartbeat_without_faults_reads_byte_for_byte_as_before() -> None:
     carried = event.model_copy(update={"gpu_faults": [fault]})
     text = carried.model_dump_json()
     assert NodeHealthReported.model_validate_json(text).gpu_faults == [fault]
+
+
+async def test_a_simulated_xid_is_delivered_once_and_kept_in_the_heartbeat(tmp_path: Path) -> None:
+    fleet = tmp_path / "xid.yaml"
+    fleet.write_text(
+        "seed: 3\nnodes:\n  - {profile: dgx-a100-8, count: 1}\n"
+        "faults:\n  - {node: a100-01, kind: xid, at_seconds: 10, gpu: 3, xid: 79}\n"
+    )
+    spec = open_fleet(fleet)
+    simulator = FleetSimulator(spec.nodes, spec.seed, spec.faults)
+    clock = [0.0]
+    nodes = FleetNodes(simulator, clock=lambda: clock[0])
+    await nodes.open()
+    [[calm]] = list(nodes.health(10))
+    assert calm.gpu_faults is None  # a calm simulated node reads as it always has
+    clock[0] = 11.0
+    [[faulty]] = list(nodes.health(10))
+    assert [(f.gpu, f.xid, f.action) for f in faulty.gpu_faults or []] == [
+        (3, 79, GpuFaultAction.REBOOT_NODE)
+    ]
+    assert faulty.condition is NodeCondition.NOT_READY
+    assert simulator.xid_events("a100-01") == {}  # delivered once
+    clock[0] = 12.0
+    [[still]] = list(nodes.health(10))
+    assert still.gpu_faults == faulty.gpu_faults  # kept, with its first time
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "seed: 3\nnodes:\n  - {profile: dgx-a100-8, count: 1}\n"
+        "faults:\n  - {node: a100-01, kind: ecc, gpu: 3, xid: 79}\n"
+    )
+    with pytest.raises(FleetError, match="xid is given with kind xid"):
+        open_fleet(bad)

@@ -31,7 +31,8 @@ class ProbeSettings(ServiceSettings):
     faults: bool = Field(
         default=False,
         description="Fleet mode: inject the fleet file's faults (the demo fleet's: a failing "
-        "GPU, a silent node, ECC errors, a degraded PCIe link), timed from the probe's start.",
+        "GPU, a silent node, ECC errors, a degraded PCIe link, an Xid 48), timed from the "
+        "probe's start.",
     )
     node_id: str | None = Field(
         default=None,

@@ -23,7 +23,7 @@ from crater.probe.adapters.measure import Measurements, measure_node
 from crater.probe.adapters.nvme import disks_wear
 from crater.probe.adapters.nvml import GpuSampler
 from crater.probe.adapters.sysfs import discover_local
-from crater.probe.domain.faults import FaultTracker, XidSeen
+from crater.probe.domain.faults import CardSignals, FaultTracker, XidSeen
 from crater.probe.domain.health import DiskWear, HealthLimits, evaluate
 from crater.probe.settings import ProbeSettings
 from crater.probe.sim.simulation import FleetSimulator
@@ -252,8 +252,9 @@ class FleetNodes:
         heartbeats read as they always have."""
         tracker = self.trackers.setdefault(node_id, FaultTracker())
         sim = self.simulator
+        signals = [CardSignals(gpu, xids=xids) for gpu, xids in sim.xid_events(node_id).items()]
         faults, _ = tracker.update(
-            [], sim.last_metrics(node_id), sim.topology(node_id), datetime.now(UTC)
+            signals, sim.last_metrics(node_id), sim.topology(node_id), datetime.now(UTC)
         )
         return faults or None
 
