@@ -30,6 +30,8 @@ from typing import Any
 
 from crater.contracts import (
     AllocationGranted,
+    FabricPlace,
+    NodeTopology,
     NodeTopologyReported,
     TaskProfiled,
     TaskRequest,
@@ -54,10 +56,36 @@ SHAPES = [  # (gpus, milli, memory_mb per card, cores, memory_mb)
 ]
 
 
-def task(n: int, rng: random.Random, pools: list[str]) -> TaskRequest:
+def placed(topologies: list[NodeTopology], leaf_size: int) -> list[NodeTopology]:
+    """Each node under a leaf switch of `leaf_size` nodes, eight leaves a spine, in fleet
+    order (0: the fleet as it is, no place declared)."""
+    if not leaf_size:
+        return topologies
+    return [
+        t.model_copy(
+            update={
+                "fabric": FabricPlace(
+                    leaf=f"leaf-{i // leaf_size}", spine=f"spine-{i // (8 * leaf_size)}"
+                )
+            }
+        )
+        for i, t in enumerate(topologies)
+    ]
+
+
+def task(
+    n: int, rng: random.Random, pools: list[str], gang_every: int = 0, in_leaf: bool = False
+) -> TaskRequest:
     gpus, milli, gpu_mb, cores, memory = rng.choice(SHAPES)
+    gang: dict[str, Any] = {}
+    if gang_every and n % gang_every == 0:  # a data-parallel gang (kept under one leaf)
+        gpus, milli, gpu_mb, cores, memory = SHAPES[2]
+        gang = {"gang_size": 4}
+        if in_leaf:
+            gang["network_topology"] = {"required": "leaf"}
     return TaskRequest.model_validate(
-        {
+        gang
+        | {
             "task_id": f"t{n}",
             "task_type": "training" if gpus else "evaluation",
             "model_config": {"name": "bench"},
@@ -101,11 +129,17 @@ def queue_up(scheduler: Scheduler, waiting: int, pools: list[str]) -> None:
 
 
 def run(
-    nodes: int, tasks: int, seed: int, waiting: int = 0, own_pool_every: int = 0
+    nodes: int,
+    tasks: int,
+    seed: int,
+    waiting: int = 0,
+    own_pool_every: int = 0,
+    leaf_size: int = 0,
+    gang_every: int = 0,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     scheduler = Scheduler()
-    topologies = scaled_fleet(nodes, seed)
+    topologies = placed(scaled_fleet(nodes, seed), leaf_size)
     for topology in topologies:
         scheduler.handle(NodeTopologyReported(occurred_at=T0, node=topology))
     pools = sorted({t.pool for t in topologies})
@@ -131,7 +165,8 @@ def run(
                 scheduler.handle(report)
                 times.append(time.perf_counter() - started)
                 cpu_times.append(time.thread_time() - cpu)
-        event = TaskProfiled(occurred_at=at, task=task(n, rng, pools), prediction=PREDICTION)
+        request = task(n, rng, pools, gang_every, in_leaf=leaf_size > 0)
+        event = TaskProfiled(occurred_at=at, task=request, prediction=PREDICTION)
         started, cpu = time.perf_counter(), time.thread_time()
         decisions = scheduler.handle(event)
         times.append(time.perf_counter() - started)
@@ -153,6 +188,7 @@ def run(
         "tasks": tasks,
         "waiting": waiting,
         "own_pool_release_every": own_pool_every if waiting else 0,
+        **({"leaf_size": leaf_size, "gang_every": gang_every} if leaf_size or gang_every else {}),
         "p50_ms": round(statistics.median(ms), 3),
         "p99_ms": round(ms[int(len(ms) * 0.99) - 1], 3),
         "p99_9_ms": round(ms[int(len(ms) * 0.999) - 1], 3),
@@ -185,12 +221,36 @@ def main() -> None:
         metavar="K",
         help="With --waiting: every K-th task, a task of the waiting pool ends too (0: never).",
     )
+    parser.add_argument(
+        "--leaf-size",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Nodes declare a place in the fabric: N nodes a leaf switch, 8 leaves a spine "
+        "(0: none declared, the fleet as before).",
+    )
+    parser.add_argument(
+        "--gang-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="Every K-th task is a gang of 4 one-GPU members, which with --leaf-size requires "
+        "one leaf (network_topology.required: leaf); 0: none.",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="Where the JSON goes.")
     args = parser.parse_args()
     results = []
     for n in args.nodes:
         for waiting in args.waiting:
-            result = run(n, args.tasks, args.seed, waiting, args.own_pool_release_every)
+            result = run(
+                n,
+                args.tasks,
+                args.seed,
+                waiting,
+                args.own_pool_release_every,
+                args.leaf_size,
+                args.gang_every,
+            )
             print(json.dumps(result), flush=True)
             results.append(result)
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"

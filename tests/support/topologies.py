@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode
+from crater.contracts import Cpu, Disk, FabricPlace, Gpu, NodeTopology, NumaNode
 
 
 def node(
@@ -17,6 +17,7 @@ def node(
     pool: str = "default",
     nvlink: bool = True,
     flags: tuple[str, ...] = ("avx", "avx2", "avx512f"),
+    fabric: FabricPlace | None = None,
 ) -> NodeTopology:
     per_numa = cores // numa_nodes
     gpus_per_numa = max(gpus // numa_nodes, 1)
@@ -56,4 +57,5 @@ def node(
             )
         ],
         fingerprint=f"fp-{name}",
+        fabric=fabric,
     )

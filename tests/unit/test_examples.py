@@ -9,7 +9,7 @@ import pytest
 from crater.contracts import TaskRequest
 from crater.scheduler.adapters.pools_file import load_pools
 from crater.scheduler.adapters.quotas_file import load_quotas
-from crater.scheduler.domain.quotas import Quota
+from crater.scheduler.domain.quotas import Queue, Quota, UserLimit
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -18,6 +18,16 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def test_example_task_is_a_valid_request(path: Path) -> None:
     request = TaskRequest.model_validate_json(path.read_text())
     assert request.task_id
+
+
+def test_the_leaf_bound_gang_example_asks_what_its_docs_say() -> None:
+    request = TaskRequest.model_validate_json((EXAMPLES / "train-ddp-one-leaf.json").read_text())
+    assert request.gang_size == 4
+    assert request.network_topology is not None
+    assert [level.value if level else None for level in request.network_topology.levels] == [
+        "nvlink-domain",
+        "leaf",
+    ]
 
 
 def test_example_pools_file_loads() -> None:
@@ -36,6 +46,23 @@ def test_example_quotas_file_loads_hard_and_elastic_tenants() -> None:
     search = tenants.shares["search"]
     assert (search.guarantee.gpus, search.cap.gpus, search.reserved.gpus) == (16, 24, 4)
     assert tenants.shares["ads"].cap.gpus is None  # no borrowing limit
+
+
+def test_example_quotas_file_loads_per_user_limits() -> None:
+    tenants = load_quotas(EXAMPLES / "quotas-users.yaml")
+    acme = tenants.users["acme"]
+    assert acme.of("bob") == UserLimit(running_gpus=4, queued_tasks=20, notebooks=2)
+    assert acme.of("alice") == UserLimit(running_gpus=8, queued_tasks=20, notebooks=2)
+    assert tenants.shares["acme"].cap.gpus == 24
+    assert "lab" not in tenants.limits  # per-user limits only
+    assert tenants.users["lab"].of("x") == UserLimit(notebooks=1)
+
+
+def test_example_quotas_file_loads_nested_queues() -> None:
+    tenants = load_quotas(EXAMPLES / "quotas-queues.yaml")
+    assert tenants.queues["research"] == Queue(Quota(gpus=24), "acme")
+    assert tenants.queues["ads"] == Queue(Quota(), "acme")
+    assert tenants.queue_of == {"vision": "research", "nlp": "research", "ads-ranking": "ads"}
 
 
 def test_example_price_file_prices_every_gpu_of_the_demo_fleet() -> None:

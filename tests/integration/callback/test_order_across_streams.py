@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 
 from faststream import TestApp
 from sqlalchemy import Column, Integer, MetaData, String, Table, select
@@ -16,6 +17,7 @@ from crater.contracts import (
     Event,
     ReleaseReason,
     TaskSequence,
+    TaskStartEstimated,
     TaskStatus,
     TaskStatusReported,
     WebhookDelivered,
@@ -171,3 +173,39 @@ async def test_the_scheduler_numbers_each_tasks_events_across_transactions(
     ]
     assert isinstance(third[0], AllocationReleased)
     assert TaskStatusReported.model_validate_json(stored[2]).allocation_id == "alloc-b"
+
+
+async def test_a_start_estimate_reaches_alldata_between_the_pending_and_the_grant(
+    fresh_nats: NatsServer, tap: EventTap, receiver: ServedReceiver, database_url: str
+) -> None:
+    numbered = Numbering()
+    waits = numbered(pending("queued"))
+    estimate = numbered(
+        TaskStartEstimated(
+            task_id="queued",
+            pool="default",
+            queue_position=2,
+            estimated_start_at=OCCURRED + timedelta(seconds=300),
+            estimate="estimated to start in 300 s (position 2 in pool default)",
+            occurred_at=OCCURRED,
+        )
+    )
+    grant = numbered(granted("queued"))
+    service, app = build(settings(fresh_nats, database_url, receiver.url))
+    async with TestApp(app):
+        # The grant (another stream) comes first: it waits for the estimate before it.
+        await publish(service.broker, waits)
+        await publish(service.broker, grant)
+        await asyncio.sleep(0.5)
+        await publish(service.broker, estimate)
+        await tap.wait_for(WebhookDelivered, count=3, timeout=10)
+
+    assert statuses(receiver, "queued") == ["pending", "pending", "scheduled"]
+    told = receiver.state.deliveries[1]
+    assert (told.body["queue_position"], told.body["estimated_start_at"]) == (
+        2,
+        "2025-05-01T12:05:00Z",
+    )
+    assert told.body["reason"] == "estimated to start in 300 s (position 2 in pool default)"
+    assert told.body["sequence"] == estimate.task_sequence.number  # type: ignore[union-attr]
+    assert "queue_position" not in receiver.state.deliveries[0].body

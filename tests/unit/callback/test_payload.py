@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import cast
 
 import pytest
@@ -8,8 +9,14 @@ import pytest
 from crater.callback.adapters.store import DeliveryLog
 from crater.callback.app import Recorder
 from crater.callback.delivery import Dispatcher
-from crater.callback.domain.payload import has_webhook, webhook_body
-from crater.contracts import TaskEscalated, TaskSequence, TaskStatus, WebhookStatus
+from crater.callback.domain.payload import WebhookFormat, has_webhook, render, webhook_body
+from crater.contracts import (
+    TaskEscalated,
+    TaskSequence,
+    TaskStartEstimated,
+    TaskStatus,
+    WebhookStatus,
+)
 from tests.support.lifecycle import (
     OCCURRED,
     ended,
@@ -190,3 +197,51 @@ def test_a_launchers_heartbeat_is_no_webhook_but_its_confirmation_is() -> None:
     )
     assert has_webhook(confirmed)
     assert not has_webhook(confirmed.model_copy(update={"heartbeat": True}))
+
+
+def estimate(start: bool = True) -> TaskStartEstimated:
+    return TaskStartEstimated(
+        task_id="waits",
+        attempt=2,
+        pool="training",
+        queue_position=3,
+        estimated_start_at=OCCURRED + timedelta(seconds=420) if start else None,
+        estimate="estimated to start in 420 s (position 3 in pool training)"
+        if start
+        else "no estimate within the forecast's bounds",
+        task_sequence=TaskSequence(number=9, previous=4),
+        occurred_at=OCCURRED,
+    )
+
+
+def test_a_start_estimate_is_a_pending_with_its_place_and_time_in_both_formats() -> None:
+    body = webhook_body(estimate())
+    assert (body.status, body.queue_position, body.sequence, body.attempt) == (
+        WebhookStatus.PENDING,
+        3,
+        9,
+        2,
+    )
+    assert body.estimated_start_at == OCCURRED + timedelta(seconds=420)
+    assert body.reason == "estimated to start in 420 s (position 3 in pool training)"
+    crater = render(body.encode().decode(), WebhookFormat.CRATER)
+    assert json.loads(crater.body)["queue_position"] == 3
+    alldata = render(body.encode().decode(), WebhookFormat.ALLDATA)
+    assert json.loads(alldata.body) == {
+        "task_id": "waits",
+        "status": "pending",
+        "reason": "estimated to start in 420 s (position 3 in pool training)",
+    }
+    assert alldata.headers["crater-queue-position"] == "3"
+    assert alldata.headers["crater-estimated-start-at"] == "2025-05-01T12:07:00Z"
+
+
+def test_no_estimate_says_why_and_other_bodies_carry_no_estimate_fields() -> None:
+    body = webhook_body(estimate(start=False))
+    assert body.estimated_start_at is None
+    assert "estimated_start_at" not in json.loads(body.encode())
+    assert "crater-estimated-start-at" not in render(body.encode().decode(), "alldata").headers
+    assert body.reason == "no estimate within the forecast's bounds"
+    plain = json.loads(webhook_body(pending()).encode())
+    assert "queue_position" not in plain
+    assert "estimated_start_at" not in plain

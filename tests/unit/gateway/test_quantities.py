@@ -106,7 +106,7 @@ def test_the_flat_form_is_the_nested_one() -> None:
     ("value", "reason"),
     [
         ({"gpus": 2}, "unknown key 'gpus'; accepted: gpu, cpu, memory, ssd (nested objects) or "
-         "the flat keys gpu, gpu_count, gpu_memory, gpu_type, cpu, memory, ssd"),
+         "the flat keys gpu, gpu_count, gpu_memory, gpu_type, gpu_models, cpu, memory, ssd"),
         ({"gpu": {"count": 2}, "gpu_memory": "40Gi"}, "'gpu_memory' is flat but 'gpu' is nested"),
         ({"gpu": 2, "gpu_count": 2}, "'gpu' and 'gpu_count' both set gpu.count"),
     ],

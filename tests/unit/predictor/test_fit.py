@@ -59,6 +59,16 @@ def test_what_no_card_of_its_kind_holds_is_refused_naming_the_field() -> None:
     assert predict(llama_training({"count": 1, "type": "b200"})).fit is None
 
 
+def test_no_card_among_the_ordered_models_holding_it_is_refused_naming_that_field() -> None:
+    with pytest.raises(Refused) as refused:
+        predict(llama_training({"count": 1, "models": ["rtx-4090", "a100-40gb"]}))
+    [error] = refused.value.errors
+    assert error.field == "resource_requirements.gpu.models"
+    assert "the largest a100" in error.reason
+    # one listed model that can hold it is enough
+    assert predict(llama_training({"count": 1, "models": ["rtx-4090", "b200"]})).fit is None
+
+
 def test_a_learned_correction_moves_the_verdict_but_never_refuses_by_itself() -> None:
     request = llama_training(
         {"count": 1, "type": "a100-sxm4-80gb"}, master_weights=False, gradient_checkpointing=True

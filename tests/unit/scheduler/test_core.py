@@ -65,6 +65,7 @@ def profiled(task_id: str, when: float = 1, **needs: Any) -> TaskProfiled:
         "max_run_seconds",
         "expected_run_seconds",
         "restart_policy",
+        "network_topology",
     )
     for key in keys:
         if key in needs:

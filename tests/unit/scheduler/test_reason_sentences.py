@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from crater.contracts import FilterReason
+from crater.contracts import FabricLevel, FilterReason
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.placer import explained
 from crater.scheduler.domain.plugins.filters import ALL
@@ -73,7 +73,8 @@ def test_every_filter_explains_itself_as_a_predicate_without_none(f: object) -> 
         ssd_iops_min=1000,
         ssd_latency_us_max=200,
         anti_affinity_group="web",
+        fabric_required=FabricLevel.LEAF,
     )
     message = f.explain(d)  # type: ignore[attr-defined]
     assert "None" not in message
-    assert message.split(" ")[0] in {"has", "is", "lacks", "already"}, message
+    assert message.split(" ")[0] in {"has", "is", "lacks", "already", "declares"}, message

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from crater.contracts import AllocationGranted, Event, TaskStatus
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
 from crater.scheduler.domain.pools import PoolPolicy
-from crater.scheduler.sim.forecast import forecast
+from crater.scheduler.sim.forecast import Estimate, Told, forecast, worth_telling
 from tests.support.topologies import node
 from tests.unit.scheduler.test_core import at, profiled, running
 from tests.unit.scheduler.test_preemption_thrashing import core, stopped, tick
@@ -186,3 +186,24 @@ def test_estimating_changes_nothing_the_live_core_decides(
         return log
 
     assert run(estimate=True) == run(estimate=False)
+
+
+def _estimate(start: float | None) -> Estimate:
+    return Estimate("t", "default", 2, None if start is None else at(start), "words")
+
+
+def test_an_estimate_is_told_when_new_gained_lost_or_moved_materially() -> None:
+    told = Told(attempt=1, start_at=at(1_000), at=at(0))  # a wait of 1,000 s was told
+    assert worth_telling(None, 1, _estimate(500))  # the first
+    assert worth_telling(told, 2, _estimate(1_000))  # another attempt waits
+    assert worth_telling(told, 1, _estimate(None))  # lost its start time
+    assert worth_telling(Told(1, None, at(0)), 1, _estimate(900))  # gained one
+    assert not worth_telling(Told(1, None, at(0)), 1, _estimate(None))
+    # moved: more than 60 s and more than a quarter of the wait told (250 s here)
+    assert not worth_telling(told, 1, _estimate(1_200))
+    assert not worth_telling(told, 1, _estimate(760))
+    assert worth_telling(told, 1, _estimate(1_251))
+    assert worth_telling(told, 1, _estimate(749))
+    short = Told(attempt=1, start_at=at(100), at=at(0))  # a short wait: 60 s is the floor
+    assert not worth_telling(short, 1, _estimate(150))
+    assert worth_telling(short, 1, _estimate(161))

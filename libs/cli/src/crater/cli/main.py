@@ -304,10 +304,19 @@ def list_nodes(
     if as_json:
         emit_json(answer.model_dump_json())
         return
-    table = Table("node", "pool", "condition", "GPU", "GPUs free", "CPU free", "memory free GiB")
+    columns = ["node", "pool", "condition", "GPU", "GPUs free", "CPU free", "memory free GiB"]
+    # where nodes declare a place in the network fabric: spine/leaf/NVLink domain
+    placed = any(n.fabric is not None for n in answer.nodes)
+    table = Table(*columns, *(["fabric"] if placed else []))
     for n in answer.nodes:
         gpu = f"{n.gpu_model} {n.gpu_memory_mb // 1024} GiB" if n.gpu_model else "-"
         held = f" ({len(n.cordoned_gpus)} cordoned)" if n.cordoned_gpus else ""
+        fabric = n.fabric
+        where = (
+            "/".join(name or "-" for name in (fabric.spine, fabric.leaf, fabric.nvlink_domain))
+            if fabric is not None
+            else "-"
+        )
         table.add_row(
             n.node_id,
             n.pool,
@@ -316,6 +325,7 @@ def list_nodes(
             f"{n.gpus_free}/{n.gpus_total}{held}",
             f"{n.cpu_cores_free}/{n.cpu_cores_total}",
             f"{n.memory_mb_free // 1024}/{n.memory_mb_total // 1024}",
+            *([where] if placed else []),
         )
     print_table(table)
     for n in answer.nodes:

@@ -35,6 +35,7 @@ from crater.contracts.tasks import (
     TaskPreempted,
     TaskProfiled,
     TaskRejected,
+    TaskStartEstimated,
     TaskStatusReported,
     TaskSubmitted,
 )
@@ -258,6 +259,15 @@ class Subjects:
         producers=("scheduler",),
         consumers=("callback",),
     )
+    TASK_ESTIMATED = Channel(
+        f"{PREFIX}.task.estimated",
+        TaskStartEstimated,
+        Streams.TASKS,
+        "A waiting task's queue position and estimated start, when first known and when it "
+        "moves materially (the leader's start-time forecast).",
+        producers=("scheduler",),
+        consumers=("callback",),
+    )
     TASK_ENDED = Channel(
         f"{PREFIX}.task.ended",
         TaskEnded,
@@ -453,6 +463,7 @@ class Subjects:
         TASK_REJECTED,
         TASK_PREEMPTED,
         TASK_ESCALATED,
+        TASK_ESTIMATED,
         TASK_ENDED,
         TASK_STATUS,
         TASK_PHASE,

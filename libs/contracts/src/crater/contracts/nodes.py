@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -200,6 +201,94 @@ class Toleration(Contract):
         return self.key == taint.key and (self.operator == "Exists" or self.value == taint.value)
 
 
+class FabricLevel(StrEnum):
+    """A level of the network fabric between nodes, tightest first: the nodes of one NVLink
+    domain (a rack such as an NVL72) share NVLink between them, those under one leaf switch
+    are one hop apart, those under one spine three."""
+
+    NVLINK_DOMAIN = "nvlink-domain"
+    LEAF = "leaf"
+    SPINE = "spine"
+
+
+# Tightest first: a gang kept within one level is also within every level after it.
+FABRIC_LEVELS: tuple[FabricLevel, ...] = (
+    FabricLevel.NVLINK_DOMAIN,
+    FabricLevel.LEAF,
+    FabricLevel.SPINE,
+)
+# The node labels a probe reads a node's place from (CRATER_PROBE_LABELS, a fleet file's
+# labels): a cluster's own labelling, as Kueue's topology levels read node labels.
+FABRIC_LABELS: dict[FabricLevel, str] = {
+    FabricLevel.NVLINK_DOMAIN: "crater.ai/nvlink-domain",
+    FabricLevel.LEAF: "crater.ai/leaf-switch",
+    FabricLevel.SPINE: "crater.ai/spine-switch",
+}
+# A switch or domain name: one label value's characters (Kubernetes label values).
+FABRIC_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
+FabricName = Annotated[str, Field(pattern=FABRIC_NAME_PATTERN)]
+
+
+class FabricPlace(Contract):
+    """Where a node sits in the network fabric, each level by the name of its switch or
+    domain. A level's name is read within the levels above it (Kueue's topology domains): two
+    leaves both named leaf-1 under different spines are two leaves. Any level may be left out;
+    a node that declares none of them has no place, and a gang that requires a level stays off
+    it."""
+
+    nvlink_domain: FabricName | None = Field(
+        default=None,
+        description="The NVLink domain (multi-node NVLink: a rack such as an NVL72) the node "
+        "is part of.",
+        examples=["nvl72-rack-07"],
+    )
+    leaf: FabricName | None = Field(
+        default=None,
+        description="The leaf (top-of-rack) switch the node hangs off.",
+        examples=["leaf-3"],
+    )
+    spine: FabricName | None = Field(
+        default=None,
+        description="The spine switch (or block) above its leaf.",
+        examples=["spine-1"],
+    )
+
+    def name_at(self, level: FabricLevel) -> str | None:
+        return {
+            FabricLevel.NVLINK_DOMAIN: self.nvlink_domain,
+            FabricLevel.LEAF: self.leaf,
+            FabricLevel.SPINE: self.spine,
+        }[level]
+
+    def path_to(self, level: FabricLevel) -> tuple[str, ...] | None:
+        """The level's domain, as the names from the spine down to it ("" where a level above
+        is left out); None when the node declares no name at `level`."""
+        if self.name_at(level) is None:
+            return None
+        above = FABRIC_LEVELS[FABRIC_LEVELS.index(level) :]
+        return tuple(self.name_at(lv) or "" for lv in reversed(above))
+
+    @classmethod
+    def from_labels(cls, labels: dict[str, str]) -> FabricPlace | None:
+        """The place a node's labels declare (`FABRIC_LABELS`); None when they declare none.
+        A value that is not a name is refused, naming the label."""
+        found = {lv: labels[key] for lv, key in FABRIC_LABELS.items() if key in labels}
+        if not found:
+            return None
+        for level, value in found.items():
+            if not re.fullmatch(FABRIC_NAME_PATTERN, value):
+                raise ValueError(
+                    f"label {FABRIC_LABELS[level]}={value!r} is not a {level.value} name "
+                    "(1-63 letters, digits, '.', '_' or '-', starting and ending with a letter "
+                    "or digit)"
+                )
+        return cls(
+            nvlink_domain=found.get(FabricLevel.NVLINK_DOMAIN),
+            leaf=found.get(FabricLevel.LEAF),
+            spine=found.get(FabricLevel.SPINE),
+        )
+
+
 class NodeTopology(Contract):
     node_id: str = Field(pattern=NODE_ID_PATTERN)
     hostname: str
@@ -215,6 +304,16 @@ class NodeTopology(Contract):
     disks: list[Disk] = Field(default_factory=list)
     simulated: bool = False
     fingerprint: str = Field(description="Stable hash of the hardware; changes when it does.")
+    # Left out of the JSON when None: a node without a place reads byte for byte as before,
+    # so recorded inputs and decisions replay identically.
+    fabric: FabricPlace | None = Field(
+        default=None,
+        exclude_if=lambda fabric: fabric is None,
+        description="Its place in the network fabric between nodes (the probe reads it from "
+        "the crater.ai/nvlink-domain, crater.ai/leaf-switch and crater.ai/spine-switch "
+        "labels); None: undeclared. Gangs that require or prefer a level (network_topology) "
+        "are placed by it (docs/architecture.md, Network topology across nodes).",
+    )
 
 
 class NodeTopologyReported(Event):

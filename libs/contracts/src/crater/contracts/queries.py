@@ -15,7 +15,7 @@ from crater.contracts.autoscaling import ScaleDecided
 from crater.contracts.base import Contract
 from crater.contracts.catalog import PREFIX
 from crater.contracts.jobs import JobDescription
-from crater.contracts.nodes import NodeCondition, Toleration
+from crater.contracts.nodes import FabricPlace, NodeCondition, Toleration
 from crater.contracts.phases import LendingState
 from crater.contracts.tasks import (
     Affinity,
@@ -81,6 +81,12 @@ class NodeSummary(Contract):
         exclude_if=lambda why: why is None,
         description="Why the whole node takes no new work (a card fault that needs a "
         "reboot); None: it may take work.",
+    )
+    fabric: FabricPlace | None = Field(
+        default=None,
+        exclude_if=lambda fabric: fabric is None,  # answers without one read as before
+        description="Its place in the network fabric (NVLink domain, leaf, spine); None: "
+        "undeclared.",
     )
 
 

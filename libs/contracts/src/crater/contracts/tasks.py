@@ -25,7 +25,7 @@ from pydantic_core import CoreSchema
 
 from crater.contracts.base import MAX_ATTEMPT, MAX_EXACT_INT, Contract, Event, TaskEvent
 from crater.contracts.gpus import parse_gpu_product
-from crater.contracts.nodes import Toleration
+from crater.contracts.nodes import FABRIC_LEVELS, FabricLevel, Toleration
 from crater.contracts.quantities import GBQuantity, MiBQuantity
 
 TaskId = Annotated[
@@ -287,6 +287,18 @@ class DataConfig(Contract):
 MIG_PROFILE_PATTERN = r"^[1-7]g\.[1-9][0-9]{0,3}gb$"
 
 
+# A task's ordered GPU models: at most this many, waited for at most a week.
+GPU_MODELS_MAX = 8
+GPU_MODELS_WAIT_MAX = 7 * 86_400
+
+
+class GpuModelsPolicy(StrEnum):
+    """What a task whose models are ordered does when its first model is full."""
+
+    NEXT = "next"  # take the first listed model that fits now
+    WAIT = "wait"  # the first model only, up to models_wait_seconds; then as next
+
+
 class GpuRequirement(Contract):
     count: int = Field(default=0, ge=0, le=1024, description="Whole GPUs.")
     memory_mb: MiBQuantity = Field(
@@ -310,6 +322,34 @@ class GpuRequirement(Contract):
         max_length=32,
         description="Allowed GPU models, any of them (with `type`, either one).",
         examples=[["A100", "H100"]],
+    )
+    # The three left out of the JSON when unset: a request without them reads byte for byte
+    # as one made before they existed, so recorded inputs and decisions replay identically.
+    models: list[str] | None = Field(
+        default=None,
+        max_length=GPU_MODELS_MAX,
+        exclude_if=lambda models: models is None,
+        description="GPU products in order of preference ('H100, else A100-80GB'): the task "
+        "takes the first of them that fits (models_policy next) or waits for the first up to "
+        "models_wait_seconds (wait); the grant says which it took and why. One product per "
+        "entry, each once; not with type or types.",
+        examples=[["h100", "a100-80gb"]],
+    )
+    models_policy: GpuModelsPolicy | None = Field(
+        default=None,
+        exclude_if=lambda policy: policy is None,
+        description="With models: next (the default) takes the first listed model that fits "
+        "now, as Kueue's flavor fungibility TryNextFlavor; wait places on the first model "
+        "only until models_wait_seconds have passed since submission, then as next.",
+    )
+    models_wait_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=GPU_MODELS_WAIT_MAX,
+        validate_default=True,  # wait without it is refused, naming this field
+        exclude_if=lambda seconds: seconds is None,
+        description="With models_policy wait (required there): how long the task waits for "
+        "its first model before it takes the next one that fits.",
     )
     mig_profile: str | None = Field(
         default=None,
@@ -342,6 +382,65 @@ class GpuRequirement(Contract):
     def _known_product_list(cls, value: list[str]) -> list[str]:
         for name in value:
             parse_gpu_product(name)
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def _ordered_products(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        """Each entry one product Crater knows, listed once; not beside `type`/`types`."""
+        if value is None:
+            return value
+        if not value:
+            raise ValueError(
+                "an empty list: give the products in order of preference, or leave "
+                "models out for any model"
+            )
+        if info.data.get("type") or info.data.get("types"):
+            raise ValueError(
+                "models orders the products itself: give models, or type/types, not both"
+            )
+        seen: dict[str, int] = {}
+        for position, name in enumerate(value, 1):
+            if "|" in name:
+                raise ValueError(
+                    f"entry {position} ({name!r}) names alternatives: one product "
+                    "per entry, the list's order says which is preferred"
+                )
+            try:
+                key = str(parse_gpu_product(name))
+            except ValueError as error:
+                raise ValueError(f"entry {position}: {error}") from None
+            if key in seen:
+                raise ValueError(
+                    f"entries {seen[key]} and {position} ({value[seen[key] - 1]!r}, "
+                    f"{name!r}) name the same product {key}: list each once"
+                )
+            seen[key] = position
+        return value
+
+    @field_validator("models_policy")
+    @classmethod
+    def _policy_with_models(
+        cls, value: GpuModelsPolicy | None, info: ValidationInfo
+    ) -> GpuModelsPolicy | None:
+        # (a `models` that failed its own check is not in info.data: one error, not two)
+        if value is not None and "models" in info.data and not info.data["models"]:
+            raise ValueError("a policy for the order of models is given without models")
+        return value
+
+    @field_validator("models_wait_seconds")
+    @classmethod
+    def _wait_with_wait_policy(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if "models_policy" not in info.data:
+            return value  # the policy failed its own check: that error says it
+        waits = info.data["models_policy"] is GpuModelsPolicy.WAIT
+        if value is not None and not waits:
+            raise ValueError("a wait for the first model is set only with models_policy wait")
+        if value is None and waits:
+            raise ValueError(
+                "models_policy wait needs models_wait_seconds: how long to wait for the first "
+                "model before taking the next"
+            )
         return value
 
     @model_validator(mode="after")
@@ -392,6 +491,7 @@ FLAT_RESOURCE_KEYS: dict[str, tuple[str, str]] = {
     "gpu_count": ("gpu", "count"),
     "gpu_memory": ("gpu", "memory_mb"),
     "gpu_type": ("gpu", "type"),
+    "gpu_models": ("gpu", "models"),
     "cpu": ("cpu", "cores"),
     "memory": ("memory", "capacity_mb"),
     "ssd": ("ssd", "capacity_gb"),
@@ -432,8 +532,9 @@ def _unflatten(data: dict[str, object]) -> dict[str, object]:
 
 class ResourceRequirements(Contract):
     """Per resource, nested (`{"gpu": {"count": 2, "memory_mb": 40960}}`) or flat as operators
-    type it (`{"gpu": 2, "gpu_memory": "40Gi"}`; keys gpu, gpu_count, gpu_memory, gpu_type, cpu,
-    memory, ssd); sizes in the field's unit or as Kubernetes quantities (40Gi). Kept nested."""
+    type it (`{"gpu": 2, "gpu_memory": "40Gi"}`; keys gpu, gpu_count, gpu_memory, gpu_type,
+    gpu_models, cpu, memory, ssd); sizes in the field's unit or as Kubernetes quantities
+    (40Gi). Kept nested."""
 
     gpu: GpuRequirement = Field(default_factory=GpuRequirement)
     cpu: CpuRequirement = Field(default_factory=CpuRequirement)
@@ -492,6 +593,51 @@ class AntiAffinity(Contract):
     group: str | None = Field(
         default=None, max_length=128, description="Replicas of one group avoid sharing a node."
     )
+
+
+class NetworkTopology(Contract):
+    """Where a gang's members go in the network fabric between nodes (nodes declare their
+    place: NodeTopology.fabric), as Kueue's podset-required-topology and
+    podset-preferred-topology: `required` keeps every member within one domain of that level
+    or the gang waits; `preferred` tries one domain of that level first, then looser levels
+    (up to `required`, else anywhere). Either way the members' ranks follow the fabric: those
+    sharing a domain are consecutive, so a ring crosses each switch as few times as it can."""
+
+    required: FabricLevel | None = Field(
+        default=None,
+        description="Every member within one domain of this level (one NVLink domain, under "
+        "one leaf switch, under one spine), on nodes that declare it; else the gang waits.",
+    )
+    preferred: FabricLevel | None = Field(
+        default=None,
+        description="One domain of this level if the gang fits in one now, else the next "
+        "looser level; at least as tight as `required`.",
+    )
+
+    @model_validator(mode="after")
+    def _levels(self) -> NetworkTopology:
+        if self.required is None and self.preferred is None:
+            raise ValueError("name a required or a preferred level (nvlink-domain, leaf, spine)")
+        if (
+            self.required is not None
+            and self.preferred is not None
+            and FABRIC_LEVELS.index(self.preferred) > FABRIC_LEVELS.index(self.required)
+        ):
+            raise ValueError(
+                f"preferred {self.preferred.value} is looser than required "
+                f"{self.required.value}: every placement is within one {self.required.value}"
+            )
+        return self
+
+    @property
+    def levels(self) -> tuple[FabricLevel | None, ...]:
+        """The levels a placement tries, tightest first; None: anywhere (nothing required)."""
+        first = self.preferred or self.required
+        assert first is not None
+        start = FABRIC_LEVELS.index(first)
+        if self.required is None:
+            return (*FABRIC_LEVELS[start:], None)
+        return FABRIC_LEVELS[start : FABRIC_LEVELS.index(self.required) + 1]
 
 
 class Optimizer(StrEnum):
@@ -876,6 +1022,20 @@ class TaskRequest(Contract):
     sla: Sla = Field(default_factory=Sla)
     pool: Name = "default"
     tenant: Name = "default"
+    # The two left out of the JSON when unset, as the run times below.
+    user: Name | None = Field(
+        default=None,
+        exclude_if=lambda user: user is None,
+        description="Who submits it, inside its tenant: the quotas file's per-user limits "
+        "(running GPUs, queued tasks, notebooks) count by it. None: no per-user limit applies.",
+        examples=["alice"],
+    )
+    interactive: bool = Field(
+        default=False,
+        exclude_if=lambda interactive: not interactive,
+        description="A notebook or another interactive session: counts against its user's "
+        "notebooks limit (quotas file).",
+    )
     priority: Priority | NumericPriority = Field(
         default=Priority.MEDIUM,
         description="high/medium/low, or 0..1000 (larger first; low 100, medium 500, high 900).",
@@ -897,6 +1057,16 @@ class TaskRequest(Contract):
         ge=1,
         le=1024,
         description="Members placed all or nothing, each with the whole resource request.",
+    )
+    # Left out of the JSON when unset, as max_run_seconds below.
+    network_topology: NetworkTopology | None = Field(
+        default=None,
+        exclude_if=lambda topology: topology is None,
+        description="Where a gang's members go in the network fabric between nodes: within "
+        "one NVLink domain, leaf switch or spine, required or preferred; their ranks follow "
+        "the fabric. None: anywhere, ranks by score (still along the fabric where nodes "
+        "declare it).",
+        examples=[{"required": "leaf", "preferred": "nvlink-domain"}],
     )
     training_config: TrainingConfig | None = None
     inference_config: InferenceConfig | None = None
@@ -1318,6 +1488,29 @@ class TaskEscalated(TaskEvent):
     max_queue_time_seconds: int = Field(gt=0)
     priority: int = Field(ge=PRIORITY_MIN, le=PRIORITY_MAX, description="As submitted.")
     escalated_priority: int = Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)
+
+
+class TaskStartEstimated(TaskEvent):
+    """A waiting task's place in its pool's queue and when it is estimated to start, from
+    the scheduler's start-time forecast (the production core run forward over the queue and
+    the running tasks' expected or maximum run times). Told when it is first known and when
+    it moves materially, only while the task waits; numbered among the task's events, so its
+    `pending` webhook never follows the task's `scheduled`. Advice, not a decision: it is
+    not in the audit log."""
+
+    task_id: TaskId
+    attempt: int = Field(default=1, ge=1, le=MAX_ATTEMPT, description="Which attempt waits.")
+    pool: str = Field(max_length=253)
+    queue_position: int = Field(ge=1, le=MAX_EXACT_INT, description="1: next in its pool.")
+    estimated_start_at: AwareDatetime | None = Field(
+        description="When it is estimated to start if nothing new arrives; None: no estimate "
+        "(`estimate` says why)."
+    )
+    estimate: str = Field(
+        max_length=2048,
+        examples=["estimated to start in 420 s (position 3 in pool training)"],
+        description="The estimate in words, or why there is none.",
+    )
 
 
 class TaskStatusReported(Event):

@@ -132,6 +132,20 @@ class WebhookBody(Contract):
         le=100,
         description="With gpu_utilization_percent: the task's sla.min_gpu_utilization_percent.",
     )
+    # Left out of the JSON when None: the bodies of every other webhook read as before.
+    queue_position: int | None = Field(
+        default=None,
+        ge=1,
+        exclude_if=lambda position: position is None,
+        description="On the `pending` webhook of a start estimate (task.estimated): the task's "
+        "place in its pool's queue, 1 the next.",
+    )
+    estimated_start_at: AwareDatetime | None = Field(
+        default=None,
+        exclude_if=lambda moment: moment is None,
+        description="On the `pending` webhook of a start estimate: when the task is estimated "
+        "to start if nothing new arrives (absent: no estimate; `reason` says why).",
+    )
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from crater.contracts import GpuFaultAction, Taint
+from crater.contracts import FabricPlace, GpuFaultAction, Taint
 from crater.contracts.nodes import NODE_ID_PATTERN
 from crater.probe.adapters.measure import Bounds
 from crater.probe.domain.faults import DEFAULT_UNKNOWN_ACTION, DEFAULT_XID_ACTIONS, parse_action
@@ -43,7 +43,9 @@ class ProbeSettings(ServiceSettings):
     labels: dict[str, str] = Field(
         default_factory=dict,
         description="Local mode: this node's labels, over the crater.ai/* ones derived from "
-        'its hardware (JSON: {"rack": "r1", "crater.ai/gpu-model": "a100"}).',
+        'its hardware (JSON: {"rack": "r1", "crater.ai/gpu-model": "a100"}); '
+        "crater.ai/nvlink-domain, crater.ai/leaf-switch and crater.ai/spine-switch declare "
+        "its place in the network fabric (docs/architecture.md, Network topology across nodes).",
     )
     taints: list[str] = Field(
         default_factory=list,
@@ -165,6 +167,7 @@ class ProbeSettings(ServiceSettings):
             raise ValueError("task_seconds_min exceeds task_seconds_max")
         for taint in self.taints:
             Taint.parse(taint)  # a bad one stops the probe at start, named
+        FabricPlace.from_labels(self.labels)  # a bad place too (crater.ai/leaf-switch, ...)
         if self.execute and self.mode != "local":
             raise ValueError("execute needs mode local: a simulated fleet runs nothing")
         self.xid_table()  # a bad action stops the probe at start, named

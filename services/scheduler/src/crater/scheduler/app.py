@@ -202,6 +202,16 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         "copy of its state; its cost grows with the running and waiting tasks). 0: on "
         "every query.",
     )
+    estimate_tell_interval_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        le=86_400,
+        description="How often the leader looks for waiting tasks whose start estimate is "
+        "news (first known, or its start moved by more than 60 s and a quarter of the wait "
+        "told) and tells them on task.estimated: a `pending` webhook with the queue position "
+        "and estimated start. Each look runs the forecast (see estimate_interval_seconds). "
+        "0: never.",
+    )
     pending_interval_seconds: float = Field(
         default=60.0,
         ge=0,
@@ -241,7 +251,10 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         default=None,
         description="YAML (or JSON): tenants: {NAME: {gpus, gpu_memory_mb, cpu_cores, "
         "memory_mb, disk_gb}} for a hard limit, or {NAME: {guarantee: {...}, borrow: {...}, "
-        "reserved: {...}}} for an elastic quota (docs/pools.md); reloaded on change, and "
+        "reserved: {...}}} for an elastic quota (docs/pools.md); with per_user: "
+        "{running_gpus, queued_tasks, notebooks} and users: {USER: {...}}, limits per user "
+        "inside the tenant; queues: {NAME: {limit: {...}, tenants: [...], queues: {...}}} "
+        "for nested queues above tenants (docs/queues.md); reloaded on change, and "
         "replaceable over the API (PUT /api/v1/admin/quotas).",
     )
     pools_file: Path | None = Field(
@@ -345,6 +358,9 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         checkpoint_root=settings.checkpoint_root,
         quotas=tenants.limits,
         tenant_shares=tenants.shares,
+        user_limits=tenants.users,
+        queues=tenants.queues,
+        queue_of=tenants.queue_of,
         pools=load_pools(settings.pools_file) if settings.pools_file else {},
         grace_period_seconds=settings.grace_period_seconds,
         prediction_margin=settings.prediction_margin,
@@ -392,6 +408,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
         audit_log(settings),
         ConfigWatch(settings.pools_file, settings.quotas_file, settings.config_reload_seconds),
         estimate_interval_seconds=settings.estimate_interval_seconds,
+        estimate_tell_interval_seconds=settings.estimate_tell_interval_seconds,
     )
     service.registry.register(ClusterSeries(lambda: core.scheduler, settings.task_metrics_limit))
     broker, name, batch = service.broker, service.name, settings.consumer_batch
@@ -511,6 +528,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
 
     async def step_down() -> None:
         core.epoch = None
+        await core.stop_telling()
         await gate.close()
         await relay.stop(flush=False)
 
@@ -528,6 +546,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     async def resign() -> None:
         # Consume no more, publish what was committed, and only then hand the lease back.
         await gate.close()
+        await core.stop_telling()
         await relay.stop(flush=core.epoch is not None)
         core.epoch = None
         if service.leadership is not None:

@@ -20,6 +20,7 @@ EVENT_TYPES = frozenset(
         "AllocationGranted",
         "TaskPending",
         "TaskEscalated",
+        "TaskStartEstimated",
         "TaskRejected",
         "TaskPreempted",
         "TaskEnded",

@@ -23,6 +23,7 @@ from crater.contracts import (
     TaskPending,
     TaskPreempted,
     TaskRejected,
+    TaskStartEstimated,
     TaskStatus,
     TaskStatusReported,
     TaskUnderutilized,
@@ -36,6 +37,7 @@ LifecycleEvent = (
     AllocationGranted
     | TaskPending
     | TaskEscalated
+    | TaskStartEstimated
     | TaskRejected
     | TaskPreempted
     | TaskEnded
@@ -92,6 +94,9 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
                 f"max_queue_time_seconds {event.max_queue_time_seconds}; priority "
                 f"{event.priority} -> {event.escalated_priority}"
             )
+        case TaskStartEstimated():
+            # Still waiting, now with a place and a time: AllData hears it as a `pending`.
+            status, reason = WebhookStatus.PENDING, event.estimate
         case TaskRejected():
             # The task's end; or, as a duplicate, a refused submission that leaves it be.
             status = WebhookStatus.REJECTED
@@ -131,7 +136,10 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
         gang_size=gang_size,
         escalated_priority=event.escalated_priority if isinstance(event, TaskEscalated) else None,
         attempt=event.attempt
-        if isinstance(event, TaskPending | AllocationGranted | TaskEnded | TaskUnderutilized)
+        if isinstance(
+            event,
+            TaskPending | TaskStartEstimated | AllocationGranted | TaskEnded | TaskUnderutilized,
+        )
         else None,
         duplicate_submission=event.duplicate if isinstance(event, TaskRejected) else None,
         gpu_utilization_percent=event.measured_gpu_utilization_percent
@@ -139,6 +147,10 @@ def webhook_body(event: LifecycleEvent) -> WebhookBody:
         else None,
         min_gpu_utilization_percent=event.min_gpu_utilization_percent
         if isinstance(event, TaskUnderutilized)
+        else None,
+        queue_position=event.queue_position if isinstance(event, TaskStartEstimated) else None,
+        estimated_start_at=event.estimated_start_at
+        if isinstance(event, TaskStartEstimated)
         else None,
     )
 
@@ -247,6 +259,9 @@ HEADER_FIELDS = (
     ("crater-allocation-id", "allocation_id"),
     ("crater-reservation-token", "reservation_token"),
     ("crater-reservation-expires-at", "reservation_expires_at"),
+    # on a start estimate's `pending` (the `alldata` body has no place for them either)
+    ("crater-queue-position", "queue_position"),
+    ("crater-estimated-start-at", "estimated_start_at"),
 )
 
 
@@ -256,6 +271,6 @@ def crater_headers(body: WebhookBody, format: WebhookFormat) -> dict[str, str]:
     values = body.model_dump(mode="json", include={field for _, field in HEADER_FIELDS})
     headers = {"crater-format": format.value}
     for name, field in HEADER_FIELDS:
-        if values[field] is not None:
+        if values.get(field) is not None:  # a field left out of the JSON when None: absent
             headers[name] = str(values[field])
     return headers

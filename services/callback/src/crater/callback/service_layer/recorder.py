@@ -202,6 +202,7 @@ LIFECYCLE_CHANNELS: dict[str, Channel] = {
         Subjects.ALLOCATION_GRANTED,
         Subjects.TASK_PENDING,
         Subjects.TASK_ESCALATED,
+        Subjects.TASK_ESTIMATED,
         Subjects.TASK_REJECTED,
         Subjects.TASK_PREEMPTED,
         Subjects.TASK_ENDED,

@@ -77,7 +77,9 @@ def largest_card_mb(request: TaskRequest) -> tuple[int, str] | None:
     generously as GiB: an 80 GB A100 reports 81,920 MiB), and what it is; None when the
     request names no product."""
     gpu = request.resource_requirements.gpu
+    # every product it may be placed on: its alternatives, or its models in any order
     names = [n for n in (gpu.type or "").split("|") if n.strip()] + list(gpu.types)
+    names += gpu.models or []
     sizes: list[tuple[int, str]] = []
     for name in names:
         product = parse_gpu_product(name)
@@ -108,7 +110,8 @@ def judge(
     floor = low_mb if modelled_low_mb is None else modelled_low_mb
     if named is not None and floor > named[0]:
         largest, what = named
-        field = "resource_requirements.gpu.type"
+        gpu = request.resource_requirements.gpu
+        field = f"resource_requirements.gpu.{'models' if gpu.models else 'type'}"
         raise Refused(
             [
                 FieldError(

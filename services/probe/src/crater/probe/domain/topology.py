@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode, Taint
+from crater.contracts import Cpu, Disk, FabricPlace, Gpu, NodeTopology, NumaNode, Taint
 from crater.contracts.gpus import gpu_of_inventory, nominal_memory_gb
 from crater.probe.domain.datasheets import rate_disks
 
@@ -171,16 +171,21 @@ def build_topology(
     taints: Sequence[Taint] = (),
     disk_iops_at_depth: Mapping[str, float] | None = None,
 ) -> NodeTopology:
-    """A node's topology. Disks get their at-depth random-read IOPS from `disk_iops_at_depth`
-    (an operator's, by disk name) or the datasheet table (see datasheets.py)."""
+    """A node's topology; its place in the network fabric read off its labels
+    (crater.ai/leaf-switch, ...: `FABRIC_LABELS`). Disks get their at-depth random-read IOPS
+    from `disk_iops_at_depth` (an operator's, by disk name) or the datasheet table (see
+    datasheets.py)."""
     gpus = sorted(gpus, key=lambda g: g.index)
     disks = sorted(rate_disks(disks, disk_iops_at_depth), key=lambda d: d.name)
     numa_nodes = sorted(numa_nodes, key=lambda n: n.id)
+    all_labels = node_labels(gpus, labels)
     return NodeTopology(
         node_id=node_id,
         hostname=hostname,
         pool=pool,
-        labels=node_labels(gpus, labels),
+        labels=all_labels,
+        # its place in the fabric, as its labels declare it (a bad value is refused, named)
+        fabric=FabricPlace.from_labels(all_labels),
         taints=list(taints),
         cpu=cpu,
         numa_nodes=numa_nodes,

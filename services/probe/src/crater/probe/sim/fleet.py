@@ -42,10 +42,11 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
-from crater.contracts import Cpu, Disk, Gpu, NodeTopology, NumaNode, Taint
+from crater.contracts import Cpu, Disk, FabricPlace, Gpu, NodeTopology, NumaNode, Taint
 from crater.contracts.tasks import MIG_PROFILE_PATTERN
 from crater.probe.domain.topology import build_topology
 from crater.probe.sim.simulation import GPU_FAULTS, Fault, FaultKind, SimulatedNode
@@ -186,10 +187,20 @@ class FleetEntry(_Spec):
     count: int = Field(ge=0, le=100_000)
     pool: Annotated[str, Field(pattern=_POOL, max_length=63)] = "default"
     prefix: Annotated[str, Field(pattern=_PREFIX, max_length=40)] | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Added to the profile's; crater.ai/nvlink-domain, crater.ai/leaf-switch "
+        "and crater.ai/spine-switch declare the nodes' place in the network fabric.",
+    )
     taints: list[TaintText] = Field(
         default_factory=list, description="key=value:Effect, added to the profile's."
     )
+
+    @field_validator("labels")
+    @classmethod
+    def _fabric_place(cls, labels: dict[str, str]) -> dict[str, str]:
+        FabricPlace.from_labels(labels)  # a bad place is refused with the file, named
+        return labels
 
 
 class FaultSpec(_Spec):

@@ -89,7 +89,13 @@ class ConfigWatch:
         try:
             pools = running.pools if self.pools_file is None else load_pools(self.pools_file)
             tenants = (
-                TenantQuotas(running.quotas, running.tenant_shares)
+                TenantQuotas(
+                    running.quotas,
+                    running.tenant_shares,
+                    running.user_limits,
+                    running.queues,
+                    running.queue_of,
+                )
                 if self.quotas_file is None
                 else load_quotas(self.quotas_file)
             )
@@ -104,4 +110,12 @@ def with_files(
     running: SchedulerConfig, pools: dict[str, PoolPolicy], tenants: TenantQuotas
 ) -> SchedulerConfig:
     """`running` with the pools and quotas files' contents in place of its own."""
-    return replace(running, pools=pools, quotas=tenants.limits, tenant_shares=tenants.shares)
+    return replace(
+        running,
+        pools=pools,
+        quotas=tenants.limits,
+        tenant_shares=tenants.shares,
+        user_limits=tenants.users,
+        queues=tenants.queues,
+        queue_of=tenants.queue_of,
+    )

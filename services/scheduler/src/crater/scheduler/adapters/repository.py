@@ -523,6 +523,7 @@ class SchedulerRepository:
                     running=r.running,
                     tenant=r.tenant,
                     usage=Usage.of(_pending(r, config.prediction_margin).demand),
+                    user=r.request.get("user"),
                     priority=_pending(r, config.prediction_margin).priority,
                     preemptible=bool(r.request["preemptible"]),
                     granted_seq=r.seq,

@@ -24,15 +24,17 @@ from crater.scheduler.domain.events import (
     ended,
     rejected,
 )
+from crater.scheduler.domain.fabric import never_in_one
 from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.phases import Phases
 from crater.scheduler.domain.placer import Pick, Placer
 from crater.scheduler.domain.plugins import judged_field
 from crater.scheduler.domain.preemptor import Preemptor
 from crater.scheduler.domain.queue import (
+    gang_demand,
     members_per_node,
 )
-from crater.scheduler.domain.quotas import QUOTA_FIELDS
+from crater.scheduler.domain.quotas import QUEUE, QUOTA_FIELDS, USER_GPUS
 from crater.scheduler.domain.reasons import Reasons, sentence
 from crater.scheduler.domain.state import (
     PendingTask,
@@ -41,7 +43,15 @@ from crater.scheduler.domain.state import (
 from crater.scheduler.domain.waitlist import Waitlist
 
 
-# Which request field a filter judges: named in a rejection.
+def named_field(request: TaskRequest, filter_name: str) -> str:
+    """The request field a rejection by `filter_name` names: the one the task wrote (its
+    ordered `gpu.models` where it lists them, for the GPU model filter)."""
+    field = judged_field(filter_name)
+    if field == "resource_requirements.gpu.type" and request.resource_requirements.gpu.models:
+        return "resource_requirements.gpu.models"
+    return field
+
+
 class Admission:
     """Admits, refuses or queues an arriving task."""
 
@@ -87,7 +97,7 @@ class Admission:
         granted = self.placer.try_place(task, event, avoid)
         if granted:
             return list(granted)
-        over = self.state.quotas.blocking(request.tenant, demand, members)
+        over = self.state.quotas.blocking(request.tenant, demand, members, request.user)
         if self.lending is not None and not over:
             self.lending.begin_pass()
             loaned, task.borrow_reason = self.lending.borrow(task, event)
@@ -113,19 +123,79 @@ class Admission:
         return self.reasons.announce(task, event, reasons, summary) + preempted
 
     def refusals(self, task: PendingTask) -> list[FieldError]:
-        """Why `task` can never be placed (its tenant's quota, or no node of its pool could
-        ever hold it); [] when it could."""
+        """Why `task` is refused: it can never be placed (its tenant's quota or its user's,
+        or no node of its pool could ever hold it), or its user has as many tasks waiting
+        or notebooks as it may; [] when it is not."""
         request, members = task.request, task.gang_size
-        return [
-            FieldError(
-                field=QUOTA_FIELDS[resource],
-                reason=f"tenant {request.tenant!r} quota is {limit}; the task alone: {wanted:g}"
-                + (f" ({members} gang members)" if members > 1 else ""),
+        gang = f" ({members} gang members)" if members > 1 else ""
+        errors: list[FieldError] = []
+        for resource, wanted, limit in self.state.quotas.never(
+            request.tenant, task.demand, members, request.user
+        ):
+            if resource.startswith(f"{QUEUE}."):
+                _, queue, quota = resource.split(".")
+                reason = (
+                    f"queue {queue!r} above tenant {request.tenant!r} may hold {limit:g} "
+                    f"{quota} for all its tenants; the task alone: {wanted:g}{gang}"
+                )
+                errors.append(FieldError(field=QUOTA_FIELDS[quota], reason=reason))
+            elif resource == USER_GPUS:
+                source = self.state.quotas.users[request.tenant].source(
+                    request.tenant, str(request.user), "running_gpus"
+                )
+                reason = (
+                    f"user {request.user!r} of tenant {request.tenant!r} may hold {limit:g} "
+                    f"running GPUs ({source}); the task alone: {wanted:g}{gang}"
+                )
+                errors.append(FieldError(field=QUOTA_FIELDS["gpus"], reason=reason))
+            else:
+                reason = f"tenant {request.tenant!r} quota is {limit}; the task alone: {wanted:g}"
+                errors.append(FieldError(field=QUOTA_FIELDS[resource], reason=reason + gang))
+        return errors or self.over_user_counts(task) or self.never_fits(task)
+
+    def over_user_counts(self, task: PendingTask) -> list[FieldError]:
+        """Why the task's user may add no task now (quotas file, per-user limits): it has
+        as many tasks waiting as it may (Slurm's MaxSubmitJobs, waiting ones), or, the task
+        a notebook, as many notebooks waiting or placed. [] when it may."""
+        request = task.request
+        user, tenant = request.user, request.tenant
+        limits = self.state.quotas.users.get(tenant)
+        if user is None or limits is None:
+            return []
+        limit = limits.of(user)
+
+        def mine(other: PendingTask | None) -> bool:
+            return (
+                other is not None and other.request.tenant == tenant and other.request.user == user
             )
-            for resource, wanted, limit in self.state.quotas.never(
-                request.tenant, task.demand, members
-            )
-        ] or self.never_fits(task)
+
+        if limit.queued_tasks is not None:
+            waiting = sum(1 for t in self.state.pending.values() if mine(t))
+            if waiting >= limit.queued_tasks:
+                source = limits.source(tenant, user, "queued_tasks")
+                return [
+                    FieldError(
+                        field="user",
+                        reason=f"user {user!r} of tenant {tenant!r} has {waiting} tasks "
+                        f"waiting, as many as it may ({source}: {limit.queued_tasks}); submit "
+                        "again once one has started or ended",
+                    )
+                ]
+        if request.interactive and limit.notebooks is not None:
+            live: list[PendingTask | None] = [t for t in self.state.pending.values() if mine(t)]
+            live += [a.task for a in self.state.allocations.values() if mine(a.task)]
+            notebooks = sum(1 for t in live if t is not None and t.request.interactive)
+            if notebooks >= limit.notebooks:
+                source = limits.source(tenant, user, "notebooks")
+                return [
+                    FieldError(
+                        field="interactive",
+                        reason=f"user {user!r} of tenant {tenant!r} has {notebooks} notebooks "
+                        f"(waiting or placed), as many as it may ({source}: "
+                        f"{limit.notebooks}); end one first",
+                    )
+                ]
+        return []
 
     def cancelled_on_arrival(self, event: TaskProfiled) -> TaskEnded:
         """A task cancelled while it was being profiled ends cancelled as it arrives: never
@@ -141,8 +211,9 @@ class Admission:
 
     def never_fits(self, task: PendingTask) -> list[FieldError]:
         """Why no node of the task's pool could hold it even empty; [] when one could (or
-        when there are no nodes yet: they may still come). A gang: every member at once."""
-        demand = task.demand
+        when there are no nodes yet: they may still come). A gang: every member at once. Every
+        GPU model it lists counts, whether or not it waits for its first."""
+        demand = task.full_demand
         if not len(self.state.cluster):
             return []
         in_pool = self.state.cluster.in_pool(demand.pool)
@@ -153,7 +224,7 @@ class Admission:
         if not fits.any():
             return [
                 FieldError(
-                    field=judged_field(r.filter),
+                    field=named_field(task.request, r.filter),
                     reason=f"no node in pool {demand.pool!r} can ever fit: {sentence(r)}",
                 )
                 for r in reasons
@@ -162,7 +233,9 @@ class Admission:
         if members == 1:
             return []
         if task.same_node:
-            together, reasons = self.placer.diagnose(task.filter_demand, free=False, among=in_pool)
+            together, reasons = self.placer.diagnose(
+                gang_demand(demand, members), free=False, among=in_pool
+            )
             if together.any():
                 return []
             detail = "; ".join(sentence(r) for r in reasons)
@@ -175,7 +248,7 @@ class Admission:
             ]
         room = int(members_per_node(self.state.cluster, demand, np.flatnonzero(fits)).sum())
         if room >= members:
-            return []
+            return never_in_one(self.state.cluster, demand, fits, members)
         return [
             FieldError(
                 field="gang_size",
@@ -191,14 +264,17 @@ class Admission:
         `on_profiled` decides it (refusals, quota, the pool's reserved head, every gang
         member), without queueing, reserving or announcing anything."""
         demand = Demand.of(request, prediction, self.state.config.prediction_margin)
-        task = PendingTask(request, prediction, demand, self.state.next_seq)
+        # submitted now, as the submission would be (a wait for its first GPU model counts)
+        task = PendingTask(
+            request, prediction, demand, self.state.next_seq, submitted_at=self.state.clock
+        )
         nodes = self.placer.dry_run(task.filter_demand)
         errors = self.refusals(task)
         picks: list[Pick] | None = None
         reasons: list[FilterReason] = []
         summary = nodes.summary
         if not errors:
-            over = self.state.quotas.blocking(request.tenant, demand, task.gang_size)
+            over = self.state.quotas.blocking(request.tenant, demand, task.gang_size, request.user)
             avoid = self.waitlist.reserved_for(task)
             found = None if over else self.placer.diagnose(task.filter_demand)
             if found is not None:

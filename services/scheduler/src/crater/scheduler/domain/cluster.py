@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from crater.contracts import Disk, NodeCondition, NodeTopology, Taint
+from crater.contracts import FABRIC_LEVELS, Disk, FabricLevel, NodeCondition, NodeTopology, Taint
 from crater.contracts.gpus import gpu_of_inventory
 from crater.scheduler.domain.mig import MigProfile, card_geometry
 from crater.scheduler.domain.workload import WorkloadModel
@@ -446,6 +446,16 @@ _COLUMNS: dict[str, str] = {
     "gpu_model": "U96",
     "gpu_family": "U32",  # the cards' model, as GpuProduct reads it off the name (a100)
     "gpu_form": "U8",  # their form factor (pcie, sxm, nvl); "": the name does not say
+    # The node's domain at each level of the network fabric: an index into `fabric_domains`;
+    # 0: it declares no name at that level
+    "fabric_nvlink_domain": "int64",
+    "fabric_leaf": "int64",
+    "fabric_spine": "int64",
+}
+FABRIC_COLUMNS: dict[FabricLevel, str] = {
+    FabricLevel.NVLINK_DOMAIN: "fabric_nvlink_domain",
+    FabricLevel.LEAF: "fabric_leaf",
+    FabricLevel.SPINE: "fabric_spine",
 }
 
 
@@ -521,6 +531,11 @@ class ClusterArrays:
         self._profiles: tuple[IntArray, IntArray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._profiles_for = -1
         self.label_sets: list[dict[str, str]] = []
+        # Fabric domains as (level, names from the spine down), interned: index 0 is none.
+        # Ids follow the order nodes declared them (the event log's), never a decision's order.
+        self.fabric_domains: list[tuple[FabricLevel | None, tuple[str, ...]]] = [(None, ())]
+        self._fabric_ids: dict[tuple[FabricLevel | None, tuple[str, ...]], int] = {}
+        self.fabric_nodes = 0  # nodes that declare a place: 0 keeps every fabric path idle
         self.taint_sets: list[tuple[Taint, ...]] = []
         self._label_ids: dict[tuple[tuple[str, str], ...], int] = {}
         self._taint_ids: dict[tuple[Taint, ...], int] = {}
@@ -549,6 +564,15 @@ class ClusterArrays:
         self.name_rank = self._rank_backing[:rows]
         self.everywhere = self._everywhere_backing[:rows]
         self.card_milli = self._cards_backing[:rows]
+
+    def fabric(self, level: FabricLevel) -> IntArray:
+        """Each row's domain at `level` (0: none declared)."""
+        column: IntArray = getattr(self, FABRIC_COLUMNS[level])
+        return column
+
+    def fabric_name(self, domain: int) -> str:
+        """A domain as operators read it: its names from the spine down (spine-1/leaf-3)."""
+        return "/".join(name for name in self.fabric_domains[domain][1] if name)
 
     def in_pool(self, pool: str) -> BoolArray:
         """Which rows are in `pool` (read-only, shared). The pool column changes only with an
@@ -642,12 +666,30 @@ class ClusterArrays:
         self.ssd_iops_at_depth[i] = node.ssd_iops_at_depth
         self.mig_cards[i] = node.mig_cards
         self.label_set[i] = self._intern_labels(node.topology.labels)
+        self._place(i, node)
         self.taint_set[i] = self._intern_taints(tuple(node.topology.taints))
         self.pool[i] = node.topology.pool
         self.gpu_model[i] = _model_key(node.gpu_model)
         product = gpu_of_inventory(node.gpu_model)
         self.gpu_family[i] = product.model
         self.gpu_form[i] = product.form_factor or ""
+
+    def _place(self, i: int, node: Node) -> None:
+        """The row's fabric domains, and the count of nodes that declare one."""
+        was = any(self.fabric(level)[i] for level in FABRIC_LEVELS)
+        fabric = node.topology.fabric
+        for level in FABRIC_LEVELS:
+            path = None if fabric is None else fabric.path_to(level)
+            self.fabric(level)[i] = 0 if path is None else self._intern_domain(level, path)
+        now = any(self.fabric(level)[i] for level in FABRIC_LEVELS)
+        self.fabric_nodes += int(now) - int(was)
+
+    def _intern_domain(self, level: FabricLevel, path: tuple[str, ...]) -> int:
+        key = (level, path)
+        if key not in self._fabric_ids:
+            self._fabric_ids[key] = len(self.fabric_domains)
+            self.fabric_domains.append(key)
+        return self._fabric_ids[key]
 
     def _intern_labels(self, labels: dict[str, str]) -> int:
         key = tuple(sorted(labels.items()))

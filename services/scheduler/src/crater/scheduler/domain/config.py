@@ -18,7 +18,7 @@ from crater.scheduler.domain.cluster import (
 from crater.scheduler.domain.demand import PREDICTION_MARGIN
 from crater.scheduler.domain.plugins import DEFAULT_PIPELINE, Pipeline
 from crater.scheduler.domain.pools import NEVER_RESTART, PoolPolicy
-from crater.scheduler.domain.quotas import Quota, Share
+from crater.scheduler.domain.quotas import Queue, Quota, Share, UserLimits
 
 # How long a node may stay silent past its heartbeat timeout before what it holds is given
 # back (`node-lost`).
@@ -36,6 +36,11 @@ class SchedulerConfig:
     quotas: dict[str, Quota] = field(default_factory=dict)
     # elastic tenants (guarantee, borrowing limit, reserved), from the same quotas file
     tenant_shares: dict[str, Share] = field(default_factory=dict)
+    # per-user limits inside a tenant (running GPUs, queued tasks, notebooks), same file
+    user_limits: dict[str, UserLimits] = field(default_factory=dict)
+    # queues above tenants (organisation, department), and the queue each tenant is part of
+    queues: dict[str, Queue] = field(default_factory=dict)
+    queue_of: dict[str, str] = field(default_factory=dict)
     grace_period_seconds: int = 30
     prediction_margin: float = PREDICTION_MARGIN
     # per pool: its pipeline and over-commit; a pool not named uses `pipeline`, no over-commit

@@ -124,7 +124,13 @@ class Scheduler(SchedulerState):
     reconfigured: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.quotas.configure(self.config.quotas, self.config.tenant_shares)
+        self.quotas.configure(
+            self.config.quotas,
+            self.config.tenant_shares,
+            self.config.user_limits,
+            self.config.queues,
+            self.config.queue_of,
+        )
         self.guarantees = Guarantees(self)
         self.quotas.borrow_check = self.guarantees
         pipelines = [self.config.pipeline, *(p.pipeline for p in self.config.pools.values())]
@@ -186,7 +192,9 @@ class Scheduler(SchedulerState):
         if why is not None:
             return why
         self.config = config
-        self.quotas.configure(config.quotas, config.tenant_shares)
+        self.quotas.configure(
+            config.quotas, config.tenant_shares, config.user_limits, config.queues, config.queue_of
+        )
         pipelines = [config.pipeline, *(p.pipeline for p in config.pools.values())]
         self.pools_independent = all(map(pool_filtered_first, pipelines))
         self.retries.cohorts = {
@@ -278,7 +286,9 @@ class Scheduler(SchedulerState):
         # Each pool's blocked head keeps its nodes from the start, as before the restart.
         self.backfill = {}
         for task in self.waitlist.queue():
-            blocked = self.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
+            blocked = self.quotas.blocking(
+                task.request.tenant, task.demand, task.gang_size, task.request.user
+            )
             if task.request.pool not in self.backfill and not blocked:
                 self.waitlist.make_head(task)
         self.expiry_floor = self.heartbeat_floor = None
@@ -317,6 +327,7 @@ class Scheduler(SchedulerState):
         forget_victims(self, now)
         changed = self.nodes.expire_heartbeats(self.nodes.heard_until(now)) or bool(decisions)
         changed = self.retries.end_backoffs(now) or changed
+        changed = self.retries.preferences_due(now) or changed
         changed = self.retries.announcements_due(now) or changed
         changed = self.retries.wakeups_due(now) or changed
         changed = self.waitlist.age(now) or changed

@@ -4,6 +4,7 @@ placed, or told why it waits, made its pool's head, and given victims to preempt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from crater.contracts import (
     Event,
@@ -42,9 +43,10 @@ class Pass:
     # a (demand, head's reserved nodes, nodes claimed ahead or failed on) that found no
     # candidate node since the last grant
     no_candidates: dict[Memo, Diagnosis] = field(default_factory=dict)
-    # ... and, for such a task, why it waits: a function of the same, and of its gang
-    said: dict[tuple[Demand, Backfill | None, tuple[str, ...], int, bool], Why] = field(
-        default_factory=dict
+    # ... and, for such a task, why it waits: a function of the same, of its gang, and of
+    # the bound of its wait for its first GPU model (gpu_order.py)
+    said: dict[tuple[Demand, Backfill | None, tuple[str, ...], int, bool, datetime | None], Why] = (
+        field(default_factory=dict)
     )
     masks: dict[Backfill, BoolArray] = field(default_factory=dict)
     deferred: list[Deferred] = field(default_factory=list)
@@ -145,14 +147,17 @@ class Cycle:
         claimed = (*self.waitlist.claimed_nodes(task), *self.placer.shunned(task))
         if claimed:
             avoid = either(avoid, node_mask(self.state.cluster, claimed))
-        over = self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
+        over = self.state.quotas.blocking(
+            task.request.tenant, task.demand, task.gang_size, task.request.user
+        )
         found: Diagnosis | None = None
         why: tuple[list[FilterReason], str] | None = None
         if not over:
             memo = (task.filter_demand, head, claimed)
             found = run.no_candidates.get(memo)
             if found is not None:
-                said = (*memo, task.gang_size, task.same_node)
+                # the wait for a first GPU model is the task's own reason (its own bound)
+                said = (*memo, task.gang_size, task.same_node, task.prefer_until)
                 why = run.said.get(said)
                 if why is None:
                     why = run.said[said] = self.reasons.why_waiting(task, avoid, over, found)

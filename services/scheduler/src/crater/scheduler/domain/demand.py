@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from crater.contracts import (
     Affinity,
     Confidence,
+    FabricLevel,
     PlacementQuery,
     ResourcePrediction,
     ResourceRequirements,
@@ -65,6 +66,12 @@ class Demand:
     tolerations: tuple[Toleration, ...] = ()
     # High-priority work (900 and up): kept off nodes whose health score is restricted.
     high_priority: bool = False
+    # network_topology.required: only nodes that declare a domain at this level (the gang's
+    # members all within one of them: fabric.py)
+    fabric_required: FabricLevel | None = None
+    # `gpu.models`, more than one, in order of preference: `gpu_model` lets every one of them
+    # pass the filters, the placer tries them in this order (gpu_order.py). Empty: unordered.
+    gpu_model_order: tuple[str, ...] = ()
 
     @property
     def wants_ssd(self) -> bool:
@@ -96,7 +103,10 @@ class Demand:
             anti_affinity_group=request.anti_affinity.group,
         )
         if priority_value(request.priority) >= HIGH_PRIORITY:
-            return replace(demand, high_priority=True)
+            demand = replace(demand, high_priority=True)
+        topology = request.network_topology
+        if topology is not None and topology.required is not None:
+            demand = replace(demand, fabric_required=topology.required)
         return demand
 
     @classmethod
@@ -134,7 +144,7 @@ class Demand:
                 source = f"predicted peak {predicted} MiB + {margin:.0%}"
         gpu = needs.gpu
         mig = MigProfile.parse(gpu.mig_profile) if gpu.mig_profile and gpu.count else None
-        models = [m for m in (gpu.type, *gpu.types) if m]
+        models = gpu.models or [m for m in (gpu.type, *gpu.types) if m]
         return cls(
             pool=pool,
             gpus=gpu.count,
@@ -156,4 +166,5 @@ class Demand:
             node_selector=tuple(sorted((node_selector or {}).items())),
             tolerations=tuple(tolerations),
             anti_affinity_group=anti_affinity_group,
+            gpu_model_order=tuple(gpu.models) if gpu.models and len(gpu.models) > 1 else (),
         )

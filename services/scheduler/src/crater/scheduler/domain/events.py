@@ -148,7 +148,8 @@ def granted(
             f"{gang}{node.name}: score {score:.3f} (strongest: {best}); "
             f"GPU memory {task.demand.gpu_memory_mb} MiB per card "
             f"({task.demand.gpu_memory_source}); {numa_words(node, selection)}"
-            f"{disk_words(node, selection, allocation)}{loan}"
+            f"{disk_words(node, selection, allocation)}{fabric_words(node)}{loan}"
+            + (f"; {task.model_choice}" if task.model_choice else "")
         ),
         environment=env,
         gang_index=member,
@@ -157,6 +158,16 @@ def granted(
         borrowed_from=allocation.borrowed_from,
         scrape=scrape_target(request, node) if member == 0 else None,
     )
+
+
+def fabric_words(node: Node) -> str:
+    """Where the node sits in the network fabric, spine down (`; fabric s1/leaf-3/nvl-7`);
+    nothing where it declares no place, so such grants read as before."""
+    fabric = node.topology.fabric
+    if fabric is None:
+        return ""
+    names = [fabric.spine, fabric.leaf, fabric.nvlink_domain]
+    return "; fabric " + "/".join(name or "-" for name in names)
 
 
 def scrape_target(request: TaskRequest, node: Node) -> ScrapeTarget | None:

@@ -146,6 +146,8 @@ class Guarantees:
         share = quotas.shares.get(tenant)
         if share is None or task.not_before is not None or tenant in quotas.holds:
             return
+        if quotas.user_over(tenant, task.request.user, task.demand, task.gang_size):
+            return  # its user's own limit holds it: no claim on others' borrowing
         if share.above(quotas.used.get(tenant, Usage()) + demand_of(task)):
             return
         earliest = self.claims.setdefault(task.request.pool, {})

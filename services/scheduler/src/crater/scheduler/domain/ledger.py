@@ -31,6 +31,7 @@ class Ledger:
         if self.state.expiry_floor is not None:
             self.state.expiry_floor = min(self.state.expiry_floor, allocation.expires_at)
         self.state.quotas.take(allocation.tenant, allocation.usage)
+        self.state.quotas.take_user(allocation.tenant, allocation.user, allocation.usage.gpus)
         key = (allocation.pool, allocation.tenant)
         self.state.pool_usage[key] = self.state.pool_usage.get(key, Usage()) + allocation.usage
         node = self.state.cluster.get(allocation.node)
@@ -100,6 +101,7 @@ class Ledger:
             )
             self.state.cluster.refresh(node.name)
         self.state.quotas.give_back(allocation.tenant, allocation.usage)
+        self.state.quotas.take_user(allocation.tenant, allocation.user, -allocation.usage.gpus)
         self.state.held_by.pop(allocation.allocation_id, None)
         key = (allocation.pool, allocation.tenant)
         self.state.pool_usage[key] = self.state.pool_usage.get(key, Usage()) - allocation.usage

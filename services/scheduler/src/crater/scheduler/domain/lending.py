@@ -204,7 +204,9 @@ class Lending:
                 t.request.pool
                 for t in self.state.pending.values()
                 if t.not_before is None
-                and not self.state.quotas.blocking(t.request.tenant, t.demand, t.gang_size)
+                and not self.state.quotas.blocking(
+                    t.request.tenant, t.demand, t.gang_size, t.request.user
+                )
             }
         return pool in self.waiting
 

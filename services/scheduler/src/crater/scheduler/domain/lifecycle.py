@@ -242,7 +242,7 @@ class Lifecycle:
         retried = PendingTask(
             task.request,
             task.prediction,
-            task.demand,
+            task.full_demand,  # a wait for its first GPU model starts again with it
             task.seq,  # keeps its place in the queue
             submitted_at=now,  # a queue-time SLA counts from the new wait
             attempt=attempt,

@@ -12,6 +12,7 @@ import numpy as np
 from crater.contracts import (
     AllocationGranted,
     Event,
+    FabricLevel,
     FilterReason,
     NodeFit,
     NodeMisfit,
@@ -29,6 +30,8 @@ from crater.scheduler.domain.events import (
     attempt_key,
     granted,
 )
+from crater.scheduler.domain.fabric import along_ring, domains_for
+from crater.scheduler.domain.gpu_order import choose_in_order
 from crater.scheduler.domain.ledger import Ledger
 from crater.scheduler.domain.placement import Selection, select, unplaceable
 from crater.scheduler.domain.plugins import Filter
@@ -181,7 +184,10 @@ class Placer:
         for score, values in zip(scores, rows, strict=True):
             total += score.weight * values
         total = np.round(total, 9)  # equal scores must compare equal on every machine
-        names = [s.name for s in scores]
+        shown = [j for j, s in enumerate(scores) if not s.quiet or rows[j].any()]
+        names = [scores[j].name for j in shown]
+        if len(shown) < len(scores):  # a quiet score rated every candidate 0: not shown
+            rows = rows[shown]
         for k in np.lexsort((cluster.name_rank[idx], -total)):
             details = [
                 ScoreDetail(plugin=name, score=round(float(v), 4))
@@ -252,7 +258,9 @@ class Placer:
         self, task: PendingTask, cause: Event, avoid: BoolArray | None = None
     ) -> list[AllocationGranted]:
         """Place the task (every member of a gang, or none), off the `avoid` nodes."""
-        if self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size):
+        if self.state.quotas.blocking(
+            task.request.tenant, task.demand, task.gang_size, task.request.user
+        ):
             return []
         fits, _ = self.diagnose(task.filter_demand)
         return self.place(task, cause, fits, avoid)
@@ -268,7 +276,22 @@ class Placer:
         self, task: PendingTask, fits: BoolArray, avoid: BoolArray | None
     ) -> list[Pick] | None:
         """Where every member would go (one pick per member), off the `avoid` nodes; None
-        when not all of them fit now. Changes nothing: a dry run asks this too."""
+        when not all of them fit now. Changes nothing: a dry run asks this too. A task whose
+        GPU models are ordered takes the first of them that holds all of it (gpu_order.py)."""
+        if task.full_demand.gpu_model_order:
+            return choose_in_order(
+                self.state,
+                task,
+                fits,
+                avoid,
+                lambda on, off: self.choose_among(task, on, off),
+            )
+        return self.choose_among(task, fits, avoid)
+
+    def choose_among(
+        self, task: PendingTask, fits: BoolArray, avoid: BoolArray | None
+    ) -> list[Pick] | None:
+        """`choose` on the nodes `fits` off `avoid`, whatever the task's order of models."""
         candidates = fits if avoid is None else fits & ~avoid
         if task.gang_size == 1:
             for i, score, details in self.rank(task.demand, candidates):
@@ -284,7 +307,34 @@ class Placer:
                 if picks is not None:
                     return picks
             return None
-        return self.trial(task, None, avoid)
+        topology = task.request.network_topology
+        if topology is None:
+            picks = self.trial(task, None, avoid)
+        else:
+            picks = self.within_fabric(task, candidates, avoid, topology.levels)
+        return None if picks is None else along_ring(self.state.cluster, picks)
+
+    def within_fabric(
+        self,
+        task: PendingTask,
+        candidates: BoolArray,
+        avoid: BoolArray | None,
+        levels: tuple[FabricLevel | None, ...],
+    ) -> list[Pick] | None:
+        """A spread gang within one domain of the tightest of `levels` that holds it now
+        (None: anywhere), each level's domains best fit first (fabric.py)."""
+        cluster = self.state.cluster
+        if not cluster.fabric_nodes and levels[-1] is None:  # no domains: only anywhere
+            return self.trial(task, None, avoid)
+        for level in levels:
+            if level is None:
+                return self.trial(task, None, avoid)
+            for domain in domains_for(cluster, level, task.demand, candidates, task.gang_size):
+                outside = cluster.fabric(level) != domain
+                picks = self.trial(task, None, outside if avoid is None else avoid | outside)
+                if picks is not None:
+                    return picks
+        return None
 
     def trial(
         self,
@@ -385,6 +435,7 @@ class Placer:
             expires,
             tenant=request.tenant,
             usage=Usage.of(task.demand),
+            user=request.user,
             priority=task.priority,
             preemptible=request.preemptible,
             granted_seq=task.seq,

@@ -11,6 +11,7 @@ import numpy as np
 from crater.contracts import (
     PRIORITY_MAX,
     Event,
+    FabricLevel,
     FilterReason,
     TaskPreempted,
     derived_event_id,
@@ -81,7 +82,9 @@ class Preemptor:
         if (
             task.nominated
             or not (reclaims or any(p < mine for p in self.state.preemptible))
-            or self.state.quotas.blocking(task.request.tenant, task.demand, task.gang_size)
+            or self.state.quotas.blocking(
+                task.request.tenant, task.demand, task.gang_size, task.request.user
+            )
         ):
             return []
         now = self.state.clock or cause.occurred_at
@@ -203,9 +206,38 @@ class Preemptor:
     ) -> Plan | None:
         """The victims that make room for every member of `task` on the nodes as they would
         be once those victims are gone (`preemption`), or None: nobody yields."""
+        if roomy is not None and task.demand.fabric_required is not None:
+            return self._plan_within(task, nodes, candidates, roomy, task.demand.fabric_required)
         if roomy is not None:
             return plan_gang(nodes, task.demand, candidates, task.gang_size, roomy)
         return plan(nodes, task.demand, candidates, task.gang_size)
+
+    def _plan_within(
+        self,
+        task: PendingTask,
+        nodes: list[Node],
+        candidates: list[Candidate],
+        roomy: set[str],
+        level: FabricLevel,
+    ) -> Plan | None:
+        """A spread gang that requires one domain of `level`: the plan of one domain, the one
+        with the fewest victims (then the first by name), so that the room they leave holds
+        every member together (victims spread over two leaves would free room it cannot use)."""
+        cluster = self.state.cluster
+        column = cluster.fabric(level)
+        domains: dict[int, list[Node]] = {}
+        for node in nodes:
+            domain = int(column[cluster.index[node.name]])
+            if domain:
+                domains.setdefault(domain, []).append(node)
+        best: Plan | None = None
+        for domain in sorted(domains, key=lambda d: cluster.fabric_domains[d][1]):
+            inside = domains[domain]
+            names = {n.name for n in inside}
+            found = plan_gang(inside, task.demand, candidates, task.gang_size, roomy & names)
+            if found is not None and (best is None or len(found.victims) < len(best.victims)):
+                best = found
+        return best
 
     def _held(
         self,

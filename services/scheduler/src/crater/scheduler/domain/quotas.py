@@ -22,6 +22,10 @@ Over = tuple[str, float, float]
 BUDGET = "budget"
 CLAIMED = "claimed"
 RESERVED = "reserved"
+# The user's own limit of GPUs held at once (`UserLimit.running_gpus`), inside its tenant.
+USER_GPUS = "user.running_gpus"
+# A queue above the tenant (`Queue`) at its limit: "queue.<name>.<resource>".
+QUEUE = "queue"
 
 
 @dataclass(frozen=True)
@@ -166,11 +170,76 @@ class Share:
 
 
 @dataclass(frozen=True)
+class UserLimit:
+    """What one user of a tenant may have at once; None: no limit (Slurm's MaxTRESPerUser
+    and MaxSubmitJobs, Run:ai's per-user interactive limits). `running_gpus`: GPUs held
+    (placed, a shared card its share): over it the task waits. `queued_tasks`: tasks
+    waiting: one more is refused. `notebooks`: interactive tasks waiting or placed: one more
+    is refused."""
+
+    running_gpus: float | None = None
+    queued_tasks: int | None = None
+    notebooks: int | None = None
+
+    def over(self, other: UserLimit) -> UserLimit:
+        """These limits, each one `other` sets replaced by its."""
+        return UserLimit(
+            self.running_gpus if other.running_gpus is None else other.running_gpus,
+            self.queued_tasks if other.queued_tasks is None else other.queued_tasks,
+            self.notebooks if other.notebooks is None else other.notebooks,
+        )
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    """A tenant's per-user limits: `each` for every user, `named` users' own over it."""
+
+    each: UserLimit = field(default_factory=UserLimit)
+    named: dict[str, UserLimit] = field(default_factory=dict)
+
+    def of(self, user: str) -> UserLimit:
+        named = self.named.get(user)
+        return self.each if named is None else self.each.over(named)
+
+    def source(self, tenant: str, user: str, limit: str) -> str:
+        """Where the quotas file sets `limit` for `user` (for a reason to name it)."""
+        named = self.named.get(user)
+        if named is not None and getattr(named, limit) is not None:
+            return f"tenants.{tenant}.users.{user}.{limit}"
+        return f"tenants.{tenant}.per_user.{limit}"
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A queue above tenants (an organisation, a department): what the tenants under it hold
+    together stays within its `limit`, except what keeps an elastic tenant within its own
+    guarantee (a guarantee is always honoured: the limit caps borrowing and the tenants
+    without one). `parent`: the queue it is part of (None: a root, an organisation)."""
+
+    limit: Quota = field(default_factory=Quota)
+    parent: str | None = None
+
+
+@dataclass(frozen=True)
 class TenantQuotas:
-    """A quotas file: the tenants with a hard limit, and the elastic ones."""
+    """A quotas file: the tenants with a hard limit, the elastic ones, per-user limits, and
+    the queues above tenants with the queue each tenant is part of."""
 
     limits: dict[str, Quota] = field(default_factory=dict)
     shares: dict[str, Share] = field(default_factory=dict)
+    users: dict[str, UserLimits] = field(default_factory=dict)
+    queues: dict[str, Queue] = field(default_factory=dict)
+    queue_of: dict[str, str] = field(default_factory=dict)
+
+
+def ancestors(queues: dict[str, Queue], queue: str | None) -> list[str]:
+    """`queue` and the queues above it, nearest first (the file's validation keeps the tree a
+    tree: a cycle stops at the first queue seen twice)."""
+    found: list[str] = []
+    while queue is not None and queue in queues and queue not in found:
+        found.append(queue)
+        queue = queues[queue].parent
+    return found
 
 
 class BorrowCheck(Protocol):
@@ -193,17 +262,32 @@ class Quotas:
     holds: dict[str, TenantBudgetExceeded] = field(default_factory=dict)
     # Counts every change of `used` and of the configuration: what reads them may memoize.
     version: int = field(default=0, compare=False)
+    # Per-user limits by tenant, and the GPUs each (tenant, user) holds now.
+    users: dict[str, UserLimits] = field(default_factory=dict)
+    user_gpus: dict[tuple[str, str], float] = field(default_factory=dict)
+    # Queues above tenants: each tenant's queues, nearest first, and what each queue's
+    # tenants hold together now.
+    queues: dict[str, Queue] = field(default_factory=dict)
+    tenant_queues: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    queue_used: dict[str, Usage] = field(default_factory=dict)
 
-    def blocking(self, tenant: str, demand: Demand, copies: int = 1) -> list[Over]:
-        """What stops `tenant` taking `copies` of `demand` (a gang's members) now, given
-        what it holds: its hard budget alone when that holds it, else its quota's limits."""
+    def blocking(
+        self, tenant: str, demand: Demand, copies: int = 1, user: str | None = None
+    ) -> list[Over]:
+        """What stops `tenant` (its `user`) taking `copies` of `demand` (a gang's members)
+        now, given what it holds: its hard budget alone when that holds it, else its user's
+        running-GPU limit, else its quota's limits."""
         hold = self.holds.get(tenant)
         if hold is not None:
             return [(BUDGET, float(hold.cost), float(hold.budget))]
+        if over := self.user_over(tenant, user, demand, copies):
+            return over
+        adding = Usage.of(demand).times(copies)
+        if tenant in self.tenant_queues and (over := self.over_queues(tenant, adding)):
+            return over
         quota = self.limits.get(tenant)
         if quota is None:
             return []
-        adding = Usage.of(demand).times(copies)
         after = self.used.get(tenant, Usage()) + adding
         over = quota.excess(after)
         share = self.shares.get(tenant)
@@ -211,8 +295,53 @@ class Quotas:
             return over
         return self.borrow_check.refusal(tenant, demand.pool, adding)
 
-    def configure(self, limits: dict[str, Quota], shares: dict[str, Share]) -> None:
-        """The hard limits and elastic shares in force from now on."""
+    def user_over(
+        self, tenant: str, user: str | None, demand: Demand, copies: int = 1
+    ) -> list[Over]:
+        """[(USER_GPUS, wanted, limit)] when `copies` of `demand` would take `user` of
+        `tenant` past its running-GPU limit; [] otherwise (or without a user)."""
+        if user is None or (limits := self.users.get(tenant)) is None:
+            return []
+        cap = limits.of(user).running_gpus
+        wanted = self.user_gpus.get((tenant, user), 0.0) + Usage.of(demand).gpus * copies
+        if cap is not None and wanted > cap + 1e-9:  # shared cards' fractions: no residue
+            return [(USER_GPUS, wanted, cap)]
+        return []
+
+    def over_queues(self, tenant: str, adding: Usage) -> list[Over]:
+        """("queue.<name>.<resource>", wanted, limit) for the nearest queue above `tenant`
+        that `adding` would take past its limit; [] when none, or when `adding` keeps an
+        elastic tenant within its guarantee (honoured whatever its queues hold)."""
+        share = self.shares.get(tenant)
+        if share is not None and not share.above(self.used.get(tenant, Usage()) + adding):
+            return []
+        for queue in self.tenant_queues[tenant]:
+            after = self.queue_used.get(queue, Usage()) + adding
+            over = self.queues[queue].limit.excess(after)
+            if over:
+                return [(f"{QUEUE}.{queue}.{r}", wanted, limit) for r, wanted, limit in over]
+        return []
+
+    def configure(
+        self,
+        limits: dict[str, Quota],
+        shares: dict[str, Share],
+        users: dict[str, UserLimits] | None = None,
+        queues: dict[str, Queue] | None = None,
+        queue_of: dict[str, str] | None = None,
+    ) -> None:
+        """The hard limits, elastic shares, per-user limits and queues in force from now on.
+        What each queue's tenants hold is counted again from what they hold now."""
+        self.queues = dict(queues or {})
+        self.tenant_queues = {
+            tenant: tuple(ancestors(self.queues, queue))
+            for tenant, queue in sorted((queue_of or {}).items())
+        }
+        self.queue_used = {}
+        for tenant, used in self.used.items():
+            for queue in self.tenant_queues.get(tenant, ()):
+                self.queue_used[queue] = self.queue_used.get(queue, Usage()) + used
+        self.users = dict(users or {})
         self.shares = dict(shares)
         self.limits = {**limits, **{tenant: s.cap for tenant, s in shares.items()}}
         self.version += 1
@@ -229,15 +358,59 @@ class Quotas:
         share = self.shares.get(tenant)
         return Usage() if share is None else share.above(self.used.get(tenant, Usage()))
 
-    def never(self, tenant: str, demand: Demand, copies: int = 1) -> list[Over]:
-        """What `copies` of `demand` alone exceed: it could never run for this tenant."""
+    def never(
+        self, tenant: str, demand: Demand, copies: int = 1, user: str | None = None
+    ) -> list[Over]:
+        """What `copies` of `demand` alone exceed: it could never run for this tenant (or
+        this user of it)."""
         quota = self.limits.get(tenant)
-        return [] if quota is None else quota.excess(Usage.of(demand).times(copies))
+        over = [] if quota is None else quota.excess(Usage.of(demand).times(copies))
+        for queue in self.tenant_queues.get(tenant, ()):
+            over += [
+                (f"{QUEUE}.{queue}.{r}", wanted, limit)
+                for r, wanted, limit in self.queues[queue].limit.excess(
+                    Usage.of(demand).times(copies)
+                )
+            ]
+        if user is not None and (limits := self.users.get(tenant)) is not None:
+            cap = limits.of(user).running_gpus
+            wanted = Usage.of(demand).gpus * copies
+            if cap is not None and wanted > cap + 1e-9:
+                over.append((USER_GPUS, wanted, cap))
+        return over
+
+    def limited(self, tenant: str) -> bool:
+        """A tenant whose holdings decide whether its waiting tasks may take more."""
+        return tenant in self.limits or tenant in self.users or tenant in self.tenant_queues
+
+    def related(self, tenant: str) -> set[str]:
+        """`tenant` and the tenants sharing a queue with it: what one holds, the others may
+        take or not."""
+        mine = set(self.tenant_queues.get(tenant, ()))
+        if not mine:
+            return {tenant}
+        return {tenant} | {t for t, qs in self.tenant_queues.items() if mine.intersection(qs)}
+
+    def take_user(self, tenant: str, user: str | None, gpus: float) -> None:
+        """`user` of `tenant` holds `gpus` more (fewer, negative)."""
+        if user is None or not gpus:
+            return
+        key = (tenant, user)
+        left = self.user_gpus.get(key, 0.0) + gpus
+        if abs(left) < 1e-9:
+            self.user_gpus.pop(key, None)  # no float residue of shared cards
+        else:
+            self.user_gpus[key] = left
+        self.version += 1
 
     def take(self, tenant: str, usage: Usage) -> None:
         self.used[tenant] = self.used.get(tenant, Usage()) + usage
+        for queue in self.tenant_queues.get(tenant, ()):
+            self.queue_used[queue] = self.queue_used.get(queue, Usage()) + usage
         self.version += 1
 
     def give_back(self, tenant: str, usage: Usage) -> None:
         self.used[tenant] = self.used.get(tenant, Usage()) - usage
+        for queue in self.tenant_queues.get(tenant, ()):
+            self.queue_used[queue] = self.queue_used.get(queue, Usage()) - usage
         self.version += 1

@@ -20,10 +20,21 @@ from crater.scheduler.domain.cluster import (
 from crater.scheduler.domain.events import (
     attempt_key,
 )
+from crater.scheduler.domain.fabric import too_small
+from crater.scheduler.domain.gpu_order import waiting_for_first
 from crater.scheduler.domain.guarantees import Guarantees
 from crater.scheduler.domain.placer import Diagnosis, Placer
 from crater.scheduler.domain.queue import node_mask
-from crater.scheduler.domain.quotas import BUDGET, CLAIMED, RESERVED, Over, Usage
+from crater.scheduler.domain.quotas import (
+    BUDGET,
+    CLAIMED,
+    QUEUE,
+    RESERVED,
+    USER_GPUS,
+    Over,
+    Quotas,
+    Usage,
+)
 from crater.scheduler.domain.waitlist import due_free
 from crater.scheduler.domain.wording import for_nodes, sentence
 
@@ -78,6 +89,10 @@ class Reasons:
             fits, reasons = found or self.placer.diagnose(task.filter_demand)
         if fits is not None and avoid is not None:
             reasons = [*reasons, *self.kept_from(task, fits & avoid)]
+        if fits is not None and not task.same_node:
+            usable = fits if avoid is None else fits & ~avoid
+            split = too_small(self.state.cluster, task.demand, usable, task.gang_size)
+            reasons = reasons if split is None else [*reasons, split]
         if task.borrow_reason is not None and not over:
             reasons = [
                 *reasons,
@@ -86,6 +101,17 @@ class Reasons:
                     code="NoLendableCapacity",
                     nodes=0,
                     message=task.borrow_reason,
+                ),
+            ]
+        first = waiting_for_first(task)
+        if first is not None and not over:
+            reasons = [
+                *reasons,
+                FilterReason(
+                    filter="GpuPreference",
+                    code="WaitingForPreferredModel",
+                    nodes=0,
+                    message=first,
                 ),
             ]
         members = task.gang_size
@@ -202,6 +228,15 @@ class Reasons:
         quotas = self.state.quotas
         share = quotas.shares.get(tenant)
         kind = over[0][0]
+        if kind == USER_GPUS and task.request.user is not None:
+            return self.over_user_limit(task, task.request.user, over[0], total)
+        if kind.startswith(f"{QUEUE}."):
+            return FilterReason(
+                filter="QueueLimit",
+                code="QueueLimitReached",
+                nodes=total,
+                message=queue_full(quotas, tenant, over),
+            )
         if kind == CLAIMED:
             claimant = self.guarantees.claimant(tenant, task.request.pool)
             who = "another tenant" if claimant is None else f"tenant {claimant.request.tenant}"
@@ -235,6 +270,23 @@ class Reasons:
                 for resource, wanted, limit in over
             )
         return FilterReason(filter="TenantQuota", code=code, nodes=total, message=message)
+
+    def over_user_limit(self, task: PendingTask, user: str, over: Over, total: int) -> FilterReason:
+        """Why `user`'s own limit of running GPUs holds `task` (quotas file)."""
+        tenant = task.request.tenant
+        _, wanted, cap = over
+        held = self.state.quotas.user_gpus.get((tenant, user), 0.0)
+        limits = self.state.quotas.users[tenant]
+        return FilterReason(
+            filter="UserLimit",
+            code="UserGpuLimit",
+            nodes=total,
+            message=(
+                f"user {user} of tenant {tenant} holds {held:g} of its {cap:g} running GPUs "
+                f"({limits.source(tenant, user, 'running_gpus')}); the task would take it to "
+                f"{wanted:g}"
+            ),
+        )
 
     def announce(
         self, task: PendingTask, cause: Event, reasons: list[FilterReason], summary: str
@@ -273,6 +325,20 @@ class Reasons:
                 attempt=task.attempt,
             )
         ]
+
+
+def queue_full(quotas: Quotas, tenant: str, over: list[Over]) -> str:
+    """`queue research (in acme) at its limit: its tenants hold 32 of 32 gpus, ...`."""
+    queue = over[0][0].split(".")[1]
+    parent = quotas.queues[queue].parent
+    place = f" (in {parent})" if parent is not None else ""
+    used = quotas.queue_used.get(queue, Usage())
+    held = ", ".join(
+        f"{getattr(used, kind.split('.')[2]):g} of {limit:g} {kind.split('.')[2]}, the task "
+        f"would take it to {wanted:g}"
+        for kind, wanted, limit in over
+    )
+    return f"queue {queue}{place} of tenant {tenant} at its limit: its tenants hold {held}"
 
 
 def kind_of(reasons: list[FilterReason]) -> frozenset[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 from datetime import datetime
 
+from crater.scheduler.domain.gpu_order import widen_due
 from crater.scheduler.domain.plugins import Pipeline
 from crater.scheduler.domain.state import (
     SchedulerState,
@@ -48,6 +49,14 @@ class RetryIndex:
                 due = True
         return due
 
+    def preferences_due(self, now: datetime) -> bool:
+        """Waiting tasks whose wait for their first GPU model is over take every listed
+        model from now: their pools are retried. True if any."""
+        pools = widen_due(self.state, now)
+        for pool in pools:
+            self.stale(pool)
+        return bool(pools)
+
     def end_backoffs(self, now: datetime) -> bool:
         """Retried attempts whose backoff is over may be placed again: True if any."""
         woke = False
@@ -68,11 +77,13 @@ class RetryIndex:
             return None
         pools = set(self.state.stale_pools)
         limited = [
-            t for t in self.state.pending.values() if t.request.tenant in self.state.quotas.limits
+            t for t in self.state.pending.values() if self.state.quotas.limited(t.request.tenant)
         ]
         grown = True
         while grown:
             tenants = {t.request.tenant for t in limited if t.request.pool in pools}
+            if self.state.quotas.tenant_queues:  # tenants sharing a queue move together
+                tenants = set().union(*(self.state.quotas.related(t) for t in tenants))
             linked = {t.request.pool for t in limited if t.request.tenant in tenants}
             grown = not linked <= pools
             pools |= linked
@@ -87,10 +98,12 @@ class RetryIndex:
 
     def tenant_changed(self, tenant: str) -> None:
         """A tenant's holdings changed: with a quota, its tasks in every pool may now wait
-        (or fit) otherwise."""
-        if tenant in self.state.quotas.limits and self.state.stale_pools is not None:
+        (or fit) otherwise, and so may those of the tenants sharing a queue with it."""
+        quotas = self.state.quotas
+        if quotas.limited(tenant) and self.state.stale_pools is not None:
+            tenants = quotas.related(tenant)
             self.state.stale_pools.update(
-                t.request.pool for t in self.state.pending.values() if t.request.tenant == tenant
+                t.request.pool for t in self.state.pending.values() if t.request.tenant in tenants
             )
 
 

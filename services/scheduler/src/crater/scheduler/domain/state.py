@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from crater.contracts import (
     PRIORITY_MAX,
     FilterReason,
+    GpuModelsPolicy,
     GpuProcess,
     ResourcePrediction,
     RunningAllocation,
@@ -74,6 +75,31 @@ class PendingTask:
     # A reclaim of its tenant's guarantee: each allocation told to yield for it, by id, with
     # its node and the whole cards it frees there (`claimed_nodes`).
     yielders: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # Ordered GPU models with models_policy wait (gpu_order.py): until `prefer_until` its
+    # `demand` names its first model only; `wide_demand` names every listed one.
+    prefer_until: datetime | None = None
+    wide_demand: Demand | None = None
+    # Which listed model the placer took for it and why, for its grant's explanation.
+    model_choice: str | None = None
+
+    def __post_init__(self) -> None:
+        gpu = self.request.resource_requirements.gpu
+        order = self.demand.gpu_model_order
+        if gpu.models_policy is GpuModelsPolicy.WAIT and order and self.submitted_at is not None:
+            self.wide_demand = self.demand
+            self.prefer_until = self.submitted_at + timedelta(seconds=gpu.models_wait_seconds or 0)
+            self.demand = replace(self.demand, gpu_model=order[0], gpu_model_order=())
+
+    @property
+    def full_demand(self) -> Demand:
+        """Its demand over every listed GPU model, whether or not it waits for its first."""
+        return self.wide_demand or self.demand
+
+    def widen(self) -> None:
+        """Its wait for its first model is over: every listed model from now."""
+        if self.wide_demand is not None:
+            self.demand = self.wide_demand
+        self.prefer_until = self.wide_demand = None
 
     @property
     def announced_kind(self) -> frozenset[str] | None:
@@ -126,6 +152,7 @@ class Allocation:
     running: bool = False
     tenant: str = "default"
     usage: Usage = field(default_factory=Usage)  # this member's own
+    user: str | None = None  # its request's, whose per-user limits it counts against
     priority: int = 500  # 0..1000, larger first
     preemptible: bool = False
     granted_seq: int = 0
@@ -315,6 +342,8 @@ class SchedulerState:
     # (time, seq, task id): victims held back for a waiting task may go from then: its pool
     # is retried at that time.
     wakeups: list[tuple[datetime, int, str]] = field(default_factory=list)
+    # (time, seq, task id): a waiting task's wait for its first GPU model ends then.
+    preferences: list[tuple[datetime, int, str]] = field(default_factory=list)
     # Grows whenever what is held, or when it must be gone by, changes (a grant, a release,
     # a yield ordered): what is derived from the holdings is cached against it.
     holdings_version: int = field(default=0, compare=False, repr=False)
@@ -406,7 +435,9 @@ def claimed_ahead(state: SchedulerState, task: PendingTask) -> list[PendingTask]
             and other.request.tenant != task.request.tenant
             and claimed_before(other, task)
             and yielding_for(state, other)
-            and not state.quotas.blocking(other.request.tenant, other.demand, other.gang_size)
+            and not state.quotas.blocking(
+                other.request.tenant, other.demand, other.gang_size, other.request.user
+            )
         ):
             ahead.append(other)
     return ahead

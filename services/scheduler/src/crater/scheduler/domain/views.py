@@ -42,6 +42,7 @@ def node_summaries(cluster: ClusterArrays, pool: str | None = None) -> list[Node
             labels=node.topology.labels,
             cordoned_gpus={gpu: c.reason for gpu, c in sorted(node.cordons.items())},
             cordoned=node.node_cordon,
+            fabric=node.topology.fabric,
         )
         for node in sorted(cluster.nodes, key=lambda n: n.name)
         if pool is None or node.topology.pool == pool

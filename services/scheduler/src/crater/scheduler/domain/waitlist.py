@@ -22,6 +22,7 @@ from crater.scheduler.domain.cluster import (
     Node,
 )
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.gpu_order import remember as remember_preference
 from crater.scheduler.domain.placement import select
 from crater.scheduler.domain.placer import Placer
 from crater.scheduler.domain.plugins.filters import RESTRICTED_BELOW
@@ -64,6 +65,7 @@ class Waitlist:
             heapq.heappush(self.state.deadlines, (deadline, task.seq, task.request.task_id))
         if task.not_before is not None:
             heapq.heappush(self.state.backoffs, (task.not_before, task.seq, task.request.task_id))
+        remember_preference(self.state, task)
         self.next_step(task)
 
     def next_step(self, task: PendingTask) -> None:
@@ -255,15 +257,24 @@ class Waitlist:
                 usable &= ~node_mask(self.state.cluster, shunned)
             rows = np.flatnonzero(usable)
             wanted = 1 if task.same_node or task.gang_size == 1 else task.gang_size
+            # A gang that requires one fabric domain keeps nodes of one domain: the first
+            # to have enough (else the one with most); any other, one group.
+            level = task.demand.fabric_required if wanted > 1 else None
+            domain = None if level is None else self.state.cluster.fabric(level)
+            groups: dict[int, list[str]] = {}
             names: list[str] = []
             # Only nodes whose devices could hold it once emptied (NUMA, NVLink), looking at
             # a bounded number: a head that fits nowhere keeps nothing.
             for i in closest_to_fitting(self.state.cluster, rows, HEAD_CANDIDATES):
                 node = self.state.cluster.nodes[i]
                 if could_hold(node, task.demand, task.gang_size if task.same_node else 1):
-                    names.append(node.name)
-                    if len(names) == wanted:
+                    group = groups.setdefault(0 if domain is None else int(domain[i]), [])
+                    group.append(node.name)
+                    if len(group) == wanted:
+                        names = group
                         break
+            else:
+                names = max(groups.values(), key=len, default=[])
             nodes = tuple(names)
         self.state.backfill[task.request.pool] = Backfill(
             task.request.task_id, self.order(task), nodes

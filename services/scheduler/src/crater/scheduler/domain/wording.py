@@ -7,9 +7,27 @@ from crater.contracts import FilterReason
 
 # Reasons about the task, not about nodes: their message is the whole sentence.
 NODELESS_FILTERS = frozenset(
-    {"TenantQuota", "TenantBudget", "Borrow", "RestartBackoff", "Preemption", "Ageing"}
+    {
+        "TenantQuota",
+        "TenantBudget",
+        "Borrow",
+        "RestartBackoff",
+        "Preemption",
+        "Ageing",
+        "FabricDomain",
+        "GpuPreference",
+        "UserLimit",
+        "QueueLimit",
+    }
 )
-PLURAL_VERBS = {"has": "have", "is": "are", "does": "do", "lacks": "lack", "runs": "run"}
+PLURAL_VERBS = {
+    "has": "have",
+    "is": "are",
+    "does": "do",
+    "lacks": "lack",
+    "runs": "run",
+    "declares": "declare",
+}
 
 
 def sentence(reason: FilterReason) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import time
@@ -12,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sqlalchemy import select
@@ -46,6 +47,7 @@ from crater.contracts import (
     TaskRejected,
     TaskRequest,
     TasksQuery,
+    TaskStartEstimated,
     TaskStatus,
     TaskStatusReported,
     TaskSummary,
@@ -80,7 +82,7 @@ from crater.scheduler.domain.pools import PoolPolicy
 from crater.scheduler.domain.quotas import QUOTA_FIELDS, TenantQuotas, Usage
 from crater.scheduler.domain.tokens import token_allocation, token_refusal
 from crater.scheduler.domain.views import node_summaries, pool_summaries
-from crater.scheduler.sim.forecast import Estimate, Forecast, run_forward
+from crater.scheduler.sim.forecast import Estimate, Forecast, Told, run_forward, worth_telling
 from crater.scheduler.sim.forecast import snapshot as forecast_snapshot
 
 log = logging.getLogger("crater.scheduler")
@@ -128,6 +130,11 @@ class SchedulerMetrics:
             "crater_scheduler_active_allocations", "Allocations held now.", registry=registry
         )
         self.nodes = Gauge("crater_scheduler_nodes", "Nodes known.", registry=registry)
+        self.estimates_told = Counter(
+            "crater_scheduler_estimates_told",
+            "Start estimates told of waiting tasks (task.estimated): first known, or moved.",
+            registry=registry,
+        )
         self.quota = Gauge(
             "crater_tenant_quota",
             "A tenant's quota (quotas file), by resource (gpus, gpu_memory_mb, cpu_cores, "
@@ -225,6 +232,7 @@ class SchedulerService:
         audit: AuditLog | None = None,
         watch: ConfigWatch | None = None,
         estimate_interval_seconds: float = 10.0,
+        estimate_tell_interval_seconds: float = 300.0,
     ) -> None:
         self.sessions = sessions
         self.watch = watch
@@ -261,6 +269,12 @@ class SchedulerService:
         self.forecast: Forecast | None = None
         self.forecast_made = 0.0
         self.forecasting = asyncio.Lock()
+        # Telling waiting tasks' estimates (task.estimated, a `pending` webhook): at most once
+        # per this interval (0: never), after a commit; what was told last, per task.
+        self.tell_interval = estimate_tell_interval_seconds
+        self.told: dict[str, Told] = {}
+        self.told_checked = 0.0
+        self.telling: asyncio.Task[list[Event]] | None = None
 
     async def load(self) -> None:
         async with self.sessions() as session:
@@ -288,6 +302,7 @@ class SchedulerService:
             await self.audit.flush(connection)
         await self.load()
         self.epoch = epoch
+        self.told_checked = time.monotonic()  # the first look one interval after taking over
 
     async def handle(self, event: Event, consumer: str) -> list[Event]:
         """Decide on `event` and commit; returns once its commit is done (then the message is
@@ -375,6 +390,7 @@ class SchedulerService:
                 self.relay.wake()
                 self._log(decided)
             self._observe()
+            self._tell_estimates_when_due()
         finally:
             for waiting in batch:  # cancelled (shutdown): the others are not left waiting
                 if not waiting.outcome.done():
@@ -712,6 +728,87 @@ class SchedulerService:
             )
             return self.forecast
 
+    def _tell_estimates_when_due(self) -> None:
+        """Start telling estimates in the background when the interval has passed since the
+        last look and tasks wait (decisions go on meanwhile; one telling at a time)."""
+        if not self.tell_interval or self.epoch is None or not self.scheduler.pending:
+            return
+        if self.telling is not None and not self.telling.done():
+            return
+        if time.monotonic() - self.told_checked < self.tell_interval:
+            return
+        self.told_checked = time.monotonic()
+        self.telling = asyncio.create_task(self.tell_estimates())
+
+    async def stop_telling(self) -> None:
+        """Cancel a telling under way (stepping down, shutting down): what it had not
+        committed is told by the next leader's first look."""
+        if self.telling is not None and not self.telling.done():
+            self.telling.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.telling
+
+    async def tell_estimates(self, limit: int = 1_000) -> list[Event]:
+        """Each start estimate that is news (`forecast.worth_telling`) of a task that has
+        waited at least the interval (by the core's clock), as
+        `task.estimated`, at most `limit` at once (the heads of the queues first: the rest on
+        the next look). Numbered and staged under the decision lock, and only for tasks still
+        waiting then: every later event of the task is numbered after it, so its `pending`
+        webhook never follows the task's `scheduled`. An estimate is advice: a failure is
+        logged and the next look tries again."""
+        try:
+            forecast = await self.estimates()
+            async with self.lock:
+                if self.epoch is None or forecast.at is None:
+                    return []
+                pending = self.scheduler.pending
+                for task_id in [t for t in self.told if t not in pending]:
+                    del self.told[task_id]
+                # A task that waited less than the interval is no news yet: most start soon.
+                settled = forecast.at - timedelta(seconds=self.tell_interval)
+                news = [
+                    e
+                    for e in sorted(forecast.estimates.values(), key=lambda e: e.position)
+                    if e.task_id in pending
+                    and (pending[e.task_id].submitted_at or forecast.at) <= settled
+                    and worth_telling(self.told.get(e.task_id), pending[e.task_id].attempt, e)
+                ][:limit]
+                if not news:
+                    return []
+                as_of = f" (as of {forecast.at:%Y-%m-%dT%H:%M:%SZ})"
+                events: list[Event] = [
+                    TaskStartEstimated(
+                        event_id=uuid4(),
+                        occurred_at=forecast.at,
+                        task_id=e.task_id,
+                        attempt=pending[e.task_id].attempt,
+                        pool=e.pool,
+                        queue_position=e.position,
+                        estimated_start_at=e.start_at,
+                        estimate=e.note + as_of,
+                    )
+                    for e in news
+                ]
+                try:
+                    async with self.sessions() as session, session.begin():
+                        connection = await session.connection()
+                        await fence.check(connection, self.epoch)
+                        stamped = await self.sequencer.stamp(connection, events)
+                        await stage(connection, outbox, *stamped)
+                except BaseException:
+                    self.sequencer.reset()  # its numbers were never committed
+                    raise
+                for e in news:
+                    self.told[e.task_id] = Told(pending[e.task_id].attempt, e.start_at, forecast.at)
+            self.metrics.estimates_told.inc(len(stamped))
+            self.relay.wake()
+            return stamped
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("telling start estimates failed; the next look tries again")
+            return []
+
     async def explain(self, query: AuditExplainQuery) -> AuditExplainAnswer:
         """The task's story from the audit log (`crater audit explain`): its records through
         the task index, each placement replayed from the nearest snapshot before it on a core
@@ -820,7 +917,14 @@ class SchedulerService:
             proposed = with_files(
                 running,
                 running.pools if pools is None else pools,
-                tenants or TenantQuotas(running.quotas, running.tenant_shares),
+                tenants
+                or TenantQuotas(
+                    running.quotas,
+                    running.tenant_shares,
+                    running.user_limits,
+                    running.queues,
+                    running.queue_of,
+                ),
             )
             why = self.scheduler.refuse_config(proposed)
             if why is not None:
@@ -871,7 +975,7 @@ class SchedulerService:
             self.metrics.config_reloads.labels(outcome="applied").inc()
             log.info("%s file from %s applied over the API", request.file, who)
         running = self.config
-        tenants = sorted({*running.quotas, *running.tenant_shares})
+        tenants = sorted({*running.quotas, *running.tenant_shares, *running.user_limits})
         summary = (
             f"applied: {len(running.pools)} pools, {len(tenants)} tenant quotas, from the next "
             "event on (the file on disk is unchanged)"

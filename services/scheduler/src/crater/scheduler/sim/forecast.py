@@ -254,3 +254,33 @@ def _estimates(
             note = "no estimate: it would not start even once the tasks known now have ended"
         out[task_id] = Estimate(task_id, pool, position, start, note)
     return out
+
+
+# A start estimate is told again (`task.estimated`) when its start moved by more than this,
+# or by more than this share of the wait that was told, whichever is larger: a queue that
+# only drifts does not flood the receiver, a real change reaches it.
+RETELL_SECONDS = 60.0
+RETELL_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Told:
+    """The estimate last told of a waiting task, and as of when (the core's clock)."""
+
+    attempt: int
+    start_at: datetime | None
+    at: datetime
+
+
+def worth_telling(before: Told | None, attempt: int, estimate: Estimate) -> bool:
+    """Whether `estimate` is news against what was told `before`: the first one of this
+    attempt, one that gains or loses its start time, or a start that moved materially."""
+    if before is None or before.attempt != attempt:
+        return True
+    if (before.start_at is None) != (estimate.start_at is None):
+        return True
+    if before.start_at is None or estimate.start_at is None:
+        return False
+    told_wait = max((before.start_at - before.at).total_seconds(), 0.0)
+    moved = abs((estimate.start_at - before.start_at).total_seconds())
+    return moved > max(RETELL_SECONDS, RETELL_SHARE * told_wait)

@@ -208,6 +208,14 @@ def _anti_affinity(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
     return np.fromiter((group not in n.groups for n in c.nodes), np.bool_, len(c))
 
 
+def _fabric(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
+    """The node declares a domain at the level the task requires (network_topology.required):
+    a node of unknown place cannot be shown to share one with the other members."""
+    if d.fabric_required is None:
+        return _all(c)
+    return np.asarray(c.fabric(d.fabric_required) > 0)
+
+
 def _models_text(d: Demand) -> str:
     models = d.gpu_models
     return models[0] if len(models) == 1 else ", ".join(models[:-1]) + f" or {models[-1]}"
@@ -414,6 +422,15 @@ ALL: tuple[Filter, ...] = (
         checks="the CPU has the AVX flag asked",
         passes=_avx,
         explain=lambda d: f"has a CPU without {d.avx}",
+    ),
+    Filter(
+        "NetworkTopology",
+        "NoFabricPlace",
+        field="network_topology.required",
+        checks="the node declares a domain at the level the task requires (its NVLink "
+        "domain, leaf or spine switch); one domain for all of a gang is judged with the gang",
+        passes=_fabric,
+        explain=lambda d: f"declares no {d.fabric_required} in the network fabric",
     ),
     Filter(
         "AntiAffinity",

@@ -50,6 +50,10 @@ class Score:
     # (cluster, candidate indexes) -> whether the score takes part at all; None: always. A
     # score that reads optional readings leaves every decision as it was where none exist.
     applies: Callable[[ClusterArrays, IntArray], bool] | None = field(default=None, compare=False)
+    # Left out of a placement's per-plugin scores where it rates every candidate 0: a score
+    # that reads what nodes may not declare (their place in the fabric) shows nothing where
+    # none do, so decisions read byte for byte as before it existed.
+    quiet: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from crater.contracts import FABRIC_LEVELS
 from crater.scheduler.domain.cluster import WHOLE, ClusterArrays
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.fragmentation import rate_fragmentation
@@ -92,6 +93,30 @@ def _live_score(weight: float) -> Score:
     return Score("LiveReadings", weight, _live_readings, applies=_with_readings)
 
 
+def _fabric_pack(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
+    """The node whose fabric domains (NVLink domain, leaf, spine) are busiest already: the
+    share of their GPUs (CPU cores, for a CPU-only task) in use, averaged over the levels
+    the node declares. Small work fills domains begun, so whole ones stay free for a gang
+    that needs one; 0 where a node declares no place."""
+    out = np.zeros(len(idx))
+    if not c.fabric_nodes:
+        return out
+    total, free = (c.gpus_total, c.gpus_free) if d.gpus else (c.cpu_capacity, c.cpu_free)
+    levels = np.zeros(len(idx))
+    for level in FABRIC_LEVELS:
+        column = c.fabric(level)
+        ids = column[idx]
+        if not ids.any():
+            continue
+        size = len(c.fabric_domains)
+        held = np.bincount(column, weights=total.astype(np.float64), minlength=size)
+        left = np.bincount(column, weights=free.astype(np.float64), minlength=size)
+        used = np.where(held[ids] > 0, 1.0 - left[ids] / np.maximum(held[ids], 1.0), 0.0)
+        out += np.where(ids > 0, used, 0.0)
+        levels += ids > 0
+    return np.asarray(np.where(levels > 0, out / np.maximum(levels, 1.0), 0.0), np.float64)
+
+
 # The field's weighted score: what a node offers, each resource relative to the best
 # candidate. Weights sum to 1.
 FIELD_WEIGHTS = {"gpu_memory": 0.45, "cpu": 0.20, "memory_bandwidth": 0.20, "ssd_iops": 0.15}
@@ -175,6 +200,13 @@ ALL: tuple[ScorePlugin, ...] = (
         "TopologyLocality",
         "how close the devices the task would get sit together (NVLink, PCIe root, NUMA node)",
         _topology_locality,
+    ),
+    ScorePlugin(
+        "FabricPack",
+        "the node whose fabric domains (NVLink domain, leaf, spine) have the largest share of "
+        "their GPUs in use already, so whole domains stay free for gangs that need one; 0 "
+        "where a node declares no place (left out of the scores shown where all are 0)",
+        lambda weight: Score("FabricPack", weight, _fabric_pack, quiet=True),
     ),
     # least growth of GPU fragmentation against the workload seen (fragmentation.py)
     plain_score(

@@ -2,7 +2,7 @@
 the faults an operator lifted, and a node cordoned whole, so that a restarted scheduler
 keeps an operator's cordons and lifts (docs/health.md).
 
-Revision ID: 0015
+Revision ID: 0013
 Revises: 0012 (0013 and 0014 are taken on other branches: re-point at merge)
 Create Date: 2026-12-03 10:00:00
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0015"
+revision: str = "0013"
 down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
