@@ -536,12 +536,21 @@ class ClusterArrays:
         self.fabric_domains: list[tuple[FabricLevel | None, tuple[str, ...]]] = [(None, ())]
         self._fabric_ids: dict[tuple[FabricLevel | None, tuple[str, ...]], int] = {}
         self.fabric_nodes = 0  # nodes that declare a place: 0 keeps every fabric path idle
+        # nodes whose last heartbeat carried live readings: empty keeps LiveReadings idle
+        self.read_nodes: set[str] = set()
         self.taint_sets: list[tuple[Taint, ...]] = []
         self._label_ids: dict[tuple[tuple[str, str], ...], int] = {}
         self._taint_ids: dict[tuple[Taint, ...], int] = {}
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    def note_readings(self, node: Node) -> None:
+        """Keep `read_nodes` true to `node.readings` (set by its latest heartbeat)."""
+        if node.readings:
+            self.read_nodes.add(node.name)
+        else:
+            self.read_nodes.discard(node.name)
 
     # A snapshot (audit log) pickles the backing arrays only: pickle would copy each column
     # view apart from its backing array, and the next node added would resurrect stale rows.

@@ -72,6 +72,7 @@ class Cordons:
         faults = [f for f in event.gpu_faults or () if f.gpu < len(node.gpu_milli_free)]
         readings = self.readings(node, event, faults)
         node.readings = readings  # ranks only: no waiting task becomes placeable by it
+        self.state.cluster.note_readings(node)
         if not faults and not node.cordons and node.node_cordon is None and not node.cleared:
             return [], False  # the common case: nothing to do
         reported = {f.key for f in faults}

@@ -184,10 +184,7 @@ class Placer:
         for score, values in zip(scores, rows, strict=True):
             total += score.weight * values
         total = np.round(total, 9)  # equal scores must compare equal on every machine
-        shown = [j for j, s in enumerate(scores) if not s.quiet or rows[j].any()]
-        names = [scores[j].name for j in shown]
-        if len(shown) < len(scores):  # a quiet score rated every candidate 0: not shown
-            rows = rows[shown]
+        names = [s.name for s in scores]
         for k in np.lexsort((cluster.name_rank[idx], -total)):
             details = [
                 ScoreDetail(plugin=name, score=round(float(v), 4))

@@ -86,11 +86,16 @@ def _live_readings(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> F
 def _with_readings(c: ClusterArrays, idx: IntArray) -> bool:
     """Whether any candidate has readings: without, the score is left out altogether, so
     decisions (and their score details) read as they did before readings existed."""
-    return any(c.nodes[row].readings for row in idx)
+    return bool(c.read_nodes) and any(c.nodes[row].readings for row in idx)
 
 
 def _live_score(weight: float) -> Score:
     return Score("LiveReadings", weight, _live_readings, applies=_with_readings)
+
+
+def _with_places(c: ClusterArrays, idx: IntArray) -> bool:
+    """Whether any node declares a place in the fabric: without, the score is left out."""
+    return bool(c.fabric_nodes)
 
 
 def _fabric_pack(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
@@ -205,8 +210,8 @@ ALL: tuple[ScorePlugin, ...] = (
         "FabricPack",
         "the node whose fabric domains (NVLink domain, leaf, spine) have the largest share of "
         "their GPUs in use already, so whole domains stay free for gangs that need one; 0 "
-        "where a node declares no place (left out of the scores shown where all are 0)",
-        lambda weight: Score("FabricPack", weight, _fabric_pack, quiet=True),
+        "where a node declares no place (left out where no node of the fleet declares one)",
+        lambda weight: Score("FabricPack", weight, _fabric_pack, applies=_with_places),
     ),
     # least growth of GPU fragmentation against the workload seen (fragmentation.py)
     plain_score(
