@@ -189,8 +189,10 @@ def test_run_task_reports_the_exception_and_reraises_it(stack: Stack) -> None:
         raise RuntimeError("CUDA out of memory")
     ended = client.wait("launch-boom", timeout=30, poll=0.2)
     assert ended.status == "failed"
+    # a CUDA out-of-memory error is reported as such (the `oom` failure kind)
     assert ended.reason == (
-        "failed as its launcher reported (exit code 1): RuntimeError: CUDA out of memory"
+        "failed as its launcher reported out of memory (exit code 1): "
+        "RuntimeError: CUDA out of memory"
     )
 
 

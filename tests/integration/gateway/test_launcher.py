@@ -132,15 +132,24 @@ async def test_a_launcher_confirms_and_reports_the_end_and_bad_tokens_are_refuse
             await asyncio.sleep(0.1)
         assert summary["status"] == "running"
 
-        # the end, with its exit code and reason
+        # the end, with its exit code and reason, out of memory (a failure of kind oom)
         response = await gateway.post(
             f"{url}/status",
-            json={"token": token, "status": "failed", "exit_code": 137, "reason": "OOM killed"},
+            json={
+                "token": token,
+                "status": "failed",
+                "exit_code": 137,
+                "reason": "OOM killed",
+                "out_of_memory": True,
+            },
         )
         assert response.status_code == 202, response.text
         [ended] = await tap.wait_for(TaskEnded, lambda e: e.task_id == "launched")
         assert ended.status is TaskStatus.FAILED
-        assert ended.reason == "failed as its launcher reported (exit code 137): OOM killed"
+        assert ended.reason == (
+            "failed as its launcher reported out of memory (exit code 137): OOM killed"
+        )
+        assert [r.out_of_memory for r in tap.of(TaskStatusReported)] == [False, True]
 
         # spent: the allocation is released
         response = await gateway.post(f"{url}/confirm", json={"token": token})

@@ -55,7 +55,8 @@ async def test_a_task_at_its_limit_is_stopped_across_restarts_and_the_queue_is_e
         [granted] = await tap.wait_for(AllocationGranted)
         await publish(service.broker, stating("next", 4, expected_run_seconds=60))
         await publish(service.broker, stating("after", 2))
-        await tap.wait_for(TaskPending, count=2)  # both wait (the node is full)
+        for waiting in ("next", "after"):  # both wait (the node is full)
+            await tap.wait_for(TaskPending, lambda e, t=waiting: e.task_id == t)
         answer = TasksAnswer.model_validate_json(
             await query(
                 fresh_nats.url, QuerySubjects.TASKS, TasksQuery().model_dump_json().encode()

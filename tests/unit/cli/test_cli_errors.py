@@ -86,7 +86,13 @@ def test_a_401_says_to_set_the_token_and_exits_4(
     gateway_answering: tuple[str, list[Any]], tmp_path: Path
 ) -> None:
     url, status = gateway_answering
-    for args in (["list-nodes"], ["tasks"], ["schedule-test", "--resource-request", "{}"]):
+    for args in (
+        ["list-nodes"],
+        ["tasks"],
+        ["schedule-test", "--resource-request", "{}"],
+        ["cordon", "--node", "n1", "--gpu", "0"],
+        ["uncordon", "--node", "n1", "--gpu", "0"],
+    ):
         result = runner.invoke(app, [*args, "--gateway", url])
         assert result.exit_code == errors.UNAUTHORISED, (args, result.output)
         assert "CRATER_API_TOKEN" in result.output

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from crater_client import AllocationError, run_task
-from crater_client.launcher import outcome
+from crater_client.launcher import out_of_memory, outcome
 
 ENV = {
     "CRATER_GATEWAY_URL": "http://gateway:8080/",
@@ -57,3 +57,16 @@ def test_how_the_block_ended_is_what_is_reported(
 def test_a_heartbeat_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="heartbeat_seconds"):
         run_task(environ=ENV, heartbeat_seconds=0)
+
+
+class OutOfMemoryError(RuntimeError):
+    """PyTorch's torch.cuda.OutOfMemoryError, by name (the client imports no framework)."""
+
+
+def test_running_out_of_memory_is_told_apart() -> None:
+    assert out_of_memory(MemoryError())
+    assert out_of_memory(OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"))
+    assert not out_of_memory(RuntimeError("CUDA error: device-side assert triggered"))
+    assert not out_of_memory(ValueError("bad shape"))
+    assert not out_of_memory(None)

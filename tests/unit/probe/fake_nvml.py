@@ -18,12 +18,21 @@ class NVMLErrorNotSupported(NVMLError):
         return "Not Supported"
 
 
+class NVMLErrorTimeout(NVMLError):
+    value = 10
+
+    def __str__(self) -> str:
+        return "Timeout"
+
+
 class NVMLErrorLibraryNotFound(NVMLError):
     def __str__(self) -> str:
         return "NVML Shared Library Not Found"
 
 
 class NVMLErrorGpuIsLost(NVMLError):
+    value = 15  # NVML_ERROR_GPU_IS_LOST, as pynvml's errors carry their return code
+
     def __str__(self) -> str:
         return "GPU is lost"
 
@@ -50,6 +59,14 @@ class Card:
     ecc: tuple[int, int] | None = (0, 0)
     # Compute processes: (pid, bytes held; None: NVML cannot say).
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    # Xid events waiting to be delivered (the driver queues them per event set).
+    xids: list[int] = field(default_factory=list)
+    # Retired pages pending (None: the card has row remapping instead, NotSupported).
+    pages_pending: bool | None = False
+    # Row remapper: (corrected rows, uncorrected rows, pending, failure); None: before Ampere.
+    remap: tuple[int, int, int, int] | None = (0, 0, 0, 0)
+    # NVLinks down now, of `links` (the last ones).
+    links_down: int = 0
 
 
 class FakeNvml:
@@ -93,7 +110,38 @@ class FakeNvml:
             raise NVMLErrorNotSupported()
         if link >= len(card.links):
             raise NVMLError("Invalid Argument")
-        return 1
+        return 0 if link >= len(card.links) - card.links_down else 1
+
+    def nvmlDeviceGetIndex(self, card: Card) -> int:
+        return self.cards.index(card)
+
+    # Events: one set; every registered card's queued Xids come out one at a time.
+    def nvmlEventSetCreate(self) -> str:
+        self.registered: list[Card] = []
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, card: Card, kinds: int, events: str) -> None:
+        assert kinds == 0x8  # nvmlEventTypeXidCriticalError
+        self.registered.append(card)
+
+    def nvmlEventSetWait_v2(self, events: str, timeout_ms: int) -> Any:
+        for card in self.registered:
+            if card.xids:
+                return SimpleNamespace(device=card, eventType=0x8, eventData=card.xids.pop(0))
+        raise NVMLErrorTimeout()
+
+    def nvmlEventSetFree(self, events: str) -> None:
+        self.registered = []
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, card: Card) -> int:
+        if card.pages_pending is None:
+            raise NVMLErrorNotSupported()
+        return int(card.pages_pending)
+
+    def nvmlDeviceGetRemappedRows(self, card: Card) -> tuple[int, int, int, int]:
+        if card.remap is None:
+            raise NVMLErrorNotSupported()
+        return card.remap
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, card: Card, link: int) -> Any:
         return SimpleNamespace(busId=card.links[link][0])

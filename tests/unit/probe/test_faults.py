@@ -98,8 +98,9 @@ def test_the_demo_fleet_lists_faults_but_the_simulator_gets_them_only_when_asked
     faulty = FleetSimulator(fleet.nodes, fleet.seed, fleet.faults)
     run(faulty, 200, every=10)
     conditions = {n: assess(faulty, n).condition for n in faulty.reporting_ids}
-    assert conditions["a100-03"] is NodeCondition.NOT_READY
-    assert conditions["h100-02"] is NodeCondition.NOT_READY
+    # Uncorrected ECC errors hold the card out (its heartbeat's gpu_faults), not the node.
+    assert conditions["a100-03"] is NodeCondition.DEGRADED
+    assert conditions["h100-02"] is NodeCondition.DEGRADED
     assert conditions["rtx4090-03"] is NodeCondition.DEGRADED
     assert "cpu-02" in conditions  # silent from 90 s to 150 s: back by 200 s
 
@@ -166,7 +167,7 @@ def test_ecc_fault_fails_the_ecc_check(fleet_file: Path) -> None:
     assert assess(sim, "h100-01").condition is NodeCondition.READY
     run(sim, 40)
     assessment = assess(sim, "h100-01")
-    assert assessment.condition is NodeCondition.NOT_READY
+    assert assessment.condition is NodeCondition.DEGRADED  # the card is cordoned, not the node
     assert failed(assessment) == {CHECK_GPU_ECC}
     detail = next(r.detail for r in assessment.results if r.name == CHECK_GPU_ECC)
     assert "GPU 5" in detail

@@ -84,11 +84,12 @@ def test_clean_ecc_passes_with_the_counts() -> None:
     assert assessment.condition is NodeCondition.READY
 
 
-def test_an_uncorrectable_ecc_error_takes_the_node_out() -> None:
+def test_an_uncorrectable_ecc_error_degrades_the_node_and_the_card_goes_out() -> None:
     assessment, ecc = result(node(), sample(ecc=(0, 2)), "gpu-ecc")
     assert not ecc.passed
     assert "GPU 1: 2" in ecc.detail
-    assert assessment.condition is NodeCondition.NOT_READY
+    # The card is cordoned by its gpu-faults entry; the node's other cards stay usable.
+    assert assessment.condition is NodeCondition.DEGRADED
 
 
 def test_many_corrected_errors_degrade() -> None:

@@ -4,7 +4,9 @@ real discovery, its cards answered by the NVML stand-in: the development machine
 
 from __future__ import annotations
 
+from crater.contracts import NodeCondition
 from crater.probe.adapters.nvml import GpuSampler
+from crater.probe.domain.faults import XidSeen
 from crater.probe.service_layer.nodes import FleetNodes, LocalNode
 from crater.probe.settings import ProbeSettings
 from crater.probe.sim.fleet import open_fleet
@@ -60,4 +62,28 @@ async def test_a_local_heartbeat_carries_the_agents_runs_and_the_cards_processes
     node.inventory = list  # an executing agent that runs nothing now
     [report] = next(node.health(1))
     assert report.running == []
+    await node.close()
+
+
+async def test_a_local_heartbeat_carries_the_cards_faults_and_counts_each_xid() -> None:
+    seen: list[XidSeen] = []
+    node = LocalNode(ProbeSettings(mode="local", node_id="here-01"), on_xid=seen.append)
+    await node.open()
+    [report] = next(node.health(1))
+    assert '"gpu_faults"' not in report.model_dump_json()  # no card sampled: reads as before
+    cards = pcie_only(2)
+    cards[0].xids = [31, 79]
+    node._gpus = GpuSampler(FakeNvml(cards))
+    node._sampling_gpus = node._gpus.open()
+    async for _ in node.metrics(1):
+        pass
+    [report] = next(node.health(1))
+    assert [(f.gpu, f.xid, f.action.value) for f in report.gpu_faults or []] == [
+        (0, 79, "reboot-node")
+    ]
+    assert report.condition is NodeCondition.NOT_READY  # Xid 79: the node needs a reboot
+    assert [(x.code, x.action.value, x.known) for x in seen] == [
+        (31, "none", True),
+        (79, "reboot-node", True),
+    ]
     await node.close()

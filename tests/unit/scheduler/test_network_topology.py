@@ -319,14 +319,14 @@ def test_ranks_follow_the_fabric_where_the_scores_interleave_leaves() -> None:
 
 
 def test_a_fleet_without_places_ranks_and_scores_as_before() -> None:
-    # FabricPack rates 0 everywhere and is left out of the per-plugin scores shown
+    # where no node declares a place, FabricPack takes no part (nor shows in the scores)
     scheduler, _ = cluster(node("n1", gpus=4), node("n2", gpus=4))
     placed = grants(scheduler.handle(gang("ddp", 3, gpus=2)))
     assert [g.node for g in placed] == ["n1", "n1", "n2"]
     assert all("FabricPack" not in {s.plugin for s in g.scores} for g in placed)
     scheduler, _ = cluster(*racks(("a", 2), ("b", 1)))
     [first] = grants(scheduler.handle(profiled("t1", gpus=4)))
-    assert "FabricPack" not in {s.plugin for s in first.scores}  # nothing in use yet: all 0
+    assert {s.plugin: s.score for s in first.scores}["FabricPack"] == 0.0  # nothing in use yet
     [second] = grants(scheduler.handle(profiled("t2", gpus=1, when=2)))
     assert (second.node, first.node) == ("a-2", "a-1")  # leaf a begun: a-2 before b-1
     # leaf a: 4 of 8 GPUs in use; spine s1: 4 of 12; their mean

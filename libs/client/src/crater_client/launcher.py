@@ -109,6 +109,8 @@ class RunningTask:
             self._thread.join(self.timeout + 1)
         status, exit_code, reason = outcome(error)
         body = {"token": self.token, "status": status, "exit_code": exit_code, "reason": reason}
+        if out_of_memory(error):
+            body["out_of_memory"] = True  # a failure of kind oom (restart_policy)
         try:
             self._report("status", body)
         except CraterError as failure:
@@ -179,6 +181,17 @@ def outcome(error: BaseException | None) -> tuple[str, int, str | None]:
         return "failed", 130, "KeyboardInterrupt: interrupted (SIGINT)"
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     return "failed", 1, text[:2048]
+
+
+def out_of_memory(error: BaseException | None) -> bool:
+    """Whether the task ended out of memory: the host's (MemoryError) or a GPU's (PyTorch's
+    torch.cuda.OutOfMemoryError, or the RuntimeError "CUDA out of memory" of releases before
+    it), read by name so the client imports no framework."""
+    if error is None:
+        return False
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(error, RuntimeError) and "CUDA out of memory" in str(error)
 
 
 def run_task(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import json
 import os
 import sys
 from datetime import datetime
@@ -309,6 +310,7 @@ def list_nodes(
     table = Table(*columns, *(["fabric"] if placed else []))
     for n in answer.nodes:
         gpu = f"{n.gpu_model} {n.gpu_memory_mb // 1024} GiB" if n.gpu_model else "-"
+        held = f" ({len(n.cordoned_gpus)} cordoned)" if n.cordoned_gpus else ""
         fabric = n.fabric
         where = (
             "/".join(name or "-" for name in (fabric.spine, fabric.leaf, fabric.nvlink_domain))
@@ -318,14 +320,49 @@ def list_nodes(
         table.add_row(
             n.node_id,
             n.pool,
-            n.condition.value,
+            n.condition.value + (" cordoned" if n.cordoned else ""),
             gpu,
-            f"{n.gpus_free}/{n.gpus_total}",
+            f"{n.gpus_free}/{n.gpus_total}{held}",
             f"{n.cpu_cores_free}/{n.cpu_cores_total}",
             f"{n.memory_mb_free // 1024}/{n.memory_mb_total // 1024}",
             *([where] if placed else []),
         )
     print_table(table)
+    for n in answer.nodes:
+        for why in [*([n.cordoned] if n.cordoned else []), *n.cordoned_gpus.values()]:
+            typer.echo(why)
+
+
+def _cordon_card(node: str, gpu: int, on: bool, reason: str, gateway: str) -> None:
+    from crater.cli.gateway import call
+
+    verb = "cordon" if on else "uncordon"
+    body = json.dumps({"reason": reason}) if on else None
+    call("POST", gateway, f"/api/v1/admin/nodes/{node}/gpus/{gpu}/{verb}", content=body)
+    typer.echo(f"{verb}: GPU {gpu} of {node} (applied at the scheduler's next event)")
+
+
+@app.command()
+def cordon(
+    node: Annotated[str, typer.Option("--node", help="The node.")],
+    gpu: Annotated[int, typer.Option("--gpu", help="The card's index on the node.")],
+    reason: Annotated[str, typer.Option(help="Why, for the record.")] = "",
+    gateway: GatewayOption = DEFAULT_GATEWAY,
+) -> None:
+    """Cordon one card of a node: no new work lands on it (what runs there goes on) until
+    `crater uncordon` (admin scope)."""
+    _cordon_card(node, gpu, True, reason, gateway)
+
+
+@app.command()
+def uncordon(
+    node: Annotated[str, typer.Option("--node", help="The node.")],
+    gpu: Annotated[int, typer.Option("--gpu", help="The card's index on the node.")],
+    gateway: GatewayOption = DEFAULT_GATEWAY,
+) -> None:
+    """Lift the cordon of one card of a node, whatever put it there: a fault the probe
+    reported (a card needing service, after it is repaired) or an operator (admin scope)."""
+    _cordon_card(node, gpu, False, "", gateway)
 
 
 def queue_cell(position: int | None, start: datetime | None) -> str:

@@ -20,7 +20,12 @@ from crater.contracts.autoscaling import (
 )
 from crater.contracts.base import Event
 from crater.contracts.budgets import TenantBudgetExceeded, TenantBudgetRestored
-from crater.contracts.nodes import NodeHealthReported, NodeMetricsReported, NodeTopologyReported
+from crater.contracts.nodes import (
+    GpuCordonRequested,
+    NodeHealthReported,
+    NodeMetricsReported,
+    NodeTopologyReported,
+)
 from crater.contracts.phases import TaskGpusLending, TaskPhaseReported
 from crater.contracts.rejections import MessageDeadLettered, MessageRejected, MessageReplayed
 from crater.contracts.tasks import (
@@ -112,6 +117,12 @@ class Streams:
         max_age_seconds=3_600,
         max_msgs_per_subject=120,
     )
+    NODE_CORDONS = StreamSpec(
+        "CRATER_NODE_CORDONS",
+        (f"{PREFIX}.node.cordon",),
+        "Operators' cordons and uncordons of cards: kept, as every decision they change.",
+        max_age_seconds=90 * 86_400,
+    )
     TASK_USAGE = StreamSpec(
         "CRATER_TASK_USAGE",
         (f"{PREFIX}.usage.>",),
@@ -157,6 +168,7 @@ class Streams:
         TASK_USAGE,
         AUTOSCALING,
         TENANTS,
+        NODE_CORDONS,
         WEBHOOKS,
         REJECTIONS,
         DEAD_LETTERS,
@@ -189,6 +201,14 @@ class Subjects:
         "A node's health checks on an interval; the scheduler's heartbeat.",
         node_scoped=True,
         producers=("probe",),
+        consumers=("scheduler",),
+    )
+    NODE_CORDON = Channel(
+        f"{PREFIX}.node.cordon",
+        GpuCordonRequested,
+        Streams.NODE_CORDONS,
+        "An operator cordons a card of a node, or lifts its cordon (crater cordon).",
+        producers=("gateway",),
         consumers=("scheduler",),
     )
     TASK_SUBMITTED = Channel(
@@ -436,6 +456,7 @@ class Subjects:
         NODE_TOPOLOGY,
         NODE_METRICS,
         NODE_HEALTH,
+        NODE_CORDON,
         TASK_SUBMITTED,
         TASK_PROFILED,
         TASK_PENDING,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AwareDatetime, Field, model_validator
 
 from crater.contracts.base import Contract, Event, ExactInt
 
@@ -411,6 +412,80 @@ class GpuProcess(Contract):
     memory_mb: ExactInt = Field(ge=0, description="GPU memory it holds; 0: NVML cannot say.")
 
 
+class GpuFaultKind(StrEnum):
+    """What the probe found wrong with one card (NVML)."""
+
+    XID = "xid"  # an Xid event (nvmlEventTypeXidCriticalError): `xid` names the code
+    ECC_UNCORRECTED = "ecc-uncorrected"  # uncorrected ECC errors since the driver loaded
+    PAGES_PENDING_RETIREMENT = "pages-pending-retirement"  # retired at the next reset
+    ROW_REMAP_FAILURE = "row-remap-failure"  # the card could not remap a failing row
+    LOST = "lost"  # NVML answers GPU_IS_LOST: the card has fallen off the bus
+    # Live readings that only lower the card's rank (action `none`):
+    HOT = "hot"  # at or past the probe's warning temperature
+    PCIE_DEGRADED = "pcie-degraded"  # the link runs narrower (or, busy, slower) than it can
+    NVLINK_DEGRADED = "nvlink-degraded"  # an NVLink the topology lists is down
+
+
+class GpuFaultAction(StrEnum):
+    """What a card's fault asks of the scheduler, after the "Resolution Bucket (Immediate
+    Action)" of NVIDIA's Xid catalog (docs/health.md lists the table and its source)."""
+
+    NONE = "none"  # RESTART_APP, IGNORE: the application's fault; the card is fine
+    RESET_CARD = "reset-card"  # RESET_GPU: the card is cordoned until reported healthy
+    REBOOT_NODE = "reboot-node"  # RESTART_BM: the node is cordoned until reported healthy
+    OPERATOR = "operator"  # CONTACT_SUPPORT: the card is cordoned until an operator lifts it
+
+
+# Kinds that are readings, never a reason to cordon.
+READING_KINDS = frozenset(
+    {GpuFaultKind.HOT, GpuFaultKind.PCIE_DEGRADED, GpuFaultKind.NVLINK_DEGRADED}
+)
+
+
+class GpuFault(Contract):
+    """One card's fault, as the probe reports it with every heartbeat while it lasts."""
+
+    gpu: int = Field(ge=0, le=1023, description="The card's index.")
+    kind: GpuFaultKind
+    action: GpuFaultAction = Field(
+        description="What the scheduler does: none (a reading: the card ranks lower), "
+        "reset-card, reboot-node or operator (docs/health.md)."
+    )
+    xid: int | None = Field(
+        default=None, ge=0, le=65_535, description="The Xid code, with kind xid only."
+    )
+    since: AwareDatetime = Field(
+        description="When the probe first saw this fault: the same fault keeps its time "
+        "from heartbeat to heartbeat, a new occurrence has a new one."
+    )
+    detail: str = Field(default="", max_length=512, description="For a person.")
+
+    @model_validator(mode="after")
+    def _xid_with_kind(self) -> GpuFault:
+        if (self.kind is GpuFaultKind.XID) != (self.xid is not None):
+            raise ValueError("xid is given with kind xid, and only with it")
+        if self.kind in READING_KINDS and self.action is not GpuFaultAction.NONE:
+            raise ValueError(f"a {self.kind.value} reading has action none")
+        return self
+
+    @property
+    def key(self) -> tuple[int, str, int | None, datetime]:
+        """The fault's identity: an operator's uncordon clears this one, not a later one."""
+        return (self.gpu, self.kind.value, self.xid, self.since)
+
+
+class GpuCordonRequested(Event):
+    """An operator cordons one card of a node (no new work lands on it; what runs there goes
+    on), or lifts its cordon, whatever put it there: a fault the probe reported (that
+    occurrence stays lifted while the probe reports it) or an operator."""
+
+    node_id: str = Field(pattern=NODE_ID_PATTERN)
+    gpu: int = Field(ge=0, le=1023, description="The card's index on the node.")
+    cordon: bool = Field(description="True: cordon the card; False: lift its cordon.")
+    reason: str = Field(default="", max_length=512, description="Why, for the record.")
+    requested_by: str = Field(default="", max_length=256, description="Who asked.")
+
+
 class NodeHealthReported(Event):
     """Health, sent on an interval: it is also the node's heartbeat."""
 
@@ -438,4 +513,15 @@ class NodeHealthReported(Event):
         "the scheduler counts a card it holds free busy while processes stay on it "
         "(docs/architecture.md, Reconciling against reality). None: not read (no GPUs, no "
         "NVML, a simulated node).",
+    )
+    # Left out of the JSON when None, as `running`.
+    gpu_faults: list[GpuFault] | None = Field(
+        default=None,
+        max_length=8192,
+        exclude_if=lambda faults: faults is None,
+        description="Each card's faults and degraded readings now (NVML: Xid events, "
+        "uncorrected ECC, retired pages pending, row-remap failures, a card off the bus, "
+        "temperature, links); the scheduler cordons a faulty card, or the node, and ranks "
+        "a card with readings lower (docs/health.md). None: not read (no NVML, a simulated "
+        "node without faults).",
     )

@@ -69,6 +69,19 @@ class NodeSummary(Contract):
     memory_mb_total: int = Field(ge=0)
     memory_mb_free: int = Field(ge=0)
     labels: dict[str, str] = Field(default_factory=dict)
+    # Left out of the JSON when empty: answers about nodes without cordons read as before.
+    cordoned_gpus: dict[int, str] = Field(
+        default_factory=dict,
+        exclude_if=lambda cordons: not cordons,
+        description="Cards that take no new work, each with why and until what (a fault the "
+        "probe reported, or an operator: docs/health.md).",
+    )
+    cordoned: str | None = Field(
+        default=None,
+        exclude_if=lambda why: why is None,
+        description="Why the whole node takes no new work (a card fault that needs a "
+        "reboot); None: it may take work.",
+    )
     fabric: FabricPlace | None = Field(
         default=None,
         exclude_if=lambda fabric: fabric is None,  # answers without one read as before

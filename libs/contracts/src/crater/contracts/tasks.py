@@ -927,6 +927,16 @@ class RestartOn(StrEnum):
     NODE_LOST = "node-lost"
 
 
+class AttemptFailure(StrEnum):
+    """Why a failed attempt failed, as far as the scheduler can tell: what a restart policy's
+    `on_failure_kinds` keys on."""
+
+    EXIT_CODE = "exit-code"  # its launcher or node reported it failed (with a code or not)
+    OOM = "oom"  # reported failed out of memory (`TaskStatusReported.out_of_memory`)
+    NODE_FAULT = "node-fault"  # ended by the scheduler: its card or node was cordoned
+    OTHER = "other"  # no report of its end: a reservation never confirmed, an orphan, silence
+
+
 class OnExitCodes(Contract):
     """Which failed attempts are retried, by their exit code (a Kubernetes Job's
     `podFailurePolicy` `onExitCodes`): `In` retries only those codes, `NotIn` all but them (a
@@ -960,10 +970,27 @@ class RestartPolicy(Contract):
         description="Of failed attempts, retry only those whose exit code this matches; "
         "unset: every failure (when `failure` is listed).",
     )
+    # Left out of the JSON when None: a policy without it reads byte for byte as before.
+    on_failure_kinds: list[AttemptFailure] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4,
+        exclude_if=lambda kinds: kinds is None,
+        description="Of failed attempts, retry only those of these kinds: exit-code (its "
+        "launcher reported it failed; on_exit_codes then judges the code), oom (reported out "
+        "of memory), node-fault (its card or node was cordoned for a fault), other (no "
+        "report: an unconfirmed reservation, an orphan, a silent task); unset: every kind "
+        "(when `failure` is listed).",
+        examples=[["oom", "node-fault"]],
+    )
 
     def backoff_before(self, attempt: int) -> float:
         """Seconds to wait before attempt `attempt` (2, 3, ...)."""
         return min(self.backoff_seconds * 2.0 ** max(attempt - 2, 0), self.max_backoff_seconds)
+
+    def retries_kind(self, kind: AttemptFailure | None) -> bool:
+        """Whether a failed attempt of `kind` may be retried (None: not a failure)."""
+        return self.on_failure_kinds is None or kind is None or kind in self.on_failure_kinds
 
     def retries_exit_code(self, code: int | None) -> bool:
         """Whether a failure that exited with `code` may be retried (None: no code said)."""
@@ -1529,6 +1556,14 @@ class TaskStatusReported(Event):
         description="The task's exit code (negative: the signal that ended it), on `succeeded` "
         "or `failed` only.",
     )
+    # Left out of the JSON when False: reports without it read byte for byte as before.
+    out_of_memory: bool = Field(
+        default=False,
+        exclude_if=lambda oom: not oom,
+        description="On `failed`: the task ran out of memory (host: the kernel's OOM killer; "
+        "GPU: CUDA out of memory), its failure kind oom, which a restart policy can key on "
+        "(restart_policy.on_failure_kinds).",
+    )
     heartbeat_grace_seconds: float | None = Field(
         default=None,
         ge=5,
@@ -1557,6 +1592,14 @@ class TaskStatusReported(Event):
         if code is not None and status not in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
             raise ValueError(f"an exit code is reported with succeeded or failed, not {status}")
         return code
+
+    @field_validator("out_of_memory")
+    @classmethod
+    def _oom_on_failure(cls, oom: bool, info: ValidationInfo) -> bool:
+        status = info.data.get("status")
+        if oom and status is not TaskStatus.FAILED:
+            raise ValueError(f"out_of_memory is reported with failed, not {status}")
+        return oom
 
     @field_validator("heartbeat")
     @classmethod

@@ -131,6 +131,11 @@ class AllocationStatus(Contract):
     )
     reason: str | None = Field(default=None, max_length=2048, description="Said in task.ended.")
     heartbeat_grace_seconds: float | None = Field(default=None, ge=5, le=86_400)
+    out_of_memory: bool = Field(
+        default=False,
+        description="On failed: it ran out of memory (host or GPU), a failure of kind oom "
+        "that restart_policy.on_failure_kinds can key on.",
+    )
 
 
 class ReportAccepted(BaseModel):

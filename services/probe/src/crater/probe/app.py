@@ -66,7 +66,14 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
         subscribe_served(service, runner, f"fleet-{fleet.name}")
         service.state = runner
     else:
-        nodes = LocalNode(settings)
+        nodes = LocalNode(
+            settings,
+            on_xid=lambda xid: metrics.xids.labels(
+                xid=str(xid.code),
+                action=xid.action.value,
+                catalog="known" if xid.known else "unknown",
+            ).inc(),
+        )
     executor: TaskExecutor | None = None
     if settings.execute:
         node_id = settings.node_id or node_id_from_hostname(hostname(settings.host_root))

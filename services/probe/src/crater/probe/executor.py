@@ -145,6 +145,19 @@ class Cgroups:
             return None
         return group
 
+    @staticmethod
+    def oom_killed(group: str | None) -> bool:
+        """Whether the kernel's OOM killer killed a process of the task's cgroup (its
+        memory.events `oom_kill` count); False without a cgroup or where it cannot be read."""
+        if not group:
+            return False
+        try:
+            lines = (Path(group) / "memory.events").read_text().splitlines()
+        except OSError:
+            return False
+        counts = dict(line.split(maxsplit=1) for line in lines if " " in line)
+        return counts.get("oom_kill", "0").strip() not in ("", "0")
+
     def remove(self, group: str | None) -> None:
         if group:
             with contextlib.suppress(OSError):
@@ -460,16 +473,22 @@ class TaskExecutor:
         what = describe(outcome)
         stop = run.stop
         status: TaskStatus | None
+        spec = read_json(run.directory / SPEC) or {}
+        oom = False
         if stop is None:
             ok = outcome.get("returncode") == 0
             status = TaskStatus.SUCCEEDED if ok else TaskStatus.FAILED
             message = what
+            # Killed for its memory.max: a failure of kind oom (restart_policy).
+            oom = not ok and Cgroups.oom_killed(spec.get("cgroup"))
+            if oom:
+                message += " (out of memory: the kernel's OOM killer, memory.max)"
         elif stop["reason"] == PREEMPTED:
             status, message = TaskStatus.FAILED, f"preempted: stopped, {what}"
         else:
             status, message = None, f"released ({stop['reason']}): stopped, {what}"
         if status is not None:
-            await self._report(run, status, message)
+            await self._report(run, status, message, out_of_memory=oom)
         log.info(
             "%s (task %s attempt %d) ended: %s",
             run.allocation_id,
@@ -477,7 +496,6 @@ class TaskExecutor:
             run.grant.attempt,
             message,
         )
-        spec = read_json(run.directory / SPEC) or {}
         assert self.cgroups is not None
         self.cgroups.remove(spec.get("cgroup"))
         _write_json(
@@ -486,11 +504,14 @@ class TaskExecutor:
         )
         del self.runs[run.allocation_id]
 
-    async def _report(self, run: Run, status: TaskStatus, message: str) -> None:
+    async def _report(
+        self, run: Run, status: TaskStatus, message: str, out_of_memory: bool = False
+    ) -> None:
         if status.value in run.reported:
             return
         assert status in (TaskStatus.RUNNING, TaskStatus.SUCCEEDED, TaskStatus.FAILED)
-        await publish_retried(self._publish, status_report(run.grant, status, message))
+        report = status_report(run.grant, status, message, out_of_memory)
+        await publish_retried(self._publish, report)
         run.reported.add(status.value)
         _write_json(run.directory / REPORTED, {"statuses": sorted(run.reported)})
 

@@ -38,15 +38,19 @@ class GrantOutcome(StrEnum):
     WAITING = "waiting"  # executing agent: its task's body (command) has not come yet
 
 
-def status_report(grant: AllocationGranted, status: Reported, message: str) -> TaskStatusReported:
+def status_report(
+    grant: AllocationGranted, status: Reported, message: str, out_of_memory: bool = False
+) -> TaskStatusReported:
     """A node's report on a granted allocation. Its id derives from the grant's, so a
-    redelivered grant, or a restarted agent reporting again, cannot double it."""
+    redelivered grant, or a restarted agent reporting again, cannot double it.
+    `out_of_memory`: a failure the kernel's OOM killer caused (a failure of kind oom)."""
     return TaskStatusReported(
         event_id=derived_event_id(grant.event_id, status.value),
         task_id=grant.task_id,
         status=status,
         allocation_id=grant.allocation_id,
         message=message[:2048],
+        out_of_memory=out_of_memory,
     )
 
 

@@ -7,9 +7,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from crater.contracts import FabricPlace, Taint
+from crater.contracts import FabricPlace, GpuFaultAction, Taint
 from crater.contracts.nodes import NODE_ID_PATTERN
 from crater.probe.adapters.measure import Bounds
+from crater.probe.domain.faults import DEFAULT_UNKNOWN_ACTION, DEFAULT_XID_ACTIONS, parse_action
 from crater.runtime.settings import ServiceSettings
 
 
@@ -30,7 +31,8 @@ class ProbeSettings(ServiceSettings):
     faults: bool = Field(
         default=False,
         description="Fleet mode: inject the fleet file's faults (the demo fleet's: a failing "
-        "GPU, a silent node, ECC errors, a degraded PCIe link), timed from the probe's start.",
+        "GPU, a silent node, ECC errors, a degraded PCIe link, an Xid 48), timed from the "
+        "probe's start.",
     )
     node_id: str | None = Field(
         default=None,
@@ -142,6 +144,19 @@ class ProbeSettings(ServiceSettings):
         description="Execution: the cgroup v2 mount where each task gets cpuset.cpus and "
         "memory.max (under crater/); used where writable, else affinity only, logged once.",
     )
+    xid_actions: dict[int, str] = Field(
+        default_factory=dict,
+        description="Local mode: what an Xid code asks, over the default table (NVIDIA's Xid "
+        "catalog, docs/health.md): none, reset-card, reboot-node or operator, or the "
+        "catalog's bucket (RESTART_APP, RESET_GPU, RESTART_BM, CONTACT_SUPPORT) (JSON: "
+        '{"13": "reset-card", "200": "operator"}).',
+    )
+    xid_unknown_action: str = Field(
+        default=DEFAULT_UNKNOWN_ACTION.value,
+        description="Local mode: what an Xid in no table asks (it is also logged and counted "
+        'in crater_probe_gpu_xid_events_total{catalog="unknown"}); default reset-card '
+        "(docs/health.md says why).",
+    )
     publish_chunk: int = Field(
         default=256, ge=1, le=10_000, description="Events published concurrently per chunk."
     )
@@ -155,7 +170,29 @@ class ProbeSettings(ServiceSettings):
         FabricPlace.from_labels(self.labels)  # a bad place too (crater.ai/leaf-switch, ...)
         if self.execute and self.mode != "local":
             raise ValueError("execute needs mode local: a simulated fleet runs nothing")
+        self.xid_table()  # a bad action stops the probe at start, named
         return self
+
+    def xid_table(self) -> tuple[dict[int, GpuFaultAction], GpuFaultAction]:
+        """The Xid table in force (the default, the operator's entries over it) and the
+        action of a code in neither."""
+        table = dict(DEFAULT_XID_ACTIONS)
+        for code, text in self.xid_actions.items():
+            try:
+                table[code] = parse_action(text)
+            except ValueError:
+                raise ValueError(
+                    f"xid_actions.{code}: {text!r} is none of none, reset-card, reboot-node, "
+                    "operator (or RESTART_APP, IGNORE, RESET_GPU, RESTART_BM, CONTACT_SUPPORT)"
+                ) from None
+        try:
+            unknown = parse_action(self.xid_unknown_action)
+        except ValueError:
+            raise ValueError(
+                f"xid_unknown_action: {self.xid_unknown_action!r} is none of none, reset-card, "
+                "reboot-node, operator"
+            ) from None
+        return table, unknown
 
     @property
     def bounds(self) -> Bounds:

@@ -20,6 +20,7 @@ from crater.contracts import (
     AuditExplainQuery,
     ConfigApplied,
     ConfigApply,
+    GpuCordonRequested,
     NodeHealthReported,
     NodesAnswer,
     NodesQuery,
@@ -479,6 +480,11 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     @durable(broker, Subjects.TENANT_BUDGET_RESTORED, name, batch=batch, router=leader)
     async def on_budget_restored(event: TenantBudgetRestored) -> None:
         await core.handle(event, "budget-restored")
+
+    # An operator cordons a card, or lifts its cordon (crater cordon / uncordon).
+    @durable(broker, Subjects.NODE_CORDON, name, batch=batch, router=leader)
+    async def on_node_cordon(event: GpuCordonRequested) -> None:
+        await core.handle(event, "node-cordon")
 
     @leader.subscriber(QuerySubjects.NODES, title="scheduler-query-nodes")
     async def on_nodes_query(event: NodesQuery) -> NodesAnswer:

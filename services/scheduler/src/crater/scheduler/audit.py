@@ -43,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from crater.contracts import (
     AllocationGranted,
     Event,
+    GpuCordonRequested,
     NodeHealthReported,
     NodeTopologyReported,
     ReplicaReleaseRequested,
@@ -89,6 +90,7 @@ INPUTS: dict[str, type[Event]] = {
         TenantBudgetExceeded,
         TenantBudgetRestored,
         TaskPhaseReported,
+        GpuCordonRequested,
     )
 }
 READ_CHUNK = 5_000

@@ -141,4 +141,5 @@ async def allocation_status(
         exit_code=body.exit_code,
         message=body.reason,
         heartbeat_grace_seconds=body.heartbeat_grace_seconds,
+        out_of_memory=body.out_of_memory,
     )

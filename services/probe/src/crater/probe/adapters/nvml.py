@@ -7,6 +7,7 @@ by default, so tests can hand in a fake driver.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 from crater.contracts import Gpu, GpuMetrics, GpuProcess
 from crater.probe.adapters.pci import pci_numa_node, pci_root, sysfs_bus_id
+from crater.probe.domain.faults import CardSignals
 
 log = logging.getLogger("crater.probe.nvml")
 
@@ -27,6 +29,9 @@ CLOCK_MEM = 2  # NVML_CLOCK_MEM
 ECC_CORRECTED = 0  # NVML_MEMORY_ERROR_TYPE_CORRECTED
 ECC_UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 ECC_VOLATILE = 0  # NVML_VOLATILE_ECC: since the driver last loaded (boot, or a GPU reset)
+EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
+ERROR_GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST: the card has fallen off the bus
+MAX_EVENTS_PER_ROUND = 1024  # Xid events drained per round (a storm is not read forever)
 
 # NVML reports failures as NVMLError subclasses, and the ctypes layer underneath as OSError;
 # at this boundary either means "this fact is not available", never "stop the probe".
@@ -178,6 +183,24 @@ def _ecc(lib: Any, handle: Any, kind: int) -> int | None:
         return None
 
 
+def _is_lost(error: BaseException) -> bool:
+    """NVML's GPU_IS_LOST (pynvml's NVMLError carries the return code as `value`)."""
+    return getattr(error, "value", None) == ERROR_GPU_IS_LOST
+
+
+def _active_links(lib: Any, handle: Any) -> int:
+    """NVLinks up now (0 on cards without NVLink)."""
+    up = 0
+    for link in range(MAX_NVLINKS):
+        try:
+            up += lib.nvmlDeviceGetNvLinkState(handle, link) == FEATURE_ENABLED
+        except NvmlFailure:
+            if link == 0:
+                return 0  # no NVLink on this card
+            continue
+    return up
+
+
 class GpuSampler:
     """Reads GPU load through one NVML session held for the life of the probe."""
 
@@ -185,6 +208,9 @@ class GpuSampler:
         self._lib = lib
         self._nvml: Any | None = None
         self._handles: list[tuple[int, Any]] = []
+        self._events: Any | None = None  # the Xid event set; None: not available
+        self._links: dict[int, int] = {}  # NVLinks up per card when opened
+        self._lost: set[int] = set()  # cards that answered GPU_IS_LOST in the last sample
 
     def open(self) -> bool:
         """True when there are GPUs to sample."""
@@ -198,7 +224,84 @@ class GpuSampler:
             log.warning("NVML could not list devices: %s", error)
             self.close()
             return False
+        self._links = {i: _active_links(self._nvml, h) for i, h in self._handles}
+        self._events = self._register_xids()
         return bool(self._handles)
+
+    def _register_xids(self) -> Any | None:
+        """An event set delivering every card's Xid events; None (logged) where the driver
+        cannot (then no Xid is read, the other faults still are)."""
+        nvml = self._nvml
+        assert nvml is not None
+        try:
+            events = nvml.nvmlEventSetCreate()
+        except NvmlFailure as error:
+            log.warning("Xid events not read: NVML event set: %s", error)
+            return None
+        registered = 0
+        for index, handle in self._handles:
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, EVENT_XID, events)
+                registered += 1
+            except NvmlFailure as error:
+                log.warning("GPU %d: Xid events not read: %s", index, error)
+        return events if registered else None
+
+    def _drain_xids(self) -> dict[int, list[int]]:
+        """Xid codes delivered since the last round, by card index."""
+        nvml, events = self._nvml, self._events
+        found: dict[int, list[int]] = {}
+        if nvml is None or events is None:
+            return found
+        index_of = {id(h): i for i, h in self._handles}
+        for _ in range(MAX_EVENTS_PER_ROUND):
+            try:
+                data = nvml.nvmlEventSetWait_v2(events, 0)
+            except NvmlFailure:
+                break  # NVML_ERROR_TIMEOUT: none waiting
+            if not int(data.eventType) & EVENT_XID:
+                continue
+            index = index_of.get(id(data.device))
+            if index is None:
+                try:
+                    index = int(nvml.nvmlDeviceGetIndex(data.device))
+                except NvmlFailure:
+                    continue
+            found.setdefault(index, []).append(int(data.eventData))
+        return found
+
+    def signals(self) -> list[CardSignals]:
+        """Each card's faults this round: Xid events, a card lost (as the last sample
+        found), retired pages pending, a failed row remap, NVLinks down since opened."""
+        nvml = self._nvml
+        if nvml is None:
+            return []
+        xids = self._drain_xids()
+        found = []
+        for index, handle in self._handles:
+            lost = index in self._lost
+            pending = remap_failure = False
+            links_down = 0
+            if not lost:
+                # NotSupported: no page retirement (row remapping instead), or no row
+                # remapping (before Ampere)
+                with contextlib.suppress(NvmlFailure):
+                    pending = int(nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)) == 1
+                with contextlib.suppress(NvmlFailure):
+                    remap_failure = bool(int(nvml.nvmlDeviceGetRemappedRows(handle)[3]))
+                if self._links.get(index):
+                    links_down = max(0, self._links[index] - _active_links(nvml, handle))
+            found.append(
+                CardSignals(
+                    gpu=index,
+                    lost=lost,
+                    xids=tuple(xids.get(index, ())),
+                    pages_pending=pending,
+                    remap_failure=remap_failure,
+                    nvlinks_down=links_down,
+                )
+            )
+        return found
 
     def sample(self) -> list[GpuMetrics]:
         """One reading per GPU that answers; a card that does not (fallen off the bus) is left
@@ -213,7 +316,10 @@ class GpuSampler:
                 utilization = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
             except NvmlFailure as error:
                 log.warning("GPU %d not answering NVML: %s", index, error)
+                if _is_lost(error):
+                    self._lost.add(index)
                 continue
+            self._lost.discard(index)
             readings.append(
                 GpuMetrics(
                     index=index,
@@ -257,6 +363,12 @@ class GpuSampler:
         return found
 
     def close(self) -> None:
+        if self._nvml is not None and self._events is not None:
+            try:
+                self._nvml.nvmlEventSetFree(self._events)
+            except NvmlFailure as error:
+                log.debug("nvmlEventSetFree failed: %s", error)
+        self._events = None
         if self._nvml is not None:
             _stop(self._nvml)
         self._nvml = None

@@ -13,6 +13,8 @@ from enum import StrEnum
 from uuid import UUID, uuid4
 
 from crater.contracts import (
+    GpuFault,
+    GpuFaultAction,
     HealthCheck,
     NodeCondition,
     NodeHealthReported,
@@ -28,6 +30,7 @@ CHECK_NUMA_BALANCE = "numa-balance"
 CHECK_GPU_ECC = "gpu-ecc"
 CHECK_PCIE_LINK = "pcie-link"
 CHECK_DISK_WEAR = "disk-wear"
+CHECK_GPU_FAULTS = "gpu-faults"
 
 
 class Severity(StrEnum):
@@ -88,6 +91,8 @@ class Assessment:
     condition: NodeCondition
     score: int
     results: tuple[CheckResult, ...]
+    # The cards' faults (None: not read), sent with the heartbeat for the scheduler to act on.
+    faults: list[GpuFault] | None = None
 
     @property
     def checks(self) -> list[HealthCheck]:
@@ -100,6 +105,7 @@ class Assessment:
             condition=self.condition,
             score=self.score,
             checks=self.checks,
+            gpu_faults=self.faults,
         )
 
 
@@ -213,10 +219,12 @@ def check_gpu_ecc(metrics: NodeMetricsReported | None, limits: HealthLimits) -> 
     uncorrected = [(g.index, g.ecc_errors_uncorrected or 0) for g in gpus]
     bad = [f"GPU {i}: {n}" for i, n in uncorrected if n > 0]
     if bad:
+        # The card is cordoned until a reset (its gpu-faults entry), not the whole node.
         return _fail(
             CHECK_GPU_ECC,
-            f"uncorrectable ECC errors since boot ({', '.join(bad)})",
-            Severity.CRITICAL,
+            f"uncorrectable ECC errors since boot ({', '.join(bad)}): the card is held out "
+            "until reset",
+            Severity.WARNING,
         )
     corrected = [(g.index, g.ecc_errors_corrected or 0) for g in gpus]
     noisy = [f"GPU {i}: {n}" for i, n in corrected if n >= limits.ecc_corrected_warn]
@@ -299,13 +307,27 @@ def check_disk_wear(
     return _ok(CHECK_DISK_WEAR, figures + (f"; {unread} not readable" if unread else ""))
 
 
+def check_gpu_faults(faults: Sequence[GpuFault] | None) -> CheckResult:
+    """A card fault that needs a reboot makes the node NotReady; one the card's reset (or an
+    operator) clears is a warning: the scheduler cordons that card only."""
+    acted = [f for f in faults or () if f.action is not GpuFaultAction.NONE]
+    if not acted:
+        return _ok(CHECK_GPU_FAULTS, "no card fault" if faults is not None else "not read")
+    detail = "; ".join(f"GPU {f.gpu}: {f.detail or f.kind.value} ({f.action.value})" for f in acted)
+    if any(f.action is GpuFaultAction.REBOOT_NODE for f in acted):
+        return _fail(CHECK_GPU_FAULTS, detail, Severity.CRITICAL)
+    return _fail(CHECK_GPU_FAULTS, detail, Severity.WARNING)
+
+
 def evaluate(
     node: NodeTopology,
     metrics: NodeMetricsReported | None = None,
     limits: HealthLimits | None = None,
     disk_wear: Sequence[DiskWear] | None = None,
+    faults: list[GpuFault] | None = None,
 ) -> Assessment:
-    """Every check, the node's condition and its score: what `crater diagnose --node` shows."""
+    """Every check, the node's condition and its score: what `crater diagnose --node` shows.
+    `faults`: the cards' faults as read (None: not read): the gpu-faults check, only then."""
     limits = limits or HealthLimits()
     results = (
         check_gpus_visible(node, metrics),
@@ -316,7 +338,7 @@ def evaluate(
         check_disk_present(node),
         check_disk_wear(node, disk_wear, limits),
         check_numa_balance(node, limits),
-    )
+    ) + ((check_gpu_faults(faults),) if faults is not None else ())
     failed = [r.severity for r in results if not r.passed and r.severity is not None]
     if Severity.CRITICAL in failed:
         condition = NodeCondition.NOT_READY
@@ -325,7 +347,7 @@ def evaluate(
     else:
         condition = NodeCondition.READY
     score = max(0, 100 - sum(PENALTY[s] for s in failed))
-    return Assessment(node.node_id, condition, score, results)
+    return Assessment(node.node_id, condition, score, results, faults)
 
 
 def health_report(

@@ -57,6 +57,14 @@ class ProbeMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.xids = Counter(
+            "crater_probe_gpu_xid_events",
+            "Xid events read from NVML, by code, the action taken (none, reset-card, "
+            "reboot-node, operator) and whether the Xid table knows the code (catalog: known, "
+            "unknown).",
+            ["xid", "action", "catalog"],
+            registry=registry,
+        )
         self.unexported = Gauge(
             "crater_probe_nodes_not_exported",
             "Nodes reported on the bus whose per node and card series are left out of this "

@@ -6,9 +6,11 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Protocol
 
 from crater.contracts import (
+    GpuFault,
     GpuProcess,
     NodeHealthReported,
     NodeMetricsReported,
@@ -21,7 +23,8 @@ from crater.probe.adapters.measure import Measurements, measure_node
 from crater.probe.adapters.nvme import disks_wear
 from crater.probe.adapters.nvml import GpuSampler
 from crater.probe.adapters.sysfs import discover_local
-from crater.probe.domain.health import DiskWear, evaluate
+from crater.probe.domain.faults import CardSignals, FaultTracker, XidSeen
+from crater.probe.domain.health import DiskWear, HealthLimits, evaluate
 from crater.probe.settings import ProbeSettings
 from crater.probe.sim.simulation import FleetSimulator
 
@@ -52,7 +55,11 @@ class Nodes(Protocol):
 class LocalNode:
     """This machine: /sys and /proc, NVML and psutil. Blocking reads run in a thread."""
 
-    def __init__(self, settings: ProbeSettings) -> None:
+    def __init__(
+        self,
+        settings: ProbeSettings,
+        on_xid: Callable[[XidSeen], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.topology: NodeTopology | None = None
         self.last: NodeMetricsReported | None = None
@@ -60,6 +67,18 @@ class LocalNode:
         self.wear: list[DiskWear] = []
         self._host: HostSampler | None = None
         self._gpus = GpuSampler()
+        table, unknown = settings.xid_table()
+        limits = HealthLimits()
+        self.tracker = FaultTracker(
+            table,
+            unknown,
+            hot_c=limits.gpu_temperature_warn_c,
+            pcie_busy_utilization=limits.pcie_busy_utilization,
+        )
+        self.on_xid = on_xid
+        self._sampling_gpus = False
+        # The cards' faults at the last metrics round (None: no card is sampled).
+        self.faults: list[GpuFault] | None = None
         # What this node's agent runs (the executing agent's runs), sent with each heartbeat;
         # None: it runs nothing, and the heartbeat carries no inventory.
         self.inventory: Callable[[], list[RunningAllocation]] | None = None
@@ -101,7 +120,7 @@ class LocalNode:
         self.topology = await asyncio.to_thread(self._discover)
         self._host = HostSampler(self.settings.host_root)
         if self.topology.gpus:
-            await asyncio.to_thread(self._gpus.open)
+            self._sampling_gpus = await asyncio.to_thread(self._gpus.open)
         log.info(
             "local node %s: %d GPUs, %d NUMA nodes, %d threads, %d MiB, %d disks",
             self.topology.node_id,
@@ -122,7 +141,7 @@ class LocalNode:
         assert self._host is not None
         cpu, used, total = self._host.sample()
         self.processes = self._gpus.processes()
-        return NodeMetricsReported(
+        report = NodeMetricsReported(
             node_id=self.topology.node_id,
             cpu_utilization_percent=cpu,
             memory_used_mb=used,
@@ -132,6 +151,28 @@ class LocalNode:
             disks=self._host.disks([d.name for d in self.topology.disks]),
             numa_memory_bandwidth_gbps=self._host.memory_bandwidth(self.topology.numa_nodes),
         )
+        if self._sampling_gpus:
+            self.faults = self._read_faults(report)
+        return report
+
+    def _read_faults(self, report: NodeMetricsReported) -> list[GpuFault]:
+        """The cards' faults now (after `sample`, which finds the lost cards); every Xid
+        delivered is counted, and one the table does not know is logged."""
+        assert self.topology is not None
+        faults, seen = self.tracker.update(
+            self._gpus.signals(), report, self.topology, datetime.now(UTC)
+        )
+        for xid in seen:
+            if not xid.known:
+                log.warning(
+                    "GPU %d: Xid %d is in no Xid table; acting as for an unknown Xid: %s",
+                    xid.gpu,
+                    xid.code,
+                    xid.action.value,
+                )
+            if self.on_xid is not None:
+                self.on_xid(xid)
+        return faults
 
     async def metrics(self, chunk: int) -> AsyncIterator[list[NodeMetricsReported]]:
         self.last = await asyncio.to_thread(self._sample)
@@ -139,7 +180,9 @@ class LocalNode:
 
     def health(self, chunk: int) -> Iterator[list[NodeHealthReported]]:
         assert self.topology is not None
-        report = evaluate(self.topology, self.last, disk_wear=self.wear).report()
+        report = evaluate(
+            self.topology, self.last, disk_wear=self.wear, faults=self.faults
+        ).report()
         if self.inventory is not None:
             report = report.model_copy(update={"running": self.inventory()})
         if self.processes is not None and self.settings.report_inventory:
@@ -164,6 +207,8 @@ class FleetNodes:
         self._clock = clock
         self.inventory = inventory  # each heartbeat lists what the simulated node runs
         self._started: float | None = None
+        # Each node's card faults as its simulated metrics show them (ECC, heat, links).
+        self.trackers: dict[str, FaultTracker] = {}
 
     def _tick(self) -> None:
         if self._started is not None:
@@ -192,12 +237,26 @@ class FleetNodes:
         self._tick()
         sim = self.simulator
         for ids in chunked(sim.reporting_ids, chunk):
-            reports = [evaluate(sim.topology(n), sim.last_metrics(n)).report() for n in ids]
+            reports = [
+                evaluate(sim.topology(n), sim.last_metrics(n), faults=self._faults(n)).report()
+                for n in ids
+            ]
             if self.inventory:
                 reports = [
                     r.model_copy(update={"running": sim.inventory(r.node_id)}) for r in reports
                 ]
             yield reports
+
+    def _faults(self, node_id: str) -> list[GpuFault] | None:
+        """A simulated node's card faults; None while it has none, so that a calm fleet's
+        heartbeats read as they always have."""
+        tracker = self.trackers.setdefault(node_id, FaultTracker())
+        sim = self.simulator
+        signals = [CardSignals(gpu, xids=xids) for gpu, xids in sim.xid_events(node_id).items()]
+        faults, _ = tracker.update(
+            signals, sim.last_metrics(node_id), sim.topology(node_id), datetime.now(UTC)
+        )
+        return faults or None
 
     async def close(self) -> None:
         pass

@@ -209,9 +209,18 @@ class FaultSpec(_Spec):
     at_seconds: float = Field(default=0.0, ge=0, description="Seconds after the fleet started.")
     for_seconds: float | None = Field(default=None, gt=0, description="None: for good.")
     gpu: int = Field(default=0, ge=0, description="The card, for GPU faults.")
+    xid: int | None = Field(
+        default=None, ge=0, le=65_535, description="The Xid code, for kind xid (only)."
+    )
+
+    @model_validator(mode="after")
+    def _xid_with_kind(self) -> FaultSpec:
+        if (self.kind is FaultKind.XID) != (self.xid is not None):
+            raise ValueError("xid is given with kind xid, and only with it")
+        return self
 
     def fault(self) -> Fault:
-        return Fault(self.node, self.kind, self.at_seconds, self.for_seconds, self.gpu)
+        return Fault(self.node, self.kind, self.at_seconds, self.for_seconds, self.gpu, self.xid)
 
 
 class FleetSpec(_Spec):

@@ -10,11 +10,14 @@ Faults are scheduled on the simulation's own clock (seconds since the fleet star
 generator: a faulty node's load follows the same numbers it would have healthy.
 
 - gpu-failing: one card heats up and collects corrected ECC errors (Degraded once they pass
-  the warning limit), then an uncorrectable one (NotReady).
+  the warning limit), then an uncorrectable one (the card is cordoned: its heartbeat's
+  gpu_faults), and at last too hot (NotReady).
 - silent: the node sends no metrics and no health (the scheduler's heartbeat timeout marks it
   NotReady) until the window ends.
-- ecc: one card reports uncorrectable ECC errors (NotReady).
+- ecc: one card reports uncorrectable ECC errors (Degraded; the card is cordoned).
 - degraded-link: one card's PCIe link trains down to half its width (Degraded).
+- xid: one card delivers the Xid event `xid` once, when the fault starts (what the probe
+  then does with it follows the Xid table: docs/health.md).
 
 A fault with `for_seconds` ends after it (a reset clears the counters); without, it lasts.
 """
@@ -71,9 +74,12 @@ class FaultKind(StrEnum):
     SILENT = "silent"
     ECC = "ecc"
     DEGRADED_LINK = "degraded-link"
+    XID = "xid"
 
 
-GPU_FAULTS = frozenset({FaultKind.GPU_FAILING, FaultKind.ECC, FaultKind.DEGRADED_LINK})
+GPU_FAULTS = frozenset(
+    {FaultKind.GPU_FAILING, FaultKind.ECC, FaultKind.DEGRADED_LINK, FaultKind.XID}
+)
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,7 @@ class Fault:
     at_seconds: float = 0.0
     for_seconds: float | None = None  # None: until the simulation ends
     gpu: int = 0  # the card, for GPU faults
+    xid: int | None = None  # the Xid code, for kind xid
 
     def active(self, seconds: float) -> bool:
         if seconds < self.at_seconds:
@@ -201,7 +208,22 @@ class FleetSimulator:
                 raise ValueError(f"fault on {fault.node}: no such simulated node")
             if fault.kind in GPU_FAULTS and fault.gpu not in state.gpus:
                 raise ValueError(f"{fault.kind} fault on {fault.node}: no GPU {fault.gpu}")
+            if (fault.kind is FaultKind.XID) != (fault.xid is not None):
+                raise ValueError(f"{fault.kind} fault on {fault.node}: xid goes with kind xid")
             state.faults.append(fault)
+        self._xids_delivered: set[Fault] = set()
+
+    def xid_events(self, node_id: str) -> dict[int, tuple[int, ...]]:
+        """The Xid events a node's cards deliver now, by card: each xid fault's code once,
+        when it starts (as NVML's event set delivers an event once)."""
+        found: dict[int, tuple[int, ...]] = {}
+        for fault in self._nodes[node_id].faults:
+            if fault.kind is not FaultKind.XID or fault in self._xids_delivered:
+                continue
+            if fault.xid is not None and fault.active(self.seconds):
+                self._xids_delivered.add(fault)
+                found[fault.gpu] = (*found.get(fault.gpu, ()), fault.xid)
+        return found
 
     def advance_to(self, seconds: float) -> None:
         """Set the simulation clock (seconds since the fleet started); faults follow it."""

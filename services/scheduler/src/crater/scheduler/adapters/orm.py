@@ -34,6 +34,8 @@ nodes = Table(
     Column("condition", String(16), nullable=False),
     Column("last_heartbeat_at", Float, nullable=True),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    # cordoned cards, lifted faults, a node cordoned whole (cordons.stored); null: none
+    Column("cordons", JSON, nullable=True),
 )
 
 tasks = Table(

@@ -14,6 +14,7 @@ from crater.contracts import (
     AllocationReleased,
     AttemptRecord,
     Event,
+    GpuCordonRequested,
     HeldAllocation,
     NodeCondition,
     NodeHealthReported,
@@ -39,6 +40,7 @@ from crater.contracts import (
 from crater.runtime.outbox import IN_LIST_LIMIT
 from crater.runtime.writes import HeldWrites, Rows
 from crater.scheduler.adapters.orm import allocations, budget_holds, early_cancels, nodes, tasks
+from crater.scheduler.domain.cordons import stored as stored_cordons
 from crater.scheduler.domain.core import (
     Allocation,
     PendingTask,
@@ -81,6 +83,11 @@ ARM_RESERVATION = (
     .where(allocations.c.armed.is_(False))
 )
 SET_NODE = update(nodes).where(nodes.c.node_id == bindparam("b_node_id"))
+SET_CORDONS = (
+    update(nodes)
+    .where(nodes.c.node_id == bindparam("b_node_id"))
+    .values(cordons=bindparam("cordons"))
+)
 DELETE_EARLY_CANCEL = delete(early_cancels).where(early_cancels.c.task_id == bindparam("b_task_id"))
 
 
@@ -166,7 +173,15 @@ class SchedulerRepository:
                 },
                 Rows("nodes", event.node_id),
             )
-        elif isinstance(event, TenantBudgetExceeded | TenantBudgetRestored) and core is not None:
+        if isinstance(event, NodeHealthReported | GpuCordonRequested) and core is not None:
+            node = core.cluster.get(event.node_id)
+            if node is not None:  # its cordons as they are now (docs/health.md)
+                self.writes.add(
+                    SET_CORDONS,
+                    {"b_node_id": event.node_id, "cordons": stored_cordons(node)},
+                    Rows("nodes", event.node_id),
+                )
+        if isinstance(event, TenantBudgetExceeded | TenantBudgetRestored) and core is not None:
             await self._hold(event.tenant, core.quotas.holds.get(event.tenant), now)
         for decision in decisions:
             await self._apply(decision, now, core)
@@ -495,6 +510,7 @@ class SchedulerRepository:
                 )
                 for r in node_rows
             ],
+            cordons={r.node_id: r.cordons for r in node_rows if r.cordons},
             allocations=[
                 Allocation(
                     r.allocation_id,

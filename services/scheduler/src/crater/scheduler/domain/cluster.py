@@ -7,7 +7,9 @@ import bisect
 import copy
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cached_property
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +35,20 @@ class Overcommit:
 
 
 NO_OVERCOMMIT = Overcommit()
+
+
+# A fault's identity as the probe reports it (GpuFault.key): card, kind, Xid, first seen.
+FaultKey = tuple[int, str, int | None, datetime]
+
+
+@dataclass(frozen=True)
+class CardCordon:
+    """Why a card takes no new work, and what lifts it: the probe reporting the card healthy
+    (`healthy`), or an operator (`operator`)."""
+
+    reason: str
+    until: Literal["healthy", "operator"]
+    fault: FaultKey | None = None  # None: an operator's own cordon
 
 
 @dataclass
@@ -67,6 +83,17 @@ class Node:
     # card -> the thousandths taken off its free share for it. What the core's own
     # allocations give back on such a card stays blocked until the unknown task goes.
     blocked: dict[int, int] = field(default_factory=dict)
+    # Cards cordoned for a fault or by an operator (cordons.py): card -> why and until what.
+    # A cordoned card's free share is blocked (`blocked`) until the cordon lifts.
+    cordons: dict[int, CardCordon] = field(default_factory=dict)
+    # Faults whose cordon an operator lifted: re-reported, they stay lifted; a new one cordons.
+    cleared: set[FaultKey] = field(default_factory=set)
+    # Why the whole node takes no new work (a fault that needs a reboot); None: it may.
+    node_cordon: str | None = None
+    faults_at: float | None = None  # event time of the heartbeat the cordons follow
+    # Of the last heartbeat's readings, each card's penalty in (0, 1] (another process's
+    # memory on it, heat, a degraded link): the LiveReadings score ranks such cards lower.
+    readings: dict[int, float] = field(default_factory=dict)
     # Fixed for the Node's life (a topology report makes a new Node), read by every refresh:
     # computed once.
     _cpu_total: int = field(init=False, repr=False, compare=False)
@@ -186,6 +213,8 @@ class Node:
     def mig_fits(self, profile: MigProfile, gpu: int) -> bool:
         """Card `gpu` can carve a slice of `profile` now: it supports the profile and is
         untouched, or is cut into MIG already with room left."""
+        if gpu in self.cordons:
+            return False  # cordoned: not even a slice
         card = self.topology.gpus[gpu]
         shape = card_geometry(card.mig_profiles) if card.mig_capable else None
         if shape is None:
@@ -275,7 +304,10 @@ class Node:
         self.blocked[gpu] = taken
 
     def unblock(self, gpu: int) -> None:
-        """The unknown task on card `gpu` is gone: what it kept from the card is free."""
+        """The unknown task on card `gpu` is gone: what it kept from the card is free (a
+        cordoned card stays held out until its cordon lifts)."""
+        if gpu in self.cordons:
+            return
         taken = self.blocked.pop(gpu, None)
         if taken is not None and gpu not in self.mig_used and gpu < len(self.gpu_milli_free):
             self.gpu_milli_free[gpu] += taken
@@ -408,6 +440,8 @@ _COLUMNS: dict[str, str] = {
     "taint_set": "int64",  # index into `taint_sets`
     "ready": "bool",
     "health": "int64",  # the node's health score
+    "gpus_cordoned": "int64",  # cards held out for a fault or by an operator
+    "cordoned": "bool",  # the whole node takes no new work (a fault that needs a reboot)
     "pool": "U63",
     "gpu_model": "U96",
     "gpu_family": "U32",  # the cards' model, as GpuProduct reads it off the name (a100)
@@ -459,6 +493,8 @@ class ClusterArrays:
     taint_set: IntArray
     ready: BoolArray
     health: IntArray
+    gpus_cordoned: IntArray
+    cordoned: BoolArray
     pool: npt.NDArray[np.str_]
     gpu_model: npt.NDArray[np.str_]
     gpu_family: npt.NDArray[np.str_]
@@ -500,12 +536,21 @@ class ClusterArrays:
         self.fabric_domains: list[tuple[FabricLevel | None, tuple[str, ...]]] = [(None, ())]
         self._fabric_ids: dict[tuple[FabricLevel | None, tuple[str, ...]], int] = {}
         self.fabric_nodes = 0  # nodes that declare a place: 0 keeps every fabric path idle
+        # nodes whose last heartbeat carried live readings: empty keeps LiveReadings idle
+        self.read_nodes: set[str] = set()
         self.taint_sets: list[tuple[Taint, ...]] = []
         self._label_ids: dict[tuple[tuple[str, str], ...], int] = {}
         self._taint_ids: dict[tuple[Taint, ...], int] = {}
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    def note_readings(self, node: Node) -> None:
+        """Keep `read_nodes` true to `node.readings` (set by its latest heartbeat)."""
+        if node.readings:
+            self.read_nodes.add(node.name)
+        else:
+            self.read_nodes.discard(node.name)
 
     # A snapshot (audit log) pickles the backing arrays only: pickle would copy each column
     # view apart from its backing array, and the next node added would resurrect stale rows.
@@ -603,7 +648,9 @@ class ClusterArrays:
         self.memory_free_mb[i] = node.memory_free_mb
         self.disk_free_gb[i] = node.disk_free_most_gb
         self.ready[i] = node.condition is not NodeCondition.NOT_READY
+        self.cordoned[i] = node.node_cordon is not None
         self.health[i] = node.health_score
+        self.gpus_cordoned[i] = len(node.cordons)
         cards = node.gpu_milli_free
         if len(cards) > self._cards_backing.shape[1]:
             self._widen(len(cards))

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from crater.contracts import (
     AllocationGranted,
@@ -23,6 +24,7 @@ from crater.contracts import (
     Event,
     FieldError,
     FilterReason,
+    GpuCordonRequested,
     NodeCondition,
     NodeHealthReported,
     NodeTopology,
@@ -45,6 +47,8 @@ from crater.scheduler.domain.cluster import (
     Node,
 )
 from crater.scheduler.domain.config import NODE_LOST_SECONDS, SchedulerConfig
+from crater.scheduler.domain.cordons import Cordons
+from crater.scheduler.domain.cordons import restore as restore_cordons
 from crater.scheduler.domain.cycle import Cycle
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.guarantees import Guarantees
@@ -108,6 +112,7 @@ class Scheduler(SchedulerState):
     lifecycle: Lifecycle = field(init=False, repr=False, compare=False)
     reservations: Reservations = field(init=False, repr=False, compare=False)
     nodes: NodeWatch = field(init=False, repr=False, compare=False)
+    cordons: Cordons = field(init=False, repr=False, compare=False)
     reconciler: Reconciler = field(init=False, repr=False, compare=False)
     admission: Admission = field(init=False, repr=False, compare=False)
     cycle: Cycle = field(init=False, repr=False, compare=False)
@@ -141,6 +146,7 @@ class Scheduler(SchedulerState):
         self.reservations = Reservations(self, self.lifecycle)
         self.time_limits = TimeLimits(self, self.preemptor)
         self.nodes = NodeWatch(self, self.lifecycle)
+        self.cordons = Cordons(self, self.lifecycle)
         self.reconciler = Reconciler(self, self.lifecycle)
         self.lending = Lending(self, self.retries, self.placer)
         self.phasing = Phases(self, self.placer, self.preemptor)
@@ -209,6 +215,7 @@ class Scheduler(SchedulerState):
         early_cancels: list[str] | None = None,
         budget_holds: list[TenantBudgetExceeded] | None = None,
         victims: list[tuple[str, str, datetime]] | None = None,
+        cordons: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         """Load persisted state (service start): nodes, their live allocations (a gang's
         members each one, in any order), the queue with its escalations and nominations, the
@@ -242,6 +249,12 @@ class Scheduler(SchedulerState):
             if held is not None:
                 hold(held, allocation)
                 self.cluster.refresh(held.name)
+        # Cordons last: a cordoned card's free share is blocked on top of what is held.
+        for name, data in sorted((cordons or {}).items()):
+            cordoned = self.cluster.get(name)
+            if cordoned is not None:
+                restore_cordons(cordoned, data)
+                self.cluster.refresh(name)
         self.limits = []
         for head in self.allocations.values():
             # A preempted gang yields as a whole: every member carries the head's deadline.
@@ -339,6 +352,13 @@ class Scheduler(SchedulerState):
         elif isinstance(event, NodeHealthReported):
             changed = self.nodes.on_health(event) or changed
             self.reconciler.on_health(event)
+            ended, moved = self.cordons.on_health(event)
+            decisions += ended
+            changed = changed or moved or bool(ended)
+        elif isinstance(event, GpuCordonRequested):
+            ended, moved = self.cordons.on_request(event)
+            decisions += ended
+            changed = changed or moved
         elif isinstance(event, ReplicaReleaseRequested):
             decisions += self.lifecycle.on_release_requested(event)
             changed = changed or bool(decisions)

@@ -308,6 +308,8 @@ def as_reported(reason: ReleaseReason, cause: Event) -> str:
     exit code and the message it gave."""
     launcher = getattr(cause, "reservation_token", None) is not None
     why = f"{reason.value} as its {'launcher' if launcher else 'node'} reported"
+    if getattr(cause, "out_of_memory", False):
+        why += " out of memory"
     code = getattr(cause, "exit_code", None)
     if code is not None:
         why += f" (exit code {code})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from crater.contracts import (
+    AttemptFailure,
     Event,
     FilterReason,
     NodeCondition,
@@ -57,6 +58,28 @@ END_REASON = {
     ReleaseReason.NODE_LOST: "its node stopped answering",
     ReleaseReason.SCALED_IN: "the autoscaler removed this replica",
 }
+
+
+def own_report(cause: Event, task_id: str) -> TaskStatusReported | None:
+    """`cause` when it is the task's own report; None when the attempt ended on another
+    event (a pass run on any event: an expiry, a silent task, an orphan found)."""
+    if isinstance(cause, TaskStatusReported) and cause.task_id == task_id:
+        return cause
+    return None
+
+
+def failure_kind(
+    reason: ReleaseReason, report: TaskStatusReported | None, kind: AttemptFailure | None = None
+) -> AttemptFailure | None:
+    """What kind of failure ended an attempt (a restart policy's on_failure_kinds), from the
+    task's own report if it ended on one; None: the attempt did not fail."""
+    if reason not in (ReleaseReason.FAILED, ReleaseReason.EXPIRED):
+        return None
+    if kind is not None:
+        return kind
+    if reason is ReleaseReason.FAILED and report is not None:
+        return AttemptFailure.OOM if report.out_of_memory else AttemptFailure.EXIT_CODE
+    return AttemptFailure.OTHER
 
 
 def yield_end(allocation: Allocation) -> ReleaseReason:
@@ -116,23 +139,42 @@ class Lifecycle:
         reason: ReleaseReason,
         cause: Event,
         why: str | None = None,
+        kind: AttemptFailure | None = None,
     ) -> list[Event]:
         """An attempt's resources go back (every member of a gang); then the task is retried,
-        as its restart policy says, or ends: exactly one `task.ended` per task."""
+        as its restart policy says, or ends: exactly one `task.ended` per task. `kind`: the
+        failure's kind where the caller knows it (a node fault), else read off the cause."""
         released: list[Event] = list(self.ledger.release(allocation, reason, cause))
         task = allocation.task
         attempt = allocation.attempt
         code_not_retried = False  # the policy would retry, but not this exit code
+        kind_not_retried = False  # ... nor this kind of failure
+        report = own_report(cause, allocation.task_id)
+        failed_as = failure_kind(reason, report, kind)
         if task is not None:
             policy = self.state.config.restart_for(task.request)
             on = RESTART_ON.get(reason)
-            code = getattr(cause, "exit_code", None) if reason is ReleaseReason.FAILED else None
+            # The task's own exit code: not another task's report the attempt ended during.
+            code = report.exit_code if reason is ReleaseReason.FAILED and report else None
             retried = on is not None and on in policy.when and attempt < policy.max_attempts
-            code_not_retried = retried and not policy.retries_exit_code(code)
-            if retried and not code_not_retried:
+            kind_not_retried = retried and not policy.retries_kind(failed_as)
+            # Exit codes judge the failures their launcher reported, not an OOM or a fault.
+            code_not_retried = (
+                retried
+                and not kind_not_retried
+                and failed_as in (None, AttemptFailure.EXIT_CODE)
+                and not policy.retries_exit_code(code)
+            )
+            if retried and not code_not_retried and not kind_not_retried:
                 failed = self.at_fault(allocation, reason)
                 failed_on = tuple(sorted({*task.failed_on, *failed}))
-                retry = self.retry(task, attempt + 1, reason, policy, cause, failed_on)
+                # A kind the policy names is said with the retry, as is a node fault's cause.
+                note = None
+                if failed_as is AttemptFailure.NODE_FAULT or (
+                    policy.on_failure_kinds is not None and failed_as is not None
+                ):
+                    note = failed_as.value + (f": {why}" if why else "")
+                retry = self.retry(task, attempt + 1, reason, policy, cause, failed_on, note)
                 return [*released, retry]
         if why is not None:
             pass
@@ -148,6 +190,8 @@ class Lifecycle:
                 why += "; its restart policy does not retry that exit code"
         else:
             why = END_REASON.get(reason, f"its attempt ended: {reason.value}")
+        if kind_not_retried and failed_as is not None:
+            why += f"; its restart policy does not retry failures of kind {failed_as.value}"
         if attempt > 1:
             why += f" (attempt {attempt})"
         return [
@@ -188,9 +232,11 @@ class Lifecycle:
         policy: RestartPolicy,
         cause: Event,
         failed_on: tuple[str, ...] = (),
+        note: str | None = None,
     ) -> TaskPending:
         """Queue the task again for its next attempt, after the policy's backoff; away from
-        the nodes in `failed_on` while another could hold it."""
+        the nodes in `failed_on` while another could hold it. `note`: how the last attempt
+        failed, said with the retry."""
         now = self.state.clock or cause.occurred_at
         backoff = policy.backoff_before(attempt)
         retried = PendingTask(
@@ -206,6 +252,7 @@ class Lifecycle:
         self.waitlist.enqueue(retried)
         summary = (
             f"attempt {attempt} of {policy.max_attempts} after the last ended {reason.value}"
+            + (f" ({note})" if note else "")
             + (f"; starts after a backoff of {backoff:g} s" if backoff > 0 else "")
         )
         reasons = [FilterReason(filter="RestartBackoff", code="Retrying", nodes=0, message=summary)]

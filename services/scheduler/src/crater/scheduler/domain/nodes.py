@@ -74,6 +74,12 @@ class NodeWatch:
         if existing is not None:
             node.condition = existing.condition
             node.last_heartbeat_at = existing.last_heartbeat_at
+            # Cordons outlive a re-reported topology (cards gone from it hold none).
+            cards = len(node.gpu_milli_free)
+            node.cordons = {g: c for g, c in existing.cordons.items() if g < cards}
+            node.cleared = set(existing.cleared)
+            node.node_cordon, node.faults_at = existing.node_cordon, existing.faults_at
+            node.readings = dict(existing.readings)
         node.last_heartbeat_at = node.last_heartbeat_at or event.occurred_at.timestamp()
         self.state.cluster.upsert(node)
         self.state.stale_pools = None  # a node more or changed: every summary counts it

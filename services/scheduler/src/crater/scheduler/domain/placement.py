@@ -224,6 +224,12 @@ def _gpus(
         for g in node.topology.gpus
         if node.gpu_milli_free[g.index] >= WHOLE and link_ok(node, g.index, demand)
     ]
+    if node.readings:
+        # Cards with live readings (another process, heat, a degraded link) only when the
+        # others are too few (cordons.py); a node without readings chooses as it always has.
+        clean = [g for g in free if g.index not in node.readings]
+        if len(clean) >= demand.gpus:
+            free = clean
     by_numa: dict[int, list[int]] = {}
     for gpu in free:
         by_numa.setdefault(gpu.numa_node if gpu.numa_node is not None else -1, []).append(gpu.index)
@@ -267,6 +273,9 @@ def _shared_card(
         return (chosen[0][1],), chosen[0][2]
     if not fitting:
         return None
+    if node.readings:  # the card with the least penalty first (cordons.py), then as before
+        _, _, index, numa = min((node.readings.get(f[1], 0.0), *f) for f in fitting)
+        return (index,), numa
     _, index, numa = min(fitting)
     return (index,), numa
 

@@ -171,7 +171,11 @@ class Placer:
             return
         self.state.ranked_pools.add(demand.pool)
         cluster = self.state.cluster
-        scores = self.state.config.pipeline_for(demand.pool).scores
+        scores = tuple(
+            s
+            for s in self.state.config.pipeline_for(demand.pool).scores
+            if s.applies is None or s.applies(cluster, idx)
+        )
         # One row per plugin, clipped in one call (on a few candidates a numpy call costs
         # its call, not its rows); the weighted sum is added up plugin by plugin as ever.
         rows = np.array([s.rate(cluster, demand, idx) for s in scores], np.float64)
@@ -180,10 +184,7 @@ class Placer:
         for score, values in zip(scores, rows, strict=True):
             total += score.weight * values
         total = np.round(total, 9)  # equal scores must compare equal on every machine
-        shown = [j for j, s in enumerate(scores) if not s.quiet or rows[j].any()]
-        names = [scores[j].name for j in shown]
-        if len(shown) < len(scores):  # a quiet score rated every candidate 0: not shown
-            rows = rows[shown]
+        names = [s.name for s in scores]
         for k in np.lexsort((cluster.name_rank[idx], -total)):
             details = [
                 ScoreDetail(plugin=name, score=round(float(v), 4))

@@ -109,7 +109,8 @@ class RetryIndex:
 
 def pool_filtered_first(pipeline: Pipeline) -> bool:
     """Whether `pipeline` excludes other pools' nodes before any filter that reads free
-    amounts (only readiness may come first): its reasons for a task then change only with
-    its own pool's nodes, readiness and the node count."""
+    amounts (only readiness, and a node's cordon, may come first): its reasons for a task
+    then change only with its own pool's nodes, readiness and the node count (a cordon's
+    change retries every pool)."""
     names = [f.name for f in pipeline.filters]
-    return "Pool" in names and set(names[: names.index("Pool")]) <= {"NodeReady"}
+    return "Pool" in names and set(names[: names.index("Pool")]) <= {"NodeReady", "NodeCordon"}

@@ -40,6 +40,8 @@ def node_summaries(cluster: ClusterArrays, pool: str | None = None) -> list[Node
             memory_mb_total=node.topology.memory_mb,
             memory_mb_free=node.memory_free_mb,
             labels=node.topology.labels,
+            cordoned_gpus={gpu: c.reason for gpu, c in sorted(node.cordons.items())},
+            cordoned=node.node_cordon,
             fabric=node.topology.fabric,
         )
         for node in sorted(cluster.nodes, key=lambda n: n.name)

@@ -39,6 +39,26 @@ def _health(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
     return _all(c) if healthy.all() else healthy
 
 
+def _not_cordoned(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
+    """A node cordoned for a fault that needs a reboot takes no new work; placing only, as
+    readiness (the cordon lifts when the node reports healthy)."""
+    if not free or not c.cordoned.any():
+        return _all(c)
+    return ~c.cordoned
+
+
+def _cards_not_cordoned(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
+    """Says where cordoned cards are what keeps a task of whole cards off: the node would
+    have enough free cards with its cordoned ones. Placing only; passes everywhere without
+    cordons (GpuCount judges the rest)."""
+    if not free or not d.gpus or d.mig_profile is not None or d.gpu_milli < WHOLE:
+        return _all(c)
+    if not c.gpus_cordoned.any():
+        return _all(c)
+    short = c.gpus_free < d.gpus
+    return ~(short & (c.gpus_free + c.gpus_cordoned >= d.gpus))
+
+
 def _pool(c: ClusterArrays, d: Demand, free: bool) -> BoolArray:
     return c.in_pool(d.pool)
 
@@ -235,6 +255,15 @@ ALL: tuple[Filter, ...] = (
         explain=lambda d: "is not ready",
     ),
     Filter(
+        "NodeCordon",
+        "NodeCordoned",
+        field=None,
+        checks="the node is not cordoned for a card fault that needs a reboot (only when "
+        "placing: the cordon lifts when the node reports healthy)",
+        passes=_not_cordoned,
+        explain=lambda d: "is cordoned: a card fault needs a reboot",
+    ),
+    Filter(
         "Pool",
         "OtherPool",
         field="pool",
@@ -269,6 +298,18 @@ ALL: tuple[Filter, ...] = (
         "(PreferNoSchedule passes)",
         passes=_taints,
         explain=lambda d: "has a taint the task does not tolerate",
+    ),
+    Filter(
+        "GpuCordon",
+        "GpusCordoned",
+        field=None,
+        checks="the task's whole cards are not short only because cards are cordoned for a "
+        "fault or by an operator (only when placing)",
+        passes=_cards_not_cordoned,
+        explain=lambda d: (
+            f"has fewer than {_count(d.gpus, 'free GPU')} only because cards "
+            "are cordoned (a fault, or an operator)"
+        ),
     ),
     Filter(
         "GpuCount",

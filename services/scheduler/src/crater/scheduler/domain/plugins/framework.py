@@ -47,10 +47,11 @@ class Score:
     card: Callable[[ClusterArrays, Demand, int], int | None] | None = field(
         default=None, compare=False
     )
-    # Left out of a placement's per-plugin scores where it rates every candidate 0: a score
-    # that reads what nodes may not declare (their place in the fabric) shows nothing where
-    # none do, so decisions read byte for byte as before it existed.
-    quiet: bool = field(default=False, compare=False)
+    # (cluster, candidate indexes) -> whether the score takes part at all; None: always. A
+    # score that reads what nodes may not report (live readings, a place in the fabric) is
+    # left out where none do: those decisions, and their score details, read byte for byte
+    # as before it existed (and it costs nothing there).
+    applies: Callable[[ClusterArrays, IntArray], bool] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -63,10 +63,13 @@ class Pipeline:
 # it moves a task only between nodes whose fragmentation differs little (0 everywhere, and
 # nothing changes, where none declares a place).
 TIE_BREAK = 1e-4
+# Live readings (a card another process holds, hot, on a degraded link) outweigh
+# fragmentation differences below a quarter; they take part only where a node has some.
+LIVE_READINGS_WEIGHT = 0.25
 FABRIC_PACK_WEIGHT = 0.1
 DEFAULT_PIPELINE = Pipeline.from_names(
     list(FILTERS),
-    {"Fragmentation": 1.0, "FabricPack": FABRIC_PACK_WEIGHT}
+    {"Fragmentation": 1.0, "LiveReadings": LIVE_READINGS_WEIGHT, "FabricPack": FABRIC_PACK_WEIGHT}
     | {
         name: weight * TIE_BREAK
         for name, weight in (

@@ -12,7 +12,13 @@ from crater.scheduler.domain.cluster import WHOLE, ClusterArrays
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.fragmentation import rate_fragmentation
 from crater.scheduler.domain.placement import expected_locality
-from crater.scheduler.domain.plugins.framework import FloatArray, Score, ScorePlugin, plain_score
+from crater.scheduler.domain.plugins.framework import (
+    FloatArray,
+    IntArray,
+    Score,
+    ScorePlugin,
+    plain_score,
+)
 
 
 def _leftover(free: npt.NDArray[np.int64], total: npt.NDArray[np.int64], asked: int) -> FloatArray:
@@ -52,6 +58,44 @@ def _healthier(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> Float
     """The healthier node first: its health score (the probe's checks: temperature, ECC,
     a degraded link, memory pressure) over 100."""
     return np.asarray(c.health[idx] / 100.0, np.float64)
+
+
+def _live_readings(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
+    """1 less the mean penalty of the cards the task would take at best: the node's free,
+    uncordoned cards with the lowest penalties (Node.readings: another process holding
+    memory on the card, heat, a degraded PCIe or NVLink link); 1 without readings or GPUs."""
+    out = np.ones(len(idx))
+    if not d.gpus:
+        return out
+    wanted = 1 if d.mig_profile is not None or d.gpu_milli < WHOLE else d.gpus
+    for k, row in enumerate(idx):
+        node = c.nodes[row]
+        if not node.readings:
+            continue
+        free = sorted(
+            node.readings.get(g, 0.0)
+            for g, milli in enumerate(node.gpu_milli_free)
+            if milli > 0 and g not in node.cordons
+        )
+        if free:
+            taken = free[:wanted]
+            out[k] = 1.0 - sum(taken) / len(taken)
+    return out
+
+
+def _with_readings(c: ClusterArrays, idx: IntArray) -> bool:
+    """Whether any candidate has readings: without, the score is left out altogether, so
+    decisions (and their score details) read as they did before readings existed."""
+    return bool(c.read_nodes) and any(c.nodes[row].readings for row in idx)
+
+
+def _live_score(weight: float) -> Score:
+    return Score("LiveReadings", weight, _live_readings, applies=_with_readings)
+
+
+def _with_places(c: ClusterArrays, idx: IntArray) -> bool:
+    """Whether any node declares a place in the fabric: without, the score is left out."""
+    return bool(c.fabric_nodes)
 
 
 def _fabric_pack(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
@@ -143,6 +187,14 @@ ALL: tuple[ScorePlugin, ...] = (
         _healthier,
     ),
     plain_score("MemoryBinPack", "the node left with the least free memory", _memory_binpack),
+    ScorePlugin(
+        "LiveReadings",
+        "1 less the penalty of the cards the task would take at best (another process "
+        "holding GPU memory there, heat, a degraded PCIe or NVLink link: the heartbeat's "
+        "readings); left out where no candidate has readings, so decisions without them are "
+        "unchanged",
+        _live_score,
+    ),
     plain_score(
         "FieldWeighted",
         "0.45 g + 0.20 p + 0.20 b + 0.15 s: free GPU memory, free CPU cores, memory bandwidth "
@@ -158,8 +210,8 @@ ALL: tuple[ScorePlugin, ...] = (
         "FabricPack",
         "the node whose fabric domains (NVLink domain, leaf, spine) have the largest share of "
         "their GPUs in use already, so whole domains stay free for gangs that need one; 0 "
-        "where a node declares no place (left out of the scores shown where all are 0)",
-        lambda weight: Score("FabricPack", weight, _fabric_pack, quiet=True),
+        "where a node declares no place (left out where no node of the fleet declares one)",
+        lambda weight: Score("FabricPack", weight, _fabric_pack, applies=_with_places),
     ),
     # least growth of GPU fragmentation against the workload seen (fragmentation.py)
     plain_score(
