@@ -53,3 +53,45 @@ def test_the_fabric_column_appears_only_where_nodes_declare_a_place(
     )
     assert "fabric" in placed
     assert "s1/leaf-3/-" in placed
+
+
+def test_fabric_export_nests_nodes_by_spine_leaf_and_domain_as_graphviz_clusters(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    nodes = [
+        summary("a1", FabricPlace(spine="s1", leaf="leaf-1", nvlink_domain="nvl-1")),
+        summary("a2", FabricPlace(spine="s1", leaf="leaf-1", nvlink_domain="nvl-1")),
+        summary("b1", FabricPlace(spine="s2", leaf="leaf-1")),  # another leaf-1: another leaf
+        summary("loose", None),
+    ]
+    body = NodesAnswer(nodes=nodes).model_dump_json().encode()
+    monkeypatch.setattr(
+        "crater.cli.gateway.call", lambda *_, **__: httpx.Response(200, content=body)
+    )
+    out = tmp_path / "fabric.dot"
+    result = CliRunner().invoke(app, ["fabric-export", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    dot = out.read_text()
+    assert dot.startswith("graph fabric {")
+    assert dot.rstrip().endswith("}")
+    assert dot.count("{") == dot.count("}")
+    clusters = [line.split('"')[1] for line in dot.splitlines() if "subgraph" in line]
+    assert clusters == [
+        "cluster_no declared place",
+        "cluster_spine s1",
+        "cluster_spine s1/leaf leaf-1",
+        "cluster_spine s1/leaf leaf-1/NVLink domain nvl-1",
+        "cluster_spine s2",
+        "cluster_spine s2/leaf leaf-1",
+    ]
+    # each node inside its innermost cluster: a1 and a2 after nvl-1 opens, b1 after s2's leaf
+    lines = dot.splitlines()
+    at = {
+        name: next(i for i, line in enumerate(lines) if line.strip().startswith(f'"{name}"'))
+        for name in ("a1", "a2", "b1", "loose")
+    }
+    opened = {c: next(i for i, line in enumerate(lines) if f'"{c}"' in line) for c in clusters}
+    assert opened["cluster_spine s1/leaf leaf-1/NVLink domain nvl-1"] < at["a1"] < at["a2"]
+    assert opened["cluster_spine s2/leaf leaf-1"] < at["b1"]
+    assert opened["cluster_no declared place"] < at["loose"] < opened["cluster_spine s1"]
+    assert "8/8 GPUs free" in dot

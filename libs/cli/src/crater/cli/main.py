@@ -333,6 +333,31 @@ def list_nodes(
             typer.echo(why)
 
 
+@app.command("fabric-export")
+def fabric_export(
+    pool: Annotated[str | None, typer.Option(help="Only this pool.")] = None,
+    output: Annotated[Path | None, typer.Option(help="Write DOT here, not stdout.")] = None,
+    gateway: GatewayOption = DEFAULT_GATEWAY,
+) -> None:
+    """The cluster's network fabric as Graphviz DOT: every node the scheduler knows, nested by
+    spine, leaf and NVLink domain (its declared place), with its free GPUs."""
+    from crater.cli.gateway import call
+    from crater.contracts import NodesAnswer
+    from crater.probe.domain.dot import fabric_dot
+
+    params: dict[str, str | int] = {"pool": pool} if pool else {}
+    answer = NodesAnswer.model_validate_json(
+        call("GET", gateway, "/api/v1/nodes", params=params).content
+    )
+    dot = fabric_dot(answer.nodes)
+    if output is None:
+        typer.echo(dot, nl=False)
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(dot)
+    typer.echo(f"wrote {output} ({len(answer.nodes)} nodes)")
+
+
 def _cordon_card(node: str, gpu: int, on: bool, reason: str, gateway: str) -> None:
     from crater.cli.gateway import call
 

@@ -8,7 +8,9 @@ GPU-CPU-memory-SSD path of a placement can be read off the picture.
 
 from __future__ import annotations
 
-from crater.contracts import Disk, Gpu, NodeTopology
+from collections.abc import Sequence
+
+from crater.contracts import Disk, Gpu, NodeSummary, NodeTopology
 from crater.probe.domain.cpulist import format_cpulist
 from crater.probe.domain.topology import gpu_model_label
 
@@ -187,5 +189,62 @@ def topology_to_dot(node: NodeTopology) -> str:
             _edge(f"gpu{a}", f"gpu{b}", label="NVLink", color=NVLINK_COLOR, penwidth=2)
             for a, b in pairs
         )
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# -- the cluster's network fabric (`crater fabric-export`) ---------------------------------
+
+UNPLACED = "no declared place"
+
+
+def fabric_dot(nodes: Sequence[NodeSummary]) -> str:
+    """The nodes the scheduler knows, nested by their place in the network fabric (spine,
+    leaf, NVLink domain: `NodeTopology.fabric`) as Graphviz clusters, each node with its
+    free and total GPUs; nodes that declare no place in a cluster of their own. A leaf is
+    read within its spine (two leaves named alike under two spines are two leaves), so
+    cluster ids carry the path from the spine down."""
+    tree: dict[tuple[str, ...], list[NodeSummary]] = {}
+    for node in sorted(nodes, key=lambda n: n.node_id):
+        place = node.fabric
+        path: tuple[str, ...] = (
+            tuple(
+                f"{level} {name}"
+                for level, name in (
+                    ("spine", place.spine),
+                    ("leaf", place.leaf),
+                    ("NVLink domain", place.nvlink_domain),
+                )
+                if name
+            )
+            if place is not None
+            else ()
+        )
+        tree.setdefault(path or (UNPLACED,), []).append(node)
+    title = {"label": "network fabric", "labelloc": "t", "fontname": "Helvetica"}
+    lines = [
+        "graph fabric {",
+        f"  graph [{_attrs(title)}];",
+        f"  node [{_attrs({'shape': 'box', 'style': 'rounded,filled', 'fontname': 'Helvetica'})}];",
+    ]
+    opened: tuple[str, ...] = ()
+    for path in sorted(tree):
+        shared = 0
+        while shared < min(len(opened), len(path)) and opened[shared] == path[shared]:
+            shared += 1
+        lines.extend("  " * (depth + 1) + "}" for depth in reversed(range(shared, len(opened))))
+        for depth in range(shared, len(path)):
+            indent = "  " * (depth + 1)
+            cluster = "cluster_" + "/".join(path[: depth + 1])
+            lines.append(f"{indent}subgraph {_quote(cluster)} {{")
+            lines.append(f"{indent}  graph [{_attrs({'label': path[depth], 'style': 'dashed'})}];")
+        indent = "  " * (len(path) + 1)
+        for node in tree[path]:
+            label = f"{node.node_id}\n{node.gpus_free}/{node.gpus_total} GPUs free"
+            if node.gpu_model:
+                label += f"\n{node.gpu_model}"
+            lines.append(_vertex(node.node_id, indent, label=label, fillcolor=GPU_FILL))
+        opened = path
+    lines.extend("  " * (depth + 1) + "}" for depth in reversed(range(len(opened))))
     lines.append("}")
     return "\n".join(lines) + "\n"
