@@ -221,7 +221,11 @@ def fabric_dot(nodes: Sequence[NodeSummary]) -> str:
             else ()
         )
         tree.setdefault(path or (UNPLACED,), []).append(node)
-    title = {"label": "network fabric", "labelloc": "t", "fontname": "Helvetica"}
+    title: dict[str, str | int] = {
+        "label": "network fabric",
+        "labelloc": "t",
+        "fontname": "Helvetica",
+    }
     lines = [
         "graph fabric {",
         f"  graph [{_attrs(title)}];",
