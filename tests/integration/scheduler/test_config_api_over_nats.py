@@ -19,7 +19,6 @@ from faststream import TestApp
 
 from crater.contracts import (
     AllocationGranted,
-    NodeTopologyReported,
     TaskPreempted,
     TaskProfiled,
 )
@@ -33,6 +32,7 @@ from crater.scheduler import audit
 from crater.scheduler.app import SchedulerSettings, build
 from tests.support.events import EventTap
 from tests.support.profiles import profiled
+from tests.support.scheduler import node_known
 from tests.support.topologies import node
 
 RELOADS = "crater_scheduler_config_reloads_total"
@@ -83,11 +83,7 @@ async def test_quotas_applied_over_the_api_take_effect_and_are_recorded(
             if service.state.epoch is not None:
                 break
             await asyncio.sleep(0.05)
-        await publish(service.broker, NodeTopologyReported(node=node("n1", gpus=4)))
-        for _ in range(200):
-            if len(service.state.scheduler.cluster) == 1:
-                break
-            await asyncio.sleep(0.05)
+        await node_known(service, node("n1", gpus=4))
 
         body = json.dumps(QUOTAS)
         path = "/api/v1/admin/quotas"

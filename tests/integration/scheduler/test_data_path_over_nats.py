@@ -13,7 +13,6 @@ from crater.contracts import (
     AllocationGranted,
     Disk,
     NodeTopology,
-    NodeTopologyReported,
     TaskPending,
     TaskStatus,
     TaskStatusReported,
@@ -23,6 +22,7 @@ from crater.runtime.nats_server import NatsServer
 from crater.scheduler.app import SchedulerSettings, build
 from tests.support.events import EventTap
 from tests.support.profiles import profiled
+from tests.support.scheduler import node_known
 from tests.support.topologies import node
 
 
@@ -60,11 +60,7 @@ async def test_the_ssd_and_fast_links_are_chosen_with_the_gpus_and_held_across_a
     settings = SchedulerSettings(nats_url=fresh_nats.url, database_url=database_url)
     service, app = build(settings)
     async with TestApp(app):
-        await publish(service.broker, NodeTopologyReported(node=data_node()))
-        for _ in range(200):  # the node known before any task (another stream)
-            if len(service.state.scheduler.cluster) == 1:
-                break
-            await asyncio.sleep(0.05)
+        await node_known(service, data_node())
         await publish(service.broker, profiled("cards-0-1", 2))
         [first] = await tap.wait_for(AllocationGranted)
         assert first.gpu_ids == [0, 1]

@@ -13,15 +13,15 @@ from crater.contracts import (
     AllocationGranted,
     NodeCondition,
     NodeHealthReported,
-    NodeTopologyReported,
     TaskPending,
     TaskProfiled,
 )
 from crater.runtime.bus import publish
 from crater.runtime.nats_server import NatsServer
-from crater.scheduler.app import SchedulerSettings, build
+from crater.scheduler.app import build
 from tests.integration.scheduler.test_scheduler_over_nats import profiled
 from tests.support.events import EventTap
+from tests.support.scheduler import node_known, with_quotas
 from tests.support.topologies import node
 
 QUOTAS = """
@@ -42,19 +42,10 @@ async def test_a_departments_limit_holds_reloads_and_survives_a_restart(
 ) -> None:
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text(QUOTAS.format(gpus=4))
-    settings = SchedulerSettings(
-        nats_url=fresh_nats.url,
-        database_url=database_url,
-        quotas_file=quotas,
-        config_reload_seconds=0.01,
-    )
+    settings = with_quotas(fresh_nats.url, database_url, quotas)
     service, app = build(settings)
     async with TestApp(app):
-        await publish(service.broker, NodeTopologyReported(node=node("a100-01", gpus=8)))
-        for _ in range(200):
-            if len(service.state.scheduler.cluster) == 1:
-                break
-            await asyncio.sleep(0.05)
+        await node_known(service, node("a100-01", gpus=8))
         await publish(service.broker, of_team("nlp-1", 3, "nlp"))
         await tap.wait_for(AllocationGranted)
         await publish(service.broker, of_team("v-1", 2, "vision"))

@@ -18,7 +18,6 @@ from crater.contracts import (
     AllocationReleased,
     NodeCondition,
     NodeHealthReported,
-    NodeTopologyReported,
     TaskPreempted,
     TaskProfiled,
     TaskStatus,
@@ -31,6 +30,7 @@ from crater.scheduler.app import SchedulerSettings, build
 from tests.integration.scheduler.test_config_api_over_nats import gateway, store_key
 from tests.support.events import EventTap
 from tests.support.profiles import profiled
+from tests.support.scheduler import node_known, with_quotas
 from tests.support.topologies import node
 
 QUOTAS = """
@@ -64,19 +64,10 @@ async def test_a_reload_raising_a_queues_guarantee_takes_its_borrowed_capacity_b
 ) -> None:
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text(QUOTAS.format(research=2, ads=6))
-    settings = SchedulerSettings(
-        nats_url=fresh_nats.url,
-        database_url=database_url,
-        quotas_file=quotas,
-        config_reload_seconds=0.01,
-    )
+    settings = with_quotas(fresh_nats.url, database_url, quotas)
     service, app = build(settings)
     async with TestApp(app):
-        await publish(service.broker, NodeTopologyReported(node=node("a100-01", gpus=8)))
-        for _ in range(200):
-            if len(service.state.scheduler.cluster) == 1:
-                break
-            await asyncio.sleep(0.05)
+        await node_known(service, node("a100-01", gpus=8))
         await publish(service.broker, of_team("r-1", 6, "ranking"))
         await tap.wait_for(AllocationGranted)
         await publish(service.broker, of_team("r-2", 2, "ranking", priority="high"))
