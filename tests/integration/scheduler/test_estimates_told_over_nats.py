@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from faststream import TestApp
 
@@ -23,6 +24,7 @@ from crater.contracts import (
 from crater.runtime.bus import publish
 from crater.runtime.nats_server import NatsServer
 from crater.scheduler.app import SchedulerSettings, build
+from crater.scheduler.service_layer import handlers as stage_of_handlers
 from crater.scheduler.service_layer.handlers import SchedulerService
 from tests.integration.scheduler.test_time_limits_over_nats import stating
 from tests.support.events import EventTap
@@ -89,3 +91,37 @@ async def test_a_waiting_tasks_estimate_is_told_in_its_order_and_not_again_unles
         assert second.task_sequence is not None
         assert second.task_sequence.previous == estimate.task_sequence.number
         assert len(tap.of(TaskStartEstimated)) == 1
+
+
+async def test_an_estimate_whose_staging_fails_is_told_on_the_next_look(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str, monkeypatch: Any
+) -> None:
+    settings = SchedulerSettings(
+        nats_url=fresh_nats.url, database_url=database_url, estimate_interval_seconds=0
+    )
+    service, app = build(settings)
+    core: SchedulerService = service.state
+    core.tell_interval = 0  # no looks of its own: the test looks, with the stage broken first
+    async with TestApp(app):
+        await publish(service.broker, NodeTopologyReported(node=node("a100-01", gpus=4)))
+        await publish(service.broker, stating("job", 4, expected_run_seconds=600))
+        await tap.wait_for(AllocationGranted)
+        await publish(service.broker, stating("next", 4, expected_run_seconds=60))
+        await tap.wait_for(TaskPending)
+        assert core.sequencer._last  # the task's numbers so far
+
+        staged = stage_of_handlers.stage
+
+        async def broken(*_: Any, **__: Any) -> None:
+            raise RuntimeError("the database went away")
+
+        monkeypatch.setattr(stage_of_handlers, "stage", broken)
+        assert await core.tell_estimates() == []  # logged: nothing told, nothing kept as told
+        assert core.told == {}
+        assert core.sequencer._last == {}  # the rolled-back numbers are forgotten
+        monkeypatch.setattr(stage_of_handlers, "stage", staged)
+        [told] = await core.tell_estimates()
+        assert told.task_id == "next"  # type: ignore[attr-defined]
+        [estimate] = await tap.wait_for(TaskStartEstimated)
+        assert estimate.task_sequence is not None
+        assert estimate.task_sequence.previous is None  # its previous number was forgotten
