@@ -301,7 +301,14 @@ async def _with_stack(stack: Stack, config: FailoverConfig, echo: Echo) -> dict[
     gateways = [name for name in stack.processes if name.split("-")[0] == "gateway"]
     fleet = _fleet()
     pools = await _wait_for_fleet(gateway, headers, expected=len(fleet.nodes))
-    start = {"leaders": await _leaders(stack)}
+    # The lease race may still be on when the fleet is known: wait for it to be decided (a
+    # second leader, never acceptable, is still caught: every one that says it leads counts).
+    deadline = time.monotonic() + 30.0
+    leaders = await _leaders(stack)
+    while not leaders and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        leaders = await _leaders(stack)
+    start = {"leaders": leaders}
     echo(f"  started at once, leading: {start['leaders']}")
     bus = Bus(dedupe=hosted)
     seeds = stack.nats_url.split(",")
