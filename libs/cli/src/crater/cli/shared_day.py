@@ -30,6 +30,8 @@ ROWS = (
     ("reclaimed_start_p99_s", "reclaiming replica starts, p99 s"),
     ("preemptions", "preemptions"),
     ("prewarm_preemptions", "of which pre-warm (ahead of demand)"),
+    ("borrow_preemptions", "of which for a replica to borrow training's cards"),
+    ("inference_borrowed", "replicas started on training's cards"),
     ("work_lost_gpu_hours", "work lost, GPU-hours"),
     ("borrowed_gpu_hours", "borrowed GPU-hours"),
 )

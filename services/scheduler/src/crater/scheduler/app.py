@@ -261,7 +261,8 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         default=None,
         description="YAML: pools: {NAME: {filters: [...], scores: {PLUGIN: weight}, "
         "overcommit: {cpu, memory, gpu}, restart_policy: {...}, reservation_timeout_ms, "
-        "cohort, lend: {limit, keep_idle, reserved, prewarm}, borrow: {limit}, "
+        "cohort, lend: {limit, keep_idle, reserved, prewarm, reclaim}, "
+        "borrow: {limit, preempt, preempt_max_priority}, "
         "min_run_seconds, victim_cooldown_seconds, max_run_seconds}} "
         "(docs/pools.md); unset: every filter, default scores, no over-commit, the default "
         "timeout, no lending. Reloaded on change, and replaceable over the API "

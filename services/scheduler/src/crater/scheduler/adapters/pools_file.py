@@ -10,7 +10,9 @@ pools:
     reservation_timeout_ms: 15000            # a placement waits this long for `running`
     cohort: shared                           # lends its idle nodes to the cohort's pools
     lend: {limit: {gpus: 16}, reserved: {cpu_cores: 64}}  # at most 16 GPUs lent; 64 cores never
-    borrow: {limit: {gpus: 0}}               # and it borrows none (see docs/pools.md)
+    borrow: {limit: {gpus: 16}, preempt: lower-priority}  # borrows by preempting lower priorities
+  # (a training pool of the same cohort would say `lend: {reclaim: lower-priority}` so that
+  # its tasks do not take back what a higher priority borrowed; see docs/pools.md)
     min_run_seconds: 600                     # not preempted in its first 10 minutes
     victim_cooldown_seconds: 900             # nor again within 15 minutes of yielding
     max_run_seconds: 86400                   # time limit of its tasks that state none
@@ -25,7 +27,7 @@ lends nor borrows; `lend` and `borrow` need one, and their limits left out are u
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -36,6 +38,8 @@ from pydantic import (
 )
 
 from crater.contracts import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     RESERVATION_TIMEOUT_MS_MAX,
     RESERVATION_TIMEOUT_MS_MIN,
     RUN_SECONDS_MAX,
@@ -50,7 +54,7 @@ from crater.scheduler.domain.plugins import (
     SCORES,
     Pipeline,
 )
-from crater.scheduler.domain.pools import PoolPolicy
+from crater.scheduler.domain.pools import PoolPolicy, Reclaim
 from crater.scheduler.domain.prewarm import Prewarm
 from crater.scheduler.domain.quotas import Quota
 
@@ -121,6 +125,24 @@ class _Loans(BaseModel):
         "its capacity less this), per resource",
     )
     prewarm: _Prewarm | None = None
+    reclaim: Reclaim | None = Field(
+        default=None,
+        description="lend only: which borrowers the pool's own tasks take back: any (the "
+        "default), lower-priority (only borrowers of lower priority than the task taking "
+        "back; Kueue's reclaimWithinCohort), never",
+    )
+    preempt: Literal["never", "lower-priority"] | None = Field(
+        default=None,
+        description="borrow only: lower-priority: a task its own pool cannot hold even by "
+        "preemption has cohort mates' preemptible tasks of lower priority yield and borrows "
+        "their room (Kueue's borrowWithinCohort); never (the default)",
+    )
+    preempt_max_priority: int | None = Field(
+        default=None,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="borrow only, with preempt: victims of at most this priority",
+    )
 
 
 class _Pool(BaseModel):
@@ -168,6 +190,18 @@ class _Pool(BaseModel):
             raise ValueError("prewarm is a lender's: put it under lend")
         if self.borrow is not None and self.borrow.reserved != _Limit():
             raise ValueError("reserved is a lender's: put it under lend")
+        if self.borrow is not None and self.borrow.reclaim is not None:
+            raise ValueError("reclaim is a lender's: put it under lend")
+        if self.lend is not None and (
+            self.lend.preempt is not None or self.lend.preempt_max_priority is not None
+        ):
+            raise ValueError("preempt is a borrower's: put it under borrow")
+        if (
+            self.borrow is not None
+            and self.borrow.preempt_max_priority is not None
+            and self.borrow.preempt != "lower-priority"
+        ):
+            raise ValueError("preempt_max_priority needs preempt: lower-priority")
         return self
 
     @field_validator("filters")
@@ -220,6 +254,9 @@ class _Pool(BaseModel):
             prewarm=None
             if self.lend is None or self.lend.prewarm is None
             else self.lend.prewarm.settings(),
+            reclaim=(self.lend or _Loans()).reclaim or "any",
+            borrow_preempts=(self.borrow or _Loans()).preempt == "lower-priority",
+            borrow_preempt_max_priority=(self.borrow or _Loans()).preempt_max_priority,
             min_run_seconds=self.min_run_seconds,
             victim_cooldown_seconds=self.victim_cooldown_seconds,
             max_run_seconds=self.max_run_seconds,
@@ -240,6 +277,20 @@ def parse_pools(text: str, origin: str = "pools file") -> dict[str, PoolPolicy]:
             policies[name] = pool.policy()
         except (TypeError, ValueError) as error:  # plugin arguments the plugin does not take
             raise PoolsFileError(origin, [(f"pools.{name}.args", str(error))]) from error
+    traded = [
+        (
+            f"pools.{name}.borrow.preempt",
+            f"cohort mate {mate} takes back whatever the "
+            "priority (lend.reclaim: any): the card would go back and forth; set its "
+            "lend.reclaim to lower-priority or never",
+        )
+        for name, policy in sorted(policies.items())
+        if policy.borrow_preempts
+        for mate, other in sorted(policies.items())
+        if mate != name and other.cohort == policy.cohort and other.reclaim == "any"
+    ]
+    if traded:
+        raise PoolsFileError(origin, traded)
     return policies
 
 

@@ -119,7 +119,9 @@ class Admission:
             self.waitlist.make_head(task)
         # Victims first, so that its reason says which it may not take yet (announced first).
         preempted = self.preemptor.preempt_for(task, event)
-        reasons, summary = self.reasons.with_holds(task, reasons, summary)
+        reasons, summary = self.reasons.after_preempting(
+            task, preempted, (reasons, summary), avoid, over, found
+        )
         return self.reasons.announce(task, event, reasons, summary) + preempted
 
     def refusals(self, task: PendingTask) -> list[FieldError]:

@@ -583,6 +583,11 @@ class ClusterArrays:
         """A domain as operators read it: its names from the spine down (spine-1/leaf-3)."""
         return "/".join(name for name in self.fabric_domains[domain][1] if name)
 
+    def pool_of(self, name: str) -> str | None:
+        """The pool of node `name` (None: unknown node)."""
+        i = self.index.get(name)
+        return None if i is None else str(self.pool[i])
+
     def in_pool(self, pool: str) -> BoolArray:
         """Which rows are in `pool` (read-only, shared). The pool column changes only with an
         upsert, and comparing it (strings) costs more than the rest of a filter walk on a

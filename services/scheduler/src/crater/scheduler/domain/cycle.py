@@ -204,15 +204,28 @@ class Cycle:
                 self.state.dequeue(task.request.task_id)
                 run.granted()
                 return lent
+        return decisions + self.wait(task, cause, avoid, over, found, why)
+
+    def wait(
+        self,
+        task: PendingTask,
+        cause: Event,
+        avoid: BoolArray | None,
+        over: list[Over],
+        found: Diagnosis | None,
+        why: Why | None = None,
+    ) -> list[Event]:
+        """`task` cannot start now: made its pool's head (if none), given victims, and told
+        why it waits."""
         reasons, summary = why or self.reasons.why_waiting(task, avoid, over, found)
-        pool = task.request.pool
-        if pool not in self.state.backfill and not over:
+        if task.request.pool not in self.state.backfill and not over:
             self.waitlist.make_head(task)
         # Victims first, so that its reason says which it may not take yet (announced first).
         preempted = self.preemptor.preempt_for(task, cause)
-        reasons, summary = self.reasons.with_holds(task, reasons, summary)
-        decisions += self.reasons.announce(task, cause, reasons, summary)
-        return decisions + preempted
+        reasons, summary = self.reasons.after_preempting(
+            task, preempted, (reasons, summary), avoid, over, found
+        )
+        return self.reasons.announce(task, cause, reasons, summary) + preempted
 
     def borrow_fairly(
         self,
@@ -242,13 +255,7 @@ class Cycle:
                 self.state.dequeue(task.request.task_id)
                 decisions += lent
                 continue
-            reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
-            if task.request.pool not in self.state.backfill and not over:
-                self.waitlist.make_head(task)
-            preempted = self.preemptor.preempt_for(task, cause)
-            reasons, summary = self.reasons.with_holds(task, reasons, summary)
-            decisions += self.reasons.announce(task, cause, reasons, summary)
-            decisions += preempted
+            decisions += self.wait(task, cause, avoid, over, found)
         return decisions
 
     def on_lent_card(self, task: PendingTask, cause: Event) -> list[Event]:

@@ -27,9 +27,15 @@ from crater.contracts import AllocationGranted, Event
 from crater.scheduler.domain.fairshare import DecayedUsage
 from crater.scheduler.domain.placer import Placer
 from crater.scheduler.domain.prewarm import Forecast
+from crater.scheduler.domain.queue import node_mask
 from crater.scheduler.domain.quotas import QUOTA_FIELDS, Over, Quota, Usage
 from crater.scheduler.domain.retries import RetryIndex
-from crater.scheduler.domain.state import PendingTask, SchedulerState
+from crater.scheduler.domain.state import (
+    PendingTask,
+    SchedulerState,
+    claimed_abroad,
+    yielding_for,
+)
 
 NO_LIMIT = Quota()
 
@@ -145,40 +151,28 @@ class Lending:
 
     def borrowed(self, pool: str) -> Usage:
         """What `pool` holds of its cohort mates' capacity now."""
-        total = Usage()
-        for (_, borrower), usage in self.state.lent.items():
-            if borrower == pool:
-                total = total + usage
-        return total
+        return borrowed(self.state, pool)
 
     def lent(self, pool: str) -> Usage:
         """What of `pool`'s own capacity its cohort mates hold now."""
-        total = Usage()
-        for (lender, _), usage in self.state.lent.items():
-            if lender == pool:
-                total = total + usage
-        return total
+        return lent(self.state, pool)
+
+    def takes_back_first(self, task: PendingTask) -> bool:
+        """Whether `task`'s pool has lent capacity that `task` would take back (its pool's
+        `reclaim`): then it reclaims rather than borrows."""
+        pool = task.request.pool
+        policy = self.state.config.pools[pool]
+        if policy.reclaim == "any":
+            return bool(self.lent(pool))
+        return any(
+            head.borrowed_from == pool
+            and policy.takes_back(head.priority, head.preemptible, task.priority)
+            for head in self.state.allocations.values()
+        )
 
     def lendable(self, pool: str) -> Quota:
-        """The most of `pool`'s capacity (its ready nodes') it lends: the rest of its
-        `reserved` amount, per resource it reserves."""
-        cluster = self.state.cluster
-        rows = cluster.in_pool(pool) & cluster.ready
-        capacity = {
-            "gpus": int(cluster.gpus_total[rows].sum()),
-            "gpu_memory_mb": int((cluster.gpus_total[rows] * cluster.gpu_memory_mb[rows]).sum()),
-            "cpu_cores": int(cluster.cpu_total[rows].sum()),
-            "memory_mb": int(cluster.memory_total_mb[rows].sum()),
-            "disk_gb": int(cluster.disk_gb[rows].sum()),
-        }
-        reserved = self.state.config.pools[pool].reserved
-        return Quota(
-            **{
-                r: max(0, capacity[r] - kept)
-                for r in QUOTA_FIELDS
-                if (kept := getattr(reserved, r)) is not None
-            }
-        )
+        """The most of `pool`'s capacity (its ready nodes') it lends."""
+        return lendable(self.state, pool)
 
     def idle_gpus(self, pool: str) -> int:
         """Whole GPUs free on `pool`'s ready nodes now."""
@@ -219,7 +213,9 @@ class Lending:
             return [], None
         if task.gang_size > 1 and not task.same_node:
             return [], "a gang spread over nodes borrows no capacity"
-        if self.lent(pool):
+        # The room its victims left on a mate's nodes (preempting to borrow): its own.
+        claim = claimed_abroad(self.state, task)
+        if not claim and self.takes_back_first(task):
             return [], f"pool {pool} has capacity lent out: it reclaims that first"
         usage = Usage.of(task.demand).times(task.gang_size)
         policies = self.state.config.pools
@@ -228,7 +224,8 @@ class Lending:
             return [], f"pool {pool} may borrow no more ({limits_text(over)})"
         why: list[str] = []
         for lender in mates:
-            if self.has_waiting(lender):
+            mine = [n for n in claim if self.state.cluster.pool_of(n) == lender]
+            if not claim and self.has_waiting(lender):
                 why.append(f"pool {lender} has tasks of its own waiting")
                 continue
             over = policies[lender].lend_limit.excess(self.lent(lender) + usage)
@@ -241,6 +238,19 @@ class Lending:
                 if over:
                     why.append(f"pool {lender} keeps its reserved capacity ({limits_text(over)})")
                     continue
+            if claim:
+                if mine:
+                    fits, _ = self.placer.diagnose(replace(task.filter_demand, pool=lender))
+                    claimed = fits & node_mask(self.state.cluster, tuple(mine))
+                    granted = self.placer.place(task, cause, claimed, None)
+                    if granted:
+                        return granted, None
+                    why.append(
+                        f"its victims on pool {lender} are yielding"
+                        if yielding_for(self.state, task)
+                        else f"the room its victims left on pool {lender} was taken"
+                    )
+                continue
             keep = self.keep_idle(lender)
             if keep and self.idle_gpus(lender) - usage.gpus < keep:
                 static = policies[lender].keep_idle_gpus
@@ -260,3 +270,43 @@ class Lending:
                     return granted, None
             why.append(f"no idle node of pool {lender} fits")
         return [], "cannot borrow: " + "; ".join(why)
+
+
+def borrowed(state: SchedulerState, pool: str) -> Usage:
+    """What `pool` holds of its cohort mates' capacity now."""
+    total = Usage()
+    for (_, borrower), usage in state.lent.items():
+        if borrower == pool:
+            total = total + usage
+    return total
+
+
+def lent(state: SchedulerState, pool: str) -> Usage:
+    """What of `pool`'s own capacity its cohort mates hold now."""
+    total = Usage()
+    for (lender, _), usage in state.lent.items():
+        if lender == pool:
+            total = total + usage
+    return total
+
+
+def lendable(state: SchedulerState, pool: str) -> Quota:
+    """The most of `pool`'s capacity (its ready nodes') it lends: the rest of its
+    `reserved` amount, per resource it reserves."""
+    cluster = state.cluster
+    rows = cluster.in_pool(pool) & cluster.ready
+    capacity = {
+        "gpus": int(cluster.gpus_total[rows].sum()),
+        "gpu_memory_mb": int((cluster.gpus_total[rows] * cluster.gpu_memory_mb[rows]).sum()),
+        "cpu_cores": int(cluster.cpu_total[rows].sum()),
+        "memory_mb": int(cluster.memory_total_mb[rows].sum()),
+        "disk_gb": int(cluster.disk_gb[rows].sum()),
+    }
+    reserved = state.config.pools[pool].reserved
+    return Quota(
+        **{
+            r: max(0, capacity[r] - kept)
+            for r in QUOTA_FIELDS
+            if (kept := getattr(reserved, r)) is not None
+        }
+    )

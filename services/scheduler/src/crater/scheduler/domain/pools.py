@@ -4,6 +4,7 @@ tasks are retried when an attempt ends badly, and how long their placements are 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from crater.contracts import RestartPolicy
 from crater.scheduler.domain.cluster import NO_OVERCOMMIT, Overcommit
@@ -12,6 +13,11 @@ from crater.scheduler.domain.prewarm import Prewarm
 from crater.scheduler.domain.quotas import Quota
 
 NEVER_RESTART = RestartPolicy()
+
+# What a lender's own tasks take back from the borrowers on its nodes (Kueue's
+# reclaimWithinCohort): any borrower whatever its priority, only those of lower priority than
+# the task taking back, or none (a borrower leaves when it ends).
+Reclaim = Literal["any", "lower-priority", "never"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,13 @@ class PoolPolicy:
     reserved: Quota = field(default_factory=Quota)
     # a lender that learns its demand and takes its capacity back ahead of it (prewarm.py)
     prewarm: Prewarm | None = None
+    reclaim: Reclaim = "any"
+    # Preempting to borrow (Kueue's borrowWithinCohort, policy LowerPriority): a task of this
+    # pool that fits neither its own nodes (after its own preemptions and reclaims) nor a
+    # mate's idle ones may have the mates' preemptible tasks of lower priority (at most
+    # `borrow_preempt_max_priority`, when set) yield, and borrow the room they leave.
+    borrow_preempts: bool = False
+    borrow_preempt_max_priority: int | None = None
     # No preemption thrashing (docs/scheduler.md): a task of this pool is not preempted by a
     # higher priority before it has held its grant this long, nor again this long after it
     # last had to yield. None: the scheduler's defaults (`SchedulerConfig`).
@@ -43,6 +56,27 @@ class PoolPolicy:
     # Time limit of the pool's tasks that state none (`TaskRequest.max_run_seconds`); None:
     # no limit. It is also their expected run time where they state none, for estimates.
     max_run_seconds: int | None = None
+
+    def takes_back(self, priority: int, preemptible: bool, by: int | None) -> bool:
+        """Whether this pool (a lender) takes back a borrower of `priority` on its nodes, for
+        a task of its own of priority `by` (None: ahead of expected demand, no task: then
+        `lower-priority` takes only borrowers that may be preempted at all)."""
+        if self.reclaim == "any":
+            return True
+        if self.reclaim == "never":
+            return False
+        return preemptible if by is None else priority < by
+
+    def may_preempt_to_borrow(self, priority: int, preemptible: bool, mine: int) -> bool:
+        """Whether a task of this pool at priority `mine` may have a mate's task of
+        `priority` yield to borrow its room."""
+        ceiling = self.borrow_preempt_max_priority
+        return (
+            self.borrow_preempts
+            and preemptible
+            and priority < mine
+            and (ceiling is None or priority <= ceiling)
+        )
 
 
 DEFAULT_POLICY = PoolPolicy()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -23,8 +24,9 @@ from crater.scheduler.domain.events import (
 )
 from crater.scheduler.domain.guarantees import Guarantees, covers, gives_back, held
 from crater.scheduler.domain.ledger import Ledger
-from crater.scheduler.domain.lending import Lending
+from crater.scheduler.domain.lending import Lending, borrowed, lendable, lent
 from crater.scheduler.domain.placer import Placer
+from crater.scheduler.domain.pools import DEFAULT_POLICY
 from crater.scheduler.domain.preemption import Candidate, Plan, plan, plan_gang
 from crater.scheduler.domain.queue import node_mask
 from crater.scheduler.domain.quotas import Usage, queue_of_key
@@ -33,6 +35,7 @@ from crater.scheduler.domain.state import (
     Allocation,
     PendingTask,
     SchedulerState,
+    claimed_abroad,
     yielding_on,
 )
 
@@ -67,15 +70,17 @@ class Preemptor:
         A gang preempts all or nothing: only victims that make room for every member."""
         mine = task.priority
         pool = task.request.pool
-        # Its pool's capacity lent out: the borrowers there yield to it whatever their
-        # priority (reclaim), and before any task of its own pool.
+        policy = self.state.config.pools.get(pool, DEFAULT_POLICY)
+        # Its pool's capacity lent out: the borrowers there yield to it, by its pool's
+        # `reclaim` (by default whatever their priority), before any task of its own pool.
         lent = any(lender == pool for lender, _ in self.state.lent)
         # Within its tenant's guarantee: other tenants' work above theirs yields to it too.
         borrowing = self.guarantees.reclaimable(task)
         reclaims = lent or bool(borrowing)
         held_before = task.preempt_held
         task.preempt_held = None
-        if task.nominated and reclaims and not self.yielding_on(task.nominated):
+        abroad = claimed_abroad(self.state, task)
+        if task.nominated and (reclaims or abroad) and not self.yielding_on(task.nominated):
             # Its victims are gone and others took the room: an owner chooses again, so it
             # never waits past a grace period for its pool's capacity.
             task.nominated = ()
@@ -100,7 +105,11 @@ class Preemptor:
         for head in self.state.allocations.values():
             if head.yield_by is not None or head.lent_by is not None:
                 continue  # yielding already; or on lent cards, which only their lender takes
-            borrower = lent and head.borrowed_from == pool
+            borrower = (
+                lent
+                and head.borrowed_from == pool
+                and policy.takes_back(head.priority, head.preemptible, mine)
+            )
             outranked = head.preemptible and head.priority < mine
             # its tenant's, or a queue's above it, borrowing (the nearest holding more than
             # its guarantee): what taking it gives back
@@ -115,26 +124,13 @@ class Preemptor:
             borrower = borrower or over_guarantee
             for a in head.members():
                 owners[a.allocation_id] = head
-                (candidates if guard is None else guarded).append(
-                    Candidate(
-                        a.allocation_id,
-                        a.node,
-                        a.gpu_ids,
-                        a.gpu_milli,
-                        a.cpu_cores,
-                        a.memory_mb,
-                        RECLAIM_RANK if borrower else PRIORITY_MAX - a.priority,
-                        a.granted_seq,
-                        a.carved,
-                        a.task_id,
-                        a.disk_hold,
-                    )
-                )
+                rank = RECLAIM_RANK if borrower else PRIORITY_MAX - a.priority
+                (candidates if guard is None else guarded).append(_candidate(a, rank))
             if guard is not None:
                 kept += [(c, *guard) for c in guarded]
                 guarded.clear()
         if not candidates and not kept:
-            return []
+            return self.preempt_to_borrow(task, cause, now)
         # Nodes the task could use if they were emptier: every filter but free amounts.
         fits_empty, _ = self.placer.diagnose(task.filter_demand, free=False)
         ready = fits_empty & self.state.cluster.ready
@@ -148,6 +144,9 @@ class Preemptor:
         while True:
             chosen = self._plan(task, nodes, candidates, roomy) if candidates else None
             if chosen is None:
+                borrowing_room = self.preempt_to_borrow(task, cause, now)
+                if borrowing_room:
+                    return borrowing_room
                 self._held(task, held_before, nodes, candidates, kept, roomy)
                 return []
             # A plan taking victims of a tenant no longer above its guarantee: without them,
@@ -189,6 +188,82 @@ class Preemptor:
             decisions += self.order_yield(
                 victim, must_stop_by, cause, by, reclaim, tenant=tenant, queue=queue
             )
+        return decisions
+
+    def preempt_to_borrow(self, task: PendingTask, cause: Event, now: datetime) -> list[Event]:
+        """Its own pool has no room for `task` even by preemption: when its pool may preempt
+        to borrow (`PoolPolicy.borrow_preempts`, Kueue's borrowWithinCohort), cohort mates'
+        preemptible tasks of lower priority yield (the fewest, least progressed) so that it
+        borrows the room they leave, within its pool's borrowing limit and the lender's
+        lending limit and reserved amount. The room is its own (`claimed_ahead`): the
+        lender's queue does not take it meanwhile. Not a gang spread over nodes (it borrows
+        nothing)."""
+        pool = task.request.pool
+        policy = self.state.config.pools.get(pool)
+        mates = self.retries.cohorts.get(pool, ())
+        if (
+            policy is None
+            or not policy.borrow_preempts
+            or not mates
+            or (task.gang_size > 1 and not task.same_node)
+        ):
+            return []
+        usage = Usage.of(task.demand).times(task.gang_size)
+        if policy.borrow_limit.excess(borrowed(self.state, pool) + usage):
+            return []
+        cluster = self.state.cluster
+        shunned = self.placer.shunned(task)
+        nodes: list[Node] = []
+        for lender in mates:
+            mate = self.state.config.pools[lender]
+            after = lent(self.state, lender) + usage
+            if mate.lend_limit.excess(after) or lendable(self.state, lender).excess(after):
+                continue
+            could, _ = self.placer.diagnose(replace(task.filter_demand, pool=lender), free=False)
+            rows = could & cluster.ready
+            if shunned:
+                rows &= ~node_mask(cluster, shunned)
+            nodes += [cluster.nodes[i] for i in np.flatnonzero(rows)]
+        names = {node.name for node in nodes}
+        owners: dict[str, Allocation] = {}
+        candidates: list[Candidate] = []
+        for head in self.state.allocations.values():
+            if (
+                head.yield_by is not None
+                or head.lent_by is not None
+                or not policy.may_preempt_to_borrow(head.priority, head.preemptible, task.priority)
+                or not any(m.node in names for m in head.members())
+                or self.guard(head, now) is not None
+            ):
+                continue
+            for a in head.members():
+                owners[a.allocation_id] = head
+                candidates.append(_candidate(a, PRIORITY_MAX - a.priority))
+        chosen = plan(nodes, task.demand, candidates, task.gang_size) if candidates else None
+        if chosen is None:
+            return []
+        task.nominated = chosen.nodes
+        self.retries.stale(pool)
+        victims = {owners[v.allocation_id].task_id: owners[v.allocation_id] for v in chosen.victims}
+        self.state.claimants[task.request.task_id] = None
+        task.yielders = {
+            m.allocation_id: (m.node, whole_cards(m))
+            for victim in victims.values()
+            for m in victim.members()
+        }
+        full = now + timedelta(seconds=self.state.config.grace_period_seconds)
+        if task.reclaim_by is None:
+            task.reclaim_by = full
+        must_stop_by = max(now, min(full, task.reclaim_by))
+        lenders = sorted({v.pool for v in victims.values()})
+        count = f"{len(victims)} task" + ("s" if len(victims) > 1 else "")
+        task.borrow_reason = (
+            f"preempting to borrow: {count} of lower priority of pool {', '.join(lenders)} "
+            f"yield their room to it by {must_stop_by.isoformat()}"
+        )
+        decisions: list[Event] = []
+        for victim in victims.values():
+            decisions += self.order_yield(victim, must_stop_by, cause, task.request.task_id, None)
         return decisions
 
     def guard(self, head: Allocation, now: datetime) -> tuple[str, datetime] | None:
@@ -323,7 +398,12 @@ class Preemptor:
         for lender in sorted(lending.forecasts):
             if not any(owner == lender for owner, _ in self.state.lent):
                 continue
-            borrowers = [h for h in self.state.allocations.values() if h.borrowed_from == lender]
+            policy = self.state.config.pools[lender]
+            borrowers = [
+                h
+                for h in self.state.allocations.values()
+                if h.borrowed_from == lender and policy.takes_back(h.priority, h.preemptible, None)
+            ]
             yielding = sum(_gpus(h) for h in borrowers if h.yield_by is not None)
             missing = lending.expected_growth(lender) - lending.idle_gpus(lender) - yielding
             standing = [h for h in borrowers if h.yield_by is None and _gpus(h)]
@@ -415,6 +495,23 @@ def _held_clause(rule: str, count: int, pool: str, config: SchedulerConfig) -> s
     return (
         f"{tasks} could make room but {verb} preempted within pool {pool}'s victim cooldown "
         f"of {config.victim_cooldown_for(pool):g} s"
+    )
+
+
+def _candidate(allocation: Allocation, rank: int) -> Candidate:
+    a = allocation
+    return Candidate(
+        a.allocation_id,
+        a.node,
+        a.gpu_ids,
+        a.gpu_milli,
+        a.cpu_cores,
+        a.memory_mb,
+        rank,
+        a.granted_seq,
+        a.carved,
+        a.task_id,
+        a.disk_hold,
     )
 
 

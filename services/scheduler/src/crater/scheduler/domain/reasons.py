@@ -43,6 +43,7 @@ __all__ = ["Reasons", "for_nodes", "kind_of", "sentence"]
 from crater.scheduler.domain.state import (
     PendingTask,
     SchedulerState,
+    claimed_abroad,
     claimed_ahead,
     claimed_nodes,
 )
@@ -191,6 +192,22 @@ class Reasons:
                 )
             )
         return reasons
+
+    def after_preempting(
+        self,
+        task: PendingTask,
+        preempted: list[Event],
+        why: tuple[list[FilterReason], str],
+        avoid: BoolArray | None,
+        over: list[Over],
+        found: Diagnosis | None,
+    ) -> tuple[list[FilterReason], str]:
+        """`why` `task` waits, once `Preemptor.preempt_for` ran for it: afresh when it
+        preempted to borrow (its reason to borrow is that now), with what was held back
+        (`with_holds`)."""
+        if preempted and claimed_abroad(self.state, task):
+            why = self.why_waiting(task, avoid, over, found)
+        return self.with_holds(task, *why)
 
     def with_holds(
         self, task: PendingTask, reasons: list[FilterReason], summary: str

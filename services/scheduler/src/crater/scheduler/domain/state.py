@@ -356,8 +356,9 @@ class SchedulerState:
     # time plus its max_run_seconds), earliest first: no per-event scan of the allocations.
     limits: list[tuple[datetime, str, str]] = field(default_factory=list)
     # Tasks reclaiming their tenant's guarantee, by task id, each with the holder whose
-    # guarantee it claims (its tenant, or a queue above it): the room their victims leave is
-    # that holder's first (`claimed_ahead`). Not stored: a restart forgets the claims.
+    # guarantee it claims (its tenant, or a queue above it; None for a task preempting a
+    # cohort mate's tasks to borrow): the room their victims leave is that holder's first
+    # (`claimed_ahead`). Not stored: a restart forgets the claims.
     claimants: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
     # Preemptions held back, by rule (min_run, victim_cooldown, unproven), and ageing steps
     # taken, since the service last read them (its metrics).
@@ -434,7 +435,8 @@ def claimed_ahead(state: SchedulerState, task: PendingTask) -> list[PendingTask]
         other = state.pending.get(task_id)
         if (
             other is not None
-            and other.request.tenant != task.request.tenant
+            # a claim abroad (preempting to borrow) is the task's, not its tenant's
+            and (other.request.tenant != task.request.tenant or claimed_abroad(state, other))
             and owner not in mine  # a queue's claim: its tenants may take the room
             and claimed_before(other, task)
             and yielding_for(state, other)
@@ -444,6 +446,13 @@ def claimed_ahead(state: SchedulerState, task: PendingTask) -> list[PendingTask]
         ):
             ahead.append(other)
     return ahead
+
+
+def claimed_abroad(state: SchedulerState, task: PendingTask) -> tuple[str, ...]:
+    """The nodes of other pools where `task` had victims yield to borrow their room
+    (`Preemptor.preempt_to_borrow`): its nominated nodes outside its own pool."""
+    own = task.request.pool
+    return tuple(n for n in task.nominated if state.cluster.pool_of(n) not in (own, None))
 
 
 def yielding_for(state: SchedulerState, owner: PendingTask) -> bool:

@@ -81,6 +81,10 @@ class Setup:
     keep_idle_gpus: int = 8  # the inference pool's headroom, never lent
     prewarm_lead_seconds: float | None = None  # the inference pool's pre-warm (None: off)
     days: int = 1  # days run one after the other (a pre-warm learns from the days before)
+    # shared: an inference replica that its own pool cannot hold even by reclaiming has
+    # training tasks (lower priority) yield and borrows their cards, which training does not
+    # take back (`borrow.preempt`, `lend.reclaim: lower-priority`; Kueue's borrowWithinCohort)
+    preempt_to_borrow: bool = True
 
     @property
     def horizon(self) -> float:
@@ -166,12 +170,15 @@ def workload(setup: Setup, seed: int) -> list[Job]:
 
 
 def config(setup: Setup, shared: bool) -> SchedulerConfig:
-    """The two pools; shared: one cohort, inference lends and borrows nothing, training
-    borrows without a limit."""
+    """The two pools; shared: one cohort, inference lends its idle cards and, with
+    `preempt_to_borrow`, borrows training's cards by preemption when its own pool is full;
+    training borrows without a limit and takes back only what lower priorities borrowed."""
+    borrows = shared and setup.preempt_to_borrow
     pools = {
         "inference": PoolPolicy(
             cohort="day" if shared else None,
-            borrow_limit=Quota(gpus=0) if shared else Quota(),
+            borrow_limit=Quota() if borrows or not shared else Quota(gpus=0),
+            borrow_preempts=borrows,
             keep_idle_gpus=setup.keep_idle_gpus if shared else 0,
             prewarm=(
                 Prewarm(setup.prewarm_lead_seconds)
@@ -179,7 +186,9 @@ def config(setup: Setup, shared: bool) -> SchedulerConfig:
                 else None
             ),
         ),
-        "training": PoolPolicy(cohort="day" if shared else None),
+        "training": PoolPolicy(
+            cohort="day" if shared else None, reclaim="lower-priority" if borrows else "any"
+        ),
     }
     return SchedulerConfig(
         grace_period_seconds=setup.grace_seconds,
@@ -209,6 +218,8 @@ class DayResult:
     reclaim_starts: list[float] = field(default_factory=list)
     preemptions: int = 0
     prewarm_preemptions: int = 0  # borrowers told to yield ahead of expected demand
+    borrow_preemptions: int = 0  # training told to yield so a replica borrows its cards
+    inference_borrowed: int = 0  # replicas started on training's cards
     borrowed_gpu_seconds: float = 0.0
     # (hour, GPUs held by inference, by training on its own pool, training on borrowed cards)
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
@@ -236,6 +247,8 @@ class DayResult:
             "reclaimed_start_p99_s": round(float(np.percentile(starts, 99)), 2),
             "preemptions": self.preemptions,
             "prewarm_preemptions": self.prewarm_preemptions,
+            "borrow_preemptions": self.borrow_preemptions,
+            "inference_borrowed": self.inference_borrowed,
             "work_lost_gpu_hours": round(self.lost_gpu_seconds / 3600, 2),
             "borrowed_gpu_hours": round(self.borrowed_gpu_seconds / 3600, 1),
         }
@@ -252,6 +265,12 @@ class _Running:
     left: float  # work left when it started
     borrowed: bool
     allocations: set[str] = field(default_factory=set)
+
+
+def _held_as(run: _Running) -> str:
+    """Which count a run's cards go to: inference (wherever), training on its own pool, or
+    training on borrowed cards."""
+    return "borrowed" if run.borrowed and run.job.kind == "training" else run.job.kind
 
 
 def _at(seconds: float) -> datetime:
@@ -371,6 +390,8 @@ def run_day(
                     told[d.allocation_id] = now
                 elif d.reclaimed_by_pool is not None:
                     result.prewarm_preemptions += 1
+                elif d.preempted_by is not None:
+                    result.borrow_preemptions += 1
                 lo, hi = setup.stop_seconds
                 push(now + float(rng.uniform(lo, hi)), "stop", (d.task_id, d.allocation_id))
                 # The clock moves a second past the deadline, as the nodes' heartbeats move it in
@@ -394,13 +415,13 @@ def run_day(
                 result.inference_waits.append(wait)
                 result.inference_total += 1
                 result.inference_met += wait <= setup.slo_seconds
+                result.inference_borrowed += g.borrowed_from is not None
                 if g.task_id in reclaiming:
                     result.reclaim_starts.append(wait)
             push(now + restart + left, "done", (g.task_id, attempt))
         run.gpus += len(g.gpu_ids)
         run.allocations.add(g.allocation_id)
-        key = "borrowed" if g.borrowed_from else run.job.kind
-        held[key] += len(g.gpu_ids)
+        held[_held_as(run)] += len(g.gpu_ids)
         feed(
             TaskStatusReported(
                 event_id=uuid5(_IDS, f"running:{g.allocation_id}"),
@@ -421,8 +442,7 @@ def run_day(
         if run is None or r.allocation_id not in run.allocations:
             return
         run.allocations.discard(r.allocation_id)
-        key = "borrowed" if run.borrowed else run.job.kind
-        held[key] -= len(r.gpu_ids)
+        held[_held_as(run)] -= len(r.gpu_ids)
         if run.allocations:
             return
         del running[r.task_id]
