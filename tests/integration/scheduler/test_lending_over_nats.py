@@ -13,6 +13,7 @@ from crater.contracts import (
     AllocationGranted,
     AllocationReleased,
     NodeTopologyReported,
+    TaskPending,
     TaskPreempted,
     TaskProfiled,
     TaskStatus,
@@ -141,3 +142,73 @@ async def test_the_pools_file_is_reloaded_without_a_restart(
         assert (loan.task_id, loan.borrowed_from) == ("train-2", "inference")
         applied = {"outcome": "applied"}
         assert service.registry.get_sample_value(RELOADS, applied) == 1.0
+
+
+PREEMPTING = """\
+pools:
+  inference:
+    cohort: shared
+    borrow: {limit: {gpus: 1}, preempt: lower-priority}
+  training:
+    cohort: shared
+    lend: {reclaim: lower-priority}
+"""
+
+
+async def test_a_replica_its_pool_cannot_hold_preempts_training_to_borrow_across_a_restart(
+    fresh_nats: NatsServer, tap: EventTap, database_url: str, tmp_path: Path
+) -> None:
+    """Inference full of its own replicas: a new replica has a low-priority training task
+    yield and, after a restart while the victim checkpoints, borrows its card; training's
+    next task does not take it back."""
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(PREEMPTING)
+    settings = SchedulerSettings(
+        nats_url=fresh_nats.url, database_url=database_url, pools_file=pools
+    )
+    service, app = build(settings)
+    async with TestApp(app):
+        for topology in (
+            node("inf-01", gpus=2, pool="inference"),
+            node("trn-01", gpus=2, pool="training"),
+        ):
+            await publish(service.broker, NodeTopologyReported(node=topology))
+        for _ in range(200):
+            if len(service.state.scheduler.cluster) == 2:
+                break
+            await asyncio.sleep(0.05)
+        replica = {"priority": "high", "preemptible": False}
+        await publish(service.broker, submitted("serve-0", "inference", 2, **replica))
+        await publish(
+            service.broker,
+            submitted("train-1", "training", 2, priority="low", preemptible=True),
+        )
+        _, train = await tap.wait_for(AllocationGranted, count=2)
+        assert (train.task_id, train.node) == ("train-1", "trn-01")
+        await publish(service.broker, submitted("serve-1", "inference", 1, **replica))
+        [preempted] = await tap.wait_for(TaskPreempted)
+        assert (preempted.task_id, preempted.preempted_by, preempted.reclaimed_by_pool) == (
+            "train-1",
+            "serve-1",
+            None,
+        )
+
+    # a new process: the replica still waits for the room its victim leaves on trn-01
+    service, app = build(settings)
+    async with TestApp(app):
+        stopped = TaskStatusReported(
+            task_id="train-1", status=TaskStatus.CANCELLED, allocation_id=train.allocation_id
+        )
+        await publish(service.broker, stopped)
+        [*_, serve] = await tap.wait_for(AllocationGranted, count=3)
+        assert (serve.task_id, serve.node, serve.borrowed_from) == ("serve-1", "trn-01", "training")
+        assert "borrowed 1 GPU from pool training" in serve.explanation
+        # Training's next task takes the other card; none takes the replica's back.
+        await publish(
+            service.broker,
+            submitted("train-2", "training", 2, priority="medium", preemptible=True),
+        )
+        await tap.wait_for(TaskPending, lambda p: p.task_id == "train-2")
+        await asyncio.sleep(0.5)  # a preemption would be published with it, just after
+        assert "train-2" in service.state.scheduler.pending
+        assert len(await tap.wait_for(TaskPreempted)) == 1  # only train-1's, long ago
