@@ -52,3 +52,12 @@ def test_discovery_and_measurement_settings(monkeypatch: pytest.MonkeyPatch) -> 
     bounds = settings.bounds
     assert (bounds.disk_seconds, bounds.memory_seconds) == (3, 1)
     assert (bounds.disk_file_mb, bounds.memory_buffer_mb) == (128, 64)
+
+
+def test_pcie_measurement_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ProbeSettings().measure_pcie_bandwidth is False
+    monkeypatch.setenv("CRATER_PROBE_MEASURE_PCIE_BANDWIDTH", "true")
+    monkeypatch.setenv("CRATER_PROBE_MEASURE_PCIE_BUFFER_MB", "256")
+    settings = ProbeSettings()
+    assert settings.measure_pcie_bandwidth is True
+    assert settings.copy_bounds.buffer_mb == 256

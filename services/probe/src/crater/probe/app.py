@@ -73,6 +73,7 @@ def build(settings: ProbeSettings | None = None) -> tuple[Service, AsgiFastStrea
                 action=xid.action.value,
                 catalog="known" if xid.known else "unknown",
             ).inc(),
+            on_pcie=lambda outcome: metrics.pcie_measurements.labels(outcome=outcome).inc(),
         )
     executor: TaskExecutor | None = None
     if settings.execute:

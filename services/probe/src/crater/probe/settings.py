@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from crater.contracts import FabricPlace, GpuFaultAction, Taint
 from crater.contracts.nodes import NODE_ID_PATTERN
 from crater.probe.adapters.measure import Bounds
+from crater.probe.adapters.pcie_bandwidth import CopyBounds
 from crater.probe.domain.faults import DEFAULT_UNKNOWN_ACTION, DEFAULT_XID_ACTIONS, parse_action
 from crater.runtime.settings import ServiceSettings
 
@@ -97,6 +98,18 @@ class ProbeSettings(ServiceSettings):
     )
     measure_memory_mb: int = Field(
         default=64, ge=1, le=4096, description="Full measurement: copy buffer size (MiB)."
+    )
+    measure_pcie_bandwidth: bool = Field(
+        default=False,
+        description="Local mode: at start, before the first topology report, measure each "
+        "idle card's host-to-card copy bandwidth (pinned memory, CUDA's bandwidthTest figure; "
+        "0.1-0.5 s and 2 x measure_pcie_buffer_mb of memory a card) and report it as "
+        "pcie_bandwidth_gbps, which PCIe bandwidth requests are then checked against instead "
+        "of the nominal generation x width. Needs the probe's `cuda` extra (cuda-bindings); "
+        "a card with a compute process on it is not measured (docs/health.md).",
+    )
+    measure_pcie_buffer_mb: int = Field(
+        default=128, ge=1, le=4096, description="PCIe measurement: bytes per copy (MiB)."
     )
     task_seconds_min: float = Field(
         default=8.0, ge=0, description="Fleet mode: shortest simulated task run."
@@ -202,3 +215,7 @@ class ProbeSettings(ServiceSettings):
             disk_file_mb=self.measure_disk_file_mb,
             disk_seconds=self.measure_seconds,
         )
+
+    @property
+    def copy_bounds(self) -> CopyBounds:
+        return CopyBounds(buffer_mb=self.measure_pcie_buffer_mb)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ def _optional_int(read: Callable[..., Any], *args: Any) -> int | None:
     return value if value > 0 else None
 
 
-def _list_gpus(lib: Any, root: Path) -> list[Gpu]:
+def _list_gpus(lib: Any, root: Path, pcie_bandwidth: Mapping[str, float]) -> list[Gpu]:
     count = int(lib.nvmlDeviceGetCount())
     if count == 0:
         log.info("no NVIDIA GPU found (NVML: driver loaded, 0 devices)")
@@ -145,23 +146,65 @@ def _list_gpus(lib: Any, root: Path) -> list[Gpu]:
                 pcie_generation_max=_optional_int(lib.nvmlDeviceGetMaxPcieLinkGeneration, handle),
                 pcie_width_max=_optional_int(lib.nvmlDeviceGetMaxPcieLinkWidth, handle),
                 pci_root=pci_root(root, bus_ids[index]),
+                pcie_bandwidth_gbps=pcie_bandwidth.get(sysfs_bus_id(bus_ids[index])),
             )
         )
     return gpus
 
 
-def discover_gpus(lib: Any | None = None, root: Path = Path("/")) -> list[Gpu]:
-    """Every NVIDIA GPU, or [] (logged: "no NVIDIA GPU found (NVML: <reason>)")."""
+def discover_gpus(
+    lib: Any | None = None,
+    root: Path = Path("/"),
+    pcie_bandwidth: Mapping[str, float] | None = None,
+) -> list[Gpu]:
+    """Every NVIDIA GPU, or [] (logged: "no NVIDIA GPU found (NVML: <reason>)").
+    `pcie_bandwidth`: measured host-to-card GB/s by PCI bus id (any spelling of the domain),
+    put on the card at that bus id."""
     nvml = _start(lib)
     if nvml is None:
         return []
+    measured = {sysfs_bus_id(bus): gbps for bus, gbps in (pcie_bandwidth or {}).items()}
     try:
-        return _list_gpus(nvml, root)
+        return _list_gpus(nvml, root, measured)
     except NvmlFailure as error:
         log.warning("no NVIDIA GPU found (NVML: listing devices failed: %s)", error)
         return []
     finally:
         _stop(nvml)
+
+
+@dataclass(frozen=True)
+class CardUse:
+    """What a card is doing, for a measurement that must not disturb a task on it."""
+
+    index: int  # NVML's
+    bus_id: str  # as sysfs spells it (0000:17:00.0), which is also CUDA's spelling
+    processes: int | None  # compute processes on it now; None: NVML could not say
+    mig_enabled: bool = False
+
+
+def card_uses(lib: Any | None = None) -> list[CardUse]:
+    """Each card's compute processes now, by bus id; [] without NVML (logged by _start)."""
+    nvml = _start(lib)
+    if nvml is None:
+        return []
+    found = []
+    try:
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            bus = sysfs_bus_id(_bus_id(nvml.nvmlDeviceGetPciInfo(handle)))
+            try:
+                processes: int | None = len(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            except NvmlFailure as error:
+                log.debug("GPU %d lists no processes: %s", index, error)
+                processes = None
+            mig = bool(_mig_mode(nvml, handle))
+            found.append(CardUse(index, bus, processes, mig))
+    except NvmlFailure as error:
+        log.warning("NVML could not list devices: %s", error)
+    finally:
+        _stop(nvml)
+    return found
 
 
 def _optional(read: Callable[..., Any], *args: Any) -> float | None:

@@ -264,12 +264,14 @@ def discover_local(
     labels: Mapping[str, str] | None = None,
     taints: Sequence[Taint] = (),
     disk_iops_at_depth: Mapping[str, float] | None = None,
+    pcie_bandwidth: Mapping[str, float] | None = None,
 ) -> NodeTopology:
     """This machine's topology; GPUs come from NVML unless given (a recorded tree has none).
-    `disk_iops_at_depth`: an operator's rated random-read IOPS, by disk name."""
+    `disk_iops_at_depth`: an operator's rated random-read IOPS, by disk name;
+    `pcie_bandwidth`: measured host-to-card copy GB/s, by the card's PCI bus id."""
     host = discover_host(root)
     if gpus is None:
-        gpus = discover_gpus(root=root)
+        gpus = discover_gpus(root=root, pcie_bandwidth=pcie_bandwidth)
     return build_topology(
         node_id=node_id or node_id_from_hostname(host.hostname),
         hostname=host.hostname,

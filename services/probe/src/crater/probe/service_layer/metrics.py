@@ -65,6 +65,15 @@ class ProbeMetrics:
             ["xid", "action", "catalog"],
             registry=registry,
         )
+        self.pcie_measurements = Counter(
+            "crater_probe_pcie_bandwidth_measurements",
+            "Cards whose host-to-card copy bandwidth the probe measured at start, or did not, "
+            "by outcome: measured, busy (a task on it, or MIG on), unavailable (no "
+            "cuda-bindings, no CUDA driver), unmatched (no CUDA device at its bus id), failed "
+            "(a CUDA error).",
+            ["outcome"],
+            registry=registry,
+        )
         self.unexported = Gauge(
             "crater_probe_nodes_not_exported",
             "Nodes reported on the bus whose per node and card series are left out of this "

@@ -22,6 +22,7 @@ from crater.probe.adapters.host import HostSampler
 from crater.probe.adapters.measure import Measurements, measure_node
 from crater.probe.adapters.nvme import disks_wear
 from crater.probe.adapters.nvml import GpuSampler
+from crater.probe.adapters.pcie_bandwidth import PcieBandwidth, measure_local
 from crater.probe.adapters.sysfs import discover_local
 from crater.probe.domain.faults import CardSignals, FaultTracker, XidSeen
 from crater.probe.domain.health import DiskWear, HealthLimits, evaluate
@@ -59,8 +60,14 @@ class LocalNode:
         self,
         settings: ProbeSettings,
         on_xid: Callable[[XidSeen], None] | None = None,
+        on_pcie: Callable[[str], None] | None = None,
+        measure_pcie: Callable[[ProbeSettings], PcieBandwidth] | None = None,
     ) -> None:
         self.settings = settings
+        self.on_pcie = on_pcie  # counts each card's measurement outcome
+        self._measure_pcie = measure_pcie or (lambda s: measure_local(bounds=s.copy_bounds))
+        # Host-to-card GB/s by bus id, measured once at start; kept across re-discoveries.
+        self.pcie_bandwidth: dict[str, float] = {}
         self.topology: NodeTopology | None = None
         self.last: NodeMetricsReported | None = None
         self.measured: Measurements | None = None
@@ -94,6 +101,7 @@ class LocalNode:
             labels=self.settings.labels,
             taints=[Taint.parse(t) for t in self.settings.taints],
             disk_iops_at_depth=self.settings.disk_iops_at_depth,
+            pcie_bandwidth=self.pcie_bandwidth,
         )
         # Wear moves slowly: read with each discovery, not each heartbeat.
         self.wear = disks_wear(node.disks, root / "dev")
@@ -116,7 +124,28 @@ class LocalNode:
             log.info("not measured: %s (%s)", what, why)
         return True
 
+    def _measure_links(self) -> None:
+        """Each idle card's PCIe copy bandwidth; a card not measured is logged with why and
+        counted, and keeps its nominal figure. Nothing here stops the probe."""
+        try:
+            found = self._measure_pcie(self.settings)
+        except Exception:  # a bug, not a card: the topology still goes out, unmeasured
+            log.exception("PCIe bandwidth not measured")
+            return
+        self.pcie_bandwidth = dict(found.gbps)
+        for bus, figure in found.gbps.items():
+            log.info("PCIe host-to-card copy bandwidth of %s: %.2f GB/s", bus, figure)
+        for bus, (outcome, why) in found.skipped.items():
+            log.warning("PCIe bandwidth of %s not measured (%s): %s", bus, outcome, why)
+        if self.on_pcie is not None:
+            for outcome in found.outcomes():
+                self.on_pcie(outcome)
+
     async def open(self) -> None:
+        if self.settings.measure_pcie_bandwidth:
+            # Before the first discovery, so the first topology report carries the figures
+            # (no re-publication), and before the sampler holds NVML open.
+            await asyncio.to_thread(self._measure_links)
         self.topology = await asyncio.to_thread(self._discover)
         self._host = HostSampler(self.settings.host_root)
         if self.topology.gpus:
