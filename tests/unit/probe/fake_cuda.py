@@ -43,6 +43,7 @@ class FakeCudaDriver:
         self.held: dict[str, int] = {}  # live host buffers, device buffers, events
         self.copied_bytes: list[int] = []
         self.calls: list[str] = []
+        self.bound: Any = None  # the context bound to the calling thread
         self._next = 1
 
     def _call(self, name: str) -> CUresult:
@@ -90,6 +91,7 @@ class FakeCudaDriver:
         return (OK,)
 
     def cuCtxSetCurrent(self, context: Any) -> tuple[CUresult]:
+        self.bound = context  # None: unbound
         return (self._call("cuCtxSetCurrent"),)
 
     def cuMemAllocHost(self, nbytes: int) -> tuple[CUresult, int]:
@@ -141,5 +143,7 @@ class FakeCudaDriver:
         return self._call("cuEventElapsedTime"), end["at"] - start["at"]
 
     def released(self) -> bool:
-        """Nothing left behind: every buffer and event freed, every context released."""
-        return not any(self.held.values()) and not any(self.retained.values())
+        """Nothing left behind: every buffer and event freed, every context released and
+        none left bound to the thread."""
+        bound = self.bound is not None
+        return not any(self.held.values()) and not any(self.retained.values()) and not bound

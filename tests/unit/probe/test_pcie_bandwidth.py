@@ -4,6 +4,9 @@ take known times (so each GB/s is exact) and NVML's stand-in for the cards and t
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +24,14 @@ from crater.probe.adapters.pcie_bandwidth import (
     gbps,
     measure_cards,
     measure_local,
+    near,
 )
 from crater.probe.service_layer.metrics import ProbeMetrics
 from crater.probe.service_layer.nodes import LocalNode
 from crater.probe.settings import ProbeSettings
 from tests.unit.probe.fake_cuda import CUresult, Device, FakeCudaDriver
 from tests.unit.probe.fake_nvml import Card, FakeNvml, bus, pcie_only
+from tests.unit.probe.recorded import write_tree
 
 BOUNDS = CopyBounds(buffer_mb=64, runs=5, warmup=2)
 NBYTES = 64 * MIB
@@ -154,6 +159,7 @@ def test_a_card_cuda_does_not_see_is_unmatched() -> None:
     ("call", "error"),
     [
         ("cuDevicePrimaryCtxRetain", CUresult.CUDA_ERROR_INVALID_DEVICE),
+        ("cuCtxSetCurrent", CUresult.CUDA_ERROR_INVALID_DEVICE),
         ("cuMemAllocHost", CUresult.CUDA_ERROR_OUT_OF_MEMORY),
         ("cuMemAlloc", CUresult.CUDA_ERROR_OUT_OF_MEMORY),
         ("cuEventCreate", CUresult.CUDA_ERROR_OUT_OF_MEMORY),
@@ -181,6 +187,40 @@ def test_measuring_this_machine_reads_the_cards_and_their_tasks_from_nvml() -> N
     found = measure_local(nvml=nvml, driver=driver, bounds=BOUNDS)
     assert found.gbps == {B: round(gbps(NBYTES, 4.0), 2)}
     assert found.skipped[A][0] == "busy"
+
+
+def test_each_card_is_measured_from_its_own_cpus_read_from_sysfs(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "sys/bus/pci/devices/0000:17:00.0/local_cpulist": "0-3,8\n",
+            "sys/bus/pci/devices/0000:27:00.0/local_cpulist": "4-7\n",
+        },
+    )
+    pinned: list[tuple[int, ...]] = []
+
+    @contextmanager
+    def record(cpus: Sequence[int]) -> Iterator[None]:
+        pinned.append(tuple(cpus))
+        yield
+
+    driver = FakeCudaDriver([Device(A), Device(B)])
+    nvml = FakeNvml(pcie_only(3))  # the third card's sysfs entry is missing: no CPUs known
+    found = measure_local(root=tmp_path, nvml=nvml, driver=driver, bounds=BOUNDS, pin=record)
+    assert pinned == [(0, 1, 2, 3, 8), (4, 5, 6, 7)]  # the third card CUDA does not see
+    assert list(found.gbps) == [A, B]
+
+
+def test_pinning_runs_the_thread_on_the_allowed_cpus_and_puts_it_back() -> None:
+    before = os.sched_getaffinity(0)
+    one = min(before)
+    with near([one, 100_000]):  # a CPU this process may not use is left out
+        assert os.sched_getaffinity(0) == {one}
+    assert os.sched_getaffinity(0) == before
+    with near([100_000]):  # none usable: where it was
+        assert os.sched_getaffinity(0) == before
+    with near([]):
+        assert os.sched_getaffinity(0) == before
 
 
 def test_without_nvml_there_is_nothing_to_measure() -> None:

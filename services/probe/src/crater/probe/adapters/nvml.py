@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from crater.contracts import Gpu, GpuMetrics, GpuProcess
-from crater.probe.adapters.pci import pci_numa_node, pci_root, sysfs_bus_id
+from crater.probe.adapters.pci import pci_local_cpus, pci_numa_node, pci_root, sysfs_bus_id
 from crater.probe.domain.faults import CardSignals
 
 log = logging.getLogger("crater.probe.nvml")
@@ -181,9 +181,10 @@ class CardUse:
     bus_id: str  # as sysfs spells it (0000:17:00.0), which is also CUDA's spelling
     processes: int | None  # compute processes on it now; None: NVML could not say
     mig_enabled: bool = False
+    local_cpus: tuple[int, ...] = ()  # the CPUs nearest its link; (): sysfs does not say
 
 
-def card_uses(lib: Any | None = None) -> list[CardUse]:
+def card_uses(lib: Any | None = None, root: Path = Path("/")) -> list[CardUse]:
     """Each card's compute processes now, by bus id; [] without NVML (logged by _start)."""
     nvml = _start(lib)
     if nvml is None:
@@ -199,7 +200,8 @@ def card_uses(lib: Any | None = None) -> list[CardUse]:
                 log.debug("GPU %d lists no processes: %s", index, error)
                 processes = None
             mig = bool(_mig_mode(nvml, handle))
-            found.append(CardUse(index, bus, processes, mig))
+            cpus = tuple(pci_local_cpus(root, bus))
+            found.append(CardUse(index, bus, processes, mig, cpus))
     except NvmlFailure as error:
         log.warning("NVML could not list devices: %s", error)
     finally:

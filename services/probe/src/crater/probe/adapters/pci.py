@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+from crater.probe.domain.cpulist import parse_cpulist
+
 # A host bridge directory under /sys/devices: `pci0000:17` (domain 0000, root bus 17).
 _ROOT_COMPLEX = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 
@@ -24,6 +26,15 @@ def pci_numa_node(root: Path, bus_id: str) -> int | None:
     except (OSError, ValueError):
         return None
     return value if value >= 0 else None
+
+
+def pci_local_cpus(root: Path, bus_id: str) -> list[int]:
+    """The CPUs nearest a PCI device (its `local_cpulist`); [] where sysfs does not say."""
+    try:
+        text = (root / "sys/bus/pci/devices" / sysfs_bus_id(bus_id) / "local_cpulist").read_text()
+        return parse_cpulist(text)
+    except (OSError, ValueError):
+        return []
 
 
 def root_complex_of(path: Path) -> str | None:

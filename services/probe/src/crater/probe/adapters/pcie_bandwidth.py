@@ -17,17 +17,22 @@ CUDA_DEVICE_ORDER, NVML's indexes do not.
 It never disturbs a task: a card with a compute process on it (or whose processes NVML cannot
 list) is left unmeasured, and each measured card's context is the device's primary context,
 released when done so that nothing of the probe stays on the card (no memory held, no
-process listed). Nothing here raises: a card that cannot be measured is named in `skipped`
+process listed). The measuring thread runs on the card's local CPUs while it allocates and
+copies, so the pinned buffer sits in the card's NUMA node and the figure is the link's, not
+the link's behind an inter-socket hop (what a task placed on that node sees). Nothing here
+raises: a card that cannot be measured is named in `skipped`
 with the reason, and its link then counts at its nominal figure.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from crater.probe.adapters.nvml import CardUse, card_uses
@@ -103,6 +108,17 @@ def _held(
         _quietly(driver, free, value if release_with is None else release_with)
 
 
+@contextmanager
+def _current(driver: Any, context: Any) -> Iterator[None]:
+    """`context` bound to the calling thread, unbound again (after the frees, which need it)
+    before its release destroys it: the pool thread that measured keeps no dangling context."""
+    _ok(driver.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+    try:
+        yield
+    finally:
+        _quietly(driver, "cuCtxSetCurrent", None)
+
+
 def gbps(nbytes: int, milliseconds: float) -> float:
     """Decimal GB a second for `nbytes` copied in `milliseconds`."""
     if milliseconds <= 0:
@@ -118,26 +134,26 @@ def copy_gbps(driver: Any, device: Any, bounds: CopyBounds = CopyBounds()) -> fl
     # The primary context is released by device, not by context; once its last reference
     # goes the driver destroys it, and with it everything below.
     retain = ("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease")
-    with _held(driver, *retain, device, release_with=device) as context:
-        _ok(driver.cuCtxSetCurrent(context), "cuCtxSetCurrent")
-        with (
-            _held(driver, "cuMemAllocHost", "cuMemFreeHost", nbytes) as host,
-            _held(driver, "cuMemAlloc", "cuMemFree", nbytes) as card,
-            _held(driver, "cuEventCreate", "cuEventDestroy", 0) as start,
-            _held(driver, "cuEventCreate", "cuEventDestroy", 0) as end,
-        ):
-            for _ in range(bounds.warmup):
-                _ok(driver.cuMemcpyHtoD(card, host, nbytes), "cuMemcpyHtoD")
-            _ok(driver.cuCtxSynchronize(), "cuCtxSynchronize")
-            for _ in range(bounds.runs):
-                # Events on the null stream bracket the copy on the card's own clock, so
-                # the figure is the transfer, not Python's call overhead around it.
-                _ok(driver.cuEventRecord(start, 0), "cuEventRecord")
-                _ok(driver.cuMemcpyHtoD(card, host, nbytes), "cuMemcpyHtoD")
-                _ok(driver.cuEventRecord(end, 0), "cuEventRecord")
-                _ok(driver.cuEventSynchronize(end), "cuEventSynchronize")
-                elapsed = _ok(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime")
-                timed.append(gbps(nbytes, float(elapsed)))
+    with (
+        _held(driver, *retain, device, release_with=device) as context,
+        _current(driver, context),
+        _held(driver, "cuMemAllocHost", "cuMemFreeHost", nbytes) as host,
+        _held(driver, "cuMemAlloc", "cuMemFree", nbytes) as card,
+        _held(driver, "cuEventCreate", "cuEventDestroy", 0) as start,
+        _held(driver, "cuEventCreate", "cuEventDestroy", 0) as end,
+    ):
+        for _ in range(bounds.warmup):
+            _ok(driver.cuMemcpyHtoD(card, host, nbytes), "cuMemcpyHtoD")
+        _ok(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+        for _ in range(bounds.runs):
+            # Events on the null stream bracket the copy on the card's own clock, so the
+            # figure is the transfer, not Python's call overhead around it.
+            _ok(driver.cuEventRecord(start, 0), "cuEventRecord")
+            _ok(driver.cuMemcpyHtoD(card, host, nbytes), "cuMemcpyHtoD")
+            _ok(driver.cuEventRecord(end, 0), "cuEventRecord")
+            _ok(driver.cuEventSynchronize(end), "cuEventSynchronize")
+            elapsed = _ok(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime")
+            timed.append(gbps(nbytes, float(elapsed)))
     return statistics.median(timed)
 
 
@@ -154,6 +170,25 @@ def cuda_devices(driver: Any) -> dict[str, Any]:
         bus = _ok(driver.cuDeviceGetPCIBusId(BUS_ID_LENGTH, device), "cuDeviceGetPCIBusId")
         found[sysfs_bus_id(_text(bus))] = device
     return found
+
+
+@contextmanager
+def near(cpus: Sequence[int]) -> Iterator[None]:
+    """Run the calling thread on those of `cpus` it may use (a container's cpuset may allow
+    fewer; none allowed, or none known: where it was). Pid 0 is the calling thread."""
+    before = os.sched_getaffinity(0)
+    usable = [c for c in cpus if c in before]
+    if not usable:
+        yield
+        return
+    os.sched_setaffinity(0, usable)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+Pin = Callable[[Sequence[int]], AbstractContextManager[None]]
 
 
 def _why_not(card: CardUse) -> str | None:
@@ -173,6 +208,7 @@ def measure_cards(
     driver: Any | None = None,
     load: Callable[[], Any] = _cuda_driver,
     bounds: CopyBounds = CopyBounds(),
+    pin: Pin = near,
 ) -> PcieBandwidth:
     """Measure every idle card, one at a time (two at once would share the host's memory
     and perhaps a PCIe switch, and measure that instead); never raises."""
@@ -207,7 +243,8 @@ def measure_cards(
             )
             continue
         try:
-            found.gbps[card.bus_id] = round(copy_gbps(driver, device, bounds), 2)
+            with pin(card.local_cpus):
+                found.gbps[card.bus_id] = round(copy_gbps(driver, device, bounds), 2)
         except Exception as error:  # CudaError, or the bindings' own (a bad argument)
             found.skipped[card.bus_id] = ("failed", str(error) or type(error).__name__)
     return found
@@ -215,10 +252,14 @@ def measure_cards(
 
 def measure_local(
     *,
+    root: Path = Path("/"),
     nvml: Any | None = None,
     driver: Any | None = None,
     load: Callable[[], Any] = _cuda_driver,
     bounds: CopyBounds = CopyBounds(),
+    pin: Pin = near,
 ) -> PcieBandwidth:
-    """This machine's cards, found and checked for tasks through NVML, then measured."""
-    return measure_cards(card_uses(nvml), driver=driver, load=load, bounds=bounds)
+    """This machine's cards, found and checked for tasks through NVML, then measured;
+    `root`: where the host's /sys is (the cards' local CPUs)."""
+    cards = card_uses(nvml, root)
+    return measure_cards(cards, driver=driver, load=load, bounds=bounds, pin=pin)

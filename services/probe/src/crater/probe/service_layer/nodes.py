@@ -65,7 +65,9 @@ class LocalNode:
     ) -> None:
         self.settings = settings
         self.on_pcie = on_pcie  # counts each card's measurement outcome
-        self._measure_pcie = measure_pcie or (lambda s: measure_local(bounds=s.copy_bounds))
+        self._measure_pcie = measure_pcie or (
+            lambda s: measure_local(root=s.host_root, bounds=s.copy_bounds)
+        )
         # Host-to-card GB/s by bus id, measured once at start; kept across re-discoveries.
         self.pcie_bandwidth: dict[str, float] = {}
         self.topology: NodeTopology | None = None
