@@ -6,7 +6,7 @@ untimed copies to warm the link and the driver's paths, then `runs` copies each 
 between two CUDA events on the null stream; the figure is the median of the runs' GB/s
 (decimal: 1e9 bytes a second, one way), which one slow run (a page fault, an interrupt)
 does not move. Pinned memory, because that is what a loader doing its best achieves (a
-pageable buffer is staged through a pinned one by the driver, at roughly half the rate).
+pageable buffer is staged through a pinned one by the driver, at a lower rate).
 
 The CUDA driver API comes from NVIDIA's `cuda-bindings` (the `cuda` extra of crater-probe),
 loaded only when a measurement is asked for; every call goes through `driver`, the
@@ -15,13 +15,13 @@ to NVML's cards by PCI bus id: CUDA's ordinals follow CUDA_VISIBLE_DEVICES and
 CUDA_DEVICE_ORDER, NVML's indexes do not.
 
 It never disturbs a task: a card with a compute process on it (or whose processes NVML cannot
-list) is left unmeasured, and each measured card's context is the device's primary context,
-released when done so that nothing of the probe stays on the card (no memory held, no
-process listed). The measuring thread runs on the card's local CPUs while it allocates and
-copies, so the pinned buffer sits in the card's NUMA node and the figure is the link's, not
-the link's behind an inter-socket hop (what a task placed on that node sees). Nothing here
-raises: a card that cannot be measured is named in `skipped`
-with the reason, and its link then counts at its nominal figure.
+list, or with MIG on) is left unmeasured, and each measured card's context is the device's
+primary context, released when done so that nothing of the probe stays on the card (no
+memory held, no process listed). The measuring thread runs on the card's local CPUs while it
+allocates and copies, so the pinned buffer sits on the card's NUMA node and no inter-socket
+hop is counted against the link (a task placed on that node has none either). Nothing here
+raises: a card that cannot be measured is named in `skipped` with the reason, and its link
+then counts at its nominal figure.
 """
 
 from __future__ import annotations
@@ -178,14 +178,18 @@ def near(cpus: Sequence[int]) -> Iterator[None]:
     fewer; none allowed, or none known: where it was). Pid 0 is the calling thread."""
     before = os.sched_getaffinity(0)
     usable = [c for c in cpus if c in before]
-    if not usable:
-        yield
-        return
-    os.sched_setaffinity(0, usable)
+    pinned = False
+    if usable:
+        try:
+            os.sched_setaffinity(0, usable)
+            pinned = True
+        except OSError as error:  # measured unpinned: a figure all the same, perhaps lower
+            log.debug("measuring from CPUs %s failed: %s", usable, error)
     try:
         yield
     finally:
-        os.sched_setaffinity(0, before)
+        if pinned:
+            os.sched_setaffinity(0, before)
 
 
 Pin = Callable[[Sequence[int]], AbstractContextManager[None]]
