@@ -320,7 +320,7 @@ def test_a_request_without_models_has_the_demand_and_the_json_it_had() -> None:
         ({"type": "a100", "models": ["h100"]}, "models", "not both"),
         ({"types": ["a100"], "models": ["h100"]}, "models", "not both"),
         ({"models_policy": "next"}, "models_policy", "without models"),
-        ({"models": ["h100"], "models_policy": "borrow"}, "models_policy", "'next' or 'wait'"),
+        ({"models": ["h100"], "models_policy": "steal"}, "models_policy", "'wait' or 'borrow'"),
         ({"models": ["h100"], "models_policy": "wait"}, "models_wait_seconds", "needs"),
         ({"models": ["h100"], "models_wait_seconds": 9}, "models_wait_seconds", "only with"),
         (

@@ -297,6 +297,8 @@ class GpuModelsPolicy(StrEnum):
 
     NEXT = "next"  # take the first listed model that fits now
     WAIT = "wait"  # the first model only, up to models_wait_seconds; then as next
+    # each model in order on its own pool, then borrowed from a cohort mate, before the next
+    BORROW = "borrow"
 
 
 class GpuRequirement(Contract):
@@ -330,9 +332,10 @@ class GpuRequirement(Contract):
         max_length=GPU_MODELS_MAX,
         exclude_if=lambda models: models is None,
         description="GPU products in order of preference ('H100, else A100-80GB'): the task "
-        "takes the first of them that fits (models_policy next) or waits for the first up to "
-        "models_wait_seconds (wait); the grant says which it took and why. One product per "
-        "entry, each once; not with type or types.",
+        "takes the first of them that fits (models_policy next), waits for the first up to "
+        "models_wait_seconds (wait), or borrows each from a cohort mate before it takes the "
+        "next (borrow); the grant says which it took and why. One product per entry, each "
+        "once; not with type or types.",
         examples=[["h100", "a100-80gb"]],
     )
     models_policy: GpuModelsPolicy | None = Field(
@@ -340,7 +343,9 @@ class GpuRequirement(Contract):
         exclude_if=lambda policy: policy is None,
         description="With models: next (the default) takes the first listed model that fits "
         "now, as Kueue's flavor fungibility TryNextFlavor; wait places on the first model "
-        "only until models_wait_seconds have passed since submission, then as next.",
+        "only until models_wait_seconds have passed since submission, then as next; borrow "
+        "tries each model on its own pool, then on a cohort mate's idle nodes, before the "
+        "next model (Kueue's whenCanBorrow: Borrow; without a cohort, as next).",
     )
     models_wait_seconds: int | None = Field(
         default=None,

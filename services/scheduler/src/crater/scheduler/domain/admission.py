@@ -3,6 +3,7 @@ its reasons; and the dry run of a submission, decided the same way."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Literal
 
 import numpy as np
@@ -25,6 +26,7 @@ from crater.scheduler.domain.events import (
     rejected,
 )
 from crater.scheduler.domain.fabric import never_in_one
+from crater.scheduler.domain.gpu_order import one_model
 from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.phases import Phases
 from crater.scheduler.domain.placer import Pick, Placer
@@ -94,13 +96,20 @@ class Admission:
             return [rejected(event, request.task_id, errors)]
         self.state.cluster.workload.observe(demand)
         avoid = self.waitlist.reserved_for(task)
-        granted = self.placer.try_place(task, event, avoid)
+        by_model = self.lending is not None and self.lending.by_model(task)
+        # models_policy borrow: its first model only here, the rest with borrowing below
+        with one_model(task, 0, []) if by_model else nullcontext():
+            granted = self.placer.try_place(task, event, avoid)
         if granted:
             return list(granted)
         over = self.state.quotas.blocking(request.tenant, demand, members, request.user)
         if self.lending is not None and not over:
             self.lending.begin_pass()
-            loaned, task.borrow_reason = self.lending.borrow(task, event)
+            loaned, task.borrow_reason = (
+                self.lending.borrow_by_model(task, event, avoid)
+                if by_model
+                else self.lending.borrow(task, event)
+            )
             if loaned:
                 return list(loaned)
         if self.phasing is not None and self.state.phases and not over:

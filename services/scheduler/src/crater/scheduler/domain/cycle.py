@@ -3,10 +3,12 @@ placed, or told why it waits, made its pool's head, and given victims to preempt
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from crater.contracts import (
+    AllocationGranted,
     Event,
     FilterReason,
 )
@@ -14,6 +16,7 @@ from crater.scheduler.domain.cluster import (
     BoolArray,
 )
 from crater.scheduler.domain.demand import Demand
+from crater.scheduler.domain.gpu_order import one_model
 from crater.scheduler.domain.guarantees import Guarantees
 from crater.scheduler.domain.lending import Lending
 from crater.scheduler.domain.phases import Phases
@@ -179,7 +182,8 @@ class Cycle:
             else:
                 found = self.placer.diagnose(task.filter_demand)
                 if (found[0] if avoid is None else found[0] & ~avoid).any():
-                    granted = self.placer.place(task, cause, found[0], avoid)
+                    with self.first_model_only(task):
+                        granted = self.placer.place(task, cause, found[0], avoid)
                     if granted:
                         self.state.dequeue(task.request.task_id)
                         run.granted()  # less is free now
@@ -192,7 +196,7 @@ class Cycle:
                 return decisions
             if self.lending is not None:
                 # not on its own pool's nodes: on a cohort mate's idle ones?
-                loaned, task.borrow_reason = self.lending.borrow(task, cause)
+                loaned, task.borrow_reason = self.borrow(task, cause, avoid)
                 if loaned:
                     self.state.dequeue(task.request.task_id)
                     run.granted()
@@ -244,7 +248,7 @@ class Cycle:
         for task, avoid, over, found in sorted(deferred, key=lambda d: standing[d[0].request.pool]):
             if task.request.task_id not in self.state.pending:
                 continue
-            loaned, task.borrow_reason = self.lending.borrow(task, cause)
+            loaned, task.borrow_reason = self.borrow(task, cause, avoid)
             if loaned:
                 self.state.dequeue(task.request.task_id)
                 decisions += loaned
@@ -257,6 +261,23 @@ class Cycle:
                 continue
             decisions += self.wait(task, cause, avoid, over, found)
         return decisions
+
+    def first_model_only(self, task: PendingTask) -> AbstractContextManager[None]:
+        """With models_policy borrow, its own pool's nodes take its first model only here:
+        it borrows that one before it takes the next at home (`borrow`)."""
+        if self.lending is None or not self.lending.by_model(task):
+            return nullcontext()
+        return one_model(task, 0, [])
+
+    def borrow(
+        self, task: PendingTask, cause: Event, avoid: BoolArray | None
+    ) -> tuple[list[AllocationGranted], str | None]:
+        """`task` on a cohort mate's idle nodes, once it did not fit its own pool's (with
+        models_policy borrow, its first model there): the grants, or why not."""
+        assert self.lending is not None  # only a pass with lending borrows
+        if self.lending.by_model(task):
+            return self.lending.borrow_by_model(task, cause, avoid)
+        return self.lending.borrow(task, cause)
 
     def on_lent_card(self, task: PendingTask, cause: Event) -> list[Event]:
         """`task` (an inference replica that fits nowhere else) on a card a training task

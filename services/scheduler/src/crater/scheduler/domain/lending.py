@@ -11,6 +11,10 @@ So that an owner never has to win its capacity back twice, a pool lends nothing 
 task of its own waits (one its tenant's quota lets in), nor on the nodes kept for its blocked
 head; and a pool that has lent capacity out takes it back before it borrows.
 
+A task whose GPU models are ordered with `models_policy: borrow` borrows its first model
+before it takes its second on its own pool (`borrow_by_model`, Kueue's `whenCanBorrow:
+Borrow`); every rule above holds for each of its models as for any borrower.
+
 Without a cohort nothing here runs: placement is exactly as without lending.
 """
 
@@ -23,8 +27,10 @@ from datetime import datetime
 import numpy as np
 import numpy.typing as npt
 
-from crater.contracts import AllocationGranted, Event
+from crater.contracts import AllocationGranted, Event, GpuModelsPolicy
+from crater.scheduler.domain.cluster import BoolArray
 from crater.scheduler.domain.fairshare import DecayedUsage
+from crater.scheduler.domain.gpu_order import missed_at_home, one_model
 from crater.scheduler.domain.placer import Placer
 from crater.scheduler.domain.prewarm import Forecast
 from crater.scheduler.domain.queue import node_mask
@@ -270,6 +276,41 @@ class Lending:
                     return granted, None
             why.append(f"no idle node of pool {lender} fits")
         return [], "cannot borrow: " + "; ".join(why)
+
+    def by_model(self, task: PendingTask) -> bool:
+        """Whether `task` borrows each of its GPU models before it takes the next on its own
+        pool (models_policy borrow); without cohort mates it borrows nothing: as next."""
+        return (
+            task.request.resource_requirements.gpu.models_policy is GpuModelsPolicy.BORROW
+            and bool(task.full_demand.gpu_model_order)
+            and bool(self.retries.cohorts.get(task.request.pool))
+        )
+
+    def borrow_by_model(
+        self, task: PendingTask, cause: Event, avoid: BoolArray | None
+    ) -> tuple[list[AllocationGranted], str | None]:
+        """`borrow` for models_policy borrow, once `task` did not fit its first model on its
+        own pool: that model on a cohort mate's idle nodes, then each next model on its own
+        pool's nodes (off `avoid`) and then on a mate's, in its order. The grants, or none
+        and why it borrowed none (each distinct reason once, in model order)."""
+        fits, _ = self.placer.diagnose(task.filter_demand)
+        missed = [missed_at_home(self.state, task, 0)]
+        reasons: list[str] = []
+        for rank, model in enumerate(task.full_demand.gpu_model_order):
+            if rank:
+                with one_model(task, rank, missed):
+                    granted = self.placer.place(task, cause, fits, avoid)
+                if granted:
+                    return granted, None
+                missed.append(missed_at_home(self.state, task, rank))
+            with one_model(task, rank, missed):
+                loaned, why = self.borrow(task, cause)
+            if loaned:
+                return loaned, None
+            if why is not None:
+                missed.append(f"{model} not borrowed ({why})")
+                reasons.append(why)
+        return [], "; ".join(dict.fromkeys(reasons)) or None
 
 
 def borrowed(state: SchedulerState, pool: str) -> Usage:

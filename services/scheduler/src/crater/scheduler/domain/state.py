@@ -81,6 +81,10 @@ class PendingTask:
     wide_demand: Demand | None = None
     # Which listed model the placer took for it and why, for its grant's explanation.
     model_choice: str | None = None
+    # With models_policy borrow, while one step of its model order is tried (gpu_order.py,
+    # `one_model`): the rank of the only listed model placement may take, and why each
+    # earlier one was not taken (at home, borrowed). None outside such a step.
+    model_step: tuple[int, tuple[str, ...]] | None = None
 
     def __post_init__(self) -> None:
         gpu = self.request.resource_requirements.gpu
