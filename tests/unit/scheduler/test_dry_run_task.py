@@ -7,9 +7,12 @@ import copy
 
 from crater.contracts import AllocationGranted, Confidence, TaskPending
 from crater.scheduler.domain.core import Scheduler, SchedulerConfig
+from crater.scheduler.domain.pools import PoolPolicy
 from crater.scheduler.domain.quotas import Quota
 from tests.support.topologies import node
 from tests.unit.scheduler.test_core import at, cluster, profiled
+from tests.unit.scheduler.test_lending import cluster as lending_cluster
+from tests.unit.scheduler.test_lending import lending, submit
 
 
 def state(scheduler: Scheduler) -> object:
@@ -81,3 +84,31 @@ def test_the_tenant_quota_counts() -> None:
     assert answer.reasons[0].code == "QuotaExceeded"
     never = profiled("s3", gpus=4, tenant="search", when=2)
     assert scheduler.dry_run_task(never.task, never.prediction).outcome == "rejected"
+
+
+def test_a_task_that_would_borrow_is_answered_where_it_would_borrow() -> None:
+    """In a cohort the dry run looks where the submission would borrow (a cohort mate's idle
+    nodes), and a real submission then borrows exactly there."""
+    scheduler = lending_cluster(lending(), [8], [4])
+    scheduler.handle(submit("t0", 0, "training", 4))
+    event = submit("t1", 1, "training", 4)
+    before = state(scheduler)
+    answer = scheduler.dry_run_task(event.task, event.prediction)
+    assert state(scheduler) == before
+    assert answer.outcome == "placed"
+    assert [m.node_id for m in answer.members] == ["inf-0"]
+    assert "would borrow from pool inference" in answer.summary
+    [granted] = [d for d in scheduler.handle(event) if isinstance(d, AllocationGranted)]
+    assert (granted.node, granted.borrowed_from) == ("inf-0", "inference")
+    # A lender that lends nothing now: waiting, and why (the borrow reason).
+    config = SchedulerConfig(
+        pools={
+            "inference": PoolPolicy(cohort="shared", lend_limit=Quota(gpus=0)),
+            "training": PoolPolicy(cohort="shared"),
+        }
+    )
+    scheduler = lending_cluster(config, [8], [4])
+    scheduler.handle(submit("t0", 0, "training", 4))
+    answer = scheduler.dry_run_task(event.task, event.prediction)
+    assert answer.outcome == "waiting"
+    assert "pool inference lends no more" in answer.summary

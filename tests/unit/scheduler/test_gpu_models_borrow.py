@@ -112,6 +112,15 @@ def test_borrow_takes_the_first_model_on_a_mate_where_next_takes_the_second_at_h
     assert "took a100-80gb, second choice of h100, a100-80gb: h100 full" in home.explanation
 
 
+def test_the_dry_run_answers_what_the_submission_then_does() -> None:
+    for policy, where in (("borrow", "inf-h100"), ("next", "trn-a100")):
+        scheduler = training_h100_full(cohort())
+        event = task("t", 2, 4, policy)
+        answer = scheduler.dry_run_task(event.task, event.prediction)
+        assert [m.node_id for m in answer.members] == [where], policy
+        assert granted(scheduler.handle(event)).node == where
+
+
 def test_borrow_takes_the_first_model_at_home_when_it_fits_there() -> None:
     scheduler = fleet(
         cohort(), ("trn-h100", "training", "h100", 8), ("inf-h100", "inference", "h100", 8)

@@ -20,6 +20,7 @@ from crater.contracts import (
     TaskRequest,
     TaskStatus,
 )
+from crater.scheduler.domain.cluster import BoolArray
 from crater.scheduler.domain.demand import Demand
 from crater.scheduler.domain.events import (
     ended,
@@ -132,6 +133,20 @@ class Admission:
             task, preempted, (reasons, summary), avoid, over, found
         )
         return self.reasons.announce(task, event, reasons, summary) + preempted
+
+    def dry_borrow(
+        self, task: PendingTask, avoid: BoolArray | None, by_model: bool
+    ) -> tuple[list[Pick] | None, str | None]:
+        """Where `task` would borrow a cohort mate's capacity now (a dry run: nothing is
+        granted), or None and why not."""
+        assert self.lending is not None  # only a cohort borrows
+
+        def choose(fits: BoolArray, off: BoolArray | None) -> list[Pick] | None:
+            return self.placer.choose(task, fits, off)
+
+        if by_model:
+            return self.lending.look_by_model(task, avoid, choose)
+        return self.lending.look_abroad(task, choose)
 
     def refusals(self, task: PendingTask) -> list[FieldError]:
         """Why `task` is refused: it can never be placed (its tenant's quota or its user's,
@@ -296,8 +311,17 @@ class Admission:
             over = self.state.quotas.blocking(request.tenant, demand, task.gang_size, request.user)
             avoid = self.waitlist.reserved_for(task)
             found = None if over else self.placer.diagnose(task.filter_demand)
+            by_model = self.lending is not None and self.lending.by_model(task)
             if found is not None:
-                picks = self.placer.choose(task, found[0], avoid)
+                with one_model(task, 0, []) if by_model else nullcontext():
+                    picks = self.placer.choose(task, found[0], avoid)
+            if picks is None and found is not None and self.lending is not None:
+                # where it would borrow, as `on_profiled` does
+                self.lending.begin_pass()
+                picks, task.borrow_reason = self.dry_borrow(task, avoid, by_model)
+                if picks is not None:
+                    lenders = sorted({n.topology.pool for n, *_ in picks})
+                    summary = f"{summary}; would borrow from pool {', '.join(lenders)}"
             if picks is None:
                 reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
         outcome: Literal["placed", "waiting", "rejected"] = (

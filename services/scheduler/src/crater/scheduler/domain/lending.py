@@ -21,8 +21,10 @@ Without a cohort nothing here runs: placement is exactly as without lending.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +46,10 @@ from crater.scheduler.domain.state import (
 )
 
 NO_LIMIT = Quota()
+T = TypeVar("T")
+# One try of a task on some nodes (those that pass, those to keep off): what it got (the
+# grants; or, in a dry run, where it would go), None when it did not fit.
+Attempt = Callable[[BoolArray, BoolArray | None], T | None]
 
 
 def limits_text(over: list[Over]) -> str:
@@ -213,21 +219,32 @@ class Lending:
     def borrow(self, task: PendingTask, cause: Event) -> tuple[list[AllocationGranted], str | None]:
         """Place `task` on a cohort mate's idle nodes: the grants, or none and why not (None
         when its pool does not borrow at all)."""
+        granted, why = self.look_abroad(task, self.placing(task, cause))
+        return granted or [], why
+
+    def placing(self, task: PendingTask, cause: Event) -> Attempt[list[AllocationGranted]]:
+        """An attempt that grants `task` where it fits (None: it did not)."""
+        return lambda fits, avoid: self.placer.place(task, cause, fits, avoid) or None
+
+    def look_abroad(self, task: PendingTask, attempt: Attempt[T]) -> tuple[T | None, str | None]:
+        """Where `task` may borrow, in order, each tried with `attempt` (a grant, or a dry
+        run's choice): its first success, or None and why not (None: its pool does not
+        borrow at all)."""
         pool = task.request.pool
         mates = self.retries.cohorts.get(pool, ())
         if not mates:
-            return [], None
+            return None, None
         if task.gang_size > 1 and not task.same_node:
-            return [], "a gang spread over nodes borrows no capacity"
+            return None, "a gang spread over nodes borrows no capacity"
         # The room its victims left on a mate's nodes (preempting to borrow): its own.
         claim = claimed_abroad(self.state, task)
         if not claim and self.takes_back_first(task):
-            return [], f"pool {pool} has capacity lent out: it reclaims that first"
+            return None, f"pool {pool} has capacity lent out: it reclaims that first"
         usage = Usage.of(task.demand).times(task.gang_size)
         policies = self.state.config.pools
         over = policies[pool].borrow_limit.excess(self.borrowed(pool) + usage)
         if over:
-            return [], f"pool {pool} may borrow no more ({limits_text(over)})"
+            return None, f"pool {pool} may borrow no more ({limits_text(over)})"
         why: list[str] = []
         for lender in mates:
             mine = [n for n in claim if self.state.cluster.pool_of(n) == lender]
@@ -247,10 +264,9 @@ class Lending:
             if claim:
                 if mine:
                     fits, _ = self.placer.diagnose(replace(task.filter_demand, pool=lender))
-                    claimed = fits & node_mask(self.state.cluster, tuple(mine))
-                    granted = self.placer.place(task, cause, claimed, None)
-                    if granted:
-                        return granted, None
+                    found = attempt(fits & node_mask(self.state.cluster, tuple(mine)), None)
+                    if found is not None:
+                        return found, None
                     why.append(
                         f"its victims on pool {lender} are yielding"
                         if yielding_for(self.state, task)
@@ -271,11 +287,11 @@ class Lending:
             # borrowers), so that a reclaim frees room in one piece.
             owned = self.owner_gpus(lender)
             for tier in np.unique(owned[fits]):
-                granted = self.placer.place(task, cause, fits & (owned == tier), avoid)
-                if granted:
-                    return granted, None
+                found = attempt(fits & (owned == tier), avoid)
+                if found is not None:
+                    return found, None
             why.append(f"no idle node of pool {lender} fits")
-        return [], "cannot borrow: " + "; ".join(why)
+        return None, "cannot borrow: " + "; ".join(why)
 
     def by_model(self, task: PendingTask) -> bool:
         """Whether `task` borrows each of its GPU models before it takes the next on its own
@@ -289,28 +305,36 @@ class Lending:
     def borrow_by_model(
         self, task: PendingTask, cause: Event, avoid: BoolArray | None
     ) -> tuple[list[AllocationGranted], str | None]:
-        """`borrow` for models_policy borrow, once `task` did not fit its first model on its
-        own pool: that model on a cohort mate's idle nodes, then each next model on its own
-        pool's nodes (off `avoid`) and then on a mate's, in its order. The grants, or none
-        and why it borrowed none (each distinct reason once, in model order)."""
+        """`borrow` for models_policy borrow (`look_by_model`): the grants, or none and why."""
+        granted, why = self.look_by_model(task, avoid, self.placing(task, cause))
+        return granted or [], why
+
+    def look_by_model(
+        self, task: PendingTask, avoid: BoolArray | None, attempt: Attempt[T]
+    ) -> tuple[T | None, str | None]:
+        """models_policy borrow, once `task` did not fit its first model on its own pool:
+        that model on a cohort mate's idle nodes, then each next model on its own pool's nodes
+        (off `avoid`) and then on a mate's, in its order, each tried with `attempt`. Its
+        first success, or None and why it borrowed none (each distinct reason once, in model
+        order)."""
         fits, _ = self.placer.diagnose(task.filter_demand)
         missed = [missed_at_home(self.state, task, 0)]
         reasons: list[str] = []
         for rank, model in enumerate(task.full_demand.gpu_model_order):
             if rank:
                 with one_model(task, rank, missed):
-                    granted = self.placer.place(task, cause, fits, avoid)
-                if granted:
-                    return granted, None
+                    found = attempt(fits, avoid)
+                if found is not None:
+                    return found, None
                 missed.append(missed_at_home(self.state, task, rank))
             with one_model(task, rank, missed):
-                loaned, why = self.borrow(task, cause)
-            if loaned:
-                return loaned, None
+                found, why = self.look_abroad(task, attempt)
+            if found is not None:
+                return found, None
             if why is not None:
                 missed.append(f"{model} not borrowed ({why})")
                 reasons.append(why)
-        return [], "; ".join(dict.fromkeys(reasons)) or None
+        return None, "; ".join(dict.fromkeys(reasons)) or None
 
 
 def borrowed(state: SchedulerState, pool: str) -> Usage:
