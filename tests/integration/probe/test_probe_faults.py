@@ -14,7 +14,10 @@ from crater.probe.app import ProbeSettings, build
 from crater.runtime.nats_server import NatsServer
 from tests.support.events import EventTap
 
-SILENT_AT, SILENT_FOR = 1.0, 1.5
+# Long enough that an event loop stalled for a second on a loaded machine (seen: 1.2 s) does
+# not read as silence, nor a silence as a stall.
+SILENT_AT, SILENT_FOR = 1.0, 4.0
+SLACK = 1.0
 
 
 async def test_a_silent_node_stops_its_heartbeat_and_resumes(
@@ -54,10 +57,10 @@ async def test_a_silent_node_stops_its_heartbeat_and_resumes(
     assert len([t for t in quiet if t > SILENT_AT + SILENT_FOR + 0.5]) >= 3, quiet  # resumed
     gaps = [b - a for a, b in itertools.pairwise(quiet)]
     # Heartbeats every 0.1 s, but none for (nearly) the whole silent window.
-    assert max(gaps) >= SILENT_FOR - 0.5, gaps
+    assert max(gaps) >= SILENT_FOR - SLACK, gaps
     # The other node kept its heartbeat all along, and both were Ready when they spoke.
     steady = arrivals["cpu-01"]
-    assert max(b - a for a, b in itertools.pairwise(steady)) < SILENT_FOR - 0.5
+    assert max(b - a for a, b in itertools.pairwise(steady)) < SILENT_FOR - SLACK
     assert {h.condition for h in tap.of(NodeHealthReported)} == {NodeCondition.READY}
     # No metrics from the silent node during its window either (allowing for the round in
     # flight when it fell silent).
