@@ -4,6 +4,7 @@ refused naming the field, and the consumer moves on."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from faststream import TestApp
@@ -44,6 +45,12 @@ async def test_places_arrive_persist_and_a_malformed_one_is_refused_by_field(
     # a new process: the places come back with the nodes from the database
     service, app = build(settings)
     async with TestApp(app):
+        # the core is loaded from the database when this process takes the lead (a moment
+        # after start under load: seen in CI): read it once it holds the nodes
+        for _ in range(400):
+            if len(service.state.scheduler.cluster) >= 3:
+                break
+            await asyncio.sleep(0.05)
         cluster = service.state.scheduler.cluster
         assert cluster.fabric_nodes == 3
         assert {n.name: n.topology.fabric.leaf for n in cluster.nodes} == leaves  # type: ignore[union-attr]
