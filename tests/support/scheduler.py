@@ -30,3 +30,14 @@ async def node_known(service: Any, topology: NodeTopology) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"the scheduler never knew {topology.node_id}")
+
+
+async def leading(service: Any, seconds: float = 30.0) -> None:
+    """Wait until `service` leads: it has taken the lease and loaded its core from the
+    database (`take_over` replaces the core, so one read before that is the empty one; under
+    load that moment comes a while after the app starts)."""
+    for _ in range(int(seconds / 0.05)):
+        if service.state.epoch is not None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the scheduler did not take the lead within {seconds:g} s")

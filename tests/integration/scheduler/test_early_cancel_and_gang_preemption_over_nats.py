@@ -27,6 +27,7 @@ from tests.integration.scheduler.test_gang_cancel_over_nats import (
     status_of,
 )
 from tests.support.events import EventTap
+from tests.support.scheduler import leading
 from tests.support.topologies import node
 
 
@@ -101,6 +102,7 @@ async def test_a_gang_preempts_across_nodes_and_its_nomination_survives_a_restar
 
     service, app = build(settings)
     async with TestApp(app):
+        await leading(service)
         assert service.state.scheduler.pending["ddp"].nominated == ("n1", "n2")
         for victim in ("low-1", "low-2"):
             stopped = TaskStatusReported(task_id=victim, status=TaskStatus.CANCELLED)

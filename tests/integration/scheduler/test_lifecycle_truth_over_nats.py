@@ -30,6 +30,7 @@ from crater.runtime.nats_server import NatsServer
 from crater.scheduler.app import SchedulerSettings, build
 from tests.integration.scheduler.test_scheduler_over_nats import profiled
 from tests.support.events import EventTap
+from tests.support.scheduler import leading
 from tests.support.topologies import node
 
 
@@ -76,6 +77,7 @@ async def test_a_grant_is_armed_when_read_back_and_a_future_event_is_refused(
     # after a restart the reservation is still armed, with the same end
     service, app = build(settings)
     async with TestApp(app):
+        await leading(service)
         restored = service.state.scheduler.allocations["armed"]
         assert restored.armed
         assert restored.expires_at == expires

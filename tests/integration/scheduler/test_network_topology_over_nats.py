@@ -4,7 +4,6 @@ refused naming the field, and the consumer moves on."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from faststream import TestApp
@@ -20,6 +19,7 @@ from crater.runtime.nats_server import NatsServer
 from crater.scheduler.app import SchedulerSettings, build
 from tests.integration.scheduler.test_gang_cancel_over_nats import nodes_known, profiled
 from tests.support.events import EventTap, publish_raw
+from tests.support.scheduler import leading
 from tests.support.topologies import node
 
 
@@ -45,12 +45,7 @@ async def test_places_arrive_persist_and_a_malformed_one_is_refused_by_field(
     # a new process: the places come back with the nodes from the database
     service, app = build(settings)
     async with TestApp(app):
-        # the core is loaded from the database when this process takes the lead (a moment
-        # after start under load: seen in CI): read it once it holds the nodes
-        for _ in range(400):
-            if len(service.state.scheduler.cluster) >= 3:
-                break
-            await asyncio.sleep(0.05)
+        await leading(service)
         cluster = service.state.scheduler.cluster
         assert cluster.fabric_nodes == 3
         assert {n.name: n.topology.fabric.leaf for n in cluster.nodes} == leaves  # type: ignore[union-attr]

@@ -42,6 +42,7 @@ from crater.runtime.bus import publish
 from crater.runtime.nats_server import NatsServer
 from crater.scheduler.app import SchedulerSettings, build
 from tests.support.events import EventTap, publish_raw
+from tests.support.scheduler import leading
 from tests.support.topologies import node
 
 PREDICTION = ResourcePrediction(
@@ -121,6 +122,7 @@ async def test_places_persists_releases_and_survives_a_restart(
     # a new process: state comes back from the database, the queue goes on
     service, app = build(settings)
     async with TestApp(app):
+        await leading(service)
         assert "train-2" in service.state.scheduler.pending
         done = TaskStatusReported(task_id="train-1", status=TaskStatus.SUCCEEDED)
         await publish(service.broker, done)
