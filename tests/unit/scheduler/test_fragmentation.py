@@ -285,6 +285,64 @@ def test_work_that_fits_elsewhere_leaves_the_largest_nodes_to_the_work_only_they
     assert growth[2] > max(growth[0], growth[1])
 
 
+def g3_cluster(g3_nodes: int) -> ClusterArrays:
+    """Two 96-core and `g3_nodes` 128-core eight-card nodes; the workload: one-card pods and,
+    rarely, eight-card pods of 120 cores (which only the 128-core nodes hold)."""
+    c = cluster(
+        OpenbNode("g2-a", 96000, 393216, 8, "G2"),
+        OpenbNode("g2-b", 96000, 393216, 8, "G2"),
+        *(OpenbNode(f"g3-{k}", 128000, 786432, 8, "G3") for k in range(g3_nodes)),
+    )
+    for _ in range(30):
+        c.workload.observe(demand(1, cores=8))
+    for _ in range(2):
+        c.workload.observe(big(8, 120))
+    return c
+
+
+def test_a_cpu_only_task_pays_for_the_cores_it_takes_from_the_many_core_nodes() -> None:
+    """openb's CPU-heavy traces: CPU-only pods took the cores of the 128-core nodes, and the
+    120-core eight-card pods that only those hold failed first. Cores taken there count as
+    the card thousandths they would feed at what the scarce work asks per thousandth."""
+    c = g3_cluster(1)
+    shapes = [s for s in c.workload.shapes() if s.gpus]
+    every = np.arange(3)
+    cpu_only = reserve_cost(c, demand(0, cores=4), every, shapes)
+    assert cpu_only[0] == cpu_only[1] == 0.0
+    assert cpu_only[2] > 0
+    # in proportion to the cores (while the node can still hold the scarce shape: 120 left)
+    twice = reserve_cost(c, demand(0, cores=8), every, shapes)
+    assert twice[2] == pytest.approx(2 * cpu_only[2])
+    # 8 cores feed 8 / 120 of the eight cards the scarce shape asks, 533 thousandths: a
+    # one-card task taking 8 cores takes its 1,000 (and leaves the node 7 cards: it breaks it)
+    assert reserve_cost(c, demand(1, cores=8), every, shapes)[2] > twice[2] * 1000 / 533
+    # a task asking nothing of anything pays nothing
+    nothing = replace(demand(0, cores=0), memory_mb=0)
+    assert reserve_cost(c, nothing, every, shapes).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_leaving_the_last_holders_of_a_scarce_shape_unable_to_hold_it_costs_more() -> None:
+    """A cut that leaves a node unable to hold the scarce shape costs its share of the demand
+    over the share of the free cards on the nodes still able to, times its cards: little
+    while many hold it, more as they dwindle; nothing for a cut that leaves it able."""
+    c = g3_cluster(4)
+    shapes = [s for s in c.workload.shapes() if s.gpus]
+    every = np.arange(6)
+    small_cut = reserve_cost(c, demand(0, cores=4), every, shapes)  # 124 cores stay: holds
+    big_cut = reserve_cost(c, demand(0, cores=16), every, shapes)  # 112 stay: no longer
+    # beyond the cores-as-cards part (proportional to the cores), the cut that breaks pays more
+    assert big_cut[2] > 4 * small_cut[2] * 1.01
+    assert big_cut[0] == 0.0  # a 96-core node never held it
+    # three of the four holders cut: the last one's cut costs more
+    for k in (3, 4, 5):
+        c.nodes[k].take((), 0, tuple(range(16)), 0, None)
+        c.refresh(f"g3-{k - 2}")
+    last = reserve_cost(c, demand(0, cores=16), every, shapes)
+    assert last[2] > big_cut[2]
+    # the scarce work itself pays nothing there
+    assert reserve_cost(c, big(8, 120), every, shapes).tolist() == [0.0] * 6
+
+
 def test_requests_rare_by_count_but_not_by_cards_are_measured_against() -> None:
     model = WorkloadModel()
     for _ in range(1000):
