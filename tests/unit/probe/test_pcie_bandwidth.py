@@ -3,12 +3,14 @@ take known times (so each GB/s is exact) and NVML's stand-in for the cards and t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -26,8 +28,10 @@ from crater.probe.adapters.pcie_bandwidth import (
     measure_local,
     near,
 )
+from crater.probe.service_layer import nodes
 from crater.probe.service_layer.metrics import ProbeMetrics
 from crater.probe.service_layer.nodes import LocalNode
+from crater.probe.service_layer.reporting import Reporting
 from crater.probe.settings import ProbeSettings
 from tests.unit.probe.fake_cuda import CUresult, Device, FakeCudaDriver
 from tests.unit.probe.fake_nvml import Card, FakeNvml, bus, pcie_only
@@ -242,7 +246,7 @@ def fake_cards(monkeypatch: pytest.MonkeyPatch) -> list[Card]:
 
 
 async def test_the_setting_off_measures_nothing(fake_cards: list[Card]) -> None:
-    def measure(settings: ProbeSettings) -> PcieBandwidth:
+    def measure(settings: ProbeSettings, only: frozenset[str] | None) -> PcieBandwidth:
         raise AssertionError("measured with the setting off")
 
     node = LocalNode(ProbeSettings(mode="local", node_id="here-01"), measure_pcie=measure)
@@ -265,8 +269,8 @@ async def test_the_first_topology_carries_the_figures_and_each_outcome_is_counte
     node = LocalNode(
         settings,
         on_pcie=lambda outcome: metrics.pcie_measurements.labels(outcome=outcome).inc(),
-        measure_pcie=lambda s: measure_local(
-            nvml=FakeNvml(fake_cards), driver=driver, bounds=s.copy_bounds
+        measure_pcie=lambda s, only: measure_local(
+            nvml=FakeNvml(fake_cards), driver=driver, bounds=s.copy_bounds, only=only
         ),
     )
     with caplog.at_level(logging.INFO, logger="crater.probe"):
@@ -287,7 +291,7 @@ async def test_the_first_topology_carries_the_figures_and_each_outcome_is_counte
 async def test_a_measurement_that_breaks_does_not_stop_the_probe(
     fake_cards: list[Card], caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(settings: ProbeSettings) -> PcieBandwidth:
+    def broken(settings: ProbeSettings, only: frozenset[str] | None) -> PcieBandwidth:
         raise ValueError("a bug")
 
     node = LocalNode(
@@ -298,4 +302,96 @@ async def test_a_measurement_that_breaks_does_not_stop_the_probe(
     assert node.topology is not None
     assert [g.pcie_bandwidth_gbps for g in node.topology.gpus] == [None, None]
     assert "PCIe bandwidth not measured" in caplog.text
+    await node.close()
+
+
+class Recorded:
+    """What `Reporting` published, chunk by chunk (its publisher's one call)."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    async def chunk(self, kind: str, events: Sequence[Any]) -> int:
+        self.events.extend(events)
+        return 0
+
+
+async def test_a_card_busy_at_start_is_measured_once_idle_and_its_figure_goes_out(
+    fake_cards: list[Card], caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_cards[0].processes = [(4242, None)]
+    registry = CollectorRegistry()
+    metrics = ProbeMetrics(registry)
+    driver = FakeCudaDriver([Device(A, copy_ms=[5.0]), Device(B, copy_ms=[4.0])])
+    settings = ProbeSettings(
+        mode="local", node_id="here-01", measure_pcie_bandwidth=True, measure_pcie_buffer_mb=64
+    )
+    node = LocalNode(
+        settings,
+        on_pcie=lambda outcome: metrics.pcie_measurements.labels(outcome=outcome).inc(),
+        measure_pcie=lambda s, only: measure_local(
+            nvml=FakeNvml(fake_cards), driver=driver, bounds=s.copy_bounds, only=only
+        ),
+    )
+    sent = Recorded()
+    reporting = Reporting(settings, node, metrics, cast(Any, sent), None)
+    await node.open()
+    assert node.pcie_waiting == {A}
+    await reporting.publish_topologies()
+    counted = "crater_probe_pcie_bandwidth_measurements_total"
+    # still busy at the next re-discovery: not measured, not logged or counted again
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="crater.probe"):
+        await reporting.rediscover()
+    assert sent.events[1:] == []
+    assert "not measured" not in caplog.text
+    assert registry.get_sample_value(counted, {"outcome": "busy"}) == 1
+    # idle now: measured at the next re-discovery, and sent though the hardware is the same
+    fake_cards[0].processes = []
+    with caplog.at_level(logging.INFO, logger="crater.probe"):
+        await reporting.rediscover()
+    [first, again] = sent.events
+    assert first.node.fingerprint == again.node.fingerprint
+    assert [g.pcie_bandwidth_gbps for g in first.node.gpus] == [None, round(gbps(NBYTES, 4.0), 2)]
+    assert [g.pcie_bandwidth_gbps for g in again.node.gpus] == [
+        round(gbps(NBYTES, 5.0), 2),
+        round(gbps(NBYTES, 4.0), 2),
+    ]
+    assert "measured figures of here-01 changed" in caplog.text
+    assert node.pcie_waiting == set()
+    assert registry.get_sample_value(counted, {"outcome": "measured"}) == 2
+    # nothing left to measure, nothing changed: nothing sent
+    await reporting.rediscover()
+    assert len(sent.events) == 2
+    await node.close()
+
+
+async def test_a_measurement_that_hangs_does_not_hold_the_topology_back(
+    fake_cards: list[Card], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nodes, "PCIE_MEASURE_TIMEOUT_SECONDS", 0.2)
+    release = threading.Event()
+    calls: list[frozenset[str] | None] = []
+
+    def hangs(settings: ProbeSettings, only: frozenset[str] | None) -> PcieBandwidth:
+        calls.append(only)
+        release.wait(10)  # a driver stuck in cuInit, until it is not
+        return PcieBandwidth(gbps={A: 25.0})
+
+    outcomes: list[str] = []
+    settings = ProbeSettings(mode="local", node_id="here-01", measure_pcie_bandwidth=True)
+    node = LocalNode(settings, on_pcie=outcomes.append, measure_pcie=hangs)
+    await asyncio.wait_for(node.open(), 5)  # reports without the figure
+    assert node.topology is not None
+    assert [g.pcie_bandwidth_gbps for g in node.topology.gpus] == [None, None]
+    assert outcomes == ["timed-out"]
+    release.set()
+    for _ in range(100):  # the thread finishes in its own time and records its figure
+        if node.pcie_bandwidth:
+            break
+        await asyncio.sleep(0.02)
+    [topology] = await node.topologies()
+    assert [g.pcie_bandwidth_gbps for g in topology.gpus] == [25.0, None]
+    assert calls == [None]  # one measurement at a time, and nothing waiting to retry
+    assert outcomes == ["timed-out", "measured"]
     await node.close()

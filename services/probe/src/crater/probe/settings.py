@@ -106,8 +106,8 @@ class ProbeSettings(ServiceSettings):
         "0.1-0.5 s and 2 x measure_pcie_buffer_mb of memory a card) and report it as "
         "pcie_bandwidth_gbps, which PCIe bandwidth requests are then checked against instead "
         "of the nominal generation x width. Needs the probe's `cuda` extra (cuda-bindings); "
-        "a card with a compute process on it is not measured (docs/architecture.md, The data "
-        "path: SSD and PCIe).",
+        "a card with a compute process on it is measured at a later re-discovery, once idle "
+        "(docs/architecture.md, The data path: SSD and PCIe).",
     )
     measure_pcie_buffer_mb: int = Field(
         default=128, ge=1, le=4096, description="PCIe measurement: bytes per copy (MiB)."

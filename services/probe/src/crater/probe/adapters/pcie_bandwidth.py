@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,8 +262,9 @@ def measure_local(
     load: Callable[[], Any] = _cuda_driver,
     bounds: CopyBounds = CopyBounds(),
     pin: Pin = near,
+    only: Collection[str] | None = None,
 ) -> PcieBandwidth:
-    """This machine's cards, found and checked for tasks through NVML, then measured;
-    `root`: where the host's /sys is (the cards' local CPUs)."""
-    cards = card_uses(nvml, root)
+    """This machine's cards (`only`: those at these bus ids), found and checked for tasks
+    through NVML, then measured; `root`: where the host's /sys is (the cards' local CPUs)."""
+    cards = [c for c in card_uses(nvml, root) if only is None or c.bus_id in only]
     return measure_cards(cards, driver=driver, load=load, bounds=bounds, pin=pin)

@@ -156,6 +156,24 @@ def fingerprint_of(node: NodeTopology) -> str:
     return fingerprint(node.cpu, node.numa_nodes, node.memory_mb, node.gpus, node.disks)
 
 
+def measured_figures(node: NodeTopology) -> str:
+    """sha256 (hex) of the measured figures alone (`MEASURED_FIELDS`): what the fingerprint
+    leaves out, so a figure measured late (a card busy at start) is told apart."""
+    parts = {
+        "numa_nodes": [
+            n.model_dump(mode="json") for n in sorted(node.numa_nodes, key=lambda n: n.id)
+        ],
+        "gpus": [g.model_dump(mode="json") for g in sorted(node.gpus, key=lambda g: g.index)],
+        "disks": [d.model_dump(mode="json") for d in sorted(node.disks, key=lambda d: d.name)],
+    }
+    figures = {
+        kind: [{k: v for k, v in item.items() if k in MEASURED_FIELDS[kind]} for item in items]
+        for kind, items in parts.items()
+    }
+    canonical = json.dumps(figures, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def build_topology(
     *,
     node_id: str,

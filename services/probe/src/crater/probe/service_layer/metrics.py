@@ -67,10 +67,11 @@ class ProbeMetrics:
         )
         self.pcie_measurements = Counter(
             "crater_probe_pcie_bandwidth_measurements",
-            "Cards whose host-to-card copy bandwidth the probe measured at start, or did not, "
-            "by outcome: measured, busy (a task on it, or MIG on), unavailable (no "
-            "cuda-bindings, no CUDA driver), unmatched (no CUDA device at its bus id), failed "
-            "(a CUDA error).",
+            "Cards whose host-to-card copy bandwidth the probe measured, or did not, by "
+            "outcome: measured, busy (a task on it, or MIG on: measured once idle, at a later "
+            "re-discovery), unavailable (no cuda-bindings, no CUDA driver), unmatched (no CUDA "
+            "device at its bus id), failed (a CUDA error); timed-out counts a measurement that "
+            "ran past 60 s (the topology went out without it).",
             ["outcome"],
             registry=registry,
         )

@@ -53,6 +53,12 @@ class Nodes(Protocol):
     async def close(self) -> None: ...
 
 
+# Measures PCIe copy bandwidth (`only`: these bus ids; None: every card).
+MeasurePcie = Callable[[ProbeSettings, frozenset[str] | None], PcieBandwidth]
+# How long the probe waits for its PCIe measurement before it reports without it.
+PCIE_MEASURE_TIMEOUT_SECONDS = 60.0
+
+
 class LocalNode:
     """This machine: /sys and /proc, NVML and psutil. Blocking reads run in a thread."""
 
@@ -61,15 +67,19 @@ class LocalNode:
         settings: ProbeSettings,
         on_xid: Callable[[XidSeen], None] | None = None,
         on_pcie: Callable[[str], None] | None = None,
-        measure_pcie: Callable[[ProbeSettings], PcieBandwidth] | None = None,
+        measure_pcie: MeasurePcie | None = None,
     ) -> None:
         self.settings = settings
         self.on_pcie = on_pcie  # counts each card's measurement outcome
         self._measure_pcie = measure_pcie or (
-            lambda s: measure_local(root=s.host_root, bounds=s.copy_bounds)
+            lambda s, only: measure_local(root=s.host_root, bounds=s.copy_bounds, only=only)
         )
-        # Host-to-card GB/s by bus id, measured once at start; kept across re-discoveries.
+        # Host-to-card GB/s by bus id, measured at start; kept across re-discoveries.
         self.pcie_bandwidth: dict[str, float] = {}
+        # Cards busy when measured (a task on them): measured at a later re-discovery, once
+        # idle. The measuring thread, while it runs (one at a time: a timed-out one may).
+        self.pcie_waiting: set[str] = set()
+        self._pcie_running = False
         self.topology: NodeTopology | None = None
         self.last: NodeMetricsReported | None = None
         self.measured: Measurements | None = None
@@ -126,28 +136,61 @@ class LocalNode:
             log.info("not measured: %s (%s)", what, why)
         return True
 
-    def _measure_links(self) -> None:
-        """Each idle card's PCIe copy bandwidth; a card not measured is logged with why and
-        counted, and keeps its nominal figure. Nothing here stops the probe."""
+    def _measure_links(self, only: frozenset[str] | None = None) -> None:
+        """Each idle card's PCIe copy bandwidth (`only`: of these cards, those busy before);
+        a card not measured is logged with why and counted, and keeps its nominal figure; one
+        still busy on a later try is neither logged nor counted again. Nothing here stops
+        the probe."""
+        self._pcie_running = True
         try:
-            found = self._measure_pcie(self.settings)
+            found = self._measure_pcie(self.settings, only)
         except Exception:  # a bug, not a card: the topology still goes out, unmeasured
             log.exception("PCIe bandwidth not measured")
             return
-        self.pcie_bandwidth = dict(found.gbps)
+        finally:
+            self._pcie_running = False
+        self.pcie_bandwidth.update(found.gbps)
+        self.pcie_waiting -= set(found.gbps)
         for bus, figure in found.gbps.items():
             log.info("PCIe host-to-card copy bandwidth of %s: %.2f GB/s", bus, figure)
+        outcomes: list[str] = ["measured"] * len(found.gbps)
         for bus, (outcome, why) in found.skipped.items():
+            if outcome == "busy":
+                if only is not None:
+                    continue  # still busy: tried again at the next re-discovery
+                self.pcie_waiting.add(bus)
+                why += "; measured once idle"
+            else:
+                self.pcie_waiting.discard(bus)
             log.warning("PCIe bandwidth of %s not measured (%s): %s", bus, outcome, why)
+            outcomes.append(outcome)
         if self.on_pcie is not None:
-            for outcome in found.outcomes():
-                self.on_pcie(outcome)
+            for counted in outcomes:
+                self.on_pcie(counted)
+
+    async def _measure_links_within(self, only: frozenset[str] | None = None) -> None:
+        """`_measure_links` in a thread, waited for `PCIE_MEASURE_TIMEOUT_SECONDS` at most: a
+        driver that hangs (in cuInit, say) must not hold the probe's reports back. A thread
+        that finishes later still records its figures (the next re-discovery sends them)."""
+        if self._pcie_running:
+            return
+        try:
+            async with asyncio.timeout(PCIE_MEASURE_TIMEOUT_SECONDS):
+                await asyncio.to_thread(self._measure_links, only)
+        except TimeoutError:
+            log.warning(
+                "PCIe bandwidth measurement still running after %.0f s: the topology goes out "
+                "without it",
+                PCIE_MEASURE_TIMEOUT_SECONDS,
+            )
+            if self.on_pcie is not None:
+                self.on_pcie("timed-out")
 
     async def open(self) -> None:
         if self.settings.measure_pcie_bandwidth:
             # Before the first discovery, so the first topology report carries the figures
             # (no re-publication), and before the sampler holds NVML open.
-            await asyncio.to_thread(self._measure_links)
+            await self._measure_links_within()
         self.topology = await asyncio.to_thread(self._discover)
         self._host = HostSampler(self.settings.host_root)
         if self.topology.gpus:
@@ -163,6 +206,8 @@ class LocalNode:
         )
 
     async def topologies(self) -> list[NodeTopology]:
+        if self.pcie_waiting and self.settings.measure_pcie_bandwidth:
+            await self._measure_links_within(frozenset(self.pcie_waiting))
         # Re-discovered each time: a card that fell off the bus changes the fingerprint.
         self.topology = await asyncio.to_thread(self._discover)
         return [self.topology]

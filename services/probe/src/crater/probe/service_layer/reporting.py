@@ -25,6 +25,7 @@ from crater.contracts import (
     NodeCondition,
     NodeTopologyReported,
 )
+from crater.probe.domain.topology import measured_figures
 from crater.probe.service_layer.metrics import ProbeMetrics
 from crater.probe.service_layer.nodes import Nodes
 from crater.probe.settings import ProbeSettings
@@ -90,7 +91,9 @@ class Reporting:
         self.publisher = publisher
         self.runner = runner
         self.chunk = settings.publish_chunk
-        self.published: dict[str, str] = {}  # node id -> fingerprint last published
+        # node id -> (fingerprint, measured figures) last published: a figure measured late
+        # (a card busy at start) goes out on the next re-discovery though the hardware is the same
+        self.published: dict[str, tuple[str, str]] = {}
         self.background: list[asyncio.Task[None]] = []
 
     async def publish_topologies(self, changed_only: bool = False) -> bool:
@@ -99,18 +102,24 @@ class Reporting:
         with self.metrics.round_seconds.labels(kind=kind).time():
             topologies = await self.nodes.topologies()
             self.metrics.nodes.set(len(topologies))
+            keys = {t.node_id: (t.fingerprint, measured_figures(t)) for t in topologies}
             if changed_only:
                 topologies = [
-                    t for t in topologies if self.published.get(t.node_id) != t.fingerprint
+                    t for t in topologies if self.published.get(t.node_id) != keys[t.node_id]
                 ]
                 for t in topologies:
-                    if t.node_id in self.published:
+                    before = self.published.get(t.node_id)
+                    if before is None:
+                        continue
+                    if before[0] != t.fingerprint:
                         log.info(
                             "topology of %s changed: fingerprint %s -> %s",
                             t.node_id,
-                            self.published[t.node_id][:12],
+                            before[0][:12],
                             t.fingerprint[:12],
                         )
+                    else:
+                        log.info("measured figures of %s changed", t.node_id)
             failed = 0
             for start in range(0, len(topologies), self.chunk):
                 part = topologies[start : start + self.chunk]
@@ -119,7 +128,7 @@ class Reporting:
                 )
                 failed += errors
                 if not errors:  # a failed chunk stays "changed": the next round retries it
-                    self.published.update((t.node_id, t.fingerprint) for t in part)
+                    self.published.update((t.node_id, keys[t.node_id]) for t in part)
         return failed == 0
 
     async def rediscover(self) -> bool:
