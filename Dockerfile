@@ -23,12 +23,17 @@ ENV UV_COMPILE_BYTECODE=1 \
     UV_PROJECT_ENVIRONMENT=/opt/crater
 WORKDIR /src
 # The locked dependencies and the workspace, installed non-editable (the runtime needs no
-# /src); the dev group (tests, linters) stays out.
+# /src); the dev group (tests, linters) stays out. EXTRAS: optional extras, comma-separated,
+# e.g. `--build-arg EXTRAS=cuda` for a probe that measures its cards' PCIe links
+# (CRATER_PROBE_MEASURE_PCIE_BANDWIDTH: NVIDIA's cuda-bindings; the driver's libcuda comes
+# from the host through the NVIDIA container toolkit).
+ARG EXTRAS=""
 COPY pyproject.toml uv.lock ./
 COPY libs libs
 COPY services services
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-editable
+    uv sync --frozen --no-dev --no-editable \
+      ${EXTRAS:+$(printf -- '--extra %s ' $(echo "$EXTRAS" | tr ',' ' '))}
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="crater" \
