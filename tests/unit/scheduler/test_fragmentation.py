@@ -263,15 +263,7 @@ def big(gpus: int, cores: int) -> Demand:
 def test_work_that_fits_elsewhere_leaves_the_largest_nodes_to_the_work_only_they_hold() -> None:
     """openb's multi-GPU traces: eight-card pods asking 120 cores fit only the 128-core nodes;
     one-card pods and 64-core eight-card pods that take those nodes' cards fail them."""
-    c = cluster(
-        OpenbNode("g2-a", 96000, 393216, 8, "G2"),
-        OpenbNode("g2-b", 96000, 393216, 8, "G2"),
-        OpenbNode("g3-a", 128000, 786432, 8, "G3"),
-    )
-    for _ in range(30):
-        c.workload.observe(demand(1, cores=8))
-    for _ in range(2):
-        c.workload.observe(big(8, 120))
+    c = g3_cluster(1)
     shapes = [s for s in c.workload.shapes() if s.gpus]
     every = np.arange(3)
     one_card = reserve_cost(c, demand(1, cores=8), every, shapes)
