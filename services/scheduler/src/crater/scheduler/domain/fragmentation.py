@@ -227,12 +227,32 @@ def _could_hold(
     return np.asarray(ok, np.bool_)
 
 
-def _holds(c: ClusterArrays, rows: IntArray, s: LearnedShape) -> BoolArray:
-    """Whether each of `rows` could take a task of shape `s` (whole cards) now."""
-    ok = c.gpus_free[rows] >= s.gpus
-    ok &= c.cpu_free[rows] >= s.cpu_cores
-    ok &= c.memory_free_mb[rows] >= s.memory_mb
+def _holds(
+    c: ClusterArrays,
+    rows: IntArray,
+    gpus: IntArray,
+    cpu_cores: FloatArray,
+    memory_mb: FloatArray,
+) -> BoolArray:
+    """[shape, row]: whether node `rows[row]` could take a task of each shape (whole cards,
+    its cores and memory) now."""
+    ok = c.gpus_free[rows] >= gpus[:, None]
+    ok &= c.cpu_free[rows] >= cpu_cores[:, None]
+    ok &= c.memory_free_mb[rows] >= memory_mb[:, None]
     return np.asarray(ok, np.bool_)
+
+
+def _present_profiles(
+    c: ClusterArrays, every: IntArray
+) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    """Each row's profile, one row of each profile, the profiles present among rows `every`
+    (ascending) and each of `every`'s place among them: `np.unique(..., return_inverse=True)`
+    without its sort (profiles are small integers)."""
+    profile_of, first = c.capacity_profiles()
+    counts = np.bincount(profile_of[every], minlength=len(first))
+    present = np.flatnonzero(counts)
+    place = np.cumsum(counts > 0) - 1
+    return profile_of, first, present, place[profile_of[every]]
 
 
 def reserve_cost(
@@ -269,8 +289,7 @@ def reserve_cost(
         return cost
     # What could hold what is a matter of each node's profile (its capacity and cards): a
     # fleet has few, so it is worked out per profile, not per node.
-    profile_of, first = c.capacity_profiles()
-    present, of_every = np.unique(profile_of[every], return_inverse=True)
+    profile_of, first, present, of_every = _present_profiles(c, every)
     held = _could_hold(
         c,
         first[present],
@@ -279,18 +298,22 @@ def reserve_cost(
         [s.memory_mb for s in gpu_shapes] + [d.memory_mb],
         [s.gpu_model for s in gpu_shapes] + [d.gpu_model],
     )
-    mine = held[-1]
+    mine, shape_held = held[-1], held[:-1]
+    # scarce: not held everywhere, held somewhere (room to keep), and `d` could run outside
+    # it (work that could run only within it pays nothing there)
+    scarce_rows = np.flatnonzero(
+        ~shape_held.all(axis=1) & shape_held.any(axis=1) & (mine & ~shape_held).any(axis=1)
+    )
+    if not len(scarce_rows):
+        return cost
     # per set of nodes: its scarce shapes, and the GPU thousandths and cores they ask
-    sets: dict[bytes, tuple[BoolArray, list[LearnedShape], list[float]]] = {}
-    for s, where in zip(gpu_shapes, held[:-1], strict=True):
-        if where.all() or not where.any() or not (mine & ~where).any():
-            continue  # not scarce, nowhere to keep room, or `d` could run only within it
+    sets: dict[bytes, tuple[BoolArray, list[int], list[float]]] = {}
+    for row in scarce_rows.tolist():
+        s, where = gpu_shapes[row], shape_held[row]
         _, scarce, wanted = sets.setdefault(where.tobytes(), (where, [], [0.0, 0.0]))
-        scarce.append(s)
+        scarce.append(row)
         wanted[0] += s.popularity * s.gpus * s.gpu_milli
         wanted[1] += s.popularity * s.cpu_cores
-    if not sets:
-        return cost
     demand = sum(s.popularity * s.gpus * s.gpu_milli for s in gpu_shapes)
     free = np.bincount(of_every, weights=c.gpu_milli_free[every], minlength=len(present))
     free_total = float(free.sum())
@@ -300,11 +323,21 @@ def reserve_cost(
     at = place[nodes]
     known = at >= 0
     at = np.maximum(at, 0)
-    if cards_after is None:
-        cards_after = cards_after_landing(c, d, nodes)
-    whole_after = (cards_after >= WHOLE).sum(axis=1)
-    cpu_after = c.cpu_free[nodes] - d.cpu_cores
-    memory_after = c.memory_free_mb[nodes] - d.memory_mb
+    # which nodes hold each scarce shape of whole cards now, and which could not once `d`
+    # lands, all shapes at once (a row of `whole` per such shape)
+    whole = [r for r in scarce_rows.tolist() if gpu_shapes[r].gpu_milli >= WHOLE]
+    row_of = {r: k for k, r in enumerate(whole)}
+    if whole:
+        if cards_after is None:
+            cards_after = cards_after_landing(c, d, nodes)
+        gpus = np.asarray([gpu_shapes[r].gpus for r in whole], np.int64)
+        cpu = np.asarray([gpu_shapes[r].cpu_cores for r in whole], np.float64)
+        memory = np.asarray([gpu_shapes[r].memory_mb for r in whole], np.float64)
+        lost = (cards_after >= WHOLE).sum(axis=1) < gpus[:, None]
+        lost |= c.cpu_free[nodes] - d.cpu_cores < cpu[:, None]
+        lost |= c.memory_free_mb[nodes] - d.memory_mb < memory[:, None]
+        breaking = _holds(c, nodes, gpus, cpu, memory) & lost
+        holding = _holds(c, every, gpus, cpu, memory)
     for where, scarce, (milli, cores) in sets.values():
         inside = known & where[at]
         taken = float(asked)
@@ -312,17 +345,16 @@ def reserve_cost(
             taken = max(taken, d.cpu_cores * milli / cores)
         pressure = (milli / demand) * free_total / max(float(free[where].sum()), WHOLE)
         cost += np.where(inside, RESERVE_WEIGHT * pressure * taken, 0.0)
-        fleet = every[where[of_every]]
-        for s in scarce:
-            if s.gpu_milli < WHOLE:
+        in_set = where[of_every]
+        for row in scarce:
+            if row not in row_of:
                 continue  # a share fits some card of most nodes: no node is its last
-            size = s.gpus * s.gpu_milli
-            lost = (whole_after < s.gpus) | (cpu_after < s.cpu_cores)
-            lost |= memory_after < s.memory_mb
-            breaks = inside & _holds(c, nodes, s) & lost
+            s = gpu_shapes[row]
+            breaks = inside & breaking[row_of[row]]
             if not breaks.any():
                 continue
-            holders = float(_holds(c, fleet, s).sum()) * size
+            size = s.gpus * s.gpu_milli
+            holders = float((holding[row_of[row]] & in_set).sum()) * size
             pressure = (s.popularity * size / demand) * free_total / max(holders, WHOLE)
             cost += np.where(breaks, HOLDER_WEIGHT * pressure * size, 0.0)
     return np.asarray(cost, np.float64)
