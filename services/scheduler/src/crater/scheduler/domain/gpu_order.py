@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import TypeVar
 
@@ -56,7 +57,8 @@ def choose_in_order(
     rows = np.arange(len(cluster))
     for rank, model in tiers:
         other = ~model_matches(cluster, rows, model)
-        picks = among(fits & ~other, other if avoid is None else avoid | other)
+        with scored_as(task, model):
+            picks = among(fits & ~other, other if avoid is None else avoid | other)
         if picks is not None:
             lender = None if task.model_step is None else lender_of(state, task, fits & ~other)
             waited = task.prefer_until is not None
@@ -107,6 +109,19 @@ def lender_of(state: SchedulerState, task: PendingTask, carries: BoolArray) -> s
     a time); None on `task`'s own pool."""
     pools = sorted({str(p) for p in state.cluster.pool[carries]} - {task.demand.pool})
     return pools[0] if pools else None
+
+
+@contextmanager
+def scored_as(task: PendingTask, model: str) -> Iterator[None]:
+    """Within the block, `task`'s demand names `model` only: on that model's nodes it is
+    scored as a task naming that model alone would be (the reserve for scarce capacity
+    charges work that could go elsewhere, and within a tier it cannot)."""
+    demand = task.demand
+    task.demand = replace(demand, gpu_model=model)
+    try:
+        yield
+    finally:
+        task.demand = demand
 
 
 @contextmanager
