@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -461,7 +462,7 @@ FABRIC_COLUMNS: dict[FabricLevel, str] = {
 
 def _no_caches() -> dict[str, object]:
     """What a snapshot leaves out of `ClusterArrays`: its caches, rebuilt on use."""
-    return {"_pool_rows": {}, "_pools_for": -1, "_profiles_for": -1}
+    return {"_topology_rows": {}, "_topology_rows_for": -1, "_profiles_for": -1}
 
 
 class ClusterArrays:
@@ -523,9 +524,10 @@ class ClusterArrays:
         self.card_milli: IntArray = self._cards_backing
         # Counts node additions and topology changes: what depends on totals caches on it.
         self.topology_version = 0
-        # Each pool's rows (`in_pool`), valid for `_pools_for` (a topology_version) only.
-        self._pool_rows: dict[str, BoolArray] = {}
-        self._pools_for = -1
+        # Rows picked by what only an upsert changes (`topology_rows`: a pool, a GPU model),
+        # valid for `_topology_rows_for` (a topology_version) only.
+        self._topology_rows: dict[tuple[str, str], BoolArray] = {}
+        self._topology_rows_for = -1
         # Rows with the same capacity and cards share a profile (`capacity_profiles`), valid
         # for `_profiles_for` (a topology_version) only.
         self._profiles: tuple[IntArray, IntArray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
@@ -589,14 +591,19 @@ class ClusterArrays:
         return None if i is None else str(self.pool[i])
 
     def in_pool(self, pool: str) -> BoolArray:
-        """Which rows are in `pool` (read-only, shared). The pool column changes only with an
-        upsert, and comparing it (strings) costs more than the rest of a filter walk on a
-        large fleet: each pool's rows are kept until the topology changes."""
-        if self._pools_for != self.topology_version:
-            self._pool_rows, self._pools_for = {}, self.topology_version
-        rows = self._pool_rows.get(pool)
+        """Which rows are in `pool` (read-only, shared)."""
+        return self.topology_rows("pool", pool, lambda: np.asarray(self.pool == pool))
+
+    def topology_rows(self, kind: str, key: str, pick: Callable[[], BoolArray]) -> BoolArray:
+        """The rows `pick` selects (read-only, shared), for what depends only on columns an
+        upsert writes (a node's pool, its cards' model): kept, by `kind` and `key`, until the
+        topology changes. Comparing such columns (strings) costs more than the rest of a
+        filter walk or a score on a large fleet, asked once per placement."""
+        if self._topology_rows_for != self.topology_version:
+            self._topology_rows, self._topology_rows_for = {}, self.topology_version
+        rows = self._topology_rows.get((kind, key))
         if rows is None:
-            rows = self._pool_rows[pool] = _read_only(np.asarray(self.pool == pool))
+            rows = self._topology_rows[(kind, key)] = _read_only(pick())
         return rows
 
     def capacity_profiles(self) -> tuple[IntArray, IntArray]:
