@@ -97,7 +97,53 @@ def _expected(
     model_ok: BoolArray | None,
     gpu_shapes: list[LearnedShape],
 ) -> FloatArray:
-    """`expected_fragmentation` of GPU shapes, the cards' sums (`total`) given."""
+    """`expected_fragmentation` of GPU shapes, the cards' sums (`total`) given. Rows in the
+    same state (cards, free CPU and memory, the models they carry) are worked out once: on a
+    large fleet a few hundred states stand for thousands of candidate rows."""
+    distinct = _distinct_rows(cards, cpu_free, memory_free, model_ok)
+    if distinct is None:
+        return _expected_rows(cards, total, cpu_free, memory_free, model_ok, gpu_shapes)
+    first, inverse = distinct
+    ok = None if model_ok is None else model_ok[:, first]
+    value = _expected_rows(
+        cards[first], total[first], cpu_free[first], memory_free[first], ok, gpu_shapes
+    )
+    return np.asarray(value[inverse], np.float64)
+
+
+# Odd 63-bit multipliers that fold a row of integers into one (wrapping) for `_distinct_rows`.
+_MIX: IntArray = np.random.default_rng(26).integers(1, 2**62, size=4096, dtype=np.int64) | 1
+
+
+def _distinct_rows(
+    cards: IntArray,
+    cpu_free: IntArray,
+    memory_free: IntArray,
+    model_ok: BoolArray | None,
+) -> tuple[IntArray, IntArray] | None:
+    """One row of each distinct state and each row's state (its index among them); None when
+    there are too few repeats to gain by it, or too many columns to fold."""
+    columns: list[npt.NDArray[np.generic]] = [cards, cpu_free[:, None], memory_free[:, None]]
+    if model_ok is not None:
+        columns.append(model_ok.T)
+    key = np.concatenate(columns, axis=1, dtype=np.int64)
+    if key.shape[1] > len(_MIX) or len(key) < 8:
+        return None
+    _, first, inverse = np.unique(key @ _MIX[: key.shape[1]], True, True)
+    if 4 * len(first) > 3 * len(key) or not (key[first][inverse] == key).all():
+        return None  # few repeats, or two states folded alike (then counted apart)
+    return first, inverse
+
+
+def _expected_rows(
+    cards: IntArray,
+    total: IntArray,
+    cpu_free: IntArray,
+    memory_free: IntArray,
+    model_ok: BoolArray | None,
+    gpu_shapes: list[LearnedShape],
+) -> FloatArray:
+    """`_expected`, row by row."""
     host = _host_columns(gpu_shapes)
     wanted = host[:2, :, None]  # CPU and memory as columns: they broadcast over the nodes
     # Which cards fit, and what they strand, per distinct share (most shapes ask whole
