@@ -96,11 +96,13 @@ def _expected(
     memory_free: IntArray,
     model_ok: BoolArray | None,
     gpu_shapes: list[LearnedShape],
+    profiles: IntArray | None = None,
 ) -> FloatArray:
-    """`expected_fragmentation` of GPU shapes, the cards' sums (`total`) given. Rows in the
-    same state (cards, free CPU and memory, the models they carry) are worked out once: on a
-    large fleet a few hundred states stand for thousands of candidate rows."""
-    distinct = _distinct_rows(cards, cpu_free, memory_free, model_ok)
+    """`expected_fragmentation` of GPU shapes, the cards' sums (`total`) given. With each
+    row's capacity profile (`profiles`: what `model_ok` depends on), rows in the same state
+    (profile, cards, free CPU and memory) are worked out once: on a large fleet a few hundred
+    states stand for thousands of candidate rows."""
+    distinct = None if profiles is None else _distinct_rows(cards, cpu_free, memory_free, profiles)
     if distinct is None:
         return _expected_rows(cards, total, cpu_free, memory_free, model_ok, gpu_shapes)
     first, inverse = distinct
@@ -112,21 +114,17 @@ def _expected(
 
 
 # Odd 63-bit multipliers that fold a row of integers into one (wrapping) for `_distinct_rows`.
-_MIX: IntArray = np.random.default_rng(26).integers(1, 2**62, size=4096, dtype=np.int64) | 1
+_MIX: IntArray = np.random.default_rng(26).integers(1, 2**62, size=64, dtype=np.int64) | 1
 
 
 def _distinct_rows(
-    cards: IntArray,
-    cpu_free: IntArray,
-    memory_free: IntArray,
-    model_ok: BoolArray | None,
+    cards: IntArray, cpu_free: IntArray, memory_free: IntArray, profiles: IntArray
 ) -> tuple[IntArray, IntArray] | None:
     """One row of each distinct state and each row's state (its index among them); None when
-    there are too few repeats to gain by it, or too many columns to fold."""
-    columns: list[npt.NDArray[np.generic]] = [cards, cpu_free[:, None], memory_free[:, None]]
-    if model_ok is not None:
-        columns.append(model_ok.T)
-    key = np.concatenate(columns, axis=1, dtype=np.int64)
+    there are too few repeats to gain by it."""
+    key = np.concatenate(
+        (cards, cpu_free[:, None], memory_free[:, None], profiles[:, None]), axis=1
+    )
     if key.shape[1] > len(_MIX) or len(key) < 8:
         return None
     _, first, inverse = np.unique(key @ _MIX[: key.shape[1]], True, True)
@@ -233,7 +231,7 @@ def fragmentation_growth(c: ClusterArrays, d: Demand, idx: IntArray) -> FloatArr
     memory[n:] -= d.memory_mb
     ok = models_ok(c, both, model.shapes()) if any(s.gpu_model for s in gpu_shapes) else None
     total = cards.sum(axis=1)
-    value = _expected(cards, total, cpu, memory, ok, gpu_shapes)
+    value = _expected(cards, total, cpu, memory, ok, gpu_shapes, c.capacity_profiles()[0][both])
     # GPUs the host cannot feed count like those too small for any task: a stranded card
     # is a stranded card, whichever resource strands it
     value += _host_stranded(total, cpu, memory, *model.host_per_gpu_milli())
