@@ -78,15 +78,19 @@ def expected_fragmentation(
     memory_free: IntArray,
     model_ok: BoolArray | None,
     shapes: tuple[LearnedShape, ...],
+    profiles: IntArray | None = None,
 ) -> FloatArray:
     """Per node (row of `cards`): sum over GPU shapes of popularity x the free thousandths a
     task of that shape could not use there. `model_ok[s, n]`: shape s may run on node n
-    (None: every shape on every node). Shapes without GPUs are left out: every GPU is theirs
-    to strand wherever a task lands, the same amount on every node."""
+    (None: every shape on every node); `profiles`: each row's capacity profile (what
+    `model_ok` depends on), to work rows in the same state out once. Shapes without GPUs are
+    left out: every GPU is theirs to strand wherever a task lands, the same amount on every
+    node."""
     gpu_shapes = [s for s in shapes if s.gpus]
     if not gpu_shapes:
         return np.zeros(len(cards))
-    return _expected(cards, cards.sum(axis=1), cpu_free, memory_free, model_ok, gpu_shapes)
+    total = cards.sum(axis=1)
+    return _expected(cards, total, cpu_free, memory_free, model_ok, gpu_shapes, profiles)
 
 
 def _expected(
@@ -161,7 +165,10 @@ def _expected_rows(
     if model_ok is not None:
         runs &= model_ok
     fragment = np.where(runs, stranded, total).astype(np.float64)
-    return np.asarray(host[2] @ fragment, np.float64)
+    # Summed shape by shape down each column, not by a matrix product: BLAS groups the terms
+    # by how many columns there are, so a node's value would hang on which others are asked.
+    fragment *= host[2][:, None]
+    return np.asarray(fragment.sum(axis=0), np.float64)
 
 
 def host_stranded(

@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from crater.scheduler.domain.cluster import WHOLE, BoolArray, ClusterArrays
 from crater.scheduler.domain.demand import Demand
-from crater.scheduler.domain.fragmentation import expected_fragmentation
+from crater.scheduler.domain.fragmentation import card_matrix, expected_fragmentation
 from crater.scheduler.domain.gpu_match import model_matches
 from crater.scheduler.domain.plugins.framework import FloatArray, Score, ScorePlugin
 from crater.scheduler.domain.workload import LearnedShape
@@ -23,23 +23,13 @@ BESTFIT_CPU_SCALE = 128_000  # milli-CPU, as in the paper's BestFit
 BESTFIT_GPU_SCALE = 8_000  # milli-GPU: an 8-card node
 
 
-def _cards(c: ClusterArrays, idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Free thousandths of every card of the candidate nodes, one row each, padded with 0."""
-    free = [c.nodes[i].gpu_milli_free for i in idx]
-    width = max((len(f) for f in free), default=0)
-    out = np.zeros((len(idx), max(width, 1)), np.int64)
-    for row, cards in enumerate(free):
-        out[row, : len(cards)] = cards
-    return out
-
-
 def bestfit_score(weight: float, cpu_milli_per_unit: int = 1000) -> Score:
     """The paper's BestFit: the node left with the least CPU and GPU after the task wins.
     `cpu_milli_per_unit`: what one of the core's CPUs stands for (a core: 1000)."""
 
     def rate(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
         asked_gpu = d.gpus * (d.gpu_milli or WHOLE)
-        gpu_left = _cards(c, idx).sum(axis=1) - asked_gpu
+        gpu_left = card_matrix(c, idx).sum(axis=1) - asked_gpu
         cpu_left = (c.cpu_free[idx] - d.cpu_cores) * cpu_milli_per_unit
         waste = 0.5 * cpu_left / BESTFIT_CPU_SCALE + 0.5 * gpu_left / BESTFIT_GPU_SCALE
         return np.asarray(1.0 - waste, np.float64)
@@ -91,16 +81,57 @@ def _paper_fragment(
     of `cards` (`model_ok[m, n]`: shape m may run on row n; None: all may). A shape without
     GPUs counts every free thousandth (the paper's XL/XR kinds); the paper's measure weighs
     no memory."""
-    gpu_rows = [k for k, s in enumerate(shapes) if s.gpus]
-    measured = tuple(
-        LearnedShape(s.gpus, s.gpu_milli, s.gpu_model, float(popularity[k]), s.cpu_cores, 0.0)
-        for k, s in ((k, shapes[k]) for k in gpu_rows)
-    )
-    ok = None if model_ok is None else model_ok[gpu_rows]
-    no_memory = np.zeros(len(cards), np.int64)
-    out = expected_fragmentation(cards, cpu_free, no_memory, ok, measured)
-    cpu_only = float(sum(popularity[k] for k, s in enumerate(shapes) if not s.gpus))
-    return np.asarray(out + cpu_only * cards.sum(axis=1), np.float64)
+    measure = _PaperMeasure.of(shapes, popularity)
+    ok = None if model_ok is None else model_ok[measure.gpu_rows]
+    return measure.fragment(cards, cpu_free, ok)
+
+
+@dataclass(frozen=True)
+class _PaperMeasure:
+    """A workload's shapes as `_paper_fragment` weighs them, made once: its GPU shapes as the
+    fragmentation score's learned shapes, the rows of those that name a model, by model, and
+    the popularity of those without GPUs."""
+
+    measured: tuple[LearnedShape, ...]
+    gpu_rows: list[int]
+    by_model: tuple[tuple[str, list[int]], ...]
+    cpu_only: float
+
+    @classmethod
+    def of(cls, shapes: tuple[TaskShape, ...], popularity: FloatArray) -> _PaperMeasure:
+        gpu_rows = [k for k, s in enumerate(shapes) if s.gpus]
+        measured = tuple(
+            LearnedShape(s.gpus, s.gpu_milli, s.gpu_model, float(popularity[k]), s.cpu_cores, 0.0)
+            for k, s in ((k, shapes[k]) for k in gpu_rows)
+        )
+        by_model: dict[str, list[int]] = {}
+        for row, shape in enumerate(measured):
+            if shape.gpu_model:
+                by_model.setdefault(shape.gpu_model, []).append(row)
+        cpu_only = float(sum(popularity[k] for k, s in enumerate(shapes) if not s.gpus))
+        return cls(measured, gpu_rows, tuple(by_model.items()), cpu_only)
+
+    def models_ok(self, c: ClusterArrays, idx: npt.NDArray[np.int64]) -> BoolArray | None:
+        """[GPU shape, row]: whether the shape may run on node `idx[row]` (None: all may)."""
+        if not self.by_model:
+            return None
+        ok = np.ones((len(self.measured), len(idx)), np.bool_)
+        for model, rows in self.by_model:
+            ok[rows] = model_matches(c, idx, model)
+        return ok
+
+    def fragment(
+        self,
+        cards: npt.NDArray[np.int64],
+        cpu_free: npt.NDArray[np.int64],
+        model_ok: BoolArray | None,
+        profiles: npt.NDArray[np.int64] | None = None,
+    ) -> FloatArray:
+        """`_paper_fragment` (`model_ok` over the GPU shapes only; `profiles`: each row's
+        capacity profile, what `model_ok` depends on)."""
+        no_memory = np.zeros(len(cards), np.int64)
+        out = expected_fragmentation(cards, cpu_free, no_memory, model_ok, self.measured, profiles)
+        return np.asarray(out + self.cpu_only * cards.sum(axis=1), np.float64)
 
 
 def _place_on_cards(cards: npt.NDArray[np.int64], d: Demand) -> npt.NDArray[np.int64]:
@@ -133,6 +164,7 @@ class _FgdWorkload:
 
     shapes: tuple[TaskShape, ...]
     popularity: FloatArray
+    measure: _PaperMeasure
 
     def fragment(
         self,
@@ -141,20 +173,15 @@ class _FgdWorkload:
         cards: npt.NDArray[np.int64],
         cpu_free: npt.NDArray[np.int64],
     ) -> FloatArray:
-        ok: BoolArray | None = None
-        if any(s.gpu_model for s in self.shapes):
-            ok = np.ones((len(self.shapes), len(idx)), np.bool_)
-            for row, shape in enumerate(self.shapes):
-                if shape.gpu_model:
-                    ok[row] = model_matches(c, idx, shape.gpu_model)
-        return _paper_fragment(cards, cpu_free, ok, self.shapes, self.popularity)
+        ok = self.measure.models_ok(c, idx)
+        return self.measure.fragment(cards, cpu_free, ok, c.capacity_profiles()[0][idx])
 
     def share_points(
         self, c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]
     ) -> tuple[FloatArray, npt.NDArray[np.int64]]:
         """For a share: per node, the best score over the cards that hold it, and that card
         (the lowest index among equals, as the paper's simulator takes it; -1: none)."""
-        cards = _cards(c, idx)
+        cards = card_matrix(c, idx)
         cpu = c.cpu_free[idx]
         before = self.fragment(c, idx, cards, cpu)
         rows, cols = np.nonzero(cards >= d.gpu_milli)  # row-major: each node's cards in order
@@ -179,12 +206,13 @@ def fgd_score(weight: float, workload: Sequence[TaskShape | Mapping[str, Any]]) 
     mappings of TaskShape's fields (a pools file, an audit record)."""
     given = tuple(s if isinstance(s, TaskShape) else TaskShape(**s) for s in workload)
     total = sum(s.popularity for s in given) or 1.0
-    model = _FgdWorkload(given, np.asarray([s.popularity / total for s in given], np.float64))
+    popularity = np.asarray([s.popularity / total for s in given], np.float64)
+    model = _FgdWorkload(given, popularity, _PaperMeasure.of(given, popularity))
 
     def rate(c: ClusterArrays, d: Demand, idx: npt.NDArray[np.int64]) -> FloatArray:
         if _is_share(d):
             return model.share_points(c, d, idx)[0].clip(0.0, 1.0)
-        cards = _cards(c, idx)
+        cards = card_matrix(c, idx)
         cpu = c.cpu_free[idx]
         before = model.fragment(c, idx, cards, cpu)
         after = model.fragment(c, idx, _place_on_cards(cards, d), cpu - d.cpu_cores)
