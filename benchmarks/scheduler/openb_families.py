@@ -7,8 +7,10 @@ For every family (`crater.scheduler.sim.variants.VARIANTS`: sharing, multigpu, g
 cpuheavy), each of its levels, each policy and each seed, the FGD paper's protocol runs
 through the production core (`crater.scheduler.sim.protocol`), on the variant drawn with
 `--variant-seed` (the trace, the same for every policy). Each run is kept under `--cache`
-(var/openb_families, per version of the scheduler's code) as it ends, so a run stopped half
-way goes on where it stopped. The summary:
+(benchmarks/results/openb_runs, per version of the scheduler's code: its git tree hash) as it
+ends, so a run stopped half way goes on where it stopped, in this session or a later one
+(the grid of every trace on ten seeds is hours on two cores; the runs are committed as they
+come, 3 KB each). The summary:
 
 - `openb_families.json`: per trace and policy, the mean curve (GPU, CPU, memory allocation
   at each % arrived, 80..130) over the seeds;
@@ -129,7 +131,7 @@ def main() -> None:
     parser.add_argument(
         "--cache",
         type=Path,
-        default=Path("var/openb_families"),
+        default=Path("benchmarks/results/openb_runs"),
         help="where each finished run is kept (a run stopped half way goes on from there)",
     )
     args = parser.parse_args()
