@@ -19,6 +19,11 @@ come, 3 KB each). The summary:
 - `openb_families_<family>.png`: Crater minus FGD (GPU allocation, points) over 80..130%,
   one curve per level.
 
+A change to the scheduler's code that leaves a baseline alone (Crater's score tuned, say) need
+not run FGD and BestFit again: `--carry fgd bestfit --carry-from <old version>` reruns a few of
+their runs on this build and, when each equals the kept one exactly, copies the rest over
+(`carried.json` in the version's folder says from where and how it was checked).
+
 Progress goes to stderr, a line per run.
 """
 
@@ -86,6 +91,49 @@ def _run(nodes: list[OpenbNode], pods: list[OpenbPod], policy: str, seed: int) -
     }
 
 
+def carry(
+    source: Path,
+    cache: Path,
+    policies: list[str],
+    check: int,
+    nodes: list[OpenbNode],
+    pods: dict[str, list[OpenbPod]],
+) -> None:
+    """Copy `policies`' runs of `pods`' traces from `source` into `cache`, once `check` of
+    each policy's (spread over the traces), run again on this build, equal them exactly: a
+    change that leaves a baseline's decisions alone need not cost its hours again. Any
+    difference stops the carry (nothing copied) with the first run that differs."""
+    kept = {
+        policy: sorted(
+            f.name
+            for f in source.glob(f"*_{policy}_*.json")
+            if f.name.rsplit("_", 2)[0] in pods and not (cache / f.name).is_file()
+        )
+        for policy in policies
+    }
+    for policy, names in kept.items():
+        step = max(len(names) // max(check, 1), 1)
+        for name in names[::step][:check]:
+            trace, _, seed = name.removesuffix(".json").rsplit("_", 2)
+            started = time.perf_counter()
+            again = json.loads(json.dumps(_run(nodes, pods[trace], policy, int(seed))))
+            if again != json.loads((source / name).read_text()):
+                raise SystemExit(f"--carry: {name} differs on this build: nothing carried")
+            print(
+                f"--carry: {name} identical on this build ({time.perf_counter() - started:.0f} s)",
+                file=sys.stderr,
+            )
+    for names in kept.values():
+        for name in names:
+            (cache / name).write_bytes((source / name).read_bytes())
+    record = cache / "carried.json"
+    carried = json.loads(record.read_text()) if record.is_file() else []
+    carried.append({"from": source.name, "policies": policies, "checked_per_policy": check})
+    record.write_text(json.dumps(carried, indent=1) + "\n")
+    copied = sum(len(n) for n in kept.values())
+    print(f"--carry: {copied} runs carried from {source.name}", file=sys.stderr)
+
+
 def _mean(runs: list[dict[str, Any]]) -> dict[int, tuple[float, float, float]]:
     return mean_of_curves(
         [{int(x): (v[0], v[1], v[2]) for x, v in run["curve"].items()} for run in runs]
@@ -134,6 +182,16 @@ def main() -> None:
         default=Path("benchmarks/results/openb_runs"),
         help="where each finished run is kept (a run stopped half way goes on from there)",
     )
+    parser.add_argument(
+        "--carry",
+        nargs="+",
+        default=[],
+        metavar="POLICY",
+        help="take these policies' runs from --carry-from instead of running them all again, "
+        "once --carry-check of them, run on this build, came out identical",
+    )
+    parser.add_argument("--carry-from", help="the code version (cache folder) to carry from")
+    parser.add_argument("--carry-check", type=int, default=3, help="runs checked per policy")
     args = parser.parse_args()
 
     nodes, base = load_nodes(args.nodes), load_pods(args.pods)
@@ -142,6 +200,10 @@ def main() -> None:
     cache: Path = args.cache / _code_version()
     cache.mkdir(parents=True, exist_ok=True)
     pods = {t: derive(base, nodes, t, args.variant_seed) for t in traces}
+    if args.carry:
+        if not args.carry_from:
+            parser.error("--carry needs --carry-from")
+        carry(args.cache / args.carry_from, cache, args.carry, args.carry_check, nodes, pods)
     todo = [
         (t, p, s)
         for t in traces
