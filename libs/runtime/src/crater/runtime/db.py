@@ -7,9 +7,11 @@ owns its tables and its own Alembic history (its own version table) in one datab
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -83,6 +85,33 @@ async def take_write_lock(session: AsyncSession) -> None:
     if raw.driver_connection is not None and raw.driver_connection.in_transaction:
         return  # a write already took it
     await connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+# Per SQLite engine (and event loop): the lock its hot write transactions take in turn.
+_WRITERS: weakref.WeakKeyDictionary[Any, dict[asyncio.AbstractEventLoop, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def one_writer(sessions: async_sessionmaker[Any]) -> AbstractAsyncContextManager[Any]:
+    """SQLite: a lock that a process's write transactions on this database take in turn,
+    held until the commit is done. SQLite lets one connection write at a time; a second
+    waits in its busy handler, which sleeps in steps growing to 100 ms and so can sleep on
+    long after the lock is free (a commit that waits for the outbox relay's, or the relay
+    for a batch's, measured in tens of milliseconds). Queued here, the next writer starts
+    the moment the last one commits. Other processes sharing the file still meet the busy
+    handler. PostgreSQL: no lock (its writers lock rows, not the database)."""
+    engine = sessions.kw.get("bind")
+    if engine is None or engine.dialect.name != "sqlite":
+        return contextlib.nullcontext()
+    by_loop = _WRITERS.setdefault(engine.sync_engine, {})
+    loop = asyncio.get_running_loop()
+    lock = by_loop.get(loop)
+    if lock is None:
+        for gone in [other for other in by_loop if other.is_closed()]:
+            del by_loop[gone]
+        lock = by_loop[loop] = asyncio.Lock()
+    return lock
 
 
 def make_session_factory(engine: AsyncEngine) -> async_sessionmaker[Any]:

@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 from crater.contracts import Event, TaskEvent, TaskSequence
 from crater.contracts.catalog import channel_for
 from crater.runtime.bus import Outgoing, encode, publish_batch, subject_of
-from crater.runtime.db import insert_if_absent
+from crater.runtime.db import insert_if_absent, one_writer
 from crater.runtime.telemetry import current_trace_context
 
 log = logging.getLogger("crater.outbox")
@@ -281,12 +281,13 @@ class OutboxRelay:
                 row.id for row, outcome in zip(rows, outcomes, strict=True) if outcome is None
             ]
             if published:
-                await connection.execute(
-                    update(self.outbox)
-                    .where(self.outbox.c.id.in_(published))
-                    .values(published_at=datetime.now(UTC))
-                )
-                await session.commit()
+                async with one_writer(self.sessions):  # the read took no lock (pysqlite)
+                    await connection.execute(
+                        update(self.outbox)
+                        .where(self.outbox.c.id.in_(published))
+                        .values(published_at=datetime.now(UTC))
+                    )
+                    await session.commit()
             failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
             if failed is not None:
                 raise failed
