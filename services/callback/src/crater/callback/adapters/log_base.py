@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Iterable
 from typing import Any
@@ -11,6 +10,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from crater.callback.adapters.records import CONSUMER, SupersededHook
 from crater.callback.domain.lifecycle import Superseded
+from crater.runtime.db import one_writer
 
 
 class LogBase:
@@ -25,14 +25,11 @@ class LogBase:
         self.sessions = sessions
         self.consumer = consumer
         self.on_superseded = on_superseded
-        # SQLite has one writer at a time and makes the others poll, sleeping up to 100 ms
-        # a try: this process's writers (consumers, delivery loop) queue here instead.
-        bind = sessions.kw.get("bind")
-        self._one_writer = bind is not None and bind.dialect.name == "sqlite"
-        self._write_lock = asyncio.Lock()
 
     def _writing(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        return self._write_lock if self._one_writer else contextlib.nullcontext()
+        # SQLite has one writer at a time and makes the others poll, sleeping up to 100 ms
+        # a try: this process's writers (consumers, delivery loop, outbox relay) take turns.
+        return one_writer(self.sessions)
 
     def _tell_superseded(self, superseded: Iterable[tuple[str, Superseded]]) -> None:
         if self.on_superseded is None:
