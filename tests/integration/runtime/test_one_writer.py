@@ -1,6 +1,7 @@
-"""`one_writer`: a process's write transactions on a SQLite file take turns in the event loop
-instead of meeting in SQLite's busy handler (which sleeps in steps up to 100 ms and may sleep
-on after the lock is free). On PostgreSQL it takes no lock."""
+"""`one_writer` (and `write_transaction`, which takes it): a process's write transactions on
+a SQLite file take turns in the event loop instead of meeting in SQLite's busy handler (which
+sleeps in steps up to 100 ms and may sleep on after the lock is free). On PostgreSQL it takes
+no lock."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from crater.runtime.db import make_engine, make_session_factory, one_writer
+from crater.runtime.db import make_engine, make_session_factory, one_writer, write_transaction
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +28,7 @@ async def test_a_second_writer_waits_for_the_first_to_commit_not_for_sqlite(
         first_wrote, release = asyncio.Event(), asyncio.Event()
 
         async def write(name: str, hold: bool) -> None:
-            async with one_writer(sessions), sessions() as session, session.begin():
+            async with write_transaction(sessions) as session:
                 # No busy handler: a write that met another's lock in SQLite would fail at
                 # once ("database is locked") instead of waiting.
                 await session.execute(text("PRAGMA busy_timeout=0"))

@@ -114,6 +114,14 @@ def one_writer(sessions: async_sessionmaker[Any]) -> AbstractAsyncContextManager
     return lock
 
 
+@asynccontextmanager
+async def write_transaction(sessions: async_sessionmaker[Any]) -> AsyncIterator[AsyncSession]:
+    """A session in a transaction that commits when the block ends (rolls back if it
+    raises), taken in turn with this process's other writers (`one_writer`)."""
+    async with one_writer(sessions), sessions() as session, session.begin():
+        yield session
+
+
 def make_session_factory(engine: AsyncEngine) -> async_sessionmaker[Any]:
     return async_sessionmaker(engine, expire_on_commit=False)
 

@@ -15,7 +15,7 @@ from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crater.contracts import Event
-from crater.runtime.db import one_writer
+from crater.runtime.db import write_transaction
 from crater.runtime.outbox import first_deliveries, first_delivery, stage
 
 
@@ -54,7 +54,7 @@ async def unit_of_work(
             ...  # read and write through work.session
             await work.stage(*decided)
     """
-    async with one_writer(sessions), sessions() as session, session.begin():
+    async with write_transaction(sessions) as session:
         first = await first_delivery(session, inbox, consumer, event_id)
         yield UnitOfWork(session, first, outbox)
 
@@ -113,7 +113,7 @@ async def all_once(
     if not events:  # nothing to open a transaction for (a batch of reports none of them kept)
         return []
     try:
-        async with one_writer(sessions), sessions() as session, session.begin():
+        async with write_transaction(sessions) as session:
             if inbox is None:
                 firsts = [True] * len(events)
             elif len(events) == 1:  # one statement that waits out a racing first delivery

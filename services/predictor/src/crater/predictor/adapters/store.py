@@ -52,7 +52,7 @@ from crater.predictor.domain.learning import (
 )
 from crater.predictor.domain.sla import SlaRule, Window, fold
 from crater.predictor.domain.usage import HeldTask, UsageRecord
-from crater.runtime.db import insert_all_if_absent, one_writer
+from crater.runtime.db import insert_all_if_absent, write_transaction
 from crater.runtime.outbox import IN_LIST_LIMIT
 from crater.runtime.unit_of_work import REDELIVERED, all_once, unit_of_work
 
@@ -138,7 +138,7 @@ class LearningStore:
             return
         # ON CONFLICT DO NOTHING: two submissions of one task profiled at once (a redelivery
         # racing the first, or a task id submitted again) must not collide on the key.
-        async with one_writer(self.sessions), self.sessions() as session, session.begin():
+        async with write_transaction(self.sessions) as session:
             await insert_all_if_absent(session, predictions, rows)
 
     async def predicted(self, task_id: str) -> bool:
@@ -324,7 +324,7 @@ class LearningStore:
         if not cards:
             return 0
         kept = 0
-        async with one_writer(self.sessions), self.sessions() as session, session.begin():
+        async with write_transaction(self.sessions) as session:
             rows = (
                 await session.execute(
                     select(allocations.c.allocation_id, allocations.c.gpu_ids).where(

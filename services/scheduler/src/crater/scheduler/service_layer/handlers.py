@@ -56,7 +56,7 @@ from crater.contracts import (
 )
 from crater.contracts.tasks import DEFAULT_HOST_MEMORY_MB
 from crater.runtime.bus import Rejections, subject_of
-from crater.runtime.db import one_writer
+from crater.runtime.db import write_transaction
 from crater.runtime.leadership import Deposed
 from crater.runtime.outbox import (
     IN_LIST_LIMIT,
@@ -293,7 +293,7 @@ class SchedulerService:
     async def take_over(self, epoch: int, holder: str) -> None:
         """Lead with `epoch`: the database's fence first (from now on a deposed leader's
         commits are refused, and one in flight has landed), then the state as committed."""
-        async with one_writer(self.sessions), self.sessions() as session, session.begin():
+        async with write_transaction(self.sessions) as session:
             connection = await session.connection()
             await fence.claim(connection, epoch, holder)
             # The log says where a leader began: its core was loaded from the tables here.
@@ -400,8 +400,8 @@ class SchedulerService:
     async def _decide_and_commit(self, batch: list[Waiting]) -> list[list[Event]]:
         """The batch in one transaction, each statement once for the batch where it can be
         (inbox, duplicate tasks, sequence numbers, outbox) rather than once per event. The
-        process's other writers (the outbox relay) wait their turn (`one_writer`)."""
-        async with one_writer(self.sessions), self.sessions() as session, session.begin():
+        process's other writers (the outbox relay) wait their turn (`write_transaction`)."""
+        async with write_transaction(self.sessions) as session:
             # Core statements only: the connection skips the ORM session's per-statement work.
             connection = await session.connection()
             await fence.check(connection, self.epoch)  # first: a deposed leader writes nothing
@@ -792,11 +792,7 @@ class SchedulerService:
                     for e in news
                 ]
                 try:
-                    async with (
-                        one_writer(self.sessions),
-                        self.sessions() as session,
-                        session.begin(),
-                    ):
+                    async with write_transaction(self.sessions) as session:
                         connection = await session.connection()
                         await fence.check(connection, self.epoch)
                         stamped = await self.sequencer.stamp(connection, events)
@@ -949,7 +945,7 @@ class SchedulerService:
         holding the lock: no decision commits meanwhile."""
         who = request.requested_by or "unknown"
         try:
-            async with one_writer(self.sessions), self.sessions() as session, session.begin():
+            async with write_transaction(self.sessions) as session:
                 connection = await session.connection()
                 await fence.check(connection, self.epoch)  # only the leader changes its core
                 self.audit.begin()
