@@ -70,3 +70,32 @@ async def test_the_lock_is_per_database_and_none_on_postgresql(tmp_path: Path) -
     finally:
         for engine in (one, other, postgres):
             await engine.dispose()
+
+
+async def test_a_write_transaction_that_fails_rolls_back_and_lets_the_next_writer_in(
+    tmp_path: Path,
+) -> None:
+    engine = make_engine(f"sqlite+aiosqlite:///{tmp_path}/failing.db")
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(text("CREATE TABLE written (name TEXT)"))
+        sessions = make_session_factory(engine)
+
+        async def fail() -> None:
+            async with write_transaction(sessions) as session:
+                await session.execute(text("INSERT INTO written VALUES ('lost')"))
+                raise RuntimeError("the disk is full")
+
+        with pytest.raises(RuntimeError, match="the disk is full"):
+            await fail()
+        lock = one_writer(sessions)
+        assert isinstance(lock, asyncio.Lock)
+        assert not lock.locked()
+        async with asyncio.timeout(5):  # the next writer is not left waiting
+            async with write_transaction(sessions) as session:
+                await session.execute(text("INSERT INTO written VALUES ('kept')"))
+        async with sessions() as session:
+            stored = (await session.execute(text("SELECT name FROM written"))).scalars().all()
+        assert stored == ["kept"]
+    finally:
+        await engine.dispose()
