@@ -193,6 +193,22 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
     ageing_max: int = Field(
         default=400, ge=0, le=1000, description="Ageing: the most priority a wait adds."
     )
+    scarce_holders_kept: int = Field(
+        default=2,
+        ge=0,
+        le=1000,
+        description="Scarce capacity kept: a task asking no GPU does not take one of the last "
+        "this many nodes able to hold a multi-card shape of the workload seen that most nodes "
+        "cannot hold (eight cards and 120 cores, say); it waits for other room, with the "
+        "reason HeldForScarceWork (pools whose pipeline scores Fragmentation). 0: off.",
+    )
+    scarce_hold_max_wait_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        le=7 * 86_400,
+        description="Scarce capacity kept: a task asking no GPU that has waited this long "
+        "takes any node, held or not, so a hold for work that may not come starves nothing.",
+    )
     estimate_interval_seconds: float = Field(
         default=10.0,
         ge=0,
@@ -381,6 +397,8 @@ def scheduler_config(settings: SchedulerSettings) -> SchedulerConfig:
         ageing_max=settings.ageing_max,
         reconcile_interval_seconds=settings.reconcile_interval_seconds,
         reconcile_grace_seconds=settings.reconcile_grace_seconds,
+        scarce_holders_kept=settings.scarce_holders_kept,
+        scarce_hold_max_wait_seconds=settings.scarce_hold_max_wait_seconds,
     )
 
 

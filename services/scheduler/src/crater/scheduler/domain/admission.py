@@ -3,6 +3,7 @@ its reasons; and the dry run of a submission, decided the same way."""
 
 from __future__ import annotations
 
+import heapq
 from contextlib import nullcontext
 from typing import Literal
 
@@ -118,6 +119,7 @@ class Admission:
             if lent:
                 return list(lent)
         self.waitlist.enqueue(task)
+        self._wake_when_hold_ends(task)
         found = None if over else self.placer.diagnose(task.filter_demand)
         reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
         head = self.state.backfill.get(request.pool)
@@ -133,6 +135,16 @@ class Admission:
             task, preempted, (reasons, summary), avoid, over, found
         )
         return self.reasons.announce(task, event, reasons, summary) + preempted
+
+    def _wake_when_hold_ends(self, task: PendingTask) -> None:
+        """A waiting task that may be kept off capacity held for scarce work gets its pool
+        retried when that hold ends, whatever else happens meanwhile (a quiet cluster
+        changes nothing that would retry it)."""
+        until = self.placer.hold_ends(task)
+        if until is None or task.scarce_hold_until is not None:
+            return
+        task.scarce_hold_until = until
+        heapq.heappush(self.state.wakeups, (until, task.seq, task.request.task_id))
 
     def dry_borrow(
         self, task: PendingTask, avoid: BoolArray | None, by_model: bool

@@ -91,6 +91,12 @@ class SchedulerConfig:
     # grace (measured on the node's own reports) is acted on, so normal lag is not.
     reconcile_interval_seconds: float = 30.0
     reconcile_grace_seconds: float = 60.0
+    # Scarce capacity kept (fragmentation.held_for_scarce): a task asking no GPU does not
+    # take one of the last this many nodes able to hold a scarce multi-card shape the
+    # workload asks for, where the pool's pipeline scores fragmentation; it waits, unless it
+    # has waited this long already. 0 nodes: off.
+    scarce_holders_kept: int = 2
+    scarce_hold_max_wait_seconds: float = 600.0
 
     def restart_for(self, request: TaskRequest) -> RestartPolicy:
         """The task's own restart policy, else its pool's, else never."""

@@ -306,6 +306,54 @@ def _present_profiles(
     return profile_of, first, present, place[profile_of[every]]
 
 
+def _scarcity(
+    c: ClusterArrays, d: Demand, gpu_shapes: list[LearnedShape], every: IntArray
+) -> tuple[IntArray, IntArray, IntArray, BoolArray, IntArray]:
+    """Which of `gpu_shapes` are scarce for `d`: held by some nodes of `every` but not all
+    (room to keep), and `d` could run outside that set (work that could run only within it
+    takes nothing from it). Each node's profile, the present profiles, each of `every`'s
+    place among them, which present profile could hold each shape, and the scarce shapes'
+    rows. What could hold what is a matter of each node's profile (its capacity and cards):
+    a fleet has few, so it is worked out per profile, not per node."""
+    profile_of, first, present, of_every = _present_profiles(c, every)
+    held = _could_hold(
+        c,
+        first[present],
+        [s.gpus for s in gpu_shapes] + [d.gpus],
+        [s.cpu_cores for s in gpu_shapes] + [d.cpu_cores],
+        [s.memory_mb for s in gpu_shapes] + [d.memory_mb],
+        [s.gpu_model for s in gpu_shapes] + [d.gpu_model],
+    )
+    mine, shape_held = held[-1], held[:-1]
+    scarce_rows = np.flatnonzero(
+        ~shape_held.all(axis=1) & shape_held.any(axis=1) & (mine & ~shape_held).any(axis=1)
+    )
+    return profile_of, present, of_every, shape_held, scarce_rows
+
+
+def _cuts(
+    c: ClusterArrays,
+    d: Demand,
+    nodes: IntArray,
+    shapes: list[LearnedShape],
+    every: IntArray,
+    cards_after: IntArray | None,
+) -> tuple[BoolArray, BoolArray]:
+    """[shape, node] for `shapes` of whole cards: which of `nodes` hold one now and could
+    not once `d` lands there (`cards_after`: their cards then; None: worked out here), and
+    which of `every` hold one now."""
+    if cards_after is None:
+        cards_after = cards_after_landing(c, d, nodes)
+    gpus = np.asarray([s.gpus for s in shapes], np.int64)
+    cpu = np.asarray([s.cpu_cores for s in shapes], np.float64)
+    memory = np.asarray([s.memory_mb for s in shapes], np.float64)
+    lost = (cards_after >= WHOLE).sum(axis=1) < gpus[:, None]
+    lost |= c.cpu_free[nodes] - d.cpu_cores < cpu[:, None]
+    lost |= c.memory_free_mb[nodes] - d.memory_mb < memory[:, None]
+    breaking = _holds(c, nodes, gpus, cpu, memory) & lost
+    return breaking, _holds(c, every, gpus, cpu, memory)
+
+
 def reserve_cost(
     c: ClusterArrays,
     d: Demand,
@@ -338,23 +386,7 @@ def reserve_cost(
     every = np.flatnonzero(c.ready & (c.gpus_total > 0))
     if not len(every):
         return cost
-    # What could hold what is a matter of each node's profile (its capacity and cards): a
-    # fleet has few, so it is worked out per profile, not per node.
-    profile_of, first, present, of_every = _present_profiles(c, every)
-    held = _could_hold(
-        c,
-        first[present],
-        [s.gpus for s in gpu_shapes] + [d.gpus],
-        [s.cpu_cores for s in gpu_shapes] + [d.cpu_cores],
-        [s.memory_mb for s in gpu_shapes] + [d.memory_mb],
-        [s.gpu_model for s in gpu_shapes] + [d.gpu_model],
-    )
-    mine, shape_held = held[-1], held[:-1]
-    # scarce: not held everywhere, held somewhere (room to keep), and `d` could run outside
-    # it (work that could run only within it pays nothing there)
-    scarce_rows = np.flatnonzero(
-        ~shape_held.all(axis=1) & shape_held.any(axis=1) & (mine & ~shape_held).any(axis=1)
-    )
+    profile_of, present, of_every, shape_held, scarce_rows = _scarcity(c, d, gpu_shapes, every)
     if not len(scarce_rows):
         return cost
     # per set of nodes: its scarce shapes, and the GPU thousandths and cores they ask
@@ -379,16 +411,7 @@ def reserve_cost(
     whole = [r for r in scarce_rows.tolist() if gpu_shapes[r].gpu_milli >= WHOLE]
     row_of = {r: k for k, r in enumerate(whole)}
     if whole:
-        if cards_after is None:
-            cards_after = cards_after_landing(c, d, nodes)
-        gpus = np.asarray([gpu_shapes[r].gpus for r in whole], np.int64)
-        cpu = np.asarray([gpu_shapes[r].cpu_cores for r in whole], np.float64)
-        memory = np.asarray([gpu_shapes[r].memory_mb for r in whole], np.float64)
-        lost = (cards_after >= WHOLE).sum(axis=1) < gpus[:, None]
-        lost |= c.cpu_free[nodes] - d.cpu_cores < cpu[:, None]
-        lost |= c.memory_free_mb[nodes] - d.memory_mb < memory[:, None]
-        breaking = _holds(c, nodes, gpus, cpu, memory) & lost
-        holding = _holds(c, every, gpus, cpu, memory)
+        breaking, holding = _cuts(c, d, nodes, [gpu_shapes[r] for r in whole], every, cards_after)
     for where, scarce, (milli, cores) in sets.values():
         inside = known & where[at]
         taken = float(asked)
@@ -409,6 +432,31 @@ def reserve_cost(
             pressure = (s.popularity * size / demand) * free_total / max(holders, WHOLE)
             cost += np.where(breaks, HOLDER_WEIGHT * pressure * size, 0.0)
     return np.asarray(cost, np.float64)
+
+
+def held_for_scarce(c: ClusterArrays, d: Demand, nodes: IntArray, keep: int) -> BoolArray:
+    """Which of `nodes` a task asking no GPU is kept off: where it would leave fewer than
+    `keep` nodes able to hold a scarce shape of whole cards (`_scarcity`: one that only some
+    nodes could ever hold, learned from the workload seen), by taking one of them. A cost
+    cannot do this: once every node with the cores it asks is such a holder (the rest of the
+    fleet busy), it goes to one of them whatever it costs, and the scarce work that comes
+    next has nowhere to run (openb's CPU-heavy traces: 120-core eight-card pods failing at
+    62% arrived, the 39 nodes able to hold them all opened by 32-core CPU-only pods). Work
+    with GPUs is not held: it takes cards the scarce work would, and scores for that."""
+    held = np.zeros(len(nodes), np.bool_)
+    if keep <= 0 or d.gpus or not len(nodes) or not (d.cpu_cores > 0 or d.memory_mb > 0):
+        return held
+    gpu_shapes = [s for s in c.workload.shapes() if s.gpus and s.gpu_milli >= WHOLE]
+    every = np.flatnonzero(c.ready & (c.gpus_total > 0))
+    if not gpu_shapes or not len(every):
+        return held
+    scarce_rows = _scarcity(c, d, gpu_shapes, every)[-1]
+    if not len(scarce_rows):
+        return held
+    scarce = [gpu_shapes[r] for r in scarce_rows.tolist()]
+    breaking, holding = _cuts(c, d, nodes, scarce, every, None)
+    last = holding.sum(axis=1) <= keep
+    return np.asarray((breaking & last[:, None]).any(axis=0), np.bool_)
 
 
 def cards_after_landing(c: ClusterArrays, d: Demand, nodes: IntArray) -> IntArray:

@@ -5,6 +5,7 @@ and grant."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Protocol
 
 import numpy as np
@@ -31,6 +32,7 @@ from crater.scheduler.domain.events import (
     granted,
 )
 from crater.scheduler.domain.fabric import along_ring, domains_for
+from crater.scheduler.domain.fragmentation import held_for_scarce
 from crater.scheduler.domain.gpu_order import choose_in_order
 from crater.scheduler.domain.ledger import Ledger
 from crater.scheduler.domain.placement import Selection, select, unplaceable
@@ -291,6 +293,9 @@ class Placer:
         """`choose` on the nodes `fits` off `avoid`, whatever the task's order of models."""
         candidates = fits if avoid is None else fits & ~avoid
         if task.gang_size == 1:
+            held = self.held_for_scarce(task, candidates)
+            if held is not None:
+                candidates = candidates & ~held
             for i, score, details in self.rank(task.demand, candidates):
                 node = self.state.cluster.nodes[i]
                 selection = select(node, task.demand, self._card(task.demand, i))
@@ -310,6 +315,37 @@ class Placer:
         else:
             picks = self.within_fabric(task, candidates, avoid, topology.levels)
         return None if picks is None else along_ring(self.state.cluster, picks)
+
+    def held_for_scarce(self, task: PendingTask, candidates: BoolArray) -> BoolArray | None:
+        """The nodes among `candidates` kept for scarce work that `task` (one asking no GPU)
+        may not take now (`fragmentation.held_for_scarce`), as a mask of the cluster; None:
+        none. Only where the pool's pipeline scores fragmentation (its learned workload says
+        what is scarce), and not once the task has waited `scarce_hold_max_wait_seconds`:
+        a hold for work that may never come does not starve the work that is here."""
+        state = self.state
+        until = self.hold_ends(task)
+        if until is None or (state.clock is not None and state.clock >= until):
+            return None
+        idx = np.flatnonzero(candidates)
+        held = held_for_scarce(state.cluster, task.demand, idx, state.config.scarce_holders_kept)
+        if not held.any():
+            return None
+        mask = np.zeros(len(candidates), np.bool_)
+        mask[idx[held]] = True
+        return mask
+
+    def hold_ends(self, task: PendingTask) -> datetime | None:
+        """Until when `task` may be kept off capacity held for scarce work (`held_for_scarce`);
+        None: never (it asks for GPUs, is a gang, the rule is off or its pool's pipeline does
+        not score fragmentation)."""
+        config, demand = self.state.config, task.demand
+        if demand.gpus or config.scarce_holders_kept <= 0 or task.gang_size != 1:
+            return None
+        if task.submitted_at is None:
+            return None
+        if not any(s.name == "Fragmentation" for s in config.pipeline_for(demand.pool).scores):
+            return None
+        return task.submitted_at + timedelta(seconds=config.scarce_hold_max_wait_seconds)
 
     def within_fabric(
         self,

@@ -63,6 +63,25 @@ class Reasons:
         self.placer = placer
         self.guarantees = guarantees
 
+    def kept_for_scarce(self, task: PendingTask, usable: BoolArray) -> FilterReason | None:
+        """Why `task` (asking no GPU) does not take the nodes held for scarce work among
+        `usable`; None: none held from it."""
+        held = self.placer.held_for_scarce(task, usable)
+        until = self.placer.hold_ends(task)
+        if held is None or until is None:
+            return None
+        kept = self.state.config.scarce_holders_kept
+        return FilterReason(
+            filter="ScarceCapacity",
+            code="HeldForScarceWork",
+            nodes=int(np.count_nonzero(held)),
+            message=(
+                f"is kept for scarce work (among the last {kept} able to hold a multi-card "
+                "shape the workload asks for, which other nodes cannot) until "
+                f"{until.isoformat(timespec='seconds')}"
+            ),
+        )
+
     def why_waiting(
         self,
         task: PendingTask,
@@ -95,6 +114,9 @@ class Reasons:
             usable = fits if avoid is None else fits & ~avoid
             split = too_small(self.state.cluster, task.demand, usable, task.gang_size)
             reasons = reasons if split is None else [*reasons, split]
+        if fits is not None:
+            kept = self.kept_for_scarce(task, fits if avoid is None else fits & ~avoid)
+            reasons = reasons if kept is None else [*reasons, kept]
         if task.borrow_reason is not None and not over:
             reasons = [
                 *reasons,

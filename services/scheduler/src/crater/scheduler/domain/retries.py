@@ -38,13 +38,20 @@ class RetryIndex:
 
     def wakeups_due(self, now: datetime) -> bool:
         """Pools with a waiting task whose victims, kept from yielding (minimum run time,
-        victim cooldown), may now go are retried: True if any."""
+        victim cooldown), may now go, or whose hold off scarce capacity is over, are retried:
+        True if any."""
         due = False
         while self.state.wakeups and self.state.wakeups[0][0] <= now:
             _, _, task_id = heapq.heappop(self.state.wakeups)
             task = self.state.pending.get(task_id)
-            if task is not None and task.preempt_wake is not None and task.preempt_wake <= now:
+            if task is None:
+                continue
+            if task.preempt_wake is not None and task.preempt_wake <= now:
                 task.preempt_wake = None
+                self.stale(task.request.pool)
+                due = True
+            if task.scarce_hold_until is not None and task.scarce_hold_until <= now:
+                task.scarce_hold_until = None
                 self.stale(task.request.pool)
                 due = True
         return due

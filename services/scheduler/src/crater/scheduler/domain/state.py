@@ -67,6 +67,9 @@ class PendingTask:
     # their pool's minimum, or yielded lately), and when the first of them is free to go.
     preempt_held: FilterReason | None = None
     preempt_wake: datetime | None = None
+    # Asking no GPU, it may be kept off capacity held for scarce work until then; its pool
+    # is retried at that time (`Placer.held_for_scarce`).
+    scarce_hold_until: datetime | None = None
     # Victims were there, but no set of them would make room for all of it (counted once).
     unproven: bool = False
     # The nodes where an earlier attempt failed (ended failed, never confirmed, or its node
@@ -343,8 +346,8 @@ class SchedulerState:
     victims_due: list[tuple[datetime, str]] = field(default_factory=list)
     # Ageing: (time, seq, task id) of a waiting task's next step up the queue, earliest first.
     ageing: list[tuple[datetime, int, str]] = field(default_factory=list)
-    # (time, seq, task id): victims held back for a waiting task may go from then: its pool
-    # is retried at that time.
+    # (time, seq, task id): victims held back for a waiting task may go from then, or its
+    # hold off scarce capacity ends: its pool is retried at that time.
     wakeups: list[tuple[datetime, int, str]] = field(default_factory=list)
     # (time, seq, task id): a waiting task's wait for its first GPU model ends then.
     preferences: list[tuple[datetime, int, str]] = field(default_factory=list)
