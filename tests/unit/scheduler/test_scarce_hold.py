@@ -117,3 +117,14 @@ def test_no_hold_when_off_or_under_a_baseline_pipeline() -> None:
         core = fleet(config)
         core.handle(cpu_only("fill", 90))
         assert placed_on(core.handle(cpu_only("t32", 32)), "t32") is not None
+
+
+def test_a_held_task_at_the_head_of_its_queue_keeps_no_node_it_is_held_off() -> None:
+    """A waiting head keeps the node it waits on from the tasks behind it; a task held off
+    the last holders must not keep one of them from the scarce work they are held for."""
+    core = fleet(SchedulerConfig())
+    core.handle(cpu_only("fill", 90))
+    assert placed_on(core.handle(cpu_only("t32", 32)), "t32") is None
+    for k in range(2):
+        pod = OpenbPod(f"big{k}", 120_000, 65536, 8, 1000, "")
+        assert placed_on(core.handle(task_event(pod, f"big{k}", 1000)), f"big{k}") == f"g3-{k}"

@@ -255,6 +255,11 @@ class Waitlist:
                 usable &= self.state.cluster.health >= RESTRICTED_BELOW
             if shunned := self.placer.shunned(task):  # nor one where it failed before
                 usable &= ~node_mask(self.state.cluster, shunned)
+            # nor one it is kept off for scarce work: it would keep that node from the very
+            # work the node is held for
+            held = self.placer.held_for_scarce(task, usable)
+            if held is not None:
+                usable &= ~held
             rows = np.flatnonzero(usable)
             wanted = 1 if task.same_node or task.gang_size == 1 else task.gang_size
             # A gang that requires one fabric domain keeps nodes of one domain: the first
