@@ -71,6 +71,12 @@ def test_alldata_drives_a_task_s_lifecycle_and_gets_refusals_as_exceptions(
 ) -> None:
     client = CraterClient(stack.url("gateway"), token=stack.api_token)
     dry = client.dry_run(task("life-1"))  # where it would go; holds nothing, not even the id
+    # The stack is up once its services are; the probe's nodes reach the scheduler one
+    # report at a time (on a loaded machine the inference pool's last), so wait for them.
+    deadline = time.monotonic() + 60
+    while dry["placement"]["outcome"] != "placed" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        dry = client.dry_run(task("life-1"))
     assert dry["placement"]["outcome"] == "placed", dry["placement"]["summary"]
     [member] = dry["placement"]["members"]
     with pytest.raises(NotFound):
