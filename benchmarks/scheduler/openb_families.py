@@ -257,7 +257,8 @@ def _table(summary: dict[str, Any]) -> str:
         f"`python -m benchmarks.scheduler.openb_families`",
         "",
         "| trace | what | Crater GPU % at 100 / 130 | vs FGD at 100 / 130 | worst vs FGD (at %) "
-        "| at or above FGD 80..130 | vs BestFit at 100 / 130 | Crater CPU % at 130 |",
+        "| at or above FGD 80..130 | vs BestFit at 100 / 130 "
+        "| CPU / memory % at 130: Crater (FGD) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for t, row in summary["traces"].items():
@@ -272,9 +273,17 @@ def _table(summary: dict[str, Any]) -> str:
             + (f"{fgd['worst']:+.2f} ({fgd['worst_at']}) | " if fgd else "- | ")
             + (("yes" if fgd["at_or_above_everywhere"] else "**no**") + " | " if fgd else "- | ")
             + (f"{best['at_100']:+.2f} / {best['at_130']:+.2f} | " if best else "- | ")
-            + (f"{crater[top][1]:.2f} |" if top else "- |")
+            + (_host_at(crater, row["curves"].get("fgd", {}), top) if top else "- |")
         )
     return "\n".join(lines) + "\n"
+
+
+def _host_at(crater: dict[str, list[float]], fgd: dict[str, list[float]], x: str) -> str:
+    """Crater's CPU and memory allocation at `x`% arrived, FGD's beside it where run."""
+    cpu, memory = crater[x][1], crater[x][2]
+    if x not in fgd:
+        return f"{cpu:.1f} / {memory:.1f} |"
+    return f"{cpu:.1f} / {memory:.1f} ({fgd[x][1]:.1f} / {fgd[x][2]:.1f}) |"
 
 
 def _plots(summary: dict[str, Any], out: Path) -> None:
