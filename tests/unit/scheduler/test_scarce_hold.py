@@ -4,6 +4,7 @@ waits, says why, and takes one once it has waited `scarce_hold_max_wait_seconds`
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
@@ -128,3 +129,23 @@ def test_a_held_task_at_the_head_of_its_queue_keeps_no_node_it_is_held_off() -> 
     for k in range(2):
         pod = OpenbPod(f"big{k}", 120_000, 65536, 8, 1000, "")
         assert placed_on(core.handle(task_event(pod, f"big{k}", 1000)), f"big{k}") == f"g3-{k}"
+
+
+def test_a_restart_still_ends_the_hold_on_time() -> None:
+    """The wakeup that retries a held task is not stored: a restore arms it again from the
+    task's own wait, so the task is placed when its hold ends, not at the next change."""
+    core = fleet(SchedulerConfig())
+    core.handle(cpu_only("fill", 90))
+    assert placed_on(core.handle(cpu_only("t32", 32)), "t32") is None
+    again = Scheduler(core.config)
+    again.restore(
+        nodes=[(n.topology, n.condition, n.last_heartbeat_at) for n in core.cluster.nodes],
+        allocations=[replace(a, peers=[]) for a in core.allocations.values()],
+        pending=[replace(t, scarce_hold_until=None) for t in core.pending.values()],  # as loaded
+        next_seq=core.next_seq,
+    )
+    for _ in range(2):  # the scarce shapes seen before the restart (fleet's history)
+        again.cluster.workload.observe(big(8, 120))
+    for after in (300, 590):
+        assert not [d for d in beats(again, after) if isinstance(d, AllocationGranted)]
+    assert placed_on(beats(again, 601), "t32") in {"g3-0", "g3-1"}

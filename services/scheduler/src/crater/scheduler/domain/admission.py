@@ -119,7 +119,7 @@ class Admission:
             if lent:
                 return list(lent)
         self.waitlist.enqueue(task)
-        self._wake_when_hold_ends(task)
+        self.wake_when_hold_ends(task)
         found = None if over else self.placer.diagnose(task.filter_demand)
         reasons, summary = self.reasons.why_waiting(task, avoid, over, found)
         head = self.state.backfill.get(request.pool)
@@ -136,7 +136,7 @@ class Admission:
         )
         return self.reasons.announce(task, event, reasons, summary) + preempted
 
-    def _wake_when_hold_ends(self, task: PendingTask) -> None:
+    def wake_when_hold_ends(self, task: PendingTask) -> None:
         """A waiting task that may be kept off capacity held for scarce work gets its pool
         retried when that hold ends, whatever else happens meanwhile (a quiet cluster
         changes nothing that would retry it)."""

@@ -273,6 +273,7 @@ class Scheduler(SchedulerState):
         self.claimants = {}  # not stored: a restart forgets which owner claimed first
         for task in pending:
             self.waitlist.enqueue(task)
+            self.admission.wake_when_hold_ends(task)  # its hold still ends, restart or not
         self.next_seq = next_seq
         # The workload fragmentation is measured against, rebuilt from what is still here:
         # the live allocations as granted, then the queue (what had left is forgotten).
