@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import json
 import os
 import platform
@@ -66,6 +67,8 @@ from crater.contracts import (
     TaskStatusReported,
     TaskSubmitted,
 )
+from crater.probe.domain.health import health_report
+from crater.probe.settings import ProbeSettings
 from crater.probe.sim.fleet import build_fleet, read_fleet_spec
 from crater.runtime.bus import encode, ensure_streams, subject_of
 from crater.runtime.nats_server import NatsServer, free_port, start_nats_server
@@ -275,6 +278,39 @@ class Publisher:
             raise RuntimeError(f"JetStream publish failed: {self.failures[0]!r}")
 
 
+class Heartbeats:
+    """Every node's heartbeat as its probe sends it (`health_report`: checks passed, no
+    inventory), every `interval` seconds from when its topology went out, the nodes spread
+    evenly over the interval as independent probes are: the load a fleet of this size puts
+    on the scheduler besides the tasks, and what keeps its nodes Ready under the shipped
+    heartbeat timeout."""
+
+    def __init__(self, publisher: Publisher, topologies: list[NodeTopology], interval: float):
+        self.publisher = publisher
+        self.interval = interval
+        self.reports = [health_report(t) for t in topologies]
+        self.due: list[tuple[float, int]] = []
+        self.sent = 0
+
+    def start(self, index: int) -> None:
+        """Node `index`'s topology went out: its first heartbeat within one interval."""
+        offset = self.interval * index / max(1, len(self.reports))
+        heapq.heappush(self.due, (time.monotonic() + offset, index))
+
+    async def run(self) -> None:
+        while True:
+            now = time.monotonic()
+            while self.due and self.due[0][0] <= now:
+                at, index = heapq.heappop(self.due)
+                beat = self.reports[index].model_copy(
+                    update={"event_id": uuid.uuid4(), "occurred_at": datetime.now(UTC)}
+                )
+                await self.publisher.send(subject_of(beat), encode(beat), str(beat.event_id))
+                heapq.heappush(self.due, (at + self.interval, index))
+                self.sent += 1
+            await asyncio.sleep(0.02)
+
+
 async def raw_jetstream_rate(nc: Client, count: int, payload_bytes: int, batch: int) -> float:
     """Messages per second through one stream: published with acks (same window as the
     bench's own publishing) while a durable pull consumer fetches and acks them."""
@@ -408,6 +444,9 @@ class BenchResult:
     database: str
     consumer_batch: int
     raw_jetstream_per_second: float
+    # Each node's heartbeat interval (0: none were sent) and the heartbeats sent in all.
+    heartbeat_seconds: float = 0.0
+    heartbeats: int = 0
     scheduler_cpu_ms_per_allocation: float = float("nan")  # of the fastest stage
     stages: list[StageResult] = field(default_factory=list)
     sustained_allocations_per_second: float = 0.0
@@ -648,6 +687,11 @@ class BenchConfig:
     # cards, offered at once, each holding its allocation deep_queue_hold seconds.
     deep_queue: bool = False
     deep_queue_hold: float = 1.0
+    # Each node's heartbeat interval: the probe's shipped one; 0 sends none (and gives the
+    # scheduler a day's heartbeat timeout instead of the shipped one, said in the output).
+    heartbeat_seconds: float = field(
+        default_factory=lambda: ProbeSettings().health_interval_seconds
+    )
 
 
 async def run_stage(
@@ -800,13 +844,19 @@ def describe_stage(outcome: StageResult) -> str:
 
 
 async def publish_fleet(
-    publisher: Publisher, topologies: list[NodeTopology], scheduler: Service
+    publisher: Publisher,
+    topologies: list[NodeTopology],
+    scheduler: Service,
+    heartbeats: Heartbeats | None,
 ) -> float:
-    """Every node's topology, then wait until the scheduler knows them all; seconds taken."""
+    """Every node's topology (its heartbeats begin with it), then wait until the scheduler
+    knows them all; seconds taken."""
     started = time.perf_counter()
-    for topology in topologies:
+    for index, topology in enumerate(topologies):
         event = NodeTopologyReported(node=topology)
         await publisher.send(subject_of(event), encode(event), str(event.event_id))
+        if heartbeats is not None:
+            heartbeats.start(index)
     await publisher.flush()
     last_report = started
     while True:
@@ -824,13 +874,12 @@ async def publish_fleet(
 
 def service_env(config: BenchConfig) -> dict[str, str]:
     """What every path gives its services."""
-    return {
-        "CRATER_LOG_LEVEL": "WARNING",
-        "CRATER_CONSUMER_BATCH": str(config.consumer_batch),
-        # The simulated nodes send no heartbeats: without this a run longer than the
-        # default 30 s would see every node turn NotReady and place nothing.
-        "CRATER_SCHEDULER_HEARTBEAT_TIMEOUT_SECONDS": "86400",
-    }
+    env = {"CRATER_LOG_LEVEL": "WARNING", "CRATER_CONSUMER_BATCH": str(config.consumer_batch)}
+    if not config.heartbeat_seconds:
+        # Heartbeats off (--heartbeat-seconds 0): without this a run longer than the
+        # shipped 30 s timeout would see every node turn NotReady and place nothing.
+        env["CRATER_SCHEDULER_HEARTBEAT_TIMEOUT_SECONDS"] = "86400"
+    return env
 
 
 def start_stack(config: BenchConfig, data_dir: Path) -> Stack:
@@ -858,6 +907,7 @@ async def bench_async(config: BenchConfig, data_dir: Path) -> BenchResult:
     services: list[Service] = []
     nc: Client | None = None
     follower: asyncio.Task[None] | None = None
+    beating: asyncio.Task[None] | None = None
     client: httpx.AsyncClient | None = None
     try:
         if config.path == "http":
@@ -905,9 +955,23 @@ async def bench_async(config: BenchConfig, data_dir: Path) -> BenchResult:
             processes = {s.process.name: s.process for s in services}
             deployment = Deployment(scheduler, processes)
             entry = BusEntry(publisher, config.path)
+        heartbeats = None
+        if config.heartbeat_seconds:
+            heartbeats = Heartbeats(Publisher(js), topologies, config.heartbeat_seconds)
+            beating = asyncio.create_task(heartbeats.run())
+            console.print(
+                f"every node heartbeats every {config.heartbeat_seconds:g} s "
+                f"({len(topologies) / config.heartbeat_seconds:,.0f}/s), as its probe would"
+            )
+        else:
+            console.print(
+                "[yellow]NO HEARTBEATS (--heartbeat-seconds 0): the scheduler runs with a "
+                "day's heartbeat timeout, not the shipped one, and without the heartbeat "
+                "load a real fleet puts on it[/yellow]"
+            )
         console.print(f"publishing {len(topologies)} node topologies")
         cpu_before = {n: cpu_seconds(p.popen.pid) for n, p in processes.items()}
-        topology_seconds = await publish_fleet(publisher, topologies, scheduler)
+        topology_seconds = await publish_fleet(publisher, topologies, scheduler, heartbeats)
         topology_cpu = {
             n: round((cpu_seconds(p.popen.pid) - cpu_before[n]) * 1000 / len(topologies), 3)
             for n, p in processes.items()
@@ -922,6 +986,7 @@ async def bench_async(config: BenchConfig, data_dir: Path) -> BenchResult:
         result = BenchResult(
             path=config.path,
             nodes=len(topologies),
+            heartbeat_seconds=config.heartbeat_seconds,
             database=database_url.split(":", 1)[0],
             consumer_batch=config.consumer_batch,
             raw_jetstream_per_second=round(raw, 1),
@@ -956,6 +1021,10 @@ async def bench_async(config: BenchConfig, data_dir: Path) -> BenchResult:
             )
             console.print(describe_stage(result.deep_queue))
         await asyncio.gather(*tracker.releases)
+        if heartbeats is not None and beating is not None:
+            if beating.done():  # it stopped: a publish failed (raised here)
+                beating.result()
+            result.heartbeats = heartbeats.sent
         summarise(result, tracker, bucket_delta(overall_after, overall_before), deployment.tail)
         result.load_average = [round(load_start, 2), round(os.getloadavg()[0], 2)]
         result.machine = (
@@ -964,8 +1033,9 @@ async def bench_async(config: BenchConfig, data_dir: Path) -> BenchResult:
         result.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
         return result
     finally:
-        if follower is not None:
-            follower.cancel()
+        for task in (follower, beating):
+            if task is not None:
+                task.cancel()
         if client is not None:
             await client.aclose()
         if nc is not None:
@@ -1126,6 +1196,13 @@ def report(result: BenchResult, json_path: Path) -> None:
     )
     cpu = ", ".join(f"{n} {v:g}" for n, v in result.cpu_ms_per_task.items())
     console.print(f"CPU ms per task (fastest stage): {cpu}; load average {result.load_average}")
+    if result.heartbeat_seconds:
+        console.print(
+            f"with every node heartbeating every {result.heartbeat_seconds:g} s "
+            f"({result.heartbeats:,} heartbeats in all; their CPU counts in the figures)"
+        )
+    else:
+        console.print("[yellow]measured without heartbeats (--heartbeat-seconds 0)[/yellow]")
     console.print(f"written: {json_path} and {json_path.with_suffix('.png')}")
 
 

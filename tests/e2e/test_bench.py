@@ -42,6 +42,11 @@ def test_bench_writes_sane_figures(tmp_path: Path, database_url: str) -> None:
     assert result["rejected"] == 0
     assert result["ungranted"] == 0
     assert result["raw_jetstream_per_second"] > 100
+    # Every node heartbeats as its probe would (the shipped interval, 5 s), under the
+    # scheduler's shipped heartbeat timeout: 24 nodes spread over 5 s, for a run of 5 s or
+    # more (the stages' 4 s after the topologies): about a round at least.
+    assert result["heartbeat_seconds"] == 5.0
+    assert result["heartbeats"] >= 12
     stages = result["stages"]
     assert [s["offered_per_second"] for s in stages] == [5, 10]
     for stage in stages:

@@ -3,9 +3,12 @@ reads): its workload fits its fleet, its statistics, its rates."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import math
 import random
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import pytest
 
 from benchmarks.scheduler.throughput import (
     PREDICTION,
+    Heartbeats,
     WebhookTail,
     bucket_delta,
     deep_queue_requests,
@@ -24,6 +28,8 @@ from benchmarks.scheduler.throughput import (
 from crater.cli.bench import parse_rates
 from crater.contracts import (
     AllocationGranted,
+    NodeCondition,
+    NodeHealthReported,
     NodeTopologyReported,
     TaskProfiled,
     TaskRejected,
@@ -163,3 +169,49 @@ def test_webhook_tail_reads_each_scheduled_webhook_once_as_the_file_grows(tmp_pa
     tail.poll()
     assert tail.scheduled == {"t1": first.timestamp(), "t2": later.timestamp()}
     assert tail.statuses == {"scheduled": 3, "pending": 1, "succeeded": 1}
+
+
+class Recorded:
+    """Stands for the bench's JetStream publisher: what was sent, when."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, str, bytes, str]] = []
+
+    async def send(self, subject: str, body: bytes, event_id: str) -> None:
+        self.sent.append((time.monotonic(), subject, body, event_id))
+
+
+def test_heartbeats_come_from_every_node_spread_over_the_interval() -> None:
+    fleet = scaled_fleet(10, seed=1)
+    sink = Recorded()
+    beats = Heartbeats(sink, fleet, interval=0.4)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        for index in range(len(fleet)):
+            beats.start(index)
+        beating = asyncio.create_task(beats.run())
+        await asyncio.sleep(1.0)
+        beating.cancel()
+
+    asyncio.run(run())
+    reports = [NodeHealthReported.model_validate_json(body) for _, _, body, _ in sink.sent]
+    assert beats.sent == len(reports)
+    assert {r.node_id for r in reports} == {t.node_id for t in fleet}
+    assert all(r.condition is NodeCondition.READY and r.running is None for r in reports)
+    assert len({event_id for *_, event_id in sink.sent}) == len(reports)  # each its own
+    assert all(
+        subject == f"crater.v1.node.health.{r.node_id}"
+        for (_, subject, _, _), r in zip(sink.sent, reports, strict=True)
+    )
+    # each node every 0.4 s (2-3 in 1 s), not the whole fleet at once
+    by_node = {
+        t.node_id: [
+            at for (at, *_), r in zip(sink.sent, reports, strict=True) if r.node_id == t.node_id
+        ]
+        for t in fleet
+    }
+    assert all(2 <= len(times) <= 3 for times in by_node.values())
+    for times in by_node.values():
+        assert all(0.3 < b - a < 0.5 for a, b in itertools.pairwise(times))
+    firsts = sorted(times[0] for times in by_node.values())
+    assert firsts[-1] - firsts[0] > 0.25  # spread over the interval

@@ -77,6 +77,14 @@ def bench(
         float,
         typer.Option(min=0.0, max=60.0, help="Seconds each deep-queue task holds its GPUs."),
     ] = 1.0,
+    heartbeat_seconds: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="Each node's heartbeat interval (default: the probe's shipped one); 0 sends "
+            "none and gives the scheduler a day's heartbeat timeout (said in the output).",
+        ),
+    ] = None,
 ) -> None:
     """The scheduler's throughput end to end over a real nats-server, beside the raw
     JetStream rate measured in the same run."""
@@ -101,5 +109,6 @@ def bench(
             keep_going=keep_going,
             deep_queue=deep_queue,
             deep_queue_hold=deep_queue_hold,
+            **({} if heartbeat_seconds is None else {"heartbeat_seconds": heartbeat_seconds}),
         )
     )
