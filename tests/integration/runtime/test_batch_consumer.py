@@ -282,3 +282,32 @@ async def test_a_stream_consumer_hands_over_the_subjects_it_reads_in_order_and_s
         assert (info.num_pending, info.num_ack_pending) == (0, 0)
     finally:
         await on_tasks.stop()
+
+
+@pytest.mark.parametrize("linger", [0.0, 1.5])
+async def test_a_lingering_batch_waits_for_messages_that_come_spread_out(
+    consumer: Consumer, linger: float
+) -> None:
+    """With `linger`, a batch short of its size waits that long from its first message for
+    more (heartbeats: one commit for many); without, each goes as it comes."""
+    consumer.consumer.linger = linger
+    await consumer.consumer.start()
+    for k in range(4):
+        await send(consumer.broker, f"spread-{k}")
+        await asyncio.sleep(0.15)
+    await eventually(lambda: len(consumer.handled) == 4)
+    if linger:
+        assert consumer.batches == [[f"spread-{k}" for k in range(4)]]
+    else:
+        assert len(consumer.batches) > 1
+
+
+async def test_a_full_batch_does_not_linger(consumer: Consumer) -> None:
+    consumer.consumer.linger = 30.0
+    for k in range(16):  # the batch size: stored before the consumer starts
+        await send(consumer.broker, f"full-{k}")
+    started = time.monotonic()
+    await consumer.consumer.start()
+    await eventually(lambda: len(consumer.handled) == 16, timeout=10.0)
+    assert time.monotonic() - started < 10.0
+    assert consumer.batches == [[f"full-{k}" for k in range(16)]]

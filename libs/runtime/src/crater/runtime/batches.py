@@ -16,7 +16,11 @@ handler once per batch, so a service can apply the batch in one pass and one tra
   failure never redelivers or loses the others;
 - one tracing span per batch, linked to each message's incoming trace context (the handler
   gets that context with each message, for what it publishes in consequence); metrics counted
-  per batch; nothing logged per message.
+  per batch; nothing logged per message;
+- a batch is what is there now, or the first message to come, at once; with `linger`, a batch
+  short of the batch size waits up to that long for more first: for a stream of many small
+  messages that arrive spread out (heartbeats) and cost little one by one but much per
+  commit, one commit for many.
 """
 
 from __future__ import annotations
@@ -171,22 +175,37 @@ class Puller:
         self.arrived.append(msg)
         self.ready.set()
 
-    async def next_batch(self, wait: float) -> list[Msg]:
+    async def next_batch(self, wait: float, linger: float = 0.0) -> list[Msg]:
         """What was delivered and not yet handed out, up to the batch size; when nothing
-        was, the first to come within `wait` (then [] if none came)."""
+        was, the first to come within `wait` (then [] if none came). With `linger`, a batch
+        short of the batch size waits up to that long from its first message for more."""
         loop = asyncio.get_running_loop()
+        await self._keep_asking(loop)
+        await self._arrivals(wait)
+        if linger > 0 and self.arrived:
+            deadline = loop.time() + linger
+            while len(self.arrived) < self.batch and loop.time() < deadline:
+                await self._keep_asking(loop)
+                await self._arrivals(deadline - loop.time(), more=True)
+        return [self.arrived.popleft() for _ in range(min(self.batch, len(self.arrived)))]
+
+    async def _keep_asking(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A new pull request once the open one is used up, expired or ended."""
         if self.asked <= 0 or loop.time() >= self.expires_at:
             if self.trouble is not None:
                 trouble, self.trouble = self.trouble, None
                 log.debug("%s: pull request ended: %s", self.subject, trouble)
                 await asyncio.sleep(FETCH_ERROR_PAUSE_SECONDS)
             await self._ask(loop.time())
-        if not self.arrived:
-            self.ready.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self.ready.wait()
-        return [self.arrived.popleft() for _ in range(min(self.batch, len(self.arrived)))]
+
+    async def _arrivals(self, wait: float, more: bool = False) -> None:
+        """Wait up to `wait` for a message (`more`: for one more than are here)."""
+        if self.arrived and not more:
+            return
+        self.ready.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await self.ready.wait()
 
     async def _ask(self, now: float) -> None:
         # Twice the batch: the next batch arrives while this one is handled.
@@ -223,6 +242,7 @@ class BatchConsumer(Generic[E]):
         name: str | None = None,
         deliver_policy: DeliverPolicy | None = None,
         models: Mapping[str, type[Event]] | None = None,
+        linger: float = 0.0,
     ) -> None:
         wired = wiring(broker)
         if wired is None:
@@ -247,6 +267,7 @@ class BatchConsumer(Generic[E]):
             self.stream_name = channel.name
             self.durable_name = f"{service}-{name or channel.name.removeprefix('CRATER_').lower()}"
         self.batch = batch
+        self.linger = linger
         self.deliver_policy = deliver_policy
         self.span_name = f"{self.durable_name} process"
         self._puller: Puller | None = None
@@ -301,7 +322,7 @@ class BatchConsumer(Generic[E]):
         while self._running and self._puller is not None:
             self._fetching = True
             try:
-                messages = await self._puller.next_batch(FETCH_WAIT_SECONDS)
+                messages = await self._puller.next_batch(FETCH_WAIT_SECONDS, self.linger)
             except Exception as error:  # NATS away: ask again later
                 log.debug("%s: pull failed: %r", self.durable_name, error)
                 await asyncio.sleep(FETCH_ERROR_PAUSE_SECONDS)
@@ -453,6 +474,7 @@ def batch_durable(
     batch: int = 64,
     name: str | None = None,
     deliver_policy: DeliverPolicy | None = None,
+    linger: float = 0.0,
 ) -> Callable[[BatchHandler[E]], BatchConsumer[E]]:
     """`durable`'s batch form: a decorator making the handler a `BatchConsumer` of `channel`
     under the same durable name (`<service>-<name or the channel's short name>`), so it takes
@@ -467,6 +489,7 @@ def batch_durable(
             batch=batch,
             name=name,
             deliver_policy=deliver_policy,
+            linger=linger,
         )
 
     return register

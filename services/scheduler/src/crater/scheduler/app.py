@@ -102,6 +102,15 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
     heartbeat_timeout_seconds: float = Field(
         default=30.0, gt=0, description="A node silent this long is NotReady."
     )
+    heartbeat_batch_wait_seconds: float = Field(
+        default=0.25,
+        ge=0,
+        le=5,
+        description="How long a batch of node heartbeats waits to fill (consumer_batch) "
+        "before it is decided and committed: heartbeats are many, spread out and cheap one "
+        "by one, a commit is not (one for many); 0: each batch as it comes. Keep it well "
+        "under heartbeat_timeout_seconds.",
+    )
     token_secret: SecretStr = Field(
         default=SecretStr(DEVELOPMENT_TOKEN_SECRET),
         description="Signs and checks reservation tokens (only the scheduler does: the gateway "
@@ -470,7 +479,13 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
     async def on_node_topology(received: list[Received[NodeTopologyReported]]) -> list[Outcome]:
         return await core.handle_batch("node-topology", [(r.event, r.trace) for r in received])
 
-    @batch_durable(broker, Subjects.NODE_HEALTH, name, batch=batch)
+    @batch_durable(
+        broker,
+        Subjects.NODE_HEALTH,
+        name,
+        batch=batch,
+        linger=settings.heartbeat_batch_wait_seconds,
+    )
     async def on_node_health(received: list[Received[NodeHealthReported]]) -> list[Outcome]:
         return await core.handle_batch("node-health", [(r.event, r.trace) for r in received])
 
