@@ -84,3 +84,19 @@ def test_a_lone_surrogate_or_nul_is_named_by_its_field(
     assert raised.value.field == field
     assert said is not None
     assert said in raised.value.what
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a": [1, {"b": "[[[[[[[["}]}',  # many brackets, most inside a string: depth 3
+        b'{"a": [{"b": 1}, {"c": 2}, {"d": 3}, {"e": 4}]}',  # many, none deep: depth 3
+        "[[[]]]",
+    ],
+)
+def test_the_check_agrees_with_the_scan_either_side_of_the_limit(body: bytes | str) -> None:
+    """Past its shortcut (no more opening brackets than the limit, so no deeper) too."""
+    depth = json_depth(body)
+    check_json_depth(body, depth)  # at the limit: passes, whichever way it is found
+    with pytest.raises(TooDeep):
+        check_json_depth(body, depth - 1)

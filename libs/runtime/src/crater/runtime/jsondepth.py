@@ -44,7 +44,10 @@ def json_depth(body: bytes | str) -> int:
 
 def check_json_depth(body: bytes | str, limit: int) -> None:
     """Raise TooDeep when `body` nests deeper than `limit`."""
-    depth = json_depth(body)
+    data = body.encode() if isinstance(body, str) else body
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return  # no deeper than its opening brackets: most messages, without the scan
+    depth = json_depth(data)
     if depth > limit:
         raise TooDeep(depth, limit)
 
