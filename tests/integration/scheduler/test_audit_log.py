@@ -853,11 +853,11 @@ async def test_explain_through_the_index_tells_what_the_whole_log_tells(sessions
 async def test_explain_of_a_long_log_reads_the_task_records_and_replays_from_a_snapshot(
     sessions: Any,
 ) -> None:
-    """A log of about 20,000 records (heartbeats many per commit, as a cluster sends them):
-    the story of a task placed near the end reads its own records, and its placement is
-    replayed from the snapshot before it (the snapshot interval at most), not from record 1;
-    the answer is the one the whole log replayed gives."""
-    scheduler = service(sessions)  # the shipped snapshot interval: 10,000 records
+    """A log of about 20,000 inputs (heartbeats many per commit, as a cluster sends them,
+    each commit's a run in one record): the story of a task placed near the end reads its
+    own records, and its placement is replayed from the snapshot before it, not from record
+    1; the answer is the one the whole log replayed gives."""
+    scheduler = service(sessions, audit.AuditLog(snapshot_every=40))
     await scheduler.take_over(1, "test")
     await asyncio.gather(
         *(
@@ -893,17 +893,24 @@ async def test_explain_of_a_long_log_reads_the_task_records_and_replays_from_a_s
         placed = await session.scalar(
             select(audit_log.c.seq).where(audit_log.c.input.contains('"task_id":"late"'))
         )
-    assert records > 19_500
-    assert len(periodic) == 1
-    assert periodic[0] < placed
+    log = await entries(sessions)
+    runs = [e for e in log if e.kind == audit.HEARTBEAT_RUN]
+    assert all(e.decisions == "[]" for e in runs)
+    heartbeats = sum(len(json.loads(e.input)) for e in runs)
+    heartbeats += sum(e.kind == "NodeHealthReported" for e in log)
+    assert heartbeats == 65 * 300
+    assert records < 1_000  # in a few hundred records
+    before = [seq for seq in periodic if seq < placed]
+    assert before
+    assert before[-1] > 3
     config = SchedulerConfig()
 
     found = await indexed_story(sessions, "late", config=config)
-    assert found.records_read == 1  # of ~19,500: its submission, which placed it
+    assert found.records_read == 1  # of all: its submission, which placed it
     assert [s.decision and s.decision["kind"] for s in found.steps] == ["AllocationGranted"]
     assert found.steps[0].placement is not None
-    assert found.replayed_from == [periodic[0]]
-    assert found.events_replayed == placed - 1 - periodic[0] < audit.SNAPSHOT_EVERY
+    assert found.replayed_from == [before[-1]]
+    assert 0 < found.events_replayed < 19_500  # the heartbeats since that snapshot only
     assert told(found.steps) == await whole_log_story(sessions, "late", config)
 
     early = await indexed_story(sessions, "early", config=config)
@@ -924,7 +931,7 @@ async def test_explain_of_a_long_log_reads_the_task_records_and_replays_from_a_s
     answer = await scheduler.explain(AuditExplainQuery(task_id="late", budget_seconds=60))
     assert not answer.truncated
     assert answer.records_read == 1
-    assert answer.replayed_from == [periodic[0]]
+    assert answer.replayed_from == [before[-1]]
     assert answer.steps[0].placement is not None
     none = await scheduler.explain(AuditExplainQuery(task_id="late", max_placements=0))
     assert none.truncated
@@ -1088,3 +1095,51 @@ async def test_periodic_snapshots_keep_their_floor_of_core_time(sessions: Any) -
     late = await replayed_log(sessions, len(log) - 5, from_snapshot=True)
     assert late.identical, late.divergence
     assert late.started_at > 3  # from a periodic snapshot, not the state as loaded
+
+
+async def test_heartbeats_that_decide_nothing_share_a_record_and_replay_one_by_one(
+    sessions: Any,
+) -> None:
+    """A pull batch of heartbeats that changed nothing is one record (a run: their array, in
+    the order decided); replay feeds each to the core and checks each decided nothing; a
+    heartbeat with decisions, or any other input, ends the run; a heartbeat altered inside
+    the run is named by verify."""
+    scheduler = service(sessions)
+    await scheduler.take_over(1, "test")
+    topologies = [
+        (NodeTopologyReported(node=node(f"n{i}", gpus=4), occurred_at=T0), None) for i in range(3)
+    ]
+    await scheduler.handle_batch("node-topology", topologies)
+    for second in (5, 10):
+        at = T0 + timedelta(seconds=second)
+        beats = [
+            NodeHealthReported(
+                node_id=f"n{i}", condition=NodeCondition.READY, score=90 + i, occurred_at=at
+            )
+            for i in range(3)
+        ]
+        await scheduler.handle_batch("node-health", [(b, None) for b in beats])
+        await scheduler.handle(profiled(f"t{second}", at), "task-profiled")
+    log = await entries(sessions)
+    runs = [e for e in log if e.kind == audit.HEARTBEAT_RUN]
+    assert len(runs) == 2  # one a batch, the task's record between them
+    assert all(e.source == audit.CORE and e.decisions == "[]" for e in runs)
+    first = json.loads(runs[0].input)
+    assert [b["node_id"] for b in first] == ["n0", "n1", "n2"]
+    assert [b["score"] for b in first] == [90, 91, 92]
+    assert (await verified(sessions)).ok
+
+    replayed = audit.replay(log, SchedulerConfig())
+    assert replayed.divergence is None, replayed.divergence and replayed.divergence.render()
+    assert replayed.events == 3 + 2 * (3 + 1)  # every heartbeat, one by one
+    assert replayed.compared == replayed.events
+    assert not [row for row in audit.decision_rows(log) if row["input_kind"] == audit.HEARTBEAT_RUN]
+
+    altered = runs[1].input.replace('"score":91', '"score":11')
+    async with sessions() as session, session.begin():
+        await session.execute(
+            update(audit_log).where(audit_log.c.seq == runs[1].seq).values(input=altered)
+        )
+    finding = (await verified(sessions)).finding
+    assert finding is not None
+    assert (finding.seq, finding.what) == (runs[1].seq, "altered")

@@ -259,10 +259,17 @@ def test_a_snapshot_that_cannot_be_taken_is_left_out_not_the_commit(
 
 
 def test_a_replay_decodes_inputs_with_the_models_own_validators() -> None:
-    """The inputs a replay decodes are the core's own kinds, with their own validators."""
+    """The inputs a replay decodes are the core's own kinds, with their own validators; a
+    heartbeat run's, each of its heartbeats."""
     event: TaskProfiled = small_training("t", 1, T0)
     decode = audit._parsers()["TaskProfiled"]
-    assert decode(event.model_dump_json()) == event
+    assert decode(event.model_dump_json()) == (event,)
+    beats = [
+        NodeHealthReported(node_id=f"n{i}", condition=NodeCondition.READY, score=100)
+        for i in range(2)
+    ]
+    run = "[" + ",".join(b.model_dump_json() for b in beats) + "]"
+    assert list(audit._parsers()[audit.HEARTBEAT_RUN](run)) == beats
 
 
 def test_a_record_whose_input_does_not_decode_stops_the_replay_with_the_reason() -> None:

@@ -37,6 +37,7 @@ from typing import Any, cast
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from pydantic import TypeAdapter
 from sqlalchemy import delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -94,6 +95,12 @@ INPUTS: dict[str, type[Event]] = {
     )
 }
 READ_CHUNK = 5_000
+# A run of heartbeats that each decided nothing, in one record: its input is their JSON
+# array, in the order decided, its decisions `[]` (each decided none); a run of one is a
+# plain NodeHealthReported record. A fleet's heartbeats are most of what the core takes; a
+# record each cost a commit more than the decision did.
+HEARTBEAT_RUN = "NodeHealthReportedRun"
+_HEARTBEATS: TypeAdapter[list[NodeHealthReported]] = TypeAdapter(list[NodeHealthReported])
 
 
 def now_text() -> str:
@@ -287,6 +294,7 @@ class _Staged:
     decisions: str
     state: bytes | None = None  # a snapshot's bytes
     tasks: set[str] | None = None  # the tasks it is about (None: `task_ids` of its JSON)
+    run: list[str] | None = None  # a heartbeat run's heartbeats (its body is their array)
 
 
 def snapshot_body(why: str, state: bytes, config: SchedulerConfig, fingerprint: str) -> str:
@@ -350,7 +358,18 @@ class AuditLog:
         kind: str | None = None,
         body: str | None = None,
     ) -> None:
-        """One record: the decision's own time is now, when the core has just decided."""
+        """One record: the decision's own time is now, when the core has just decided. A
+        heartbeat that decided nothing joins the run of such heartbeats just before it (the
+        run's time: its first's)."""
+        if isinstance(event, NodeHealthReported) and source == CORE and not decisions:
+            beat = event.model_dump_json()
+            last = self.staged[-1] if self.staged else None
+            if last is not None and last.run is not None and last.epoch == epoch:
+                last.run.append(beat)
+            else:
+                run = _Staged(epoch, now_text(), CORE, HEARTBEAT_RUN, "", "[]", None, set(), [beat])
+                self.staged.append(run)
+            return
         kind = kind or type(event).__name__
         tasks = _event_task_ids(event, decisions) if event is not None and body is None else None
         body = body if body is not None else event.model_dump_json() if event else "{}"
@@ -399,13 +418,18 @@ class AuditLog:
         about = []
         for item in staged:
             seq += 1
+            kind, body = item.kind, item.body
+            if item.run is not None:  # a run of one is the heartbeat's own record
+                many = len(item.run) > 1
+                kind = HEARTBEAT_RUN if many else NodeHealthReported.__name__
+                body = f"[{','.join(item.run)}]" if many else item.run[0]
             fields = (
                 seq,
                 item.epoch,
                 item.decided_at,
                 item.source,
-                item.kind,
-                item.body,
+                kind,
+                body,
                 item.decisions,
                 prev,
             )
@@ -921,10 +945,18 @@ class ReplayReport:
         return self.events / self.seconds if self.seconds > 0 else 0.0
 
 
-def _parsers() -> dict[str, Callable[[str], Event]]:
-    """Each input kind's JSON decoder: the model's own validator, called without the
-    classmethod around it (a replay decodes every record)."""
-    return {name: kind.__pydantic_validator__.validate_json for name, kind in INPUTS.items()}
+def _parsers() -> dict[str, Callable[[str], Sequence[Event]]]:
+    """Each input kind's JSON decoder to the record's events (one; a heartbeat run's all):
+    the model's own validator, called without the classmethod around it (a replay decodes
+    every record)."""
+
+    def one(kind: type[Event]) -> Callable[[str], Sequence[Event]]:
+        validate = kind.__pydantic_validator__.validate_json
+        return lambda body: (validate(body),)
+
+    parsers = {name: one(kind) for name, kind in INPUTS.items()}
+    parsers[HEARTBEAT_RUN] = _HEARTBEATS.validate_json
+    return parsers
 
 
 class Replayer:
@@ -1067,20 +1099,24 @@ class Replayer:
                             f"record {seq}: input kind {kind!r} unknown to this build"
                         )
                     try:
-                        event = decode(body)
+                        inputs = decode(body)
                     except ValueError as error:  # altered, or another build's contract
                         return self._stop(f"record {seq}: its input does not decode: {error}")
-                    decisions = core.handle(event)
-                    events += 1
-                    if compare and seq >= start:
-                        decided = decisions_json(decisions)  # serialised to compare only
-                        compared += 1
-                        if decided != recorded:
-                            report.divergence = Divergence(seq, kind, body, recorded, decided, "")
-                            self.finished = True
-                            return False
-                    if progress is not None and events % every == 0:
-                        progress(events)
+                    for event in inputs:  # a heartbeat run's each decided nothing
+                        decisions = core.handle(event)
+                        events += 1
+                        if compare and seq >= start:
+                            decided = decisions_json(decisions)  # serialised to compare only
+                            compared += 1
+                            if decided != recorded:
+                                shown = body if len(inputs) == 1 else event.model_dump_json()
+                                report.divergence = Divergence(
+                                    seq, kind, shown, recorded, decided, ""
+                                )
+                                self.finished = True
+                                return False
+                        if progress is not None and events % every == 0:
+                            progress(events)
                 elif source != SERVICE:
                     if not self._apply(seq, source, kind, body):
                         return False
@@ -1539,8 +1575,8 @@ class _Story:
         """The steps `entry` adds, each placement with the request to dry-run for it (None:
         not a placement, or the task's request is not in the log)."""
         task_id = self.task_id
-        if not _mentions(entry, task_id, self.needles):
-            return []
+        if not _mentions(entry, task_id, self.needles) or entry.kind == HEARTBEAT_RUN:
+            return []  # (a run decided nothing; a heartbeat may list the task it runs)
         source_event = json.loads(entry.input)
         if entry.kind == TaskProfiled.__name__ and entry.source == CORE:
             candidate = TaskProfiled.model_validate_json(entry.input)
@@ -1834,6 +1870,8 @@ def decision_rows(entries: Iterable[Entry]) -> Iterator[dict[str, Any]]:
     decision's own, its input's)."""
     tasks: dict[str, dict[str, Any]] = {}
     for entry in entries:
+        if entry.kind == HEARTBEAT_RUN:
+            continue  # heartbeats that decided nothing
         source_event = json.loads(entry.input)
         if entry.kind == TaskProfiled.__name__:
             task = source_event.get("task", {})
