@@ -857,7 +857,7 @@ async def test_explain_of_a_long_log_reads_the_task_records_and_replays_from_a_s
     each commit's a run in one record): the story of a task placed near the end reads its
     own records, and its placement is replayed from the snapshot before it, not from record
     1; the answer is the one the whole log replayed gives."""
-    scheduler = service(sessions, audit.AuditLog(snapshot_every=40))
+    scheduler = service(sessions, audit.AuditLog(snapshot_every=4_000))  # inputs
     await scheduler.take_over(1, "test")
     await asyncio.gather(
         *(
@@ -910,7 +910,8 @@ async def test_explain_of_a_long_log_reads_the_task_records_and_replays_from_a_s
     assert [s.decision and s.decision["kind"] for s in found.steps] == ["AllocationGranted"]
     assert found.steps[0].placement is not None
     assert found.replayed_from == [before[-1]]
-    assert 0 < found.events_replayed < 19_500  # the heartbeats since that snapshot only
+    # the inputs since that snapshot only: its interval at most, and a batch
+    assert found.events_replayed < 4_000 + 300
     assert told(found.steps) == await whole_log_story(sessions, "late", config)
 
     early = await indexed_story(sessions, "early", config=config)
@@ -1143,3 +1144,31 @@ async def test_heartbeats_that_decide_nothing_share_a_record_and_replay_one_by_o
     finding = (await verified(sessions)).finding
     assert finding is not None
     assert (finding.seq, finding.what) == (runs[1].seq, "altered")
+
+
+async def test_periodic_snapshots_count_a_runs_heartbeats(sessions: Any) -> None:
+    """A replay from a snapshot takes time in inputs, not records: every 20 inputs here,
+    though 14 records hold the 30 of them."""
+    scheduler = service(sessions, audit.AuditLog(snapshot_every=20))
+    await scheduler.take_over(1, "test")
+    topologies = [
+        (NodeTopologyReported(node=node(f"n{i}", gpus=4), occurred_at=T0), None) for i in range(3)
+    ]
+    await scheduler.handle_batch("node-topology", topologies)
+    for second in range(1, 9):
+        at = T0 + timedelta(seconds=second)
+        beats = [
+            NodeHealthReported(
+                node_id=f"n{i}", condition=NodeCondition.READY, score=100, occurred_at=at
+            )
+            for i in range(3)
+        ]
+        await scheduler.handle_batch("node-health", [(b, None) for b in beats])
+    log = await entries(sessions)
+    periodic = [e for e in log if e.source == audit.SNAPSHOT and '"periodic"' in e.input]
+    assert len([e for e in log if e.kind == audit.HEARTBEAT_RUN]) == 8
+    assert len(log) - len(periodic) == 14
+    assert len(periodic) == 1
+    late = await replayed_log(sessions, periodic[0].seq + 1, from_snapshot=True)
+    assert late.identical, late.divergence
+    assert late.started_at == periodic[0].seq

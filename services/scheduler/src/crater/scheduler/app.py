@@ -335,8 +335,9 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
         ge=0,
         le=10_000_000,
         description="A snapshot of the scheduling core's whole state in the audit log every "
-        "this many records (a replay from --from starts at the one before it instead of the "
-        "log's beginning); 0: none but those taken when the state is loaded.",
+        "this many inputs (records; a heartbeat run's heartbeats each) (a replay from --from "
+        "starts at the one before it instead of the log's beginning); 0: none but those taken "
+        "when the state is loaded.",
     )
     audit_snapshot_min_seconds: float = Field(
         default=60.0,
