@@ -102,11 +102,20 @@ class SchedulerSettings(ServiceSettings, LeaseSettings):
     heartbeat_timeout_seconds: float = Field(
         default=30.0, gt=0, description="A node silent this long is NotReady."
     )
+    heartbeat_batch: int = Field(
+        default=512,
+        ge=1,
+        le=10_000,
+        description="The most node heartbeats decided and committed together (the node-health "
+        "consumer's pull batch; consumer_batch for the rest): a fleet sends many, each costs "
+        "little beside its commit, and a heartbeat stream that falls behind by more than "
+        "heartbeat_lag_seconds has live nodes judged silent.",
+    )
     heartbeat_batch_wait_seconds: float = Field(
         default=0.25,
         ge=0,
         le=5,
-        description="How long a batch of node heartbeats waits to fill (consumer_batch) "
+        description="How long a batch of node heartbeats waits to fill (heartbeat_batch) "
         "before it is decided and committed: heartbeats are many, spread out and cheap one "
         "by one, a commit is not (one for many); 0: each batch as it comes. Keep it well "
         "under heartbeat_timeout_seconds.",
@@ -494,7 +503,7 @@ def build(settings: SchedulerSettings | None = None) -> tuple[Service, AsgiFastS
         broker,
         Subjects.NODE_HEALTH,
         name,
-        batch=batch,
+        batch=settings.heartbeat_batch,
         linger=settings.heartbeat_batch_wait_seconds,
     )
     async def on_node_health(received: list[Received[NodeHealthReported]]) -> list[Outcome]:
