@@ -29,6 +29,8 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from crater.runtime.sqlite_one_trip import one_trip_dbapi
+
 # SQLite's `synchronous` in WAL mode, chosen with `?synchronous=` on the database URL.
 # FULL (the default) syncs the WAL at every commit: a commit survives power loss, so acking
 # the message after it is safe. NORMAL syncs only at checkpoints: still safe if the process
@@ -56,7 +58,9 @@ def make_engine(database_url: str, **kwargs: Any) -> AsyncEngine:
         if url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
         # Several service processes share the file: WAL lets readers run beside one writer.
-        engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
+        engine = create_async_engine(
+            url, connect_args={"timeout": 30}, module=one_trip_dbapi(), **kwargs
+        )
 
         @event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
