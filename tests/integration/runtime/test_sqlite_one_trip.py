@@ -87,12 +87,12 @@ async def test_rows_counts_and_ids_are_sqlite3s(engine: AsyncEngine) -> None:
 async def test_errors_are_sqlalchemys_and_the_transaction_rolls_back(
     engine: AsyncEngine,
 ) -> None:
-    with pytest.raises(IntegrityError, match="UNIQUE"):
-        async with engine.begin() as connection:
-            await connection.execute(insert(items).values(name="a", size=1))
+    async with engine.connect() as connection:
+        await connection.execute(insert(items).values(name="a", size=1))
+        with pytest.raises(IntegrityError, match="UNIQUE"):
             await connection.execute(insert(items).values(name="a", size=2))
-    with pytest.raises(OperationalError, match="no such table"):
-        async with engine.connect() as connection:
+        await connection.rollback()
+        with pytest.raises(OperationalError, match="no such table"):
             await connection.execute(text("SELECT * FROM missing"))
     async with engine.connect() as connection:  # the connection is usable again, nothing kept
         assert await connection.scalar(select(func.count()).select_from(items)) == 0
