@@ -311,3 +311,22 @@ async def test_a_full_batch_does_not_linger(consumer: Consumer) -> None:
     await eventually(lambda: len(consumer.handled) == 16, timeout=10.0)
     assert time.monotonic() - started < 10.0
     assert consumer.batches == [[f"full-{k}" for k in range(16)]]
+
+
+async def test_a_consumer_may_have_two_large_batches_unacked(consumer: Consumer) -> None:
+    """The puller asks for two batches at once: JetStream's default cap on unacked messages
+    (1,000) must not cut them short, and a small batch keeps the default."""
+
+    @batch_durable(consumer.broker, Subjects.TASK_STATUS, "batchtest", batch=600, name="big")
+    async def on_big(received: list[Received[TaskStatusReported]]) -> list[Outcome]:
+        return [None] * len(received)
+
+    await on_big.start()
+    await consumer.consumer.start()
+    try:
+        js = consumer.broker.connection.jetstream()
+        big = await js.consumer_info(Streams.TASKS.name, on_big.durable_name)
+        small = await js.consumer_info(Streams.TASKS.name, consumer.consumer.durable_name)
+        assert (big.config.max_ack_pending, small.config.max_ack_pending) == (1200, 1000)
+    finally:
+        await on_big.stop()

@@ -75,6 +75,8 @@ FETCH_WAIT_SECONDS = 1.0
 # consumer's request before it expires waits out the ack deadline (as FastStream's 1 s fetch).
 PULL_EXPIRES_SECONDS = 1.0
 PULL_LOST_SECONDS = 0.5
+# JetStream's own default limit on a consumer's delivered and unacked messages.
+DEFAULT_MAX_ACK_PENDING = 1000
 # The pause after a pull that failed for another reason than no message (NATS away, the
 # consumer gone, a raft leader being elected).
 FETCH_ERROR_PAUSE_SECONDS = 0.5
@@ -292,6 +294,9 @@ class BatchConsumer(Generic[E]):
                 durable_name=self.durable_name,
                 filter_subject=self.subject,
                 max_deliver=self.rejections.policy.server_max_deliver,
+                # The puller asks for two batches at once; JetStream's default cap on
+                # unacked messages (1,000) would cut a batch of more than 500 short.
+                max_ack_pending=max(DEFAULT_MAX_ACK_PENDING, 2 * self.batch),
             )
             if self.deliver_policy is not None:
                 config.deliver_policy = self.deliver_policy
