@@ -415,3 +415,23 @@ async def test_a_recent_victim_is_left_alone_across_a_restart(
             pending.summary
         )
     assert len(tap.of(TaskPreempted)) == 1
+
+
+async def test_heartbeats_are_pulled_in_batches_of_the_setting(
+    fresh_nats: NatsServer, database_url: str
+) -> None:
+    """`heartbeat_batch` sizes the node-health consumer's pulls (two at once may be unacked);
+    the other consumers keep theirs."""
+    settings = SchedulerSettings(
+        nats_url=fresh_nats.url, database_url=database_url, heartbeat_batch=700
+    )
+    service, app = build(settings)
+    async with TestApp(app):
+        await leading(service)
+        js = service.broker.connection.jetstream()
+        health = await js.consumer_info(Subjects.NODE_HEALTH.stream.name, "scheduler-node-health")
+        topology = await js.consumer_info(
+            Subjects.NODE_TOPOLOGY.stream.name, "scheduler-node-topology"
+        )
+    assert health.config.filter_subject == Subjects.NODE_HEALTH.wildcard
+    assert (health.config.max_ack_pending, topology.config.max_ack_pending) == (1400, 1000)
