@@ -381,6 +381,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def measure_idle(processes: dict[str, Process], seconds: float) -> dict[str, float]:
+    """Each process's CPU, in cores, over `seconds` with no task offered (the fleet's
+    heartbeats, if any, go on); {} when `seconds` is 0."""
+    if seconds <= 0:
+        return {}
+    before = {n: cpu_seconds(p.popen.pid) for n, p in processes.items()}
+    started = time.perf_counter()
+    await asyncio.sleep(seconds)
+    elapsed = time.perf_counter() - started
+    return {n: (cpu_seconds(p.popen.pid) - before[n]) / elapsed for n, p in processes.items()}
+
+
 def scrape(url: str) -> tuple[Buckets, dict[str, float]]:
     """The decision-time histogram's buckets and the scheduler's gauges, from /metrics."""
     buckets: Buckets = {}
@@ -420,6 +432,9 @@ class StageResult:
     # Each service process's CPU time over the tasks done (placed; on the http path, the
     # `scheduled` webhooks delivered): gateway, predictor, scheduler, callback, receiver.
     cpu_ms_per_task: dict[str, float] = field(default_factory=dict)
+    # The same, less what each process spends idle (BenchResult.idle_cpu_percent) over the
+    # stage's time: what the tasks themselves cost, without heartbeats and housekeeping.
+    cpu_ms_per_task_above_idle: dict[str, float] = field(default_factory=dict)
     # The http path: the gateway's answer to each task (202 accepted; refused by status;
     # errors: tasks of a request that failed or was not answered 207), the `scheduled`
     # webhooks the receiver recorded, their rate over the first submit to the last of them,
@@ -460,6 +475,12 @@ class BenchResult:
     topology_seconds: float = 0.0
     # Each process's CPU time while the fleet's topologies were published and taken in.
     topology_cpu_ms_per_node: dict[str, float] = field(default_factory=dict)
+    # Each process's CPU, in % of one core, with the fleet known and no task offered (its
+    # heartbeats and housekeeping), over idle_seconds; and the fastest stage's CPU per task
+    # above it.
+    idle_seconds: float = 0.0
+    idle_cpu_percent: dict[str, float] = field(default_factory=dict)
+    cpu_ms_per_task_above_idle: dict[str, float] = field(default_factory=dict)
     rejected: int = 0
     ungranted: int = 0
     # The fastest stage's CPU per task of each service; on the http path its rate of
@@ -665,6 +686,8 @@ class Deployment:
     scheduler: Service
     processes: dict[str, Process]
     tail: WebhookTail | None = None  # the http path's receiver records
+    # Each process's CPU with no task offered, in cores (measure_idle): the stages' baseline.
+    idle_cpu: dict[str, float] = field(default_factory=dict)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -692,6 +715,9 @@ class BenchConfig:
     heartbeat_seconds: float = field(
         default_factory=lambda: ProbeSettings().health_interval_seconds
     )
+    # Before the stages: each process's CPU with no task offered, over this long (0: not
+    # measured), the baseline the stages' CPU per task above idle subtracts.
+    idle_seconds: float = 5.0
 
 
 async def run_stage(
@@ -715,6 +741,7 @@ async def run_stage(
     scheduler = deployment.scheduler
     before, _ = await asyncio.to_thread(scrape, scheduler.metrics_url)
     cpu_before = {n: cpu_seconds(p.popen.pid) for n, p in deployment.processes.items()}
+    cpu_started = time.perf_counter()
     http_before = entry.counts() if isinstance(entry, HttpEntry) else (0, {}, 0)
     webhooks_before = dict(tail.statuses) if tail is not None else {}
     label = f"{rate:g}/s" if rate is not None else "at once"
@@ -749,6 +776,7 @@ async def run_stage(
             _progress(label, sent, count, tracker, ids, tail)
         await asyncio.sleep(0.05)
     cpu = {n: cpu_seconds(p.popen.pid) - cpu_before[n] for n, p in deployment.processes.items()}
+    cpu_wall = time.perf_counter() - cpu_started
     after, gauges = await asyncio.to_thread(scrape, scheduler.metrics_url)
     granted = [i for i in ids if i in tracker.latencies]
     latencies = sorted(tracker.latencies[i] * 1000 for i in granted)
@@ -779,6 +807,13 @@ async def run_stage(
         held_in_core=int(gauges.get("crater_scheduler_active_allocations", 0)),
         kind="rate" if rate is not None else "deep-queue",
         cpu_ms_per_task={n: round(c * 1000 / max(len(finished_ids), 1), 3) for n, c in cpu.items()},
+        cpu_ms_per_task_above_idle={
+            n: round(
+                (c - deployment.idle_cpu.get(n, 0.0) * cpu_wall) * 1000 / max(len(finished_ids), 1),
+                3,
+            )
+            for n, c in cpu.items()
+        },
     )
     if isinstance(entry, HttpEntry) and tail is not None:
         accepted, refused, errors = entry.counts()
@@ -839,7 +874,15 @@ def describe_stage(outcome: StageResult) -> str:
             f"gateway: {outcome.http_accepted} accepted, refused {outcome.http_refused or 0}, "
             f"{outcome.http_errors} errors; webhooks {outcome.webhooks}"
         )
-    cpu = ", ".join(f"{n} {v:g}" for n, v in outcome.cpu_ms_per_task.items())
+    cpu = ", ".join(
+        f"{n} {v:g}"
+        + (
+            f" ({above:g} above idle)"
+            if (above := outcome.cpu_ms_per_task_above_idle.get(n))
+            else ""
+        )
+        for n, v in outcome.cpu_ms_per_task.items()
+    )
     return f"{line}\n  CPU ms per task: {cpu}"
 
 
@@ -980,6 +1023,13 @@ async def bench_async(config: BenchConfig, data_dir: Path) -> BenchResult:
             f"  the scheduler knows them all after {topology_seconds:.1f} s; CPU ms per node: "
             + ", ".join(f"{n} {v:g}" for n, v in topology_cpu.items())
         )
+        idle = await measure_idle(processes, config.idle_seconds)
+        deployment.idle_cpu = idle
+        if idle:
+            console.print(
+                f"  idle for {config.idle_seconds:g} s (no task offered), % of a core: "
+                + ", ".join(f"{n} {v * 100:.1f}" for n, v in idle.items())
+            )
         tracker = Tracker(js)
         await nc.subscribe(Subjects.ALLOCATION_GRANTED.subject, cb=tracker.on_granted)
         await nc.subscribe(Subjects.TASK_REJECTED.subject, cb=tracker.on_rejected)
@@ -992,6 +1042,8 @@ async def bench_async(config: BenchConfig, data_dir: Path) -> BenchResult:
             raw_jetstream_per_second=round(raw, 1),
             topology_seconds=round(topology_seconds, 2),
             topology_cpu_ms_per_node=topology_cpu,
+            idle_seconds=config.idle_seconds if idle else 0.0,
+            idle_cpu_percent={n: round(v * 100, 1) for n, v in idle.items()},
         )
         overall_before, _ = await asyncio.to_thread(scrape, scheduler.metrics_url)
         if config.profile:
@@ -1062,6 +1114,7 @@ def summarise(
     if best is not None:
         result.scheduler_cpu_ms_per_allocation = best.scheduler_cpu_ms_per_allocation
         result.cpu_ms_per_task = best.cpu_ms_per_task
+        result.cpu_ms_per_task_above_idle = best.cpu_ms_per_task_above_idle
         result.sustained_delivered_per_second = best.delivered_per_second
     result.ratio_to_raw = round(
         result.sustained_allocations_per_second / result.raw_jetstream_per_second, 3
@@ -1196,10 +1249,15 @@ def report(result: BenchResult, json_path: Path) -> None:
     )
     cpu = ", ".join(f"{n} {v:g}" for n, v in result.cpu_ms_per_task.items())
     console.print(f"CPU ms per task (fastest stage): {cpu}; load average {result.load_average}")
+    if result.idle_cpu_percent:
+        above = ", ".join(f"{n} {v:g}" for n, v in result.cpu_ms_per_task_above_idle.items())
+        idle = ", ".join(f"{n} {v:g}%" for n, v in result.idle_cpu_percent.items())
+        console.print(f"  above idle: {above} (idle, of a core: {idle})")
     if result.heartbeat_seconds:
         console.print(
             f"with every node heartbeating every {result.heartbeat_seconds:g} s "
-            f"({result.heartbeats:,} heartbeats in all; their CPU counts in the figures)"
+            f"({result.heartbeats:,} heartbeats in all; their CPU counts in the figures "
+            "and in the idle baseline)"
         )
     else:
         console.print("[yellow]measured without heartbeats (--heartbeat-seconds 0)[/yellow]")

@@ -26,6 +26,7 @@ def test_bench_writes_sane_figures(tmp_path: Path, database_url: str) -> None:
         "--keep-going",
         "--stage-seconds=2",
         "--raw-messages=500",
+        "--idle-seconds=2",
         f"--database-url={database_url}",
         f"--out-dir={tmp_path}",
     ]
@@ -73,6 +74,15 @@ def test_bench_writes_sane_figures(tmp_path: Path, database_url: str) -> None:
         abs_tol=0.001,
     )
     assert result["latency_p50_ms"] <= result["latency_p99_ms"] <= result["latency_p99_9_ms"]
+    # The idle baseline (the fleet's heartbeats, no task): measured, and taken off each
+    # stage's CPU per task above idle.
+    assert result["idle_seconds"] == 2
+    assert set(result["idle_cpu_percent"]) == {"scheduler"}
+    for stage in stages:
+        above, gross = (
+            stage[k]["scheduler"] for k in ("cpu_ms_per_task_above_idle", "cpu_ms_per_task")
+        )
+        assert 0 < above < gross
 
 
 def test_bench_http_path_writes_sane_figures(tmp_path: Path) -> None:

@@ -85,6 +85,14 @@ def bench(
             "none and gives the scheduler a day's heartbeat timeout (said in the output).",
         ),
     ] = None,
+    idle_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Before the stages, each process's CPU with no task offered, over this "
+            "long: the baseline of the CPU per task above idle (0: not measured).",
+        ),
+    ] = 5.0,
 ) -> None:
     """The scheduler's throughput end to end over a real nats-server, beside the raw
     JetStream rate measured in the same run."""
@@ -109,6 +117,7 @@ def bench(
             keep_going=keep_going,
             deep_queue=deep_queue,
             deep_queue_hold=deep_queue_hold,
+            idle_seconds=idle_seconds,
             **({} if heartbeat_seconds is None else {"heartbeat_seconds": heartbeat_seconds}),
         )
     )
