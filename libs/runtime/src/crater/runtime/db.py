@@ -233,6 +233,28 @@ async def insert_if_absent(
     return done.rowcount == 1
 
 
+async def insert_absent_returning(
+    session: AsyncSession | AsyncConnection,
+    table: Table,
+    rows: Sequence[dict[str, Any]],
+    key: Sequence[str],
+    chunk: int = 300,
+) -> set[tuple[Any, ...]]:
+    """`insert_if_absent` for many rows, telling which went in: the `key` columns of each
+    inserted row. One statement per `chunk` rows (`INSERT ... ON CONFLICT DO NOTHING
+    RETURNING`); a key twice among `rows` goes in once."""
+    columns = [table.c[name] for name in key]
+    inserted: set[tuple[Any, ...]] = set()
+    for start in range(0, len(rows), chunk):
+        statement = (
+            _insert_ignoring_conflicts(session, table)
+            .values(list(rows[start : start + chunk]))
+            .returning(*columns)
+        )
+        inserted.update(tuple(row) for row in await session.execute(statement))
+    return inserted
+
+
 async def insert_all_if_absent(
     session: AsyncSession | AsyncConnection, table: Table, rows: Sequence[dict[str, Any]]
 ) -> None:

@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 from crater.contracts import Event, TaskEvent, TaskSequence
 from crater.contracts.catalog import channel_for
 from crater.runtime.bus import Outgoing, encode, publish_batch, subject_of
-from crater.runtime.db import insert_if_absent, one_writer
+from crater.runtime.db import insert_absent_returning, insert_if_absent, one_writer
 from crater.runtime.telemetry import current_trace_context
 
 log = logging.getLogger("crater.outbox")
@@ -156,35 +156,25 @@ async def first_delivery(
 async def first_deliveries(
     session: AsyncSession | AsyncConnection, inbox: Table, deliveries: Sequence[tuple[str, UUID]]
 ) -> list[bool]:
-    """`first_delivery` for many (consumer, event id) pairs in two statements, not two each:
+    """`first_delivery` for many (consumer, event id) pairs in one statement, not one each:
     True for each pair seen for the first time (an id repeated in `deliveries` is True once);
-    records the new ones in the caller's transaction."""
+    records the new ones in the caller's transaction. As `first_delivery`, `INSERT ... ON
+    CONFLICT DO NOTHING` (here RETURNING the pairs that went in): two transactions marking
+    one id at once do not both read "unseen" and then collide on the key."""
     if not deliveries:
         return []
     keys = [(consumer, str(event_id)) for consumer, event_id in deliveries]
-    seen: set[tuple[str, str]] = set()
-    for consumer in sorted({c for c, _ in keys}):
-        ids = [e for c, e in keys if c == consumer]
-        for start in range(0, len(ids), IN_LIST_LIMIT):
-            rows = await session.execute(
-                select(inbox.c.event_id).where(
-                    inbox.c.consumer == consumer,
-                    inbox.c.event_id.in_(ids[start : start + IN_LIST_LIMIT]),
-                )
-            )
-            seen.update((consumer, event_id) for (event_id,) in rows)
+    now = datetime.now(UTC)
+    new = await insert_absent_returning(
+        session,
+        inbox,
+        [{"consumer": c, "event_id": e, "processed_at": now} for c, e in dict.fromkeys(keys)],
+        ("consumer", "event_id"),
+    )
     firsts: list[bool] = []
     for key in keys:
-        firsts.append(key not in seen)
-        seen.add(key)
-    now = datetime.now(UTC)
-    new = [
-        {"consumer": c, "event_id": e, "processed_at": now}
-        for (c, e), first in zip(keys, firsts, strict=True)
-        if first
-    ]
-    if new:
-        await session.execute(insert(inbox), new)
+        firsts.append(key in new)
+        new.discard(key)  # the same id again in this batch: not the first
     return firsts
 
 
