@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from faststream.nats import NatsBroker
 from prometheus_client import CollectorRegistry
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, event, func, insert, select, update
 
 from crater.contracts import (
     AuditExplainQuery,
@@ -1172,3 +1172,97 @@ async def test_periodic_snapshots_count_a_runs_heartbeats(sessions: Any) -> None
     late = await replayed_log(sessions, periodic[0].seq + 1, from_snapshot=True)
     assert late.identical, late.divergence
     assert late.started_at == periodic[0].seq
+
+
+# -- the chain's head, carried from one commit to the next ----------------------------------------
+
+
+def head_reads(sessions: Any) -> list[str]:
+    """Every read of the chain's head (the last record's seq and hash) from now on."""
+    reads: list[str] = []
+    engine = sessions.kw["bind"]
+
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _watch(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "FROM scheduler_audit_log ORDER BY scheduler_audit_log.seq DESC" in " ".join(
+            statement.split()
+        ):
+            reads.append(statement)
+
+    return reads
+
+
+async def test_a_leader_reads_the_head_once_and_chains_from_its_own_commits(
+    sessions: Any,
+) -> None:
+    """The take-over's flush and the first decision after it read the head; every commit
+    after that chains from the last one's, unread, and the log verifies and replays."""
+    reads = head_reads(sessions)
+    await recorded_run(service(sessions))
+    assert len(reads) == 2
+    assert (await verified(sessions)).ok
+    report = await replayed_log(sessions)
+    assert report.identical, report.problem or report.divergence
+
+
+class FailsAfterFlush(audit.AuditLog):
+    """Fault injection: the transaction fails after the poison task's records were chained
+    and inserted (a commit that fails late): the head they moved to was never committed."""
+
+    async def flush(self, connection: Any, core: Any = None) -> list[audit.Entry]:
+        flushed = await super().flush(connection, core)
+        if any('"poison"' in e.input for e in flushed):
+            raise RuntimeError("the disk is full")
+        return flushed
+
+
+async def test_a_commit_that_fails_after_its_records_leaves_the_head_where_it_was(
+    sessions: Any,
+) -> None:
+    """The chain goes on from the last committed record, not from the rolled-back ones,
+    even when the next commit chains nothing (a redelivery) before another does."""
+    scheduler = service(sessions, FailsAfterFlush())
+    await recorded_run(scheduler)
+    at = T0 + timedelta(minutes=2)
+    with pytest.raises(RuntimeError, match="disk is full"):
+        await scheduler.handle(profiled("poison", at), "task-profiled")
+    again = profiled("again", at + timedelta(seconds=1))
+    await scheduler.handle(again, "task-profiled")
+    await scheduler.handle(again, "task-profiled")  # a redelivery: nothing recorded
+    for i in range(3):
+        await scheduler.handle(
+            profiled(f"after-{i}", at + timedelta(seconds=2 + i)), "task-profiled"
+        )
+    log = await entries(sessions)
+    assert all("poison" not in e.input for e in log)
+    assert [e.seq for e in log] == list(range(1, len(log) + 1))
+    assert (await verified(sessions)).ok
+    report = await replayed_log(sessions)
+    assert report.identical, report.problem or report.divergence
+
+
+async def test_the_head_moves_only_with_a_transaction_said_to_have_committed(
+    sessions: Any,
+) -> None:
+    """The writer's contract, whoever flushes: a flush whose transaction rolled back is
+    forgotten at the next `begin`, so a later transaction that flushes nothing and commits
+    does not make its head the chain's."""
+    log = audit.AuditLog()
+
+    async def transaction(body: str | None, fail: bool = False) -> None:
+        async with sessions() as session, session.begin():
+            log.begin()
+            if body is not None:
+                log.add(audit.SERVICE, None, [], 1, kind="Note", body=body)
+            await log.flush(session)
+            if fail:
+                raise RuntimeError("rolled back")
+        log.committed()
+
+    await transaction('{"n": 1}')
+    with pytest.raises(RuntimeError, match="rolled back"):
+        await transaction('{"n": 2}', fail=True)
+    await transaction(None)  # nothing recorded (a redelivery): the head stays the first's
+    await transaction('{"n": 3}')
+    assert [(e.seq, json.loads(e.input)["n"]) for e in await entries(sessions)] == [(1, 1), (2, 3)]
+    assert (await verified(sessions)).ok

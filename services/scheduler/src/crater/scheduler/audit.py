@@ -346,9 +346,24 @@ class AuditLog:
     staged: list[_Staged] = field(default_factory=list)
     last_periodic: datetime | None = None  # the core's time at the last periodic snapshot
     run_extra: int = 0  # heartbeats written in runs beyond one a record, by this writer
+    # The chain's head (seq, hash) as this writer's last flush left it, once its transaction
+    # said it committed (`committed`): the next flush chains from it without reading the
+    # table. None: read it (a first flush, or one whose commit nobody confirmed).
+    head: tuple[int, str] | None = None
+    flushed: tuple[int, str] | None = None
 
     def begin(self) -> None:
+        """A transaction starts: nothing staged, nothing flushed in it yet."""
         self.staged = []
+        self.flushed = None
+
+    def committed(self) -> None:
+        """The transaction begun last committed: what it flushed is the chain's head (if it
+        flushed nothing, the head is as it was). Only the leader appends (its commits pass
+        the fence first), so nobody moves the head meanwhile; were one to, the next record's
+        seq would collide with theirs and its commit fail."""
+        if self.flushed is not None:
+            self.head, self.flushed = self.flushed, None
 
     def add(
         self,
@@ -398,12 +413,17 @@ class AuditLog:
         staged, self.staged = self.staged, []
         if not staged:
             return []
-        last = (
-            await connection.execute(
-                select(audit_log.c.seq, audit_log.c.hash).order_by(audit_log.c.seq.desc()).limit(1)
-            )
-        ).first()
-        seq, prev = (int(last[0]), str(last[1])) if last is not None else (0, GENESIS)
+        head, self.head = self.head, None  # until this flush's commit is confirmed
+        if head is None:
+            last = (
+                await connection.execute(
+                    select(audit_log.c.seq, audit_log.c.hash)
+                    .order_by(audit_log.c.seq.desc())
+                    .limit(1)
+                )
+            ).first()
+            head = (int(last[0]), str(last[1])) if last is not None else (0, GENESIS)
+        seq, prev = head
         every = self.snapshot_every
         # Counted in inputs, not records: a heartbeat run counts each of its heartbeats (a
         # replay from a snapshot takes time in inputs).
@@ -458,6 +478,7 @@ class AuditLog:
             for entry in entries:
                 if entry.seq % self.checkpoint_every == 0:
                     await connection.execute(insert(audit_checkpoints), [self.sign(entry)])
+        self.flushed = (seq, prev)
         return entries
 
     def _snapshot_due(self, clock: datetime | None) -> bool:

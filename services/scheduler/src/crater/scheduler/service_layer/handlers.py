@@ -445,7 +445,9 @@ class SchedulerService:
             await stage(connection, outbox, *stamped)
             await self.audit.flush(connection, self.scheduler)  # a periodic snapshot when due
             numbered = iter(stamped)
-            return [[next(numbered) for _ in decisions] for decisions in outcomes]
+            decided = [[next(numbered) for _ in decisions] for decisions in outcomes]
+        self.audit.committed()  # the next batch chains from this one's head, unread
+        return decided
 
     async def _decide(
         self, repository: SchedulerRepository, event: Event, known: dict[str, str]
