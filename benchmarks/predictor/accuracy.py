@@ -152,6 +152,7 @@ OPTIMIZERS = {
     "adamw": "adamw",
     "adamw-8bit": "adamw8bit",
     "sgd": "sgd",
+    "sgd-plain": "sgd-plain",
     "adafactor": "adafactor",
     "paged-adamw": "paged-adamw",
     "paged-adamw-8bit": "paged-adamw8bit",
@@ -379,7 +380,7 @@ ISSUE_TECHNIQUES: dict[str, Callable[[dict[str, Any]], bool]] = {
     "optimizer 8-bit": lambda s: _trained(s) and "8bit" in str(s.get("optimizer", "")),
     "optimizer paged": lambda s: _trained(s) and "paged" in str(s.get("optimizer", "")),
     "optimizer Adafactor": lambda s: _trained(s) and s.get("optimizer") == "adafactor",
-    "optimizer SGD": lambda s: _trained(s) and s.get("optimizer") == "sgd",
+    "optimizer SGD": lambda s: _trained(s) and str(s.get("optimizer")).startswith("sgd"),
     "optimizer in backward": lambda s: bool(s.get("optimizer_in_backward")),
     "offload (optimizer, parameters or activations)": lambda s: bool(
         s.get("offload_optimizer") or s.get("offload_params") or s.get("offload_activations")

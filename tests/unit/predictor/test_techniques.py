@@ -80,6 +80,8 @@ def states(request: TaskRequest) -> float:
         ({"optimizer": "adamw8bit"}, 10),  # 2 + 2 + 4 master + 2 for both states
         ({"optimizer": "adamw8bit", "master_weights": False}, 6),
         ({"optimizer": "sgd"}, 12),
+        ({"optimizer": "sgd-plain"}, 8),  # no momentum: weights, gradients and master only
+        ({"optimizer": "sgd-plain", "master_weights": False}, 4),
         ({"optimizer": "adafactor", "master_weights": False}, 4.05),  # factored: ~nothing
         ({"optimizer": "paged-adamw", "master_weights": False}, 4),  # states in host memory
     ],

@@ -651,6 +651,7 @@ class Optimizer(StrEnum):
     ADAM = "adam"
     ADAMW = "adamw"
     SGD = "sgd"  # with momentum: one state
+    SGD_PLAIN = "sgd-plain"  # momentum 0 (PyTorch's default, Trainer's optim=sgd, LOMO): none
     LION = "lion"  # one state (Chen et al. 2023)
     ADAFACTOR = "adafactor"  # factored second moment, no first moment (Shazeer & Stern 2018)
     ADAM_8BIT = "adam8bit"  # bitsandbytes: both states block-wise in 8 bits

@@ -72,6 +72,7 @@ STATES = {
     Optimizer.ADAM: (2, False),
     Optimizer.ADAMW: (2, False),
     Optimizer.SGD: (1, False),
+    Optimizer.SGD_PLAIN: (0, False),
     Optimizer.LION: (1, False),
     Optimizer.ADAFACTOR: (0, False),
     Optimizer.ADAM_8BIT: (2, True),
