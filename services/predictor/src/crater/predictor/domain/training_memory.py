@@ -62,10 +62,12 @@ FP32_GRADIENT_BYTES = 4.0  # DeepSpeed's fp32 gradient partition (stages 1-3)
 ZERO_HOST_BUFFER = 1.5  # DeepSpeed's additional_buffer_factor for host memory
 FSDP_UNITS_GATHERED = 2  # the unit computing and the next one prefetched
 CHUNK_TOKENS = 1024  # a chunked or fused loss: tokens whose fp32 logits exist at once
-# fp32 bytes per logit while the loss's backward runs: the upcast logits, the saved
-# log-probabilities, their gradient and the softmax's (PyTorch's log_softmax backward), besides
-# the 16-bit logits themselves
-LOSS_FP32_BYTES = 14
+# fp32 bytes per logit at the loss's peak, besides the 16-bit logits: the saved
+# log-probabilities, their gradient and log_softmax backward's result (4 B each), less what is
+# freed by then. Transformers since 4.46 shift the labels, not the logits, so no fp32 copy of
+# shifted logits is made (14 B before); 10 B matches peaks measured on an H200 with
+# Transformers 5.17 (benchmarks/predictor/measure_on_gpu.py) and the published set as a whole.
+LOSS_FP32_BYTES = 10
 ADAFACTOR_BYTES = 0.05  # factored second moment: O(rows + columns) per matrix, ~0 per weight
 # Optimizer state values per trainable parameter, and whether they are 8-bit.
 STATES = {
