@@ -56,6 +56,11 @@ def _gpu_vertex(gpu: Gpu, indent: str) -> str:
     lines = [f"GPU {gpu.index}", gpu_model_label(gpu.model) or gpu.model, _gib(gpu.memory_mb)]
     if gpu.pci_bus_id:
         lines.append(gpu.pci_bus_id)
+    if gpu.pcie_generation_max and gpu.pcie_width_max:
+        link = f"PCIe gen{gpu.pcie_generation_max} x{gpu.pcie_width_max}"
+        if gpu.pcie_bandwidth_gbps:  # what placement checks a bandwidth ask against
+            link += f", {gpu.pcie_bandwidth_gbps:.1f} GB/s measured"
+        lines.append(link)
     if gpu.mig_capable:
         lines.append("MIG capable")
     return _vertex(_gpu_id(gpu), indent, label="\n".join(lines), fillcolor=GPU_FILL)
