@@ -17,12 +17,18 @@ E = TypeVar("E", bound=Event)
 
 
 class EventTap:
-    """Collects every event seen on `crater.v1.>` since it started, parsed by subject."""
+    """Collects every event seen on `crater.v1.>` since it started, parsed by subject.
+
+    `raw` keeps every message as core NATS delivered it; `events` keeps each Nats-Msg-Id once,
+    as JetStream does: a publish that JetStream drops as a duplicate (two replicas' outbox
+    relays sending the same event, a retried publish) still reaches a core subscription, and
+    counting it twice would end a `wait_for(count=N)` early."""
 
     def __init__(self, connection: Client) -> None:
         self.connection = connection
         self.events: list[Event] = []
         self.raw: list[Msg] = []
+        self._message_ids: set[str] = set()
         self._changed = asyncio.Condition()
 
     @classmethod
@@ -34,6 +40,11 @@ class EventTap:
 
     async def _on_message(self, msg: Msg) -> None:
         self.raw.append(msg)
+        message_id = (msg.headers or {}).get("Nats-Msg-Id")
+        if message_id is not None:
+            if message_id in self._message_ids:
+                return
+            self._message_ids.add(message_id)
         for channel in Subjects.ALL:
             prefix = channel.subject
             if msg.subject == prefix or (

@@ -1,0 +1,41 @@
+"""The tests' EventTap counts an event as JetStream keeps it: once per Nats-Msg-Id, though core
+NATS delivers every publish (two replicas' relays publishing the same outbox row)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from faststream.nats import NatsBroker
+
+from crater.contracts import Subjects, TaskStatus, TaskStatusReported
+from crater.runtime.bus import ensure_streams, publish
+from crater.runtime.nats_connection import NatsConnection
+from crater.runtime.nats_server import NatsServer
+from tests.support.events import EventTap
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def broker(fresh_nats: NatsServer) -> Any:
+    await ensure_streams(NatsConnection(fresh_nats.url))
+    broker = NatsBroker(fresh_nats.url)
+    await broker.start()
+    yield broker
+    await broker.stop()
+
+
+async def test_a_repeated_publish_is_one_event_as_jetstream_keeps_one(
+    broker: NatsBroker, tap: EventTap
+) -> None:
+    first = TaskStatusReported(task_id="t1", status=TaskStatus.RUNNING)
+    other = TaskStatusReported(task_id="t2", status=TaskStatus.RUNNING)
+    for event in (first, first, other):
+        await publish(broker, event)
+    await tap.wait_for(TaskStatusReported, count=2)
+    await tap.connection.flush()
+    assert len([m for m in tap.raw if m.subject == Subjects.TASK_STATUS.subject]) == 3
+    assert [e.task_id for e in tap.of(TaskStatusReported)] == ["t1", "t2"]
+    info = await broker.connection.jetstream().stream_info(Subjects.TASK_STATUS.stream.name)
+    assert info.state.messages == 2  # what the tap counts is what the stream holds
