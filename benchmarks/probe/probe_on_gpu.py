@@ -114,7 +114,7 @@ async def check(out: Path, url: str) -> dict[str, Any]:
         report["idle_gpu_memory_used_mb"] = used(idle)
         heartbeat = await watch.until("health", lambda e: bool(e.get("checks")), 30)
         report["heartbeat_checks"] = [
-            {"name": c["name"], "status": c["status"]} for c in (heartbeat or {}).get("checks", [])
+            {"name": c["name"], "passed": c["passed"]} for c in (heartbeat or {}).get("checks", [])
         ]
         job = await asyncio.create_subprocess_exec(sys.executable, "-c", JOB)
         try:
