@@ -7,6 +7,8 @@
 #   - #24: peak memory of real training steps for SGD, Megatron-selective and every-k
 #     checkpointing (predictor_measured.json, measure.log), while the probe's NVML sampler
 #     watches the card (nvml_samples.jsonl: the job's memory and process as the probe sees it).
+# The probe as a service (a process over a real nats-server) is checked apart, by
+# benchmarks/probe/probe_on_gpu.py, with the probe's whole dependency set.
 # The probe's code runs on its pinned dependencies, installed from wheels in .whl when there
 # (a host with no registry: see /work/.library/device/README.md), else from the environment;
 # the training steps run on the host's own PyTorch and transformers.
