@@ -104,6 +104,13 @@ class _SomeFields(PydanticBaseSettingsSource):
         return {k: v for k, v in self.source().items() if (k in self.fields) == self.keep}
 
 
+# Shared settings a service may also be given under its own prefix, which then wins: each
+# stateful service owns its tables, so each may keep them in a database of its own
+# (CRATER_CALLBACK_DATABASE_URL; `crater up` gives the callback its own SQLite file, so its
+# commits do not queue behind the scheduler's for the file's one write lock).
+PER_SERVICE = frozenset({"database_url"})
+
+
 class ServiceSettings(BaseSettings):
     """What every service reads. A subclass names its service; its own fields then come from
     CRATER_<SERVICE>_<FIELD>."""
@@ -152,7 +159,10 @@ class ServiceSettings(BaseSettings):
     nats_tls_key: str | None = Field(default=None, description="That certificate's key (PEM).")
     database_url: str = Field(
         default=DEFAULT_DATABASE_URL,
-        description="SQLAlchemy URL: sqlite+aiosqlite:///path or postgresql+asyncpg://...",
+        description="SQLAlchemy URL: sqlite+aiosqlite:///path or postgresql+asyncpg://...; "
+        "one service may be given its own as CRATER_<SERVICE>_DATABASE_URL, which wins (on "
+        "SQLite, `crater up` gives the callback its own file: docs/architecture.md, "
+        "Persistence).",
     )
     http_host: str = Field(default="127.0.0.1", description="Health and metrics bind address.")
     http_port: int = Field(default=0, ge=0, le=65535, description="0: the service's default.")
@@ -255,7 +265,7 @@ class ServiceSettings(BaseSettings):
         return (
             init_settings,
             secret_files,
-            _SomeFields(settings_cls, own_env, own, keep=True),
+            _SomeFields(settings_cls, own_env, own | PER_SERVICE, keep=True),
             _SomeFields(settings_cls, env_settings, own, keep=False),
             dotenv_settings,
             file_secret_settings,
