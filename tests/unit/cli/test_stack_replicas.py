@@ -42,7 +42,7 @@ def test_the_local_node_agent_starts_once_the_services_answer(
         self.processes[name] = SimpleNamespace(name=name)  # type: ignore[assignment]
 
     monkeypatch.setattr(stack, "start_nats_server", lambda *a, **k: FakeNats())
-    monkeypatch.setattr(stack, "migrate", lambda url: None)
+    monkeypatch.setattr(stack, "migrate", lambda *urls: None)
     ports = itertools.count(20000)
     monkeypatch.setattr(stack, "free_port", lambda host="127.0.0.1": next(ports))
     monkeypatch.setattr(Stack, "_spawn", spawn)

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 HINT = (
     "set CRATER_DATABASE_URL (or --database-url) to the database the services use; "
-    "under `crater up` that is sqlite+aiosqlite:///var/demo/crater.db"
+    "under `crater up` that is sqlite+aiosqlite:///var/demo/crater.db, and the callback's "
+    "own (CRATER_CALLBACK_DATABASE_URL) sqlite+aiosqlite:///var/demo/callback.db"
 )
 
 

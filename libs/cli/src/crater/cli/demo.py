@@ -266,7 +266,8 @@ def _banner(stack: Stack, seconds: float) -> None:
     )
     console.print(
         f"  ({env_file.name} exports CRATER_GATEWAY_URL, CRATER_API_TOKEN: the admin key in "
-        f"{stack.data_dir / 'secrets' / 'admin-token'}, CRATER_NATS_* and CRATER_DATABASE_URL; "
+        f"{stack.data_dir / 'secrets' / 'admin-token'}, CRATER_NATS_*, CRATER_DATABASE_URL and "
+        "the callback's own CRATER_CALLBACK_DATABASE_URL; "
         "sign in to the console with that key)"
     )
     console.print("Ctrl-C stops everything.")
@@ -296,6 +297,14 @@ def crater_command() -> str:
 ENV_FILE = "env.sh"
 
 
+def _absolute(database: str) -> str:
+    """A SQLite URL with an absolute path, so that the file is found from any directory."""
+    if database.startswith("sqlite") and ":///" in database:
+        scheme, _, path = database.partition(":///")
+        return f"{scheme}:///{Path(path).resolve()}"
+    return database
+
+
 def write_env_file(stack: Stack) -> Path:
     """data_dir/env.sh: `source` it and `crater` and curl reach this demo as its admin. It names
     the secrets' files (the admin key is read from its own when sourced), holds none itself."""
@@ -310,11 +319,11 @@ def write_env_file(stack: Stack) -> Path:
         password = stack.security.password_file("admin").resolve()
         variables["CRATER_NATS_PASSWORD_FILE"] = shlex.quote(str(password))
         variables["CRATER_NATS_TLS_CA"] = shlex.quote(str(stack.security.ca_cert.resolve()))
-    database = stack.database_url
-    if database.startswith("sqlite") and ":///" in database:  # absolute: sourced anywhere
-        scheme, _, path = database.partition(":///")
-        database = f"{scheme}:///{Path(path).resolve()}"
-    variables["CRATER_DATABASE_URL"] = shlex.quote(database)
+    variables["CRATER_DATABASE_URL"] = shlex.quote(_absolute(stack.database_url))
+    if stack.callback_database_url != stack.database_url:  # `crater webhooks` reads it
+        variables["CRATER_CALLBACK_DATABASE_URL"] = shlex.quote(
+            _absolute(stack.callback_database_url)
+        )
     lines = [
         "# crater up's addresses and credentials, for crater and curl in another shell:",
         f"# source {stack.data_dir / ENV_FILE}",

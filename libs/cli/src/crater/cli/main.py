@@ -467,7 +467,7 @@ def receiver(
     )
 
 
-db_app = typer.Typer(help="The database every stateful service shares.")
+db_app = typer.Typer(help="The database the stateful services share (the callback may own one).")
 app.add_typer(db_app, name="db")
 
 
@@ -476,12 +476,21 @@ def db_upgrade(
     database_url: Annotated[
         str, typer.Option(envvar="CRATER_DATABASE_URL")
     ] = "sqlite+aiosqlite:///var/crater.db",
+    callback_database_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CRATER_CALLBACK_DATABASE_URL",
+            help="The callback's own database, if it has one (else it shares the other).",
+        ),
+    ] = None,
 ) -> None:
     """Apply every service's Alembic migrations."""
     from crater.cli.stack import migrate
 
-    migrate(database_url)
+    migrate(database_url, callback_database_url)
     console.print(f"migrated {database_url}")
+    if callback_database_url:
+        console.print(f"migrated {callback_database_url} (the callback's)")
 
 
 @app.command()

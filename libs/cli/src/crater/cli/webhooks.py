@@ -31,7 +31,11 @@ console = cli_console(highlight=True)
 T = TypeVar("T")
 
 DatabaseOption = Annotated[
-    str, typer.Option(envvar="CRATER_DATABASE_URL", help="The database the callback writes.")
+    str,
+    typer.Option(
+        envvar=["CRATER_CALLBACK_DATABASE_URL", "CRATER_DATABASE_URL"],
+        help="The database the callback writes: its own if it has one, else the shared one.",
+    ),
 ]
 AttemptsOption = Annotated[
     int,
