@@ -3,27 +3,14 @@ NATS delivers every publish (two replicas' relays publishing the same outbox row
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from faststream.nats import NatsBroker
 
 from crater.contracts import Subjects, TaskStatus, TaskStatusReported
-from crater.runtime.bus import ensure_streams, publish
-from crater.runtime.nats_connection import NatsConnection
-from crater.runtime.nats_server import NatsServer
+from crater.runtime.bus import publish
 from tests.support.events import EventTap
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def broker(fresh_nats: NatsServer) -> Any:
-    await ensure_streams(NatsConnection(fresh_nats.url))
-    broker = NatsBroker(fresh_nats.url)
-    await broker.start()
-    yield broker
-    await broker.stop()
 
 
 async def test_a_repeated_publish_is_one_event_as_jetstream_keeps_one(

@@ -12,9 +12,7 @@ from faststream.nats import NatsBroker
 
 from crater.contracts import Subjects, TaskStatus, TaskStatusReported
 from crater.runtime import bus
-from crater.runtime.bus import PublishTogether, ensure_streams
-from crater.runtime.nats_connection import NatsConnection
-from crater.runtime.nats_server import NatsServer
+from crater.runtime.bus import PublishTogether
 
 pytestmark = pytest.mark.integration
 
@@ -26,15 +24,6 @@ def report(n: int) -> TaskStatusReported:
 async def stored(broker: NatsBroker) -> int:
     info = await broker.connection.jetstream().stream_info(Subjects.TASK_STATUS.stream.name)
     return int(info.state.messages)
-
-
-@pytest.fixture
-async def broker(fresh_nats: NatsServer) -> Any:
-    await ensure_streams(NatsConnection(fresh_nats.url))
-    broker = NatsBroker(fresh_nats.url)
-    await broker.start()
-    yield broker
-    await broker.stop()
 
 
 async def test_concurrent_callers_each_return_once_their_message_is_stored(
