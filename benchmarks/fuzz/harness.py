@@ -399,9 +399,10 @@ async def stack(nats_url: str, workdir: Path) -> AsyncIterator[Stack]:
 @contextlib.asynccontextmanager
 async def process_stack(workdir: Path) -> AsyncIterator[tuple[Stack, Callable[[], list[str]]]]:
     """Crater as `crater up` runs it (crater.cli.stack: its own nats-server, every service its
-    own process, one SQLite file, production mode with its own secrets, authentication
-    required), with QUICK_DELIVERY. Yields the stack and a check that names each service
-    process that has exited (a crash the bus alone would only show as a hang)."""
+    own process, SQLite with the callback on a file of its own, production mode with its own
+    secrets, authentication required), with QUICK_DELIVERY. Yields the stack and a check that
+    names each service process that has exited (a crash the bus alone would only show as a
+    hang)."""
     from crater.cli.stack import Stack as Processes
 
     processes = Processes(workdir / "stack")

@@ -52,3 +52,20 @@ def test_the_demos_env_file_names_the_callbacks_database(
     assert f"export CRATER_CALLBACK_DATABASE_URL={own}" in text
     shared = Stack(data_dir=tmp_path, env={"CRATER_DATABASE_URL": GIVEN})
     assert "CRATER_CALLBACK_DATABASE_URL" not in write_env_file(shared).read_text()
+
+
+def test_every_process_is_told_both_so_a_shells_leftover_never_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CRATER_CALLBACK_DATABASE_URL", "sqlite+aiosqlite:///stale/callback.db")
+    shared = Stack(data_dir=tmp_path, env={"CRATER_DATABASE_URL": GIVEN})
+    assert shared._database_env() == {
+        "CRATER_DATABASE_URL": GIVEN,
+        "CRATER_CALLBACK_DATABASE_URL": GIVEN,
+    }
+    own = Stack(data_dir=tmp_path)._database_env()
+    assert own["CRATER_CALLBACK_DATABASE_URL"].endswith("/callback.db")
+    assert own["CRATER_CALLBACK_DATABASE_URL"] != own["CRATER_DATABASE_URL"]
+    # a database given at start is decided on with the rest
+    late = Stack(data_dir=tmp_path)._database_env({"CRATER_DATABASE_URL": GIVEN})
+    assert late["CRATER_CALLBACK_DATABASE_URL"] == GIVEN

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,16 +103,29 @@ class Stack:
         """The callback's database: its own when the stack has one for it, else the shared."""
         return self.env.get("CRATER_CALLBACK_DATABASE_URL") or self.database_url
 
-    def _callback_database(self) -> str | None:
-        """A database of the callback's own, if any: the one given, else, on the stack's
-        default SQLite, a file of its own beside the shared one, so that its commits (a
-        webhook's record, claim and attempt) never wait for another process's on the file's
-        one write lock (measured: a webhook 683 -> 267 ms p50 after its event at 10 tasks/s,
-        docs/architecture.md, Persistence). A database given for all is used by all."""
-        given = self.env.get("CRATER_CALLBACK_DATABASE_URL")
-        if given:
-            return given
-        if "CRATER_DATABASE_URL" in self.env:
+    def _database_env(self, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Each process's databases: the shared one, and the callback's, always named, so
+        that one left in the shell (`source var/demo/env.sh`) never reaches the callback."""
+        given = {**self.env, **(extra_env or {})}
+        shared = given.get("CRATER_DATABASE_URL", self.database_url)
+        return {
+            "CRATER_DATABASE_URL": shared,
+            "CRATER_CALLBACK_DATABASE_URL": self._callback_database(given) or shared,
+        }
+
+    def _callback_database(self, given: Mapping[str, str] | None = None) -> str | None:
+        """A database of the callback's own, if any, from the settings the stack is given
+        (`given`: the stack's env and a start's extra_env): the one named, else, on the
+        stack's default SQLite, a file of its own beside the shared one, so that its commits
+        (a webhook's record, claim and attempt) never wait for another process's on the
+        file's one write lock (measured: a webhook 683 -> 267 ms p50 after its event at 10
+        tasks/s, docs/architecture.md, Persistence). A database given for all is used by
+        all."""
+        given = self.env if given is None else given
+        own = given.get("CRATER_CALLBACK_DATABASE_URL")
+        if own:
+            return own
+        if "CRATER_DATABASE_URL" in given:
             return None
         return f"sqlite+aiosqlite:///{self.data_dir / 'callback.db'}"
 
@@ -194,12 +207,10 @@ class Stack:
                 tls=self.security is not None,
             )
         secret_files = stack_secrets(self.data_dir)
-        callback_database = self._callback_database()
         self.env = {
             "CRATER_ENVIRONMENT": "production",  # its own secrets pass production's checks
             "CRATER_NATS_URL": self.nats_url,
-            "CRATER_DATABASE_URL": self.database_url,
-            **({"CRATER_CALLBACK_DATABASE_URL": callback_database} if callback_database else {}),
+            **self._database_env(extra_env),
             "CRATER_TRACE_FILE": str(self.data_dir / "traces.jsonl"),
             "CRATER_MIGRATE_ON_START": "false",
             "CRATER_LOG_LEVEL": "INFO",
@@ -342,6 +353,8 @@ class Stack:
         }
         if self.hosted_database_url is not None:
             env["CRATER_DATABASE_URL"] = self.hosted_database_url
+            if self.callback_database_url == self.database_url:  # the callback shares it
+                env["CRATER_CALLBACK_DATABASE_URL"] = self.hosted_database_url
         return cluster.on_host(host), env
 
     def _forward_database(self, bridge: str) -> str | None:
