@@ -197,6 +197,7 @@ async def test_a_killed_agent_restarted_reports_each_end_once_and_starts_nothing
         terminal = [w for w in await webhooks(stack, name) if w[0] in {"succeeded", "failed"}]
         assert terminal == [("failed", "1")], await webhooks(stack, name)
     assert len(tap.of(AllocationGranted)) == 2  # neither was placed again
+    assert not [m.subject for m in tap.repeats if m.subject == "crater.v1.allocation.granted"]
 
 
 async def test_preempted_task_checkpoints_is_placed_again_and_resumes(

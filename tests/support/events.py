@@ -22,12 +22,14 @@ class EventTap:
     `raw` keeps every message as core NATS delivered it; `events` keeps each Nats-Msg-Id once,
     as JetStream does: a publish that JetStream drops as a duplicate (two replicas' outbox
     relays sending the same event, a retried publish) still reaches a core subscription, and
-    counting it twice would end a `wait_for(count=N)` early."""
+    counting it twice would end a `wait_for(count=N)` early. Those repeats are kept in
+    `repeats`: a test that a decision is made once asserts there are none of its kind."""
 
     def __init__(self, connection: Client) -> None:
         self.connection = connection
         self.events: list[Event] = []
         self.raw: list[Msg] = []
+        self.repeats: list[Msg] = []  # a Nats-Msg-Id seen before
         self._message_ids: set[str] = set()
         self._changed = asyncio.Condition()
 
@@ -43,6 +45,7 @@ class EventTap:
         message_id = (msg.headers or {}).get("Nats-Msg-Id")
         if message_id is not None:
             if message_id in self._message_ids:
+                self.repeats.append(msg)
                 return
             self._message_ids.add(message_id)
         for channel in Subjects.ALL:

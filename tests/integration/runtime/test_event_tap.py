@@ -24,5 +24,6 @@ async def test_a_repeated_publish_is_one_event_as_jetstream_keeps_one(
     await tap.connection.flush()
     assert len([m for m in tap.raw if m.subject == Subjects.TASK_STATUS.subject]) == 3
     assert [e.task_id for e in tap.of(TaskStatusReported)] == ["t1", "t2"]
+    assert [m.headers["Nats-Msg-Id"] for m in tap.repeats] == [str(first.event_id)]
     info = await broker.connection.jetstream().stream_info(Subjects.TASK_STATUS.stream.name)
     assert info.state.messages == 2  # what the tap counts is what the stream holds

@@ -165,6 +165,8 @@ async def test_redelivered_and_malformed_input_changes_nothing(
         granted = await tap.wait_for(AllocationGranted, count=2)
         assert sorted(g.task_id for g in granted) == ["after", "once"]
         assert len(tap.of(AllocationGranted)) == 2
+        # a second placement would carry the same event id (derived from its input's)
+        assert not [m.subject for m in tap.repeats if m.subject == "crater.v1.allocation.granted"]
 
 
 async def test_quota_usage_is_restored_after_a_restart(
