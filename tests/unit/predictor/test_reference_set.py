@@ -95,7 +95,7 @@ def test_the_predictor_meets_issue_24s_bar_on_the_reference_set(outcomes) -> Non
     assert summary["overall"]["within_10"] >= 0.60
     assert summary["oom_predicted_not_to_fit"] == summary["oom_rows"]  # every one
     # 2 before the Unsloth offloaded-checkpointing capacity rows; with them 9: the predictor
-    # over-predicts Unsloth on cards up to 24 GB and the 70B on 48 GB by 4-33% (its fused
+    # over-predicts Unsloth on cards up to 24 GB and the 70B on 48 GB by 2-27% (its fused
     # kernels keep less per recomputed layer than Korthikanti's count; a fused loss is
     # modelled as a 1,024-token fp32 chunk), so 7 of its 11 longest-fitting runs read as not
     # fitting. A known over-prediction, kept visible rather than tuned away. With DeepSeek

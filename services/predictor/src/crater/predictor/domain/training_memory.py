@@ -25,8 +25,9 @@ Sources:
   "8-bit Optimizers via Block-wise Quantization" (2 bytes of state per parameter instead of 8);
   Adafactor: Shazeer & Stern 2018 (a factored second moment: row and column sums).
 - The loss: cross-entropy over the vocabulary in one piece (Transformers upcasts the logits for
-  the loss) holds, as its backward runs, the 16-bit logits, their fp32 copy, the saved fp32
-  log-probabilities, their gradient and the softmax's: 2 + 14 bytes per logit; chunked
+  the loss) holds at its peak the 16-bit logits and, in fp32, the saved log-probabilities,
+  their gradient and log_softmax backward's result, less what is freed by then: 2 + 10 bytes
+  per logit (2 + 14 before Transformers 4.46, which copied the shifted logits); chunked
   (torchtune's CEWithChunkedOutputLoss, LitGPT) keeps the 16-bit logits and one chunk in fp32;
   fused (Liger, Cut Cross-Entropy, Wijmans et al. 2024) one chunk.
 """
@@ -360,7 +361,7 @@ def _training_activations(
     if config.task_head == "classification":
         return kept, 0.0, on_host
     # The output layer (vocabulary-parallel over t): the logits in the compute dtype, and
-    # the loss's fp32 copies (logits upcast, log-probabilities) for every token at once, or
+    # the loss's fp32 tensors (log-probabilities, their gradients) for every token at once, or
     # for one chunk of tokens. An encoder's MLM head is the same shape.
     tokens = s * b
     chunk = min(tokens, CHUNK_TOKENS)
