@@ -19,18 +19,19 @@ E = TypeVar("E", bound=Event)
 class EventTap:
     """Collects every event seen on `crater.v1.>` since it started, parsed by subject.
 
-    `raw` keeps every message as core NATS delivered it; `events` keeps each Nats-Msg-Id once,
-    as JetStream does: a publish that JetStream drops as a duplicate (two replicas' outbox
-    relays sending the same event, a retried publish) still reaches a core subscription, and
-    counting it twice would end a `wait_for(count=N)` early. Those repeats are kept in
-    `repeats`: a test that a decision is made once asserts there are none of its kind."""
+    `raw` keeps every message as core NATS delivered it; `events` keeps each Nats-Msg-Id
+    once with the same bytes, as JetStream does: a publish that JetStream drops as a
+    duplicate (two replicas' outbox relays sending the same event, a retried publish) still
+    reaches a core subscription, and counting it twice would end a `wait_for(count=N)` early.
+    Those repeats are kept in `repeats`: a test that a decision is made once asserts there
+    are none of its kind."""
 
     def __init__(self, connection: Client) -> None:
         self.connection = connection
         self.events: list[Event] = []
         self.raw: list[Msg] = []
         self.repeats: list[Msg] = []  # a Nats-Msg-Id seen before
-        self._message_ids: set[str] = set()
+        self._message_ids: set[tuple[str, bytes]] = set()
         self._changed = asyncio.Condition()
 
     @classmethod
@@ -44,10 +45,13 @@ class EventTap:
         self.raw.append(msg)
         message_id = (msg.headers or {}).get("Nats-Msg-Id")
         if message_id is not None:
-            if message_id in self._message_ids:
+            # the same bytes again: what JetStream drops; the same id with other bytes (a
+            # dead letter retried with its delivery count) follows a publish that failed
+            key = (message_id, msg.data)
+            if key in self._message_ids:
                 self.repeats.append(msg)
                 return
-            self._message_ids.add(message_id)
+            self._message_ids.add(key)
         for channel in Subjects.ALL:
             prefix = channel.subject
             if msg.subject == prefix or (

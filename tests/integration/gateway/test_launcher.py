@@ -255,10 +255,13 @@ async def test_a_restarted_scheduler_still_holds_the_launcher_to_its_token(
             f"{url}/confirm", json={"token": token, "heartbeat_grace_seconds": 300}
         )
         assert response.status_code == 202, response.text
-        for _ in range(50):
-            if (await gateway.get("/api/v1/tasks/kept")).json()["status"] == "running":
+        # the confirm committed before the process stops (30 s: a loaded CI machine took 5)
+        for _ in range(300):
+            status = (await gateway.get("/api/v1/tasks/kept")).json()["status"]
+            if status == "running":
                 break
             await asyncio.sleep(0.1)
+        assert status == "running"
 
     service, app = build_scheduler(settings)  # the same database, a new process's state
     async with TestApp(app):
