@@ -18,6 +18,7 @@ from crater.autoscaler.sim import (
     generate_trace,
     read_trace,
     simulate,
+    with_tokens,
     write_trace,
 )
 
@@ -185,3 +186,27 @@ def test_the_initial_fleet_is_a_setting() -> None:
         assert result.initial_replicas == initial
     with pytest.raises(ValueError, match="initial_replicas 6"):
         SimulationConfig(policy=fixed, initial_replicas=6)
+
+
+@pytest.mark.parametrize(
+    ("profile", "prompt_mean", "output_median"),
+    [("conversation", 1_400, 129), ("coding", 2_070, 13)],
+)
+def test_the_token_profiles_are_heavy_tailed_as_published(
+    profile: str, prompt_mean: float, output_median: float
+) -> None:
+    shape = with_tokens(TraceShape(hours=1.0, bursts_per_hour=0), profile)
+    trace = generate_trace(shape, seed=5)
+    prompts = sorted(r.input_tokens for r in trace)
+    outputs = sorted(r.output_tokens for r in trace)
+    mean = sum(prompts) / len(prompts)
+    assert mean == pytest.approx(prompt_mean, rel=0.05)
+    assert outputs[len(outputs) // 2] == pytest.approx(output_median, rel=0.1)
+    # Heavy-tailed: the mean well above the median, a long upper tail.
+    assert mean > 1.25 * prompts[len(prompts) // 2]
+    assert prompts[int(len(prompts) * 0.99)] > 4 * prompts[len(prompts) // 2]
+
+
+def test_an_unknown_token_profile_is_refused() -> None:
+    with pytest.raises(ValueError, match="token profile 'poetry' unknown"):
+        with_tokens(SHORT, "poetry")

@@ -143,3 +143,26 @@ def test_an_unknown_baseline_is_refused_by_name(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["autoscale-sim", "--trace", str(trace), "--baseline", "vpa"])
     assert result.exit_code != 0
     assert "hpa-slots, hpa-kv, kpa" in result.output
+
+
+def test_a_heavy_tailed_trace_is_generated_by_its_profile(tmp_path: Path) -> None:
+    runner = CliRunner()
+    trace = tmp_path / "coding.csv"
+    made = runner.invoke(
+        app, ["autoscale-sim", "--generate", str(trace), "--hours", "0.2", "--tokens", "coding"]
+    )
+    assert made.exit_code == 0, made.output
+    rows = [line.split(",") for line in trace.read_text().splitlines()[1:]]
+    prompts = sorted(int(r[1]) for r in rows)
+    outputs = sorted(int(r[2]) for r in rows)
+    assert 1_300 < prompts[len(prompts) // 2] < 1_700  # median ~1,500
+    assert 8 < outputs[len(outputs) // 2] < 20  # short answers, median ~13
+
+
+def test_an_unknown_token_profile_is_refused_by_name(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["autoscale-sim", "--generate", str(tmp_path / "t.csv"), "--tokens", "poetry"]
+    )
+    assert result.exit_code == 2
+    assert "--tokens is one of short, conversation, coding" in result.output
+    assert not (tmp_path / "t.csv").exists()

@@ -17,6 +17,7 @@ from rich.table import Table
 from crater.autoscaler.api import STRATEGIES, ScalingPolicy, Strategy
 from crater.autoscaler.sim import (
     BASELINES,
+    TOKEN_PROFILES,
     Baseline,
     FleetModel,
     HpaBaseline,
@@ -28,6 +29,7 @@ from crater.autoscaler.sim import (
     generate_trace,
     read_trace,
     simulate,
+    with_tokens,
     write_trace,
 )
 from crater.cli.output import cli_console, emit_json
@@ -81,6 +83,13 @@ def autoscale_sim(
     burst_seconds: Annotated[
         tuple[float, float], typer.Option(help="Generated trace: a burst lasts (seconds)")
     ] = (30.0, 120.0),
+    tokens: Annotated[
+        str,
+        typer.Option(
+            help="Generated trace: prompt and output lengths, lognormal: short (median 300 / "
+            "120 tokens), conversation (1,020 / 129, heavy-tailed) or coding (1,500 / 13)."
+        ),
+    ] = "short",
     output: Annotated[Path | None, typer.Option(help="Write the results as JSON here.")] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the results as JSON instead of the table.")
@@ -152,6 +161,10 @@ def autoscale_sim(
     concurrency autoscaler (60 s stable and 6 s panic windows); report p95 time to first
     token, SLO attainment, replica-minutes and scale events."""
     if generate is not None:
+        if tokens not in TOKEN_PROFILES:
+            raise typer.BadParameter(
+                f"--tokens is one of {', '.join(TOKEN_PROFILES)}, not {tokens!r}"
+            )
         shape = TraceShape(
             hours=hours,
             day_hours=day_hours,
@@ -161,7 +174,7 @@ def autoscale_sim(
             burst_factor=burst_factor,
             burst_seconds=burst_seconds,
         )
-        requests = generate_trace(shape, seed)
+        requests = generate_trace(with_tokens(shape, tokens), seed)
         write_trace(requests, generate)
         console.print(
             f"wrote {len(requests):,} requests over {hours:g} h (seed {seed}) to {generate}"

@@ -19,11 +19,21 @@ from crater.autoscaler.sim.fleet import (
     describe_departures,
     simulate,
 )
-from crater.autoscaler.sim.trace import Request, TraceShape, generate_trace, read_trace, write_trace
+from crater.autoscaler.sim.trace import (
+    TOKEN_PROFILES,
+    Request,
+    TokenLengths,
+    TraceShape,
+    generate_trace,
+    read_trace,
+    with_tokens,
+    write_trace,
+)
 
 __all__ = [
     "BASELINES",
     "REVERSAL_S",
+    "TOKEN_PROFILES",
     "Baseline",
     "Controller",
     "Decision",
@@ -34,6 +44,7 @@ __all__ = [
     "Request",
     "RunResult",
     "SimulationConfig",
+    "TokenLengths",
     "TraceShape",
     "baseline_of",
     "count_reversals",
@@ -42,5 +53,6 @@ __all__ = [
     "generate_trace",
     "read_trace",
     "simulate",
+    "with_tokens",
     "write_trace",
 ]
