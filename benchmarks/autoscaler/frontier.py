@@ -36,12 +36,15 @@ from crater.autoscaler.sim import (
     Baseline,
     HpaBaseline,
     KpaBaseline,
+    Request,
     SimulationConfig,
     TraceShape,
     describe_departures,
     generate_trace,
     simulate,
+    with_tokens,
 )
+from crater.autoscaler.sim.clairvoyant import ClairvoyantBaseline
 from crater.autoscaler.sim.frontier import Point, minutes_at, pareto, saving
 
 SHAPES = {
@@ -56,17 +59,29 @@ SHAPES = {
         burst_factor=(3.0, 6.0),
         burst_seconds=(20.0, 60.0),
     ),
+    # Heavy-tailed lengths (`TOKEN_PROFILES`): the same day and bursts at the rates that load
+    # the fleet as the diurnal trace does (a request of these holds a replica far longer).
+    "conversation": with_tokens(
+        TraceShape(hours=4.0, trough_rps=0.8, peak_rps=8.0), "conversation"
+    ),
+    "coding": with_tokens(TraceShape(hours=4.0, trough_rps=1.8, peak_rps=18.0), "coding"),
 }
 TARGETS = {
     "crater": "0.8",
     "hpa-slots": "0.3,0.4,0.5,0.6,0.7,0.8,0.9",
     "hpa-kv": "0.3,0.4,0.5,0.6,0.7,0.8,0.9",
     "kpa": "3,4,6,8,10,12,16",
+    # Not a baseline: a reference that knows the trace ahead (`--clairvoyant`), swept over the
+    # utilisation it plans for.
+    "clairvoyant": "0.8,0.9,1,1.1,1.2,1.3",
 }
+CLAIRVOYANT = "clairvoyant"
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "autoscale_frontier.json"
 
 
-def baseline(family: str, target: float) -> Baseline:
+def baseline(family: str, target: float, trace: list[Request] | None = None) -> Baseline:
+    if family == CLAIRVOYANT:
+        return ClairvoyantBaseline(trace or [], utilisation=target)
     if family == "hpa-slots":
         return HpaBaseline(target_utilisation=target)
     if family == "hpa-kv":
@@ -87,7 +102,7 @@ def one(job: tuple[str, int, str, float, float | None]) -> dict[str, object]:
         seed=seed,
     )
     started = time.perf_counter()
-    policy: str | Baseline = "crater" if family == "crater" else baseline(family, target)
+    policy: str | Baseline = "crater" if family == "crater" else baseline(family, target, trace)
     result = simulate(trace, config, policy)
     return {
         "shape": shape,
@@ -125,7 +140,9 @@ def mean_of(runs: list[dict[str, object]], key: str) -> float:
 
 def compare(means: list[dict[str, object]], shape: str, families: list[str]) -> dict[str, object]:
     """Each family's frontier on `shape`, and Crater's (shipped target) distance to each and
-    to the best at its attainment."""
+    to the best at its attainment; with the clairvoyant reference run, its frontier too, and
+    how much fewer it holds than the best baseline at Crater's attainment."""
+    reference = [m for m in means if (m["shape"], m["policy"]) == (shape, CLAIRVOYANT)]
     shipped = ScalingPolicy().target_pressure
     crater = next(
         (m for m in means if (m["shape"], m["policy"], m["target"]) == (shape, "crater", shipped)),
@@ -177,6 +194,33 @@ def compare(means: list[dict[str, object]], shape: str, families: list[str]) -> 
             "replica_minutes": round(best[0], 1),
             "crater_fewer": round(saving(minutes, best[0]), 4),
         }
+    if reference:
+        front = pareto(
+            Point(
+                float(str(m["replica_minutes"])),
+                float(str(m["slo_attainment"])),
+                f"{m['target']:g}",
+            )
+            for m in reference
+        )
+        body["frontiers"][CLAIRVOYANT] = [  # type: ignore[index]
+            {
+                "target": p.label,
+                "slo_attainment": p.attainment,
+                "replica_minutes": p.replica_minutes,
+            }
+            for p in front
+        ]
+        read = minutes_at(front, attainment)
+        foresight: dict[str, object] = {"replica_minutes": read.replica_minutes, "how": read.how}
+        if read.replica_minutes is not None:
+            foresight["crater_fewer"] = round(saving(minutes, read.replica_minutes), 4)
+            if best is not None:
+                # The most any policy could claim against the best baseline, by this reference.
+                foresight["fewer_than_best_baseline"] = round(
+                    saving(read.replica_minutes, best[0]), 4
+                )
+        body[CLAIRVOYANT] = foresight
     return body
 
 
@@ -247,7 +291,11 @@ def draw(report: dict[str, dict[str, object]], means: list[dict[str, object]], p
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=seeds, default=seeds("1-5"))
-    parser.add_argument("--shapes", default="diurnal,sharp")
+    parser.add_argument(
+        "--shapes",
+        default="diurnal,sharp",
+        help=f"Trace shapes (comma-separated) of: {', '.join(SHAPES)}.",
+    )
     parser.add_argument("--crater-targets", default=TARGETS["crater"])
     parser.add_argument("--hpa-slots-targets", default=TARGETS["hpa-slots"])
     parser.add_argument("--hpa-kv-targets", default=TARGETS["hpa-kv"])
@@ -255,6 +303,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--baselines", default=",".join(BASELINES), help="Which baselines to run (comma-separated)."
     )
+    parser.add_argument(
+        "--clairvoyant",
+        action="store_true",
+        help="Also run the clairvoyant reference (knows the trace ahead; not a baseline).",
+    )
+    parser.add_argument("--clairvoyant-targets", default=TARGETS[CLAIRVOYANT])
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--no-plot", action="store_true")
@@ -270,8 +324,9 @@ def main(argv: list[str] | None = None) -> None:
         "hpa-slots": args.hpa_slots_targets,
         "hpa-kv": args.hpa_kv_targets,
         "kpa": args.kpa_targets,
+        CLAIRVOYANT: args.clairvoyant_targets,
     }
-    policies = ["crater", *families]
+    policies = ["crater", *families, *([CLAIRVOYANT] if args.clairvoyant else [])]
     notes = sorted(
         {
             note
@@ -346,6 +401,18 @@ def main(argv: list[str] | None = None) -> None:
         if "best" in body:
             best = body["best"]
             print(f"  best: {best['family']}; Crater {best['crater_fewer']:+.1%} fewer")  # type: ignore[index]
+        foresight = body.get(CLAIRVOYANT)
+        if isinstance(foresight, dict) and foresight["replica_minutes"] is not None:
+            print(
+                f"  clairvoyant reference {foresight['replica_minutes']:7,.0f} "
+                f"({foresight['how']}); Crater {foresight['crater_fewer']:+.1%} fewer"
+                + (
+                    f"; it holds {foresight['fewer_than_best_baseline']:+.1%} fewer than the "
+                    "best baseline"
+                    if "fewer_than_best_baseline" in foresight
+                    else ""
+                )
+            )
     load_after = os.getloadavg()
     elapsed = time.perf_counter() - started
     print(
@@ -369,6 +436,21 @@ def main(argv: list[str] | None = None) -> None:
             | {"swept": targets[family]}
             for family in families
         },
+        **(
+            {
+                CLAIRVOYANT: {
+                    "what": "a reference that knows the trace ahead, not a baseline",
+                    **{
+                        k: v
+                        for k, v in vars(ClairvoyantBaseline([])).items()
+                        if k not in ("trace", "model", "utilisation")
+                    },
+                    "swept": targets[CLAIRVOYANT],
+                }
+            }
+            if args.clairvoyant
+            else {}
+        ),
         "not_the_shipped_defaults": notes,
         "seeds": args.seeds,
         "shapes": {

@@ -206,3 +206,26 @@ def test_the_frontier_benchmark_runs_small(tmp_path: Path) -> None:
     assert set(diurnal["frontiers"]) == {"hpa-slots", "hpa-kv", "kpa"}
     assert set(diurnal["at_crater_attainment"]) == {"hpa-slots", "hpa-kv", "kpa"}
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_clairvoyant_reference_is_reported_apart_from_the_baselines(tmp_path: Path) -> None:
+    from benchmarks.autoscaler.frontier import main
+
+    out = tmp_path / "frontier.json"
+    main(
+        [
+            "--shapes", "diurnal", "--seeds", "1", "--hours", "0.05",
+            "--hpa-slots-targets", "0.5", "--hpa-kv-targets", "0.6", "--kpa-targets", "6",
+            "--clairvoyant", "--clairvoyant-targets", "0.9,1.2",
+            "--output", str(out), "--no-plot",
+        ]
+    )  # fmt: skip
+    body = json.loads(out.read_text())
+    assert {r["target"] for r in body["runs"] if r["policy"] == "clairvoyant"} == {0.9, 1.2}
+    diurnal = body["frontier"]["diurnal"]
+    assert "clairvoyant" in diurnal["frontiers"]
+    # Never the best baseline, and never read as one.
+    assert set(diurnal["at_crater_attainment"]) == {"hpa-slots", "hpa-kv", "kpa"}
+    assert diurnal["best"]["family"] != "clairvoyant"
+    assert diurnal["clairvoyant"]["how"] in {"interpolated", "exact", "at most", "unreachable"}
+    assert body["clairvoyant"]["swept"] == "0.9,1.2"
