@@ -116,6 +116,12 @@ def test_vllm_p95_from_the_histogram_delta_not_the_lifetime_totals() -> None:
     assert max(found.latencies_ms) == pytest.approx(2500 + 2500 * 0.9)  # in (2.5, 5] s
     # the queue: 95 of 100 in the first bucket (0, 0.3 s]
     assert found.queue_p95_ms == pytest.approx(300.0)
+    # and one queueing delay per request, what the autoscaler judges, from the difference
+    # of the two scrapes (the past's 4 s queueing is not in it)
+    assert found.queue_ms is not None
+    assert len(found.queue_ms) == 100
+    assert nearest_rank(sorted(found.queue_ms), 0.95) == pytest.approx(300.0, abs=3)
+    assert max(found.queue_ms) < 4000
     assert (found.waiting, found.running, found.kv_cache) == (4, 12, 0.55)
 
 
@@ -168,6 +174,7 @@ def test_triton_without_histograms_gives_means_per_request() -> None:
     assert found.requests == 2
     assert found.latencies_ms == [400.0, 400.0]
     assert found.queue_mean_ms == 100.0
+    assert found.queue_ms == [100.0, 100.0]  # the mean per request: no distribution exists
     assert found.estimated
     assert found.waiting == 9
 
@@ -250,6 +257,8 @@ def test_a_sample_is_what_a_replica_publishing_its_own_would_send() -> None:
     assert len(sample.latencies_ms) == MAX_SAMPLES  # 30,000 requests, spread over 10,000
     assert all(60 < v <= 80 for v in sample.latencies_ms)
     assert (sample.kv_cache_usage, sample.gpu_memory_pressure) == (0.83, None)
+    assert sample.queue_ms is not None  # vLLM exports its queue time: judged on it
+    assert len(sample.queue_ms) == MAX_SAMPLES
     assert sample.occurred_at.timestamp() == at
     # no request since the previous scrape: silent, as an idle replica publishing its own is
     idle = interval(parse(VLLM, server.text()), parse(VLLM, server.text()))

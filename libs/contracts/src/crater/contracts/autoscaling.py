@@ -24,6 +24,14 @@ class LatencySamplesReported(Event):
     service: str = Field(min_length=1, max_length=128)
     replica_id: str | None = Field(default=None, max_length=128)
     latencies_ms: list[LatencyMs] = Field(min_length=1, max_length=10_000)
+    queue_ms: list[LatencyMs] | None = Field(
+        default=None,
+        max_length=10_000,
+        description="Each request's time queued before it was first scheduled (vLLM's "
+        "vllm:request_queue_time_seconds, TGI's tgi_request_queue_duration): the part of its "
+        "time to first token that more replicas shorten; its prefill is not. When given, "
+        "the autoscaler judges queueing on these rather than on latencies_ms.",
+    )
     gpu_memory_pressure: float | None = Field(
         default=None, ge=0, le=1, description="Used/total GPU memory of the replica's cards."
     )
@@ -56,7 +64,10 @@ class ScaleDecided(Event):
     direction: ScaleDirection
     current_replicas: int = Field(ge=0)
     desired_replicas: int = Field(ge=0)
-    p95_latency_ms: float
+    p95_latency_ms: float = Field(
+        description="The p95 the decision judged: of the queueing delay when the replicas report "
+        "it (queue_ms), else of the time to first token."
+    )
     gpu_memory_pressure: float | None
     samples: int = Field(ge=0, description="Samples in the window that decided.")
     reason: str

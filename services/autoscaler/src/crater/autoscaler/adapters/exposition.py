@@ -142,6 +142,9 @@ class Interval:
 
     latencies_ms: list[float]  # one per request that got its first token (see Histogram.spread)
     requests: int
+    # Time queued before being scheduled, one per request (vLLM, TGI; Triton: the mean per
+    # request); None when the server does not export it.
+    queue_ms: list[float] | None
     p95_ms: float | None
     queue_p95_ms: float | None
     queue_mean_ms: float | None
@@ -171,6 +174,7 @@ def interval(now: Exposition, before: Exposition | None) -> Interval | None:
     latency = now.latency.since(before.latency) if now.latency else None
     queue = now.queue.since(before.queue) if now.queue else None
     queue_mean: float | None = None
+    queued: list[float] | None = None
     if latency is not None:
         latencies = latency.spread()
         requests = round(latency.count)
@@ -178,9 +182,14 @@ def interval(now: Exposition, before: Exposition | None) -> Interval | None:
     else:
         requests, latencies, queue_mean = _means(now.totals, before.totals)
         p95 = latencies[0] if latencies else None  # Triton's counters: the mean
+        if queue_mean is not None and latencies:
+            queued = [queue_mean] * len(latencies)
+    if queue is not None:
+        queued = queue.spread()
     return Interval(
         latencies_ms=latencies,
         requests=requests,
+        queue_ms=queued,
         p95_ms=p95,
         queue_p95_ms=queue.quantile(0.95) if queue is not None else None,
         queue_mean_ms=queue_mean,

@@ -241,6 +241,7 @@ class ReplicaScraper:
             replica_id=replica.task_id,
             task_id=replica.task_id,
             latencies_ms=found.latencies_ms,
+            queue_ms=found.queue_ms or None,
             kv_cache_usage=found.kv_cache,
         )
 

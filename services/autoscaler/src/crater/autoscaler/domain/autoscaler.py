@@ -234,6 +234,12 @@ class Autoscaler:
 
         at = sample.occurred_at.timestamp()
         state.window.add(at, sample.latencies_ms)
+        if sample.queue_ms is not None:
+            if state.queueing is None:
+                state.queueing = LatencyWindow(policy.window_seconds, policy.max_window_samples)
+            state.queueing.add(at, sample.queue_ms)
+        elif state.queueing is not None:
+            state.queueing.advance(at)
         # The newest time seen is 'now': a late sample must not move time backwards.
         now = state.window.latest
         cutoff = now - policy.window_seconds
@@ -241,10 +247,14 @@ class Autoscaler:
         if sample.replicas is not None and at >= state.replicas_at:
             state.replicas, state.replicas_at = sample.replicas, at
             state.reported_serving, state.reported_at = sample.replicas, at
-        # Queueing shows as time to first token beyond the fast (scale-in) line.
-        fast = policy.scale_in_p95_ms
-        waited = sum(v - fast for v in sample.latencies_ms if v > fast) / 1000
-        state.waits.add(now, waited, len(sample.latencies_ms))
+        if sample.queue_ms is not None:
+            # Reported as such: every millisecond queued is waiting.
+            state.waits.add(now, sum(sample.queue_ms) / 1000, len(sample.queue_ms))
+        else:
+            # Queueing shows as time to first token beyond the fast (scale-in) line.
+            fast = policy.scale_in_p95_ms
+            waited = sum(v - fast for v in sample.latencies_ms if v > fast) / 1000
+            state.waits.add(now, waited, len(sample.latencies_ms))
         requests: list[Event] = self._expire_drains(sample.service, state, now)
         self._forget_slow_starters(state, now)
 
@@ -254,12 +264,14 @@ class Autoscaler:
         p95_ms, samples = whole if whole else (None, 0)
         assessment = Assessment(sample.service, p95_ms, samples, pressure, current)
 
-        # Judge on what happened since the last decision, within the window.
+        # Judge on what happened since the last decision, within the window: queueing when
+        # the replicas report it, else time to first token.
+        judged = state.judged()
         since = state.last_decision_at
         if since is None or since <= cutoff:
-            evidence = whole
+            evidence = judged.percentile(QUANTILE)
         else:
-            evidence = state.window.percentile(QUANTILE, since=since)
+            evidence = judged.percentile(QUANTILE, since=since)
         panic_p95 = guards.panic_p95(policy, state, now)
         panicking = panic_p95 is not None
         if panicking:

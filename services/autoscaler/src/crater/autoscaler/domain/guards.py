@@ -63,6 +63,7 @@ def panic_p95(policy: ScalingPolicy, state: ServiceState, now: float) -> float |
     if policy.panic_p95_ms is None:
         return None
     width = policy.panic_window_seconds
+    judged = state.judged()
     last = -math.inf if state.last_decision_at is None else state.last_decision_at
     lowest, total = math.inf, 0
     for i in range(policy.panic_windows):
@@ -70,7 +71,7 @@ def panic_p95(policy: ScalingPolicy, state: ServiceState, now: float) -> float |
         if until <= last:
             return None
         since = max(now - (i + 1) * width, last)
-        short = state.window.percentile(QUANTILE, since=since, until=until)
+        short = judged.percentile(QUANTILE, since=since, until=until)
         if short is None or short[0] <= policy.panic_p95_ms:
             return None
         lowest, total = min(lowest, short[0]), total + short[1]

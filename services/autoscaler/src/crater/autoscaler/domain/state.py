@@ -32,7 +32,10 @@ class Drain:
 
 @dataclass
 class ServiceState:
-    window: LatencyWindow
+    window: LatencyWindow  # time to first token, as the replicas report it
+    # Queueing delay (arrival to first scheduled), from replicas that report it: what more
+    # replicas shorten. None until one does.
+    queueing: LatencyWindow | None = None
     # replica id -> (when, pressure): the latest self-reported pressure of each replica.
     pressures: dict[str, tuple[float, float]] = field(default_factory=dict)
     # replica id -> (when, KV cache in use): the latest its engine reported (a scraped vLLM).
@@ -81,6 +84,18 @@ class ServiceState:
     panic: bool = False
     heard_at: float | None = None
     decisions: deque[ScaleDecided] = field(default_factory=lambda: deque(maxlen=RECENT_DECISIONS))
+
+    def judged(self) -> LatencyWindow:
+        """The latencies the decisions judge: the queueing delays while the window holds
+        some (prefill is no reason to scale), else time to first token."""
+        if self.queueing is not None and len(self.queueing):
+            return self.queueing
+        return self.window
+
+    @property
+    def judged_measure(self) -> str:
+        """What `judged` holds, as the reasons name it."""
+        return "queueing p95" if self.judged() is self.queueing else "p95"
 
     def members(self) -> list[tuple[float, str, str | None]]:
         """The fleet as known by name, (since, replica id, task id) each: the replicas heard

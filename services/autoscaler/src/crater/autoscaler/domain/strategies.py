@@ -104,6 +104,7 @@ class RuleStrategy:
         panic: bool = False,
     ) -> ScaleDecided | None:
         policy = self.policy
+        measure = state.judged_measure  # what p95 is of, for the reasons
         if count < policy.min_samples or current >= policy.max_replicas:
             return None
         if not panic and guards.cooling_down(policy, state.last_scale_out_at, now):
@@ -118,13 +119,13 @@ class RuleStrategy:
         shown = "unknown" if pressure is None else f"{pressure:.2f}"
         if panic:
             reason = (
-                f"panic: p95 {p95:.1f} ms > {policy.panic_p95_ms:g} ms over the last "
+                f"panic: {measure} {p95:.1f} ms > {policy.panic_p95_ms:g} ms over the last "
                 f"{policy.panic_window_seconds:g} s (GPU memory pressure {shown}), "
                 f"ahead of the cooldown, over {count} samples: {current} -> {desired} replicas"
             )
         else:
             reason = (
-                f"p95 {p95:.1f} ms > {policy.scale_out_p95_ms:g} ms and GPU memory pressure "
+                f"{measure} {p95:.1f} ms > {policy.scale_out_p95_ms:g} ms and GPU memory pressure "
                 f"{shown} > {policy.scale_out_pressure:g} over {count} samples: "
                 f"{current} -> {desired} replicas"
             )
@@ -155,6 +156,7 @@ class RuleStrategy:
         count: int,
     ) -> ScaleDecided | None:
         policy = self.policy
+        measure = state.judged_measure  # what p95 is of, for the reasons
         if state.calm_since is None or current <= policy.min_replicas:
             return None
         calm_for = now - state.calm_since
@@ -172,12 +174,12 @@ class RuleStrategy:
             limited_by = f"-{policy.max_scale_in_step} per stabilisation window"
         if p95 < policy.scale_in_p95_ms and pressure < policy.scale_in_pressure:
             why = (
-                f"p95 {p95:.1f} ms < {policy.scale_in_p95_ms:g} ms and mean GPU memory "
+                f"{measure} {p95:.1f} ms < {policy.scale_in_p95_ms:g} ms and mean GPU memory "
                 f"pressure {pressure:.2f} < {policy.scale_in_pressure:g}"
             )
         else:
             why = (
-                f"p95 {p95:.1f} ms and mean GPU memory pressure {pressure:.2f} fit "
+                f"{measure} {p95:.1f} ms and mean GPU memory pressure {pressure:.2f} fit "
                 f"{proportional} replicas at {policy.scale_in_headroom:g} of the scale-out line"
             )
         reason = (
@@ -226,6 +228,7 @@ class DemandStrategy:
             return self.fallback.decide(evaluation)
         policy = self.policy
         state, sample, now = evaluation.state, evaluation.sample, evaluation.now
+        measure = state.judged_measure  # what p95 is of, for the reasons
         evidence, panic_p95, held = evaluation.evidence, evaluation.panic_p95, evaluation.held
         serving = self._serving(state)
         starting = len(state.starting)
@@ -262,7 +265,7 @@ class DemandStrategy:
             if desired <= provisioned:
                 return None
             head = (
-                f"panic: p95 {panic_p95:.1f} ms > {policy.panic_p95_ms:g} ms over the last "
+                f"panic: {measure} {panic_p95:.1f} ms > {policy.panic_p95_ms:g} ms over the last "
                 f"{policy.panic_window_seconds:g} s; "
                 if panic_p95 is not None
                 else ""

@@ -305,6 +305,9 @@ class SimulationConfig:
     kpa: KpaBaseline = field(default_factory=KpaBaseline)
     initial_replicas: int = 2
     report_interval_s: float = 2.0
+    # Replicas report each request's queueing delay beside its TTFT, as vLLM and TGI export
+    # it (`LatencySamplesReported.queue_ms`); False: TTFT alone, as a server that does not.
+    report_queueing: bool = True
     slo_ms: float = 200.0
     bucket_s: float = 60.0
     seed: int = 0
@@ -441,6 +444,7 @@ class _Replica:
         "kv",
         "last",
         "loaded_at",
+        "queued",
         "removed",
         "reported",
         "state",
@@ -453,7 +457,8 @@ class _Replica:
         self.loaded_at = loaded_at
         self.active = 0
         self.kv = 0
-        self.reported: list[float] = []
+        self.reported: list[float] = []  # time to first token of each request started
+        self.queued: list[float] = []  # and the part of it spent queued
         self.busy = 0.0  # slot-seconds
         self.busy_mark = 0.0
         self.last = created
@@ -577,9 +582,11 @@ class _Simulation:
             1 + 0.5 * load
         )
         decode = request.output_tokens * model.tpot_ms * (1 + model.batch_slowdown * load)
-        ttft = (now - request.at) * 1000 + prefill
+        queued = (now - request.at) * 1000
+        ttft = queued + prefill
         self.latency[index] = ttft
         replica.reported.append(ttft)
+        replica.queued.append(queued)
         self.account(replica, now)
         tokens = request.input_tokens + request.output_tokens
         replica.active += 1
@@ -695,9 +702,10 @@ class _Simulation:
                 replica_id=replica.id,
                 task_id=replica.id,
                 latencies_ms=replica.reported[-10_000:],
+                queue_ms=replica.queued[-10_000:] if self.config.report_queueing else None,
                 gpu_memory_pressure=round(self.pressure(replica), 4),
             )
-            replica.reported = []
+            replica.reported, replica.queued = [], []
             self.handle(autoscaler.observe(sample).events, now)
         self.handle(autoscaler.tick(self.when(now).timestamp()), now)
 
