@@ -67,7 +67,7 @@ SHAPES = {
     "coding": with_tokens(TraceShape(hours=4.0, trough_rps=1.8, peak_rps=18.0), "coding"),
 }
 TARGETS = {
-    "crater": "0.8",
+    "crater": f"{ScalingPolicy().target_pressure:g}",  # what ships
     "hpa-slots": "0.3,0.4,0.5,0.6,0.7,0.8,0.9",
     "hpa-kv": "0.3,0.4,0.5,0.6,0.7,0.8,0.9",
     "kpa": "3,4,6,8,10,12,16",

@@ -102,7 +102,7 @@ def test_bad_demand_settings_are_refused(bad: dict[str, object]) -> None:
 def test_scale_out_ahead_of_the_latency_line_and_say_why() -> None:
     # 4 replicas at mean pressure 0.9: a load of 3.6 needs 4.5 -> 5 replicas at 0.8, while
     # p95 is still 50 ms: the demand scales out before users feel it.
-    scaler = Autoscaler(ScalingPolicy(panic_p95_ms=None))
+    scaler = Autoscaler(ScalingPolicy(target_pressure=0.8, panic_p95_ms=None))
     decision = scaler.observe(sample(0, 0.9, replicas=4)).decision
     assert decision is not None
     assert decision.direction is ScaleDirection.OUT
@@ -115,12 +115,12 @@ def test_scale_out_ahead_of_the_latency_line_and_say_why() -> None:
 
 
 def test_a_fleet_at_its_target_stays() -> None:
-    scaler = Autoscaler(ScalingPolicy(panic_p95_ms=None))
+    scaler = Autoscaler(ScalingPolicy(target_pressure=0.8, panic_p95_ms=None))
     assert feed(scaler, [sample(t, 0.78, replicas=4) for t in range(0, 600, 2)]) == []
 
 
 def test_replicas_still_starting_are_counted_so_nothing_is_asked_twice() -> None:
-    scaler = Autoscaler(ScalingPolicy(panic_p95_ms=None, cooldown_seconds=0))
+    scaler = Autoscaler(ScalingPolicy(target_pressure=0.8, panic_p95_ms=None, cooldown_seconds=0))
     first = scaler.observe(sample(0, 0.95, replicas=4))
     asked = [r for r in first.requests if isinstance(r, ReplicasRequested)]
     assert first.decision is not None
@@ -134,7 +134,7 @@ def test_replicas_still_starting_are_counted_so_nothing_is_asked_twice() -> None
 def test_the_queue_adds_replicas_beyond_what_the_pressure_shows() -> None:
     # Saturated replicas show pressure 0.8 whatever waits behind them; 15 s of mean wait
     # with a 30 s drain asks for 1.5 times the pressure's count.
-    policy = ScalingPolicy(panic_p95_ms=None, drain_seconds=30)
+    policy = ScalingPolicy(target_pressure=0.8, panic_p95_ms=None, drain_seconds=30)
     calm = Autoscaler(policy).observe(sample(0, 0.8, replicas=4)).decision
     assert calm is None
     queued = Autoscaler(policy).observe(sample(0, 0.8, replicas=4, latencies=[15_100.0] * 20))
@@ -149,7 +149,9 @@ def test_a_growing_wait_reads_as_arrivals_beyond_the_admissions() -> None:
     assert Demand(4.0, 0.0, 0.8, 30, wait_growth=0.5).replicas == pytest.approx(10.0)
     assert Demand(4.0, 0.0, 0.8, 30, wait_growth=5.0).arrival_factor == pytest.approx(10.0)
     assert Demand(4.0, 0.0, 0.8, 30, wait_growth=-5.0).arrival_factor == pytest.approx(1 / 1.9)
-    policy = ScalingPolicy(panic_p95_ms=None, cooldown_seconds=0, demand_window_seconds=10)
+    policy = ScalingPolicy(
+        target_pressure=0.8, panic_p95_ms=None, cooldown_seconds=0, demand_window_seconds=10
+    )
     # About the same mean wait over the window: flat in one, growing 0.5 s/s in the other.
     flat = feed(
         Autoscaler(policy),
@@ -164,7 +166,7 @@ def test_a_growing_wait_reads_as_arrivals_beyond_the_admissions() -> None:
 
 
 def test_scale_out_keeps_the_rate_limits() -> None:
-    policy = ScalingPolicy(panic_p95_ms=None, max_scale_out_factor=1.5)
+    policy = ScalingPolicy(target_pressure=0.8, panic_p95_ms=None, max_scale_out_factor=1.5)
     decision = Autoscaler(policy).observe(sample(0, 1.0, replicas=4, latencies=[60_000.0] * 20))
     assert decision.decision is not None
     assert decision.decision.desired_replicas == 6
@@ -172,7 +174,9 @@ def test_scale_out_keeps_the_rate_limits() -> None:
 
 
 def test_scale_in_waits_for_a_whole_stabilisation_window_then_goes_to_its_highest() -> None:
-    policy = ScalingPolicy(panic_p95_ms=None, stabilisation_seconds=300, max_scale_in_step=16)
+    policy = ScalingPolicy(
+        target_pressure=0.8, panic_p95_ms=None, stabilisation_seconds=300, max_scale_in_step=16
+    )
     scaler = Autoscaler(policy)
     # Load 3.0 (4 replicas at 0.8), except one busier minute early on (load 5: 7 replicas).
     found: list[ScaleDecided] = []
@@ -212,7 +216,11 @@ def test_scale_in_sizes_for_the_arrivals_not_the_backlog() -> None:
     )
     assert rising.arrival_replicas == pytest.approx(7.5)  # arrivals beyond admissions count
     policy = ScalingPolicy(
-        panic_p95_ms=None, stabilisation_seconds=300, max_scale_in_step=16, drain_seconds=30
+        target_pressure=0.8,
+        panic_p95_ms=None,
+        stabilisation_seconds=300,
+        max_scale_in_step=16,
+        drain_seconds=30,
     )
     scaler = Autoscaler(policy)
     found: list[ScaleDecided] = []
@@ -233,7 +241,11 @@ def test_scale_in_sizes_for_the_arrivals_not_the_backlog() -> None:
 
 def test_scale_in_steps_are_capped_and_a_cooldown_apart() -> None:
     policy = ScalingPolicy(
-        panic_p95_ms=None, stabilisation_seconds=60, cooldown_seconds=15, max_scale_in_step=2
+        target_pressure=0.8,
+        panic_p95_ms=None,
+        stabilisation_seconds=60,
+        cooldown_seconds=15,
+        max_scale_in_step=2,
     )
     scaler = Autoscaler(policy)
     found: list[ScaleDecided] = []
@@ -255,7 +267,9 @@ def test_noisy_pressure_does_not_flap() -> None:
     # Pressure jumping around 0.7 on 6 replicas (demand 4.7..5.8): no decision may reverse
     # the one before within the stabilisation window.
     rng = random.Random(11)
-    policy = ScalingPolicy(panic_p95_ms=None, stabilisation_seconds=300, max_scale_in_step=16)
+    policy = ScalingPolicy(
+        target_pressure=0.8, panic_p95_ms=None, stabilisation_seconds=300, max_scale_in_step=16
+    )
     scaler = Autoscaler(policy)
     found: list[ScaleDecided] = []
     replicas = 6
@@ -275,7 +289,9 @@ def test_noisy_pressure_does_not_flap() -> None:
 def test_panic_decides_on_the_short_window_ahead_of_the_cooldown() -> None:
     # One panic window (the default asks for three in a row: tests/unit/autoscaler/
     # test_no_flapping.py): what is tested here is the short window, ahead of the cooldown.
-    policy = ScalingPolicy(cooldown_seconds=60, panic_window_seconds=6, panic_windows=1)
+    policy = ScalingPolicy(
+        target_pressure=0.8, cooldown_seconds=60, panic_window_seconds=6, panic_windows=1
+    )
     scaler = Autoscaler(policy)
     assert scaler.observe(sample(0, 0.95, replicas=4)).decision is not None  # 4 -> 5
     burst = scaler.observe(sample(4, 1.0, replicas=4, latencies=[3_000.0] * 20))
@@ -289,7 +305,7 @@ def test_panic_decides_on_the_short_window_ahead_of_the_cooldown() -> None:
 
 def test_without_pressure_the_rule_decides() -> None:
     # No pressure known: the demand cannot be measured, the rule's panic still acts.
-    scaler = Autoscaler(ScalingPolicy(panic_windows=1))
+    scaler = Autoscaler(ScalingPolicy(target_pressure=0.8, panic_windows=1))
     assert scaler.observe(sample(0, None, replicas=2)).decision is None
     decision = scaler.observe(sample(2, None, replicas=2, latencies=[900.0] * 20)).decision
     assert decision is not None

@@ -10,7 +10,7 @@ from crater.autoscaler.domain import ScalingPolicy
 def test_defaults_are_the_demand_strategy_over_the_fields_thresholds() -> None:
     assert AutoscalerSettings().policy() == ScalingPolicy()
     policy = ScalingPolicy()
-    assert (policy.strategy, policy.target_pressure, policy.drain_seconds) == ("demand", 0.8, 60)
+    assert (policy.strategy, policy.target_pressure, policy.drain_seconds) == ("demand", 0.7, 60)
     assert (policy.scale_out_p95_ms, policy.scale_out_pressure) == (200.0, 0.8)
     assert (policy.scale_in_p95_ms, policy.scale_in_pressure) == (100.0, 0.3)
     assert (policy.window_seconds, policy.stabilisation_seconds) == (60.0, 300.0)

@@ -246,7 +246,7 @@ class ScalingPolicy:
         float,
         Bounds(gt=0, le=1),
         Field(description="demand: the mean GPU memory pressure the fleet is sized for."),
-    ] = 0.8
+    ] = 0.7  # 0.8 left no KV room for long prompts (docs/autoscaling.md, heavy-tailed traces)
     drain_seconds: Annotated[
         float,
         Bounds(gt=0),
