@@ -102,7 +102,7 @@ def autoscale_sim(
         list[float] | None,
         typer.Option(
             help="Crater (demand): mean GPU memory pressure to size for; repeat for several "
-            "runs (default 0.8)."
+            f"runs (default {_POLICY.target_pressure:g}, the service's)."
         ),
     ] = None,
     drain_seconds: Annotated[
