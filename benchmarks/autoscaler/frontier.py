@@ -73,7 +73,7 @@ TARGETS = {
     "kpa": "3,4,6,8,10,12,16",
     # Not a baseline: a reference that knows the trace ahead (`--clairvoyant`), swept over the
     # utilisation it plans for.
-    "clairvoyant": "0.8,0.9,1,1.1,1.2,1.3",
+    "clairvoyant": "0.8,0.9,1,1.1,1.2,1.3,1.6,2,2.5",
 }
 CLAIRVOYANT = "clairvoyant"
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "autoscale_frontier.json"
