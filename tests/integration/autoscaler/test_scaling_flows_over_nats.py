@@ -106,7 +106,10 @@ async def test_pressure_from_node_metrics_and_replica_requests(
 async def test_scale_in_drains_then_asks_for_the_release(
     fresh_nats: NatsServer, tap: EventTap
 ) -> None:
-    settings = AutoscalerSettings(nats_url=fresh_nats.url, stabilisation_seconds=0)
+    # The drain flow, not the sizing: no margin, so the calm samples' mean is a scale-in.
+    settings = AutoscalerSettings(
+        nats_url=fresh_nats.url, stabilisation_seconds=0, scale_in_margin=0.0
+    )
     service, app = build(settings)
     async with TestApp(app):
         now = datetime.now(UTC)

@@ -175,7 +175,11 @@ def test_scale_out_keeps_the_rate_limits() -> None:
 
 def test_scale_in_waits_for_a_whole_stabilisation_window_then_goes_to_its_highest() -> None:
     policy = ScalingPolicy(
-        target_pressure=0.8, panic_p95_ms=None, stabilisation_seconds=300, max_scale_in_step=16
+        target_pressure=0.8,
+        panic_p95_ms=None,
+        stabilisation_seconds=300,
+        max_scale_in_step=16,
+        scale_in_margin=0.0,
     )
     scaler = Autoscaler(policy)
     # Load 3.0 (4 replicas at 0.8), except one busier minute early on (load 5: 7 replicas).
@@ -192,7 +196,8 @@ def test_scale_in_waits_for_a_whole_stabilisation_window_then_goes_to_its_highes
     assert first.occurred_at == T0 + timedelta(seconds=300)  # the window is whole
     assert (first.current_replicas, first.desired_replicas) == (10, 7)
     assert (
-        "the most the arrivals asked for over the stabilisation window (300 s) is 7" in first.reason
+        "the most the arrivals asked for over the stabilisation window (300 s), with 0% to spare,"
+        " is 7" in first.reason
     )
     # The busy minute (averaged over the 30 s demand window) leaves the window 300 s after
     # it ended, step by step; then the count is the load's.
@@ -221,6 +226,7 @@ def test_scale_in_sizes_for_the_arrivals_not_the_backlog() -> None:
         stabilisation_seconds=300,
         max_scale_in_step=16,
         drain_seconds=30,
+        scale_in_margin=0.0,
     )
     scaler = Autoscaler(policy)
     found: list[ScaleDecided] = []
@@ -320,3 +326,29 @@ def test_the_fields_rule_is_still_there() -> None:
     slow = rule.observe(sample(20, 0.9, replicas=4, latencies=[250.0] * 20)).decision
     assert slow is not None
     assert "p95 250.0 ms > 200 ms" in slow.reason
+
+
+def test_scale_in_keeps_a_margin_over_what_the_arrivals_asked_for() -> None:
+    """A load of 3.0 asks for 3.75 replicas at 0.8: 4 without a margin; with 20% to spare
+    (4.5) the window holds 5, so a fleet of 6 sheds one replica, not two."""
+    assert Demand(3.0, 0.0, 0.8, 60).desired_for_arrivals(1, 24) == 4
+    assert Demand(3.0, 0.0, 0.8, 60).desired_for_arrivals(1, 24, margin=0.2) == 5
+    found: dict[float, list[ScaleDecided]] = {}
+    for margin in (0.0, 0.2):
+        policy = ScalingPolicy(
+            target_pressure=0.8,
+            panic_p95_ms=None,
+            stabilisation_seconds=60,
+            max_scale_in_step=16,
+            scale_in_margin=margin,
+        )
+        scaler, replicas, decided = Autoscaler(policy), 6, []
+        for t in range(0, 300, 2):
+            decision = scaler.observe(sample(t, 3.0 / replicas, replicas=replicas)).decision
+            if decision is not None:
+                decided.append(decision)
+                replicas = decision.desired_replicas
+        found[margin] = decided
+    assert [d.desired_replicas for d in found[0.0]] == [4]
+    assert [d.desired_replicas for d in found[0.2]] == [5]
+    assert "with 20% to spare, is 5" in found[0.2][0].reason

@@ -150,8 +150,11 @@ class Demand:
     def desired(self, min_replicas: int, max_replicas: int) -> int:
         return _whole(self.replicas, min_replicas, max_replicas)
 
-    def desired_for_arrivals(self, min_replicas: int, max_replicas: int) -> int:
-        return _whole(self.arrival_replicas, min_replicas, max_replicas)
+    def desired_for_arrivals(
+        self, min_replicas: int, max_replicas: int, margin: float = 0.0
+    ) -> int:
+        """The replicas the arrivals ask for, with `margin` of them to spare."""
+        return _whole(self.arrival_replicas * (1 + margin), min_replicas, max_replicas)
 
     def explain(self) -> str:
         text = (

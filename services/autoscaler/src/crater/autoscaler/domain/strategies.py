@@ -254,7 +254,10 @@ class DemandStrategy:
         if state.recommending_since is None:
             state.recommending_since = now
         state.recommendations.add(
-            now, demand.desired_for_arrivals(policy.min_replicas, policy.max_replicas)
+            now,
+            demand.desired_for_arrivals(
+                policy.min_replicas, policy.max_replicas, policy.scale_in_margin
+            ),
         )
         p95, count = evidence
         counts = f"{provisioned - starting} serving + {starting} starting"
@@ -292,7 +295,8 @@ class DemandStrategy:
             limited_by = None if desired == highest else f"-{policy.max_scale_in_step} per scale-in"
             reason = (
                 f"{demand.explain()}; the most the arrivals asked for over the stabilisation "
-                f"window ({policy.stabilisation_seconds:g} s) is {highest}: "
+                f"window ({policy.stabilisation_seconds:g} s), with "
+                f"{policy.scale_in_margin:.0%} to spare, is {highest}: "
                 f"{provisioned} ({counts}) -> {desired} replicas"
             )
             direction = ScaleDirection.IN
