@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+from pydantic import ValidationError
+
 from crater.autoscaler.domain import Autoscaler, ScalingPolicy
 from crater.contracts import LatencySamplesReported, ScaleDirection
 
@@ -82,3 +85,14 @@ def test_a_fleet_that_stops_reporting_its_queue_is_judged_on_ttft_again() -> Non
     assert decided is not None
     assert "p95 250.0 ms > 200 ms" in decided.reason
     assert "queueing" not in decided.reason
+
+
+@pytest.mark.parametrize(
+    ("queue", "why"),
+    [([], "at least 1 item"), ([-1.0], "greater than or equal to 0"), ([float("nan")], "finite")],
+)
+def test_a_malformed_queue_report_is_refused_naming_the_field(queue: list[float], why: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        sample(0, [10.0], queue)
+    assert "queue_ms" in str(refused.value)
+    assert why in str(refused.value)

@@ -26,6 +26,7 @@ class LatencySamplesReported(Event):
     latencies_ms: list[LatencyMs] = Field(min_length=1, max_length=10_000)
     queue_ms: list[LatencyMs] | None = Field(
         default=None,
+        min_length=1,
         max_length=10_000,
         description="Each request's time queued before it was first scheduled (vLLM's "
         "vllm:request_queue_time_seconds, TGI's tgi_request_queue_duration): the part of its "
