@@ -139,3 +139,38 @@ async def test_scale_in_drains_then_asks_for_the_release(
             True,
         )
         assert release.decision_id == decision.event_id
+
+
+async def test_queueing_not_prefill_decides_over_nats(
+    fresh_nats: NatsServer, tap: EventTap
+) -> None:
+    """Long prompts' TTFT with nothing queued: no decision; the same TTFT with its queueing
+    reported: a scale-out whose reason and p95 are the queue's (the field through the bus)."""
+    settings = AutoscalerSettings(nats_url=fresh_nats.url, strategy="rule")
+    service, app = build(settings)
+    async with TestApp(app):
+        now = datetime.now(UTC)
+
+        async def report(offset: float, service_name: str, queue: list[float]) -> None:
+            await publish(
+                service.broker,
+                LatencySamplesReported(
+                    occurred_at=now + timedelta(seconds=offset),
+                    service=service_name,
+                    replica_id=f"{service_name}-1",
+                    latencies_ms=[900.0] * 20,
+                    queue_ms=queue,
+                    gpu_memory_pressure=0.9,
+                    replicas=2,
+                ),
+            )
+
+        await report(0.0, "code", [0.0] * 20)  # all prefill
+        await report(0.0, "chat", [700.0] * 20)  # 700 ms of it queued
+        [decision] = await tap.wait_for(ScaleDecided)
+        assert decision.service == "chat"
+        assert decision.direction is ScaleDirection.OUT
+        assert decision.p95_latency_ms == 700.0
+        assert "queueing p95 700.0 ms > 200 ms" in decision.reason
+        await asyncio.sleep(0.5)
+        assert [d.service for d in tap.of(ScaleDecided)] == ["chat"]
