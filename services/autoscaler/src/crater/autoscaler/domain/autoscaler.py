@@ -269,7 +269,7 @@ class Autoscaler:
         judged = state.judged()
         since = state.last_decision_at
         if since is None or since <= cutoff:
-            evidence = judged.percentile(QUANTILE)
+            evidence = whole if judged is state.window else judged.percentile(QUANTILE)
         else:
             evidence = judged.percentile(QUANTILE, since=since)
         panic_p95 = guards.panic_p95(policy, state, now)
