@@ -40,6 +40,7 @@ from benchmarks.chaos.plan import ChaosConfig, PlannedAction, describe_plan, mak
 from crater.cli.stack import Stack, wait_healthy
 from crater.probe.sim.fleet import FaultSpec, Fleet, build_fleet, read_fleet_spec
 from crater.probe.sim.simulation import FaultKind
+from crater.runtime.bus import retry_transient
 from crater.runtime.db import fresh_postgres_database
 from crater.runtime.nats_server import free_port, start_nats_server
 
@@ -51,6 +52,8 @@ RETRY_PAUSE_SECONDS = 0.5
 PROGRESS_SECONDS = 10.0
 HEARTBEAT_SECONDS = 5.0  # the probe's health interval (its default)
 NO_TASK = "__chaos_no_such_task__"
+# How long reading the streams back waits out a stream group still electing its leader.
+READ_BACK_SECONDS = 30.0
 Echo = Callable[[str], None]
 
 
@@ -806,17 +809,27 @@ async def _count(js: Any, stream: str) -> int | None:
 async def _stream(
     js: Any, stream: str, subject: str, batch: int = 2000
 ) -> AsyncIterator[tuple[int, float, str, dict[str, Any]]]:
-    """(stream sequence, stored at, subject, body) of every message, oldest first."""
-    info = await js.stream_info(stream)
+    """(stream sequence, stored at, subject, body) of every message, oldest first. A cluster
+    whose host was just brought back may answer 503 while the stream's group catches up: the
+    reads wait for it as the services do."""
+    info = await retry_transient(
+        lambda: js.stream_info(stream), what=f"read {stream}", seconds=READ_BACK_SECONDS
+    )
     last = info.state.last_seq
     if not info.state.messages:
         return
-    sub = await js.pull_subscribe(
-        subject,
-        stream=stream,
-        config=ConsumerConfig(
-            deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=60.0
+    sub = await retry_transient(
+        lambda: js.pull_subscribe(
+            subject,
+            stream=stream,
+            config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.ALL,
+                ack_policy=AckPolicy.NONE,
+                inactive_threshold=60.0,
+            ),
         ),
+        what=f"read {stream}",
+        seconds=READ_BACK_SECONDS,
     )
     try:
         seq = 0

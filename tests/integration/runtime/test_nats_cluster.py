@@ -18,7 +18,15 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import CollectorRegistry
 
 from crater.contracts import Streams, Subjects, TaskStatus, TaskStatusReported
-from crater.runtime.bus import durable, ensure_streams, make_broker, publish_raw, retry_transient
+from crater.runtime.bus import (
+    ENSURE_STREAMS_SECONDS,
+    durable,
+    ensure_streams,
+    key_value,
+    make_broker,
+    publish_raw,
+    retry_transient,
+)
 from crater.runtime.leadership import CONSUMER_WAIT_SECONDS, LeaderGate
 from crater.runtime.nats_cluster import NatsCluster, netns_permitted, start_nats_cluster
 from crater.runtime.nats_connection import NatsConnection
@@ -168,4 +176,36 @@ async def test_a_new_leader_binds_its_consumers_once_they_elect_after_a_server_l
             assert took < CONSUMER_WAIT_SECONDS
         finally:
             await gate.close()
+            await broker.stop()
+
+
+async def test_a_kv_bucket_is_declared_once_the_cluster_has_a_quorum_again(
+    tmp_path: Path,
+) -> None:
+    # A service starting while its cluster has no meta leader (started together, or two of
+    # three servers lost) is answered 503 or nothing: declaring its KV bucket waits for the
+    # quorum instead of failing the service's start.
+    with start_nats_cluster(tmp_path / "cluster", 3, log_dir=tmp_path / "logs") as cluster:
+        seeds = NatsConnection(cluster.url)
+        await ensure_streams(seeds, [STREAM])
+        cluster.kill(1)
+        cluster.kill(2)
+        broker, _ = make_broker(
+            NatsConnection(cluster.urls[0]), "kv-test", CollectorRegistry(), None
+        )
+        await broker.connect()
+        try:
+            declaring = asyncio.create_task(key_value(broker, "CRATER_KV_TEST", 0, history=1))
+            await asyncio.sleep(3.0)
+            assert not declaring.done()  # no quorum: still waiting, not failed
+            cluster.restart(1)
+            cluster.restart(2)
+            bucket = await asyncio.wait_for(declaring, ENSURE_STREAMS_SECONDS)
+            await bucket.put("k", b"v")
+            assert (await bucket.get("k")).value == b"v"
+            admin = await seeds.connect()
+            info = await admin.jetstream().stream_info("KV_CRATER_KV_TEST")
+            await admin.close()
+            assert info.config.num_replicas == 3
+        finally:
             await broker.stop()

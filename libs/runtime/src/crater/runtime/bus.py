@@ -105,6 +105,9 @@ MAX_AUTO_REPLICAS = 3
 MAX_REDELIVERY_DELAY_SECONDS = 300.0
 # JetStream's max_deliver is set this far above the service's own limit (a backstop).
 MAX_DELIVER_MARGIN = 3
+# How long `ensure_streams` and `key_value` wait for JetStream: a cluster just started elects
+# its meta leader first (a few seconds), and until then answers 503 or not at all.
+ENSURE_STREAMS_SECONDS = 30.0
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 T = TypeVar("T")
 
@@ -973,14 +976,19 @@ async def key_value(broker: NatsBroker, bucket: str, replicas: int, **config: An
     connection = broker.connection
     wanted = replicas_for(connection, replicas)
     js = connection.jetstream()
-    try:
-        info = await js.stream_info(f"KV_{bucket}")
-    except NotFoundError:
-        info = None
-    if info is not None and info.config.num_replicas != wanted:
-        await js.update_stream(config=info.config.evolve(num_replicas=wanted))
-        log.info("KV %s: replicas %s -> %d", bucket, info.config.num_replicas, wanted)
-    return await broker.key_value(bucket, replicas=wanted, **config)
+
+    async def declare() -> KeyValue:
+        try:
+            info = await js.stream_info(f"KV_{bucket}")
+        except NotFoundError:
+            info = None
+        if info is not None and info.config.num_replicas != wanted:
+            await js.update_stream(config=info.config.evolve(num_replicas=wanted))
+            log.info("KV %s: replicas %s -> %d", bucket, info.config.num_replicas, wanted)
+        return await broker.key_value(bucket, replicas=wanted, **config)
+
+    # A cluster still electing its meta leader answers 503: wait as `ensure_streams` does.
+    return await retry_transient(declare, what=f"KV {bucket}", seconds=ENSURE_STREAMS_SECONDS)
 
 
 def durable(
@@ -1093,11 +1101,6 @@ async def align_consumers(nats_url: str | NatsConnection, broker: NatsBroker) ->
                 log.info("%s: max_deliver %s -> %d", durable_name, info.config.max_deliver, wanted)
     finally:
         await connection.close()
-
-
-# How long `ensure_streams` waits for JetStream: a cluster just started elects its meta leader
-# first (a few seconds), and until then answers 503 or not at all.
-ENSURE_STREAMS_SECONDS = 30.0
 
 
 async def ensure_streams(
