@@ -160,6 +160,7 @@ async def test_replicas_of_each_server_read_over_http_as_their_load_changes(
         assert all(20 < v <= 40 for v in sorted(llama.latencies_ms)[:19])
         assert 750 < max(llama.latencies_ms) <= 1000
         assert (llama.kv_cache_usage, llama.gpu_memory_pressure) == (0.9, None)
+        assert llama.requests_waiting == 5  # vllm:num_requests_waiting, the backlog
         assert (llama.service, llama.task_id) == ("chat", "llama-0")
         assert len(samples["tgi-0"].latencies_ms) == 10
         assert max(samples["tgi-0"].latencies_ms) > 1000

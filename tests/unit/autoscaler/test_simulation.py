@@ -210,3 +210,27 @@ def test_the_token_profiles_are_heavy_tailed_as_published(
 def test_an_unknown_token_profile_is_refused() -> None:
     with pytest.raises(ValueError, match="token profile 'poetry' unknown"):
         with_tokens(SHORT, "poetry")
+
+
+@pytest.mark.parametrize(
+    ("reported", "counted"), [(True, "backlog growing"), (False, "wait growing")]
+)
+def test_the_replicas_report_the_routers_queue_as_their_backlog(
+    reported: bool, counted: str
+) -> None:
+    # Two slots of 1 s requests, 4 arriving a second: the queue grows by 2 a second. Shared
+    # out among the replicas as their requests_waiting, it is what the demand counts arrivals
+    # by; without it, the wait's growth is inferred.
+    model = FleetModel(slots=2, prefill_base_ms=10.0, prefill_ms_per_token=0.0, tpot_ms=10.0)
+    trace = [Request(i / 4, 10, 100) for i in range(4 * 120)]
+    config = SimulationConfig(
+        fleet=model,
+        policy=ScalingPolicy(min_replicas=1, max_replicas=4),
+        initial_replicas=1,
+        report_backlog=reported,
+    )
+    result = simulate(trace, config, "crater")
+    first = result.scale_events[0]
+    assert first.direction == "out"
+    assert f"({counted} " in first.reason, first.reason
+    assert ("at 2.0 admitted/s" in first.reason) is reported  # 2 slots of 1 s requests

@@ -16,6 +16,8 @@ from crater.contracts.tasks import TaskId
 # full batch finite (10,000 values near the double's maximum overflow to inf, then NaN).
 MAX_LATENCY_MS = 86_400_000.0
 LatencyMs = Annotated[float, Field(ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)]
+# More requests than this waiting at one replica is a counter gone wrong, not a queue.
+MAX_REQUESTS_WAITING = 1_000_000
 
 
 class LatencySamplesReported(Event):
@@ -32,6 +34,17 @@ class LatencySamplesReported(Event):
         "vllm:request_queue_time_seconds, TGI's tgi_request_queue_duration): the part of its "
         "time to first token that more replicas shorten; its prefill is not. When given, "
         "the autoscaler judges queueing on these rather than on latencies_ms.",
+    )
+    requests_waiting: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_REQUESTS_WAITING,
+        description="Requests waiting for admission at the replica when it was sampled: its "
+        "admission backlog (vLLM's vllm:num_requests_waiting, TGI's tgi_queue_size, "
+        "Triton's nv_inference_pending_request_count). A backlog shows a burst as it comes, "
+        "before any request that queued in it reports its queueing; when given, the demand "
+        "counts the arrivals as the admissions plus the fleet's backlog growth "
+        "(docs/autoscaling.md).",
     )
     gpu_memory_pressure: float | None = Field(
         default=None, ge=0, le=1, description="Used/total GPU memory of the replica's cards."

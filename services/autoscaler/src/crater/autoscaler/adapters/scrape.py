@@ -32,6 +32,7 @@ from crater.autoscaler.adapters.exposition import (
     parse,
 )
 from crater.contracts import LatencySamplesReported, MetricsFormat, ScrapeTarget
+from crater.contracts.autoscaling import MAX_REQUESTS_WAITING
 
 log = logging.getLogger("crater.autoscaler.scrape")
 
@@ -229,10 +230,11 @@ class ReplicaScraper:
         replica: Replica, found: Interval | None, at: float
     ) -> LatencySamplesReported | None:
         """The sample of an interval, as a replica publishing its own would send it: the
-        latencies of the requests that got their first token since the previous scrape, and
-        the KV cache its engine says is in use (vLLM), which the autoscaler reads as the
-        replica's pressure ahead of its cards' memory. None when it served none (an idle
-        replica is silent, as one publishing its samples is)."""
+        latencies of the requests that got their first token since the previous scrape, the
+        requests waiting for admission now (its backlog), and the KV cache its engine says is
+        in use (vLLM), which the autoscaler reads as the replica's pressure ahead of its
+        cards' memory. None when it served none (an idle replica is silent, as one publishing
+        its samples is)."""
         if found is None or not found.latencies_ms:
             return None
         return LatencySamplesReported(
@@ -242,6 +244,7 @@ class ReplicaScraper:
             task_id=replica.task_id,
             latencies_ms=found.latencies_ms,
             queue_ms=found.queue_ms or None,
+            requests_waiting=_count(found.waiting),
             kv_cache_usage=found.kv_cache,
         )
 
@@ -307,3 +310,11 @@ class Failure(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+def _count(gauge: float | None) -> int | None:
+    """A gauge of requests as the whole number the contract takes (None when not exported);
+    one out of bounds (a counter gone wrong) is not sent rather than failing the sample."""
+    if gauge is None or not 0 <= gauge <= MAX_REQUESTS_WAITING:
+        return None
+    return round(gauge)

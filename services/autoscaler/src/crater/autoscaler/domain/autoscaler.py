@@ -190,6 +190,7 @@ class Autoscaler:
                 del state.seen[replica]
                 state.pressures.pop(replica, None)
                 state.kv_cache.pop(replica, None)
+                state.waiting.pop(replica, None)
                 state.draining.pop(replica, None)
 
     def node_metrics(self, node: str, at: float, gpu_pressure: dict[int, float]) -> None:
@@ -376,6 +377,21 @@ class Autoscaler:
             previous = latest.get(replica)
             if previous is None or at >= previous[0]:
                 latest[replica] = (at, reported)
+        if sample.requests_waiting is not None:
+            previous_count = state.waiting.get(replica)
+            if previous_count is None or at >= previous_count[0]:
+                state.waiting[replica] = (at, sample.requests_waiting)
+            self._record_backlog(state, at, cutoff)
+
+    def _record_backlog(self, state: ServiceState, now: float, cutoff: float) -> None:
+        """The fleet's backlog as of this sample, kept over the demand's horizon."""
+        backlog = state.backlog(cutoff)
+        if backlog is None:
+            return
+        state.backlogs.append((max(now, state.backlogs[-1][0]) if state.backlogs else now, backlog))
+        horizon = max(self.policy.demand_window_seconds, self.policy.panic_window_seconds)
+        while state.backlogs and state.backlogs[0][0] <= now - horizon:
+            state.backlogs.popleft()
 
     def _pressure(
         self, state: ServiceState, cutoff: float

@@ -12,6 +12,10 @@ requests waiting are the throughput times their mean wait, and serving them with
 capacity. Both are averaged over an interval (the stable window, or the short panic window),
 so one noisy report does not move the count.
 
+The arrival rate is what the load measures (the admissions) times arrivals/admissions: from
+the replicas' admission backlog when they report it (arrivals = admissions + the backlog's
+growth), else inferred from how fast the queue wait grows.
+
 Scale-out sizes for both; scale-in for the arrivals alone (`arrival_replicas`): the replicas
 added to serve a burst's backlog are not needed once it is served, so the stabilisation
 window keeps the count the arrivals asked for, not the backlog's.
@@ -84,6 +88,11 @@ class TimeSeries:
             value, weight = self._values[first - 1], self._weights[first - 1]
         return self._values[-1] - value, self._weights[-1] - weight
 
+    def first_after(self, since: float) -> float | None:
+        """The time of the first point after `since` (and in the horizon); None if none."""
+        first = max(self._head, bisect_right(self._times, since, lo=self._head))
+        return self._times[first] if first < len(self._times) else None
+
     def mean(self, since: float) -> float | None:
         """The weighted mean of the values after `since` (value sum / weight sum)."""
         total, weights = self.sums(since)
@@ -125,9 +134,17 @@ class Demand:
     # How fast that wait grows (s/s). In a FIFO queue the wait grows at 1 - admitted/arrived,
     # so arrivals are the admissions (which the load measures) / (1 - growth).
     wait_growth: float = 0.0
+    # When the replicas report their admission backlog (vLLM's num_requests_waiting): how
+    # fast it grows (requests/s) and the admissions per second. Arrivals are then counted,
+    # not inferred: the admissions plus the backlog's growth.
+    backlog_growth: float | None = None
+    admissions_per_s: float | None = None
 
     @property
     def arrival_factor(self) -> float:
+        if self.backlog_growth is not None and self.admissions_per_s:
+            ratio = 1 + self.backlog_growth / self.admissions_per_s
+            return min(1 / (1 - MAX_WAIT_GROWTH), max(1 / (1 + MAX_WAIT_GROWTH), ratio))
         growth = min(MAX_WAIT_GROWTH, max(-MAX_WAIT_GROWTH, self.wait_growth))
         return 1 / (1 - growth)
 
@@ -162,10 +179,13 @@ class Demand:
             f"{self.target_pressure:g}"
         )
         if self.arrival_factor != 1:
-            text += (
-                f" x arrivals/admissions {self.arrival_factor:.2f} "
-                f"(wait growing {self.wait_growth:+.2f} s/s)"
+            growing = (
+                f"backlog growing {self.backlog_growth:+.2f}/s at "
+                f"{self.admissions_per_s:.1f} admitted/s"
+                if self.backlog_growth is not None and self.admissions_per_s
+                else f"wait growing {self.wait_growth:+.2f} s/s"
             )
+            text += f" x arrivals/admissions {self.arrival_factor:.2f} ({growing})"
         if self.queue_wait_s > 0:
             text += (
                 f" x (1 + queue wait {self.queue_wait_s:.2f} s / drain {self.drain_seconds:g} s)"

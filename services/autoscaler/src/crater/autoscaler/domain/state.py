@@ -40,6 +40,10 @@ class ServiceState:
     pressures: dict[str, tuple[float, float]] = field(default_factory=dict)
     # replica id -> (when, KV cache in use): the latest its engine reported (a scraped vLLM).
     kv_cache: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # replica id -> (when, requests waiting): the latest admission backlog each reported.
+    waiting: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # (when, the fleet's backlog) at each sample that reported one, for how fast it grows.
+    backlogs: deque[tuple[float, int]] = field(default_factory=deque)
     # replica id -> when it was first and last heard of, and its task.
     seen: dict[str, Replica] = field(default_factory=dict)
     replicas: int | None = None
@@ -96,6 +100,26 @@ class ServiceState:
     def judged_measure(self) -> str:
         """What `judged` holds, as the reasons name it."""
         return "queueing p95" if self.judged() is self.queueing else "p95"
+
+    def backlog(self, since: float) -> int | None:
+        """The requests waiting for admission across the fleet: the latest count of each
+        replica that reported one after `since`; None when none did (replicas that do not
+        export it)."""
+        counts = [n for at, n in self.waiting.values() if at > since]
+        return sum(counts) if counts else None
+
+    def backlog_growth(self, since: float, now: float, least_span: float) -> float | None:
+        """How fast the fleet's backlog grew over (since, now], requests per second: its
+        latest value against the first one recorded after `since`, over at least
+        `least_span` seconds; None without two such points."""
+        first = next(((at, n) for at, n in self.backlogs if at > since), None)
+        if first is None or not self.backlogs:
+            return None
+        last_at, last = self.backlogs[-1]
+        span = last_at - first[0]
+        if span < least_span:
+            return None
+        return (last - first[1]) / span
 
     def members(self) -> list[tuple[float, str, str | None]]:
         """The fleet as known by name, (since, replica id, task id) each: the replicas heard

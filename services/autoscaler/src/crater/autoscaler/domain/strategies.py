@@ -249,6 +249,8 @@ class DemandStrategy:
             policy.target_pressure,
             policy.drain_seconds,
             wait_growth=_wait_growth(state.waits, since, now),
+            backlog_growth=state.backlog_growth(since, now, policy.panic_window_seconds / 2),
+            admissions_per_s=_rate(started, state.waits.first_after(since), now),
         )
         wanted = demand.desired(policy.min_replicas, policy.max_replicas)
         if state.recommending_since is None:
@@ -333,6 +335,14 @@ STRATEGY_CLASSES: dict[str, type[RuleStrategy] | type[DemandStrategy]] = {
 def strategy_for(policy: ScalingPolicy) -> ScalingStrategy:
     """The strategy the policy names."""
     return STRATEGY_CLASSES[policy.strategy](policy)
+
+
+def _rate(count: float, first: float | None, now: float) -> float | None:
+    """`count` events per second since `first` (the first report in the window; a window
+    not yet full is not diluted); None without a report or a span."""
+    if first is None or now <= first:
+        return None
+    return count / (now - first)
 
 
 def _wait_growth(waits: TimeSeries, since: float, now: float) -> float:

@@ -308,6 +308,10 @@ class SimulationConfig:
     # Replicas report each request's queueing delay beside its TTFT, as vLLM and TGI export
     # it (`LatencySamplesReported.queue_ms`); False: TTFT alone, as a server that does not.
     report_queueing: bool = True
+    # Replicas report the requests waiting for them (`requests_waiting`, vLLM's
+    # num_requests_waiting): the router's queue, shared out among the replicas serving as if
+    # each held its part; False: no backlog, as a server that does not export it.
+    report_backlog: bool = True
     slo_ms: float = 200.0
     bucket_s: float = 60.0
     seed: int = 0
@@ -692,7 +696,11 @@ class _Simulation:
     def report(self, now: float) -> None:
         autoscaler = self.autoscaler
         assert autoscaler is not None
-        for replica in sorted(self.replicas.values(), key=lambda r: r.id):
+        ordered = sorted(self.replicas.values(), key=lambda r: r.id)
+        serving = [r.id for r in ordered if r.state == "serving"]
+        share, extra = divmod(len(self.backlog), len(serving)) if serving else (0, 0)
+        waiting = {name: share + (i < extra) for i, name in enumerate(serving)}
+        for replica in ordered:
             if replica.state not in ("serving", "draining") or not replica.reported:
                 continue
             sample = LatencySamplesReported(
@@ -703,6 +711,7 @@ class _Simulation:
                 task_id=replica.id,
                 latencies_ms=replica.reported[-10_000:],
                 queue_ms=replica.queued[-10_000:] if self.config.report_queueing else None,
+                requests_waiting=waiting.get(replica.id, 0) if self.config.report_backlog else None,
                 gpu_memory_pressure=round(self.pressure(replica), 4),
             )
             replica.reported, replica.queued = [], []
