@@ -174,3 +174,36 @@ async def test_queueing_not_prefill_decides_over_nats(
         assert "queueing p95 700.0 ms > 200 ms" in decision.reason
         await asyncio.sleep(0.5)
         assert [d.service for d in tap.of(ScaleDecided)] == ["chat"]
+
+
+async def test_a_backlog_forming_scales_out_over_nats(
+    fresh_nats: NatsServer, tap: EventTap
+) -> None:
+    """Four replicas admitting 40 requests/s, none of them queued yet: the fleet whose
+    backlog grows by 20/s (requests_waiting, through the bus) is scaled out, its reason naming
+    the backlog; the one that does not report it gets no decision."""
+    service, app = build(AutoscalerSettings(nats_url=fresh_nats.url))  # demand, as shipped
+    async with TestApp(app):
+        now = datetime.now(UTC)
+        for t in range(0, 20, 2):
+            for name in ("code", "chat"):
+                for i in range(4):
+                    await publish(
+                        service.broker,
+                        LatencySamplesReported(
+                            occurred_at=now + timedelta(seconds=t),
+                            service=name,
+                            replica_id=f"{name}-{i}",
+                            latencies_ms=[90.0] * 20,
+                            queue_ms=[0.0] * 20,
+                            requests_waiting=5 * t if name == "code" else None,
+                            gpu_memory_pressure=0.6,
+                            replicas=4,
+                        ),
+                    )
+        [decision] = await tap.wait_for(ScaleDecided)
+        assert (decision.service, decision.direction) == ("code", ScaleDirection.OUT)
+        assert "backlog growing" in decision.reason
+        assert decision.desired_replicas > 4
+        await asyncio.sleep(0.5)
+        assert {d.service for d in tap.of(ScaleDecided)} == {"code"}
