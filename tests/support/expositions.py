@@ -25,6 +25,11 @@ VLLM_TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
     10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
+# vLLM's buckets for time per output token (vllm/v1/metrics/loggers.py).
+VLLM_TPOT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
 VLLM_REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
@@ -88,16 +93,35 @@ class VllmReplica:
             buckets=VLLM_REQUEST_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.tpot = Histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            labels,
+            buckets=VLLM_TPOT_BUCKETS,
+            registry=self.registry,
+        )
         for engine in self.engines:
-            for metric in (self.running, self.waiting, self.kv_cache, self.ttft, self.queue):
+            for metric in (
+                self.running,
+                self.waiting,
+                self.kv_cache,
+                self.ttft,
+                self.queue,
+                self.tpot,
+            ):
                 metric.labels(model, engine)
         self.set_load(waiting=0, running=0, kv_cache=0.0)
 
-    def request(self, ttft_s: float, queue_s: float = 0.0, engine: int = 0) -> None:
-        """One request got its first token `ttft_s` after arriving, having waited `queue_s`."""
+    def request(
+        self, ttft_s: float, queue_s: float = 0.0, engine: int = 0, tpot_s: float | None = None
+    ) -> None:
+        """One request got its first token `ttft_s` after arriving, having waited `queue_s`;
+        with `tpot_s`, it finished, its output tokens after the first `tpot_s` apart."""
         labels = (self.model, self.engines[engine])
         self.ttft.labels(*labels).observe(ttft_s)
         self.queue.labels(*labels).observe(queue_s)
+        if tpot_s is not None:
+            self.tpot.labels(*labels).observe(tpot_s)
         self.success.labels(*labels, "stop").inc()
 
     def set_load(self, waiting: int, running: int, kv_cache: float, engine: int = 0) -> None:

@@ -207,3 +207,31 @@ async def test_a_backlog_forming_scales_out_over_nats(
         assert decision.desired_replicas > 4
         await asyncio.sleep(0.5)
         assert {d.service for d in tap.of(ScaleDecided)} == {"code"}
+
+
+async def test_a_tpot_slo_set_in_the_settings_scales_out_over_nats(
+    fresh_nats: NatsServer, tap: EventTap
+) -> None:
+    """CRATER_AUTOSCALER_SCALE_OUT_TPOT_MS set: replicas whose decoding slows (tpot_ms through
+    the bus) are scaled out in proportion; nothing waits and the load alone asks for none."""
+    settings = AutoscalerSettings(nats_url=fresh_nats.url, scale_out_tpot_ms=50.0)
+    service, app = build(settings)
+    async with TestApp(app):
+        now = datetime.now(UTC)
+        for i in range(4):
+            await publish(
+                service.broker,
+                LatencySamplesReported(
+                    occurred_at=now,
+                    service="chat",
+                    replica_id=f"chat-{i}",
+                    latencies_ms=[60.0] * 20,
+                    queue_ms=[0.0] * 20,
+                    tpot_ms=[80.0] * 20,
+                    gpu_memory_pressure=0.6,
+                    replicas=4,
+                ),
+            )
+        [decision] = await tap.wait_for(ScaleDecided)
+        assert (decision.direction, decision.desired_replicas) == (ScaleDirection.OUT, 7)
+        assert "TPOT p95 80.0 ms > 50 ms" in decision.reason

@@ -145,8 +145,8 @@ async def test_replicas_of_each_server_read_over_http_as_their_load_changes(
 
         # Then the servers serve requests: each one's sample is what it served since.
         for _ in range(19):
-            vllm.request(ttft_s=0.03, queue_s=0.0)
-        vllm.request(ttft_s=0.9, queue_s=0.6)
+            vllm.request(ttft_s=0.03, queue_s=0.0, tpot_s=0.02)
+        vllm.request(ttft_s=0.9, queue_s=0.6, tpot_s=0.12)
         vllm.set_load(waiting=5, running=14, kv_cache=0.9)
         for _ in range(9):
             tgi.request(0.004)
@@ -161,6 +161,11 @@ async def test_replicas_of_each_server_read_over_http_as_their_load_changes(
         assert 750 < max(llama.latencies_ms) <= 1000
         assert (llama.kv_cache_usage, llama.gpu_memory_pressure) == (0.9, None)
         assert llama.requests_waiting == 5  # vllm:num_requests_waiting, the backlog
+        # Time per output token (vllm:request_time_per_output_token_seconds), one per request.
+        assert llama.tpot_ms is not None
+        assert len(llama.tpot_ms) == 20
+        assert all(10 < v <= 25 for v in sorted(llama.tpot_ms)[:19])
+        assert 100 < max(llama.tpot_ms) <= 150
         assert (llama.service, llama.task_id) == ("chat", "llama-0")
         assert len(samples["tgi-0"].latencies_ms) == 10
         assert max(samples["tgi-0"].latencies_ms) > 1000

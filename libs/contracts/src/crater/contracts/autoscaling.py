@@ -35,6 +35,15 @@ class LatencySamplesReported(Event):
         "time to first token that more replicas shorten; its prefill is not. When given, "
         "the autoscaler judges queueing on these rather than on latencies_ms.",
     )
+    tpot_ms: list[LatencyMs] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=10_000,
+        description="Time per output token after the first, one value per request finished (or "
+        "per token, as vLLM's vllm:time_per_output_token_seconds observes it; TGI's "
+        "tgi_request_mean_time_per_token_duration): decode slowed by full batches, which more "
+        "replicas shorten. Judged against scale_out_tpot_ms when that is set.",
+    )
     requests_waiting: int | None = Field(
         default=None,
         ge=0,

@@ -5,11 +5,15 @@ docs/autoscaling.md, Reading real replicas):
 
 - vLLM (`/metrics` on its API port): `vllm:time_to_first_token_seconds` (histogram),
   `vllm:request_queue_time_seconds` (histogram, time in WAITING), `vllm:num_requests_waiting`,
-  `vllm:num_requests_running`, and the KV cache in use as `vllm:kv_cache_usage_perc` (V1
+  `vllm:num_requests_running`, the time per output token as
+  `vllm:request_time_per_output_token_seconds` (per request), else
+  `vllm:time_per_output_token_seconds` or `vllm:inter_token_latency_seconds` (per token), and
+  the KV cache in use as `vllm:kv_cache_usage_perc` (V1
   engine) or `vllm:gpu_cache_usage_perc` (V0, deprecated in V1); labels `model_name` and, in
   V1, `engine` (one series per engine: summed).
 - TGI (`/metrics`): `tgi_request_queue_duration` (histogram, seconds in the queue; TGI
-  exports no time-to-first-token histogram), `tgi_queue_size`, `tgi_batch_current_size`.
+  exports no time-to-first-token histogram), `tgi_request_mean_time_per_token_duration`
+  (histogram, each request's mean time per token), `tgi_queue_size`, `tgi_batch_current_size`.
 - Triton (`/metrics` on port 8002): `nv_inference_first_response_histogram_ms` (histogram in
   milliseconds, only for decoupled models with `--metrics-config histogram_latencies=true`),
   else the cumulative counters `nv_inference_request_duration_us`,
@@ -129,6 +133,7 @@ class Exposition:
 
     latency: Histogram | None = None  # time to first token (vLLM, Triton); TGI: queue time
     queue: Histogram | None = None  # time waiting to be scheduled (vLLM, TGI)
+    tpot: Histogram | None = None  # time per output token after the first (vLLM, TGI)
     waiting: float | None = None  # requests queued now
     running: float | None = None  # requests being served now
     kv_cache: float | None = None  # KV cache in use, 0..1
@@ -152,6 +157,8 @@ class Interval:
     running: float | None
     kv_cache: float | None
     estimated: bool = False  # latencies are a mean per request (Triton counters), not buckets
+    # Time per output token after the first (vLLM, TGI), one value per observation.
+    tpot_ms: list[float] | None = None
 
 
 def parse(server: MetricsFormat, text: str) -> Exposition:
@@ -173,6 +180,7 @@ def interval(now: Exposition, before: Exposition | None) -> Interval | None:
         return None
     latency = now.latency.since(before.latency) if now.latency else None
     queue = now.queue.since(before.queue) if now.queue else None
+    tpot = now.tpot.since(before.tpot) if now.tpot else None
     queue_mean: float | None = None
     queued: list[float] | None = None
     if latency is not None:
@@ -197,6 +205,7 @@ def interval(now: Exposition, before: Exposition | None) -> Interval | None:
         running=now.running,
         kv_cache=now.kv_cache,
         estimated=latency is None and bool(latencies),
+        tpot_ms=(tpot.spread() or None) if tpot is not None else None,
     )
 
 
@@ -282,6 +291,24 @@ def _require(families: _Families, server: str, names: Iterable[str]) -> None:
         raise MissingMetrics(f"no {server} metrics: none of {', '.join(wanted)}")
 
 
+# vLLM's time per output token, newest name first: one value per request (its mean), else
+# one per token (the inter-token latency, as V0 and V1 before 0.11 observe it).
+_VLLM_TPOT = (
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:time_per_output_token_seconds",
+    "vllm:inter_token_latency_seconds",
+)
+
+
+def _first_histogram(f: _Families, names: tuple[str, ...]) -> Histogram | None:
+    """The first of `names` the page exports, in milliseconds."""
+    for name in names:
+        found = f.histogram(name, 1000.0)
+        if found is not None:
+            return found
+    return None
+
+
 def _vllm(f: _Families) -> Exposition:
     _require(
         f,
@@ -299,6 +326,7 @@ def _vllm(f: _Families) -> Exposition:
     return Exposition(
         latency=f.histogram("vllm:time_to_first_token_seconds", 1000.0),
         queue=f.histogram("vllm:request_queue_time_seconds", 1000.0),
+        tpot=_first_histogram(f, _VLLM_TPOT),
         waiting=f.gauge("vllm:num_requests_waiting"),
         running=f.gauge("vllm:num_requests_running"),
         kv_cache=None if kv is None else min(max(kv, 0.0), 1.0),
@@ -311,6 +339,7 @@ def _tgi(f: _Families) -> Exposition:
     return Exposition(
         latency=queue,
         queue=queue,
+        tpot=f.histogram("tgi_request_mean_time_per_token_duration", 1000.0),
         waiting=f.gauge("tgi_queue_size"),
         running=f.gauge("tgi_batch_current_size"),
     )

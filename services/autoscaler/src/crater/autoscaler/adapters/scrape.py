@@ -244,6 +244,7 @@ class ReplicaScraper:
             task_id=replica.task_id,
             latencies_ms=found.latencies_ms,
             queue_ms=found.queue_ms or None,
+            tpot_ms=found.tpot_ms[:10_000] if found.tpot_ms else None,
             requests_waiting=_count(found.waiting),
             kv_cache_usage=found.kv_cache,
         )

@@ -241,6 +241,12 @@ class Autoscaler:
             state.queueing.add(at, sample.queue_ms)
         elif state.queueing is not None:
             state.queueing.advance(at)
+        if sample.tpot_ms is not None and policy.scale_out_tpot_ms is not None:
+            if state.tpot is None:
+                state.tpot = LatencyWindow(policy.window_seconds, policy.max_window_samples)
+            state.tpot.add(at, sample.tpot_ms)
+        elif state.tpot is not None:
+            state.tpot.advance(at)
         # The newest time seen is 'now': a late sample must not move time backwards.
         now = state.window.latest
         cutoff = now - policy.window_seconds
@@ -281,9 +287,23 @@ class Autoscaler:
             state.panic_peak = 0
         held = now < state.panic_until  # no scale-in while panicking or just after
 
+        tpot = None
+        if state.tpot is not None:
+            tpot = state.tpot.percentile(
+                QUANTILE, since=None if since is None or since <= cutoff else since
+            )
         decision = self.strategy.decide(
             Evaluation(
-                state, sample, now, current, evidence, panic_p95, held, pressure, mean_pressure
+                state,
+                sample,
+                now,
+                current,
+                evidence,
+                panic_p95,
+                held,
+                pressure,
+                mean_pressure,
+                tpot,
             )
         )
         load = self._load(state, now, current, mean_pressure)

@@ -57,6 +57,9 @@ class Evaluation:
     # The highest and the mean pressure of the replicas heard of (None: none known).
     pressure: float | None
     mean_pressure: float | None
+    # Time per output token (p95, samples) since the last decision within the window; None:
+    # no samples, or no TPOT SLO set.
+    tpot: tuple[float, int] | None = None
 
 
 def decision(

@@ -115,3 +115,13 @@ def reversal_held(
         f"{since:.0f} s after a scale-{last.value} (window {policy.reversal_window_seconds:g} s), "
         f"the load has not {margin} from {shown}"
     )
+
+
+def tpot_over(policy: ScalingPolicy, tpot: tuple[float, int] | None) -> float | None:
+    """The p95 time per output token since the last decision when a TPOT SLO is set and it
+    is over it on at least `min_samples`; else None."""
+    line = policy.scale_out_tpot_ms
+    if line is None or tpot is None:
+        return None
+    p95, count = tpot
+    return p95 if p95 > line and count >= policy.min_samples else None

@@ -92,6 +92,16 @@ class ScalingPolicy:
     scale_out_pressure: Annotated[
         float, Bounds(ge=0, le=1), Field(description="...and above this GPU memory pressure.")
     ] = 0.8
+    scale_out_tpot_ms: Annotated[
+        float | None,
+        Off,
+        Bounds(gt=0),
+        Field(
+            description="A second SLO, on time per output token: its p95 over this (batches so "
+            "full that decoding slows) scales out, in proportion, and holds scale-in; unset "
+            "(0 in the environment): not judged."
+        ),
+    ] = None
     scale_in_p95_ms: Annotated[
         float, Bounds(gt=0), Field(description="Scale in below this p95.")
     ] = 100.0

@@ -36,6 +36,8 @@ class ServiceState:
     # Queueing delay (arrival to first scheduled), from replicas that report it: what more
     # replicas shorten. None until one does.
     queueing: LatencyWindow | None = None
+    # Time per output token, from replicas that report it: the second SLO when one is set.
+    tpot: LatencyWindow | None = None
     # replica id -> (when, pressure): the latest self-reported pressure of each replica.
     pressures: dict[str, tuple[float, float]] = field(default_factory=dict)
     # replica id -> (when, KV cache in use): the latest its engine reported (a scraped vLLM).

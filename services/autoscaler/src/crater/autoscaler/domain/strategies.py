@@ -71,6 +71,7 @@ class RuleStrategy:
                 pressure is not None
                 and not evaluation.held
                 and mean_pressure is not None
+                and guards.tpot_over(policy, evaluation.tpot) is None  # a TPOT SLO holds it
                 and (
                     (p95 < policy.scale_in_p95_ms and mean_pressure < policy.scale_in_pressure)
                     or self._oversized(current, p95, mean_pressure)
@@ -263,6 +264,16 @@ class DemandStrategy:
         )
         p95, count = evidence
         counts = f"{provisioned - starting} serving + {starting} starting"
+        # The TPOT SLO: decode slows as batches fill, so the replicas serving times how far
+        # over the line its p95 is carry it (the HPA's proportional count).
+        tpot_p95 = guards.tpot_over(policy, evaluation.tpot)
+        by_tpot = None
+        if tpot_p95 is not None and serving > 0:
+            assert policy.scale_out_tpot_ms is not None
+            by_tpot = min(
+                policy.max_replicas, math.ceil(serving * tpot_p95 / policy.scale_out_tpot_ms)
+            )
+            wanted = max(wanted, by_tpot)
         if wanted > provisioned:
             if not panic and guards.cooling_down(policy, state.last_scale_out_at, now):
                 return None
@@ -275,6 +286,11 @@ class DemandStrategy:
                 if panic_p95 is not None
                 else ""
             )
+            if by_tpot is not None:
+                head += (
+                    f"TPOT p95 {tpot_p95:.1f} ms > {policy.scale_out_tpot_ms:g} ms: {serving} "
+                    f"serving x {tpot_p95:.1f} / {policy.scale_out_tpot_ms:g} = {by_tpot}; "
+                )
             reason = (
                 f"{head}{demand.explain()} over the last "
                 f"{now - since:g} s: {provisioned} ({counts}) -> {desired} replicas"
@@ -283,6 +299,8 @@ class DemandStrategy:
         else:
             if held or p95 >= policy.scale_out_p95_ms:
                 return None  # no scale-in in or just after a panic, nor while slow
+            if tpot_p95 is not None:
+                return None  # nor while decoding is over its SLO
             calm_for = now - state.recommending_since
             if calm_for < policy.stabilisation_seconds:
                 return None  # not yet a whole window of recommendations
@@ -295,6 +313,8 @@ class DemandStrategy:
                 return None
             desired = max(highest, provisioned - policy.max_scale_in_step, policy.min_replicas)
             limited_by = None if desired == highest else f"-{policy.max_scale_in_step} per scale-in"
+            if _tpot_after(policy, evaluation.tpot, serving, serving - (provisioned - desired)):
+                return None  # the batches of the replicas left would decode over the SLO
             reason = (
                 f"{demand.explain()}; the most the arrivals asked for over the stabilisation "
                 f"window ({policy.stabilisation_seconds:g} s), with "
@@ -335,6 +355,17 @@ STRATEGY_CLASSES: dict[str, type[RuleStrategy] | type[DemandStrategy]] = {
 def strategy_for(policy: ScalingPolicy) -> ScalingStrategy:
     """The strategy the policy names."""
     return STRATEGY_CLASSES[policy.strategy](policy)
+
+
+def _tpot_after(
+    policy: ScalingPolicy, tpot: tuple[float, int] | None, serving: int, left: int
+) -> bool:
+    """Whether, with a TPOT SLO set, `left` of the `serving` replicas would carry their load
+    with its p95 over the line (it grows with the batch: in proportion)."""
+    line = policy.scale_out_tpot_ms
+    if line is None or tpot is None or left >= serving:
+        return False
+    return left <= 0 or tpot[0] * serving / left > line
 
 
 def _rate(count: float, first: float | None, now: float) -> float | None:
