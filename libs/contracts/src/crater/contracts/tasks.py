@@ -840,6 +840,7 @@ class MetricsFormat(StrEnum):
     VLLM = "vllm"  # scraped: vLLM's /metrics
     TGI = "tgi"  # scraped: text-generation-inference's /metrics
     TRITON = "triton"  # scraped: Triton Inference Server's metrics port
+    ASGI = "asgi"  # scraped: a home-grown server's page from crater_client.serving
 
 
 class InferenceMetrics(Contract):
@@ -849,7 +850,8 @@ class InferenceMetrics(Contract):
         default=MetricsFormat.CRATER,
         description="crater: the replica publishes its samples on NATS (inference.latency), "
         "nothing is scraped; vllm, tgi, triton: the autoscaler scrapes the server's "
-        "Prometheus endpoint every CRATER_AUTOSCALER_SCRAPE_INTERVAL_SECONDS.",
+        "Prometheus endpoint every CRATER_AUTOSCALER_SCRAPE_INTERVAL_SECONDS; asgi: the same "
+        "for a home-grown server wrapped in crater_client.serving.ServingMetrics.",
     )
     port: int | None = Field(
         default=None,

@@ -14,6 +14,10 @@ docs/autoscaling.md, Reading real replicas):
 - TGI (`/metrics`): `tgi_request_queue_duration` (histogram, seconds in the queue; TGI
   exports no time-to-first-token histogram), `tgi_request_mean_time_per_token_duration`
   (histogram, each request's mean time per token), `tgi_queue_size`, `tgi_batch_current_size`.
+- crater_client.serving (a home-grown server's `/metrics`, format `asgi`):
+  `crater_serving_time_to_first_byte_seconds`, `crater_serving_queue_time_seconds` (with
+  `max_concurrent`), `crater_serving_time_per_chunk_seconds` (histograms),
+  `crater_serving_requests_waiting` and `crater_serving_requests_running` (gauges).
 - Triton (`/metrics` on port 8002): `nv_inference_first_response_histogram_ms` (histogram in
   milliseconds, only for decoupled models with `--metrics-config histogram_latencies=true`),
   else the cumulative counters `nv_inference_request_duration_us`,
@@ -170,6 +174,8 @@ def parse(server: MetricsFormat, text: str) -> Exposition:
         return _tgi(families)
     if server is MetricsFormat.TRITON:
         return _triton(families)
+    if server is MetricsFormat.ASGI:
+        return _asgi(families)
     raise ValueError(f"format {server.value} is not scraped")
 
 
@@ -330,6 +336,19 @@ def _vllm(f: _Families) -> Exposition:
         waiting=f.gauge("vllm:num_requests_waiting"),
         running=f.gauge("vllm:num_requests_running"),
         kv_cache=None if kv is None else min(max(kv, 0.0), 1.0),
+    )
+
+
+def _asgi(f: _Families) -> Exposition:
+    """crater_client.serving's page: time to first byte as the latency; its queue (only with
+    max_concurrent: else nothing queues in the middleware) and time per chunk when there."""
+    _require(f, "crater_client.serving", ("crater_serving_time_to_first_byte_seconds",))
+    return Exposition(
+        latency=f.histogram("crater_serving_time_to_first_byte_seconds", 1000.0),
+        queue=f.histogram("crater_serving_queue_time_seconds", 1000.0),
+        tpot=f.histogram("crater_serving_time_per_chunk_seconds", 1000.0),
+        waiting=f.gauge("crater_serving_requests_waiting"),
+        running=f.gauge("crater_serving_requests_running"),
     )
 
 
