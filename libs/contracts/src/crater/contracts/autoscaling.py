@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Annotated
 from uuid import UUID
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from crater.contracts.base import Event
 from crater.contracts.tasks import TaskId
@@ -16,6 +16,8 @@ from crater.contracts.tasks import TaskId
 # full batch finite (10,000 values near the double's maximum overflow to inf, then NaN).
 MAX_LATENCY_MS = 86_400_000.0
 LatencyMs = Annotated[float, Field(ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)]
+# A prompt longer than this is a counter gone wrong (the longest context windows are ~10M).
+MAX_PROMPT_TOKENS = 100_000_000
 # More requests than this waiting at one replica is a counter gone wrong, not a queue.
 MAX_REQUESTS_WAITING = 1_000_000
 
@@ -34,6 +36,14 @@ class LatencySamplesReported(Event):
         "vllm:request_queue_time_seconds, TGI's tgi_request_queue_duration): the part of its "
         "time to first token that more replicas shorten; its prefill is not. When given, "
         "the autoscaler judges queueing on these rather than on latencies_ms.",
+    )
+    prompt_tokens: list[Annotated[int, Field(ge=0, le=MAX_PROMPT_TOKENS)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=10_000,
+        description="Each request's prompt length in tokens, in the order of latencies_ms (as "
+        "many): with CRATER_AUTOSCALER_TTFT_MS_PER_1K_PROMPT_TOKENS set, a request's time to "
+        "first token is judged against an SLO that grows with its prompt.",
     )
     tpot_ms: list[LatencyMs] | None = Field(
         default=None,
@@ -75,6 +85,15 @@ class LatencySamplesReported(Event):
         "GPUs the replica holds from allocation.granted and reads their memory pressure from "
         "node.metrics. When absent, replica_id is tried as the task id.",
     )
+
+    @model_validator(mode="after")
+    def _one_prompt_per_request(self) -> LatencySamplesReported:
+        if self.prompt_tokens is not None and len(self.prompt_tokens) != len(self.latencies_ms):
+            raise ValueError(
+                f"prompt_tokens: {len(self.prompt_tokens)} values for "
+                f"{len(self.latencies_ms)} latencies_ms: one per request, in the same order"
+            )
+        return self
 
 
 class ScaleDirection(StrEnum):

@@ -241,6 +241,21 @@ class Autoscaler:
             state.queueing.add(at, sample.queue_ms)
         elif state.queueing is not None:
             state.queueing.advance(at)
+        # A TTFT SLO relative to prompt length: each request judged less its allowance.
+        ttft = sample.latencies_ms
+        per_1k = policy.ttft_ms_per_1k_prompt_tokens
+        if per_1k is not None and sample.prompt_tokens is not None and sample.queue_ms is None:
+            ttft = [
+                max(0.0, v - per_1k * n / 1000)
+                for v, n in zip(sample.latencies_ms, sample.prompt_tokens, strict=True)
+            ]
+            if state.beyond_prompt is None:
+                state.beyond_prompt = LatencyWindow(
+                    policy.window_seconds, policy.max_window_samples
+                )
+            state.beyond_prompt.add(at, ttft)
+        elif state.beyond_prompt is not None:
+            state.beyond_prompt.advance(at)
         if sample.tpot_ms is not None and policy.scale_out_tpot_ms is not None:
             if state.tpot is None:
                 state.tpot = LatencyWindow(policy.window_seconds, policy.max_window_samples)
@@ -260,8 +275,8 @@ class Autoscaler:
         else:
             # Queueing shows as time to first token beyond the fast (scale-in) line.
             fast = policy.scale_in_p95_ms
-            waited = sum(v - fast for v in sample.latencies_ms if v > fast) / 1000
-            state.waits.add(now, waited, len(sample.latencies_ms))
+            waited = sum(v - fast for v in ttft if v > fast) / 1000
+            state.waits.add(now, waited, len(ttft))
         requests: list[Event] = self._expire_drains(sample.service, state, now)
         self._forget_slow_starters(state, now)
 

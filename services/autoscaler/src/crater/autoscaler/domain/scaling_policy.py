@@ -102,6 +102,17 @@ class ScalingPolicy:
             "(0 in the environment): not judged."
         ),
     ] = None
+    ttft_ms_per_1k_prompt_tokens: Annotated[
+        float | None,
+        Off,
+        Bounds(gt=0),
+        Field(
+            description="A TTFT SLO relative to prompt length: a request's time to first token "
+            "is judged less this many ms per 1,000 prompt tokens (its prefill's allowance), "
+            "for replicas that report prompt_tokens and not their queueing; unset (0 in the "
+            "environment): TTFT as it is."
+        ),
+    ] = None
     scale_in_p95_ms: Annotated[
         float, Bounds(gt=0), Field(description="Scale in below this p95.")
     ] = 100.0

@@ -36,6 +36,9 @@ class ServiceState:
     # Queueing delay (arrival to first scheduled), from replicas that report it: what more
     # replicas shorten. None until one does.
     queueing: LatencyWindow | None = None
+    # Time to first token less each prompt's allowance (ttft_ms_per_1k_prompt_tokens), from
+    # replicas that report prompt lengths and not their queueing. None until one does.
+    beyond_prompt: LatencyWindow | None = None
     # Time per output token, from replicas that report it: the second SLO when one is set.
     tpot: LatencyWindow | None = None
     # replica id -> (when, pressure): the latest self-reported pressure of each replica.
@@ -93,15 +96,23 @@ class ServiceState:
 
     def judged(self) -> LatencyWindow:
         """The latencies the decisions judge: the queueing delays while the window holds
-        some (prefill is no reason to scale), else time to first token."""
+        some (prefill is no reason to scale), else time to first token less each prompt's
+        allowance when that SLO is set and prompts reported, else time to first token."""
         if self.queueing is not None and len(self.queueing):
             return self.queueing
+        if self.beyond_prompt is not None and len(self.beyond_prompt):
+            return self.beyond_prompt
         return self.window
 
     @property
     def judged_measure(self) -> str:
         """What `judged` holds, as the reasons name it."""
-        return "queueing p95" if self.judged() is self.queueing else "p95"
+        judged = self.judged()
+        if judged is self.queueing:
+            return "queueing p95"
+        if judged is self.beyond_prompt:
+            return "p95 beyond the prompt's allowance"
+        return "p95"
 
     def backlog(self, since: float) -> int | None:
         """The requests waiting for admission across the fleet: the latest count of each
