@@ -234,3 +234,28 @@ def test_the_replicas_report_the_routers_queue_as_their_backlog(
     assert first.direction == "out"
     assert f"({counted} " in first.reason, first.reason
     assert ("at 2.0 admitted/s" in first.reason) is reported  # 2 slots of 1 s requests
+
+
+def test_the_replicas_report_time_per_output_token_and_a_tpot_slo_acts_on_it() -> None:
+    # Four slots, 50-token outputs, 2 requests/s of 1 s each: two in flight, each token 10 ms
+    # x (1 + 1.0 x 2/4) = 15 ms; nothing waits. A 12 ms TPOT SLO scales out, 20 ms does not.
+    model = FleetModel(
+        slots=4, prefill_base_ms=10.0, prefill_ms_per_token=0.0, tpot_ms=10.0, batch_slowdown=1.0
+    )
+    trace = [Request(i / 2, 10, 50) for i in range(2 * 300)]
+    results = {}
+    for slo in (12.0, 20.0):
+        config = SimulationConfig(
+            fleet=model,
+            policy=ScalingPolicy(min_replicas=1, max_replicas=4, scale_out_tpot_ms=slo),
+            initial_replicas=1,
+        )
+        results[slo] = simulate(trace, config, "crater")
+    tight, loose = results[12.0], results[20.0]
+    assert loose.tpot_p95_ms is not None
+    assert loose.tpot_p95_ms > 12.0
+    assert loose.scale_outs == 0
+    assert loose.tpot_within(20.0) == 1.0
+    assert tight.scale_outs >= 1
+    assert "TPOT p95" in tight.scale_events[0].reason
+    assert tight.tpot_within(12.0) > loose.tpot_within(12.0)

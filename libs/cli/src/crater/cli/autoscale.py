@@ -95,6 +95,13 @@ def autoscale_sim(
         bool, typer.Option("--json", help="Print the results as JSON instead of the table.")
     ] = False,
     slo_ms: Annotated[float, typer.Option(help="SLO: time to first token at most this.")] = 200.0,
+    tpot_slo_ms: Annotated[
+        float,
+        typer.Option(
+            help="Crater: a second SLO on time per output token (scale_out_tpot_ms; 0: not "
+            "judged, as shipped); the report then counts the requests within it."
+        ),
+    ] = 0.0,
     strategy: Annotated[
         str, typer.Option(help="Crater: demand (the default) or rule (the field's rule alone).")
     ] = _POLICY.strategy,
@@ -215,6 +222,7 @@ def autoscale_sim(
                 max_replicas=max_replicas,
                 max_scale_in_step=scale_in_step,
                 scale_in_headroom=headroom or None,
+                scale_out_tpot_ms=tpot_slo_ms or None,
             ),
             hpa=HpaBaseline(target_utilisation=hpa_targets[0]),
             initial_replicas=initial_replicas,
@@ -267,7 +275,7 @@ def autoscale_sim(
             results.append(replace(result, policy=label))
             progress.update(task, completed=1.0)
     if not as_json:
-        show(results, trace)
+        show(results, trace, tpot_slo_ms)
     if output is not None or as_json:
         body = {
             "trace": str(trace),
@@ -282,6 +290,7 @@ def autoscale_sim(
                 "max_replicas": max_replicas,
                 "scale_in_step": scale_in_step,
                 "scale_in_headroom": headroom or None,
+                "tpot_slo_ms": tpot_slo_ms or None,
                 "initial_replicas": initial_replicas,
                 "startup_s": startup_s,
                 "not_the_shipped_defaults": notes,
@@ -303,7 +312,7 @@ def autoscale_sim(
         (console.print if not as_json else _say)(f"wrote {plot}")
 
 
-def show(results: list[RunResult], trace: Path) -> None:
+def show(results: list[RunResult], trace: Path, tpot_slo_ms: float = 0.0) -> None:
     table = Table(title=f"{trace}: {results[0].requests:,} requests")
     table.add_column("")
     for r in results:
@@ -316,6 +325,17 @@ def show(results: list[RunResult], trace: Path) -> None:
         (
             "p50 / p95 / p99 TTFT, ms",
             [f"{r.p50_ms:.0f} / {r.p95_ms:.0f} / {r.p99_ms:.0f}" for r in results],
+        ),
+        ("p95 time per output token, ms", [f"{r.tpot_p95_ms or 0:.1f}" for r in results]),
+        *(
+            [
+                (
+                    f"TPOT <= {tpot_slo_ms:g} ms",
+                    [f"{r.tpot_within(tpot_slo_ms):.2%}" for r in results],
+                )
+            ]
+            if tpot_slo_ms
+            else []
         ),
         ("replica-minutes (holding GPUs)", [f"{r.replica_minutes:,.0f}" for r in results]),
         ("replica-minutes serving", [f"{r.serving_replica_minutes:,.0f}" for r in results]),

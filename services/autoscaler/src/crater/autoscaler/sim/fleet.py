@@ -34,6 +34,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -364,6 +365,8 @@ class RunResult:
     p50_ms: float
     p95_ms: float
     p99_ms: float
+    # p95 time per output token of the requests finished with more than one token.
+    tpot_p95_ms: float | None
     slo_ms: float
     slo_attainment: float
     dropped: int
@@ -375,6 +378,13 @@ class RunResult:
     peak_replicas: int = 0  # the most replicas serving or starting at any time
     max_replicas: int = 0  # the cap they ran under
     initial_replicas: int = 0
+    # Every finished request's time per output token, sorted (for `tpot_within`).
+    tpots: list[float] = field(default_factory=list, repr=False)
+
+    def tpot_within(self, slo_ms: float) -> float:
+        """The share of the requests finished with more than one token whose time per output
+        token is within `slo_ms` (1.0 when there are none)."""
+        return bisect_right(self.tpots, slo_ms) / len(self.tpots) if self.tpots else 1.0
 
     @property
     def scale_outs(self) -> int:
@@ -409,6 +419,7 @@ class RunResult:
             "p50_ms": round(self.p50_ms, 1),
             "p95_ms": round(self.p95_ms, 1),
             "p99_ms": round(self.p99_ms, 1),
+            "tpot_p95_ms": None if self.tpot_p95_ms is None else round(self.tpot_p95_ms, 1),
             "slo": f"TTFT <= {self.slo_ms:g} ms",
             "slo_attainment": round(self.slo_attainment, 5),
             "dropped": self.dropped,
@@ -452,6 +463,7 @@ class _Replica:
         "removed",
         "reported",
         "state",
+        "tpots",
     )
 
     def __init__(self, replica_id: str, state: str, created: float, loaded_at: float) -> None:
@@ -463,6 +475,7 @@ class _Replica:
         self.kv = 0
         self.reported: list[float] = []  # time to first token of each request started
         self.queued: list[float] = []  # and the part of it spent queued
+        self.tpots: list[float] = []  # time per output token of each request finished
         self.busy = 0.0  # slot-seconds
         self.busy_mark = 0.0
         self.last = created
@@ -488,6 +501,7 @@ class _Simulation:
         self.progress = progress
         self.end = math.ceil(trace[-1].at) if trace else 0.0
         self.latency = [DROPPED] * len(trace)
+        self.tpot: list[float] = []  # of every request finished with more than one token
         self.replicas: dict[str, _Replica] = {}
         self.every: list[_Replica] = []  # every replica ever, for the replica-minutes
         self.backlog: deque[int] = deque()
@@ -585,7 +599,8 @@ class _Simulation:
         prefill = (model.prefill_base_ms + request.input_tokens * model.prefill_ms_per_token) * (
             1 + 0.5 * load
         )
-        decode = request.output_tokens * model.tpot_ms * (1 + model.batch_slowdown * load)
+        per_token = model.tpot_ms * (1 + model.batch_slowdown * load)
+        decode = request.output_tokens * per_token
         queued = (now - request.at) * 1000
         ttft = queued + prefill
         self.latency[index] = ttft
@@ -595,11 +610,15 @@ class _Simulation:
         tokens = request.input_tokens + request.output_tokens
         replica.active += 1
         replica.kv += tokens
-        self.push(now + (prefill + decode) / 1000, _COMPLETE, (replica, tokens))
+        tpot = per_token if request.output_tokens > 1 else None
+        self.push(now + (prefill + decode) / 1000, _COMPLETE, (replica, tokens, tpot))
 
-    def complete(self, replica: _Replica, tokens: int, now: float) -> None:
+    def complete(self, replica: _Replica, tokens: int, tpot: float | None, now: float) -> None:
         if replica.removed is not None:
             return
+        if tpot is not None:  # reported when it finishes, as vLLM's per-request histogram
+            replica.tpots.append(tpot)
+            self.tpot.append(tpot)
         self.account(replica, now)
         replica.active -= 1
         replica.kv -= tokens
@@ -712,9 +731,10 @@ class _Simulation:
                 latencies_ms=replica.reported[-10_000:],
                 queue_ms=replica.queued[-10_000:] if self.config.report_queueing else None,
                 requests_waiting=waiting.get(replica.id, 0) if self.config.report_backlog else None,
+                tpot_ms=replica.tpots[-10_000:] or None,
                 gpu_memory_pressure=round(self.pressure(replica), 4),
             )
-            replica.reported, replica.queued = [], []
+            replica.reported, replica.queued, replica.tpots = [], [], []
             self.handle(autoscaler.observe(sample).events, now)
         self.handle(autoscaler.tick(self.when(now).timestamp()), now)
 
@@ -816,8 +836,8 @@ class _Simulation:
                 continue
             now, _, kind, arg = heapq.heappop(self.heap)
             if kind == _COMPLETE:
-                done, tokens = cast(tuple[_Replica, int], arg)
-                self.complete(done, tokens, now)
+                done, tokens, tpot = cast(tuple[_Replica, int, float | None], arg)
+                self.complete(done, tokens, tpot, now)
             elif kind == _READY:
                 self.ready(cast(_Replica, arg), now)
             elif kind == _GRANT:
@@ -868,6 +888,8 @@ class _Simulation:
             p50_ms=nearest_rank(latencies, 0.5) if count else 0.0,
             p95_ms=nearest_rank(latencies, 0.95) if count else 0.0,
             p99_ms=nearest_rank(latencies, 0.99) if count else 0.0,
+            tpot_p95_ms=nearest_rank(sorted(self.tpot), 0.95) if self.tpot else None,
+            tpots=sorted(self.tpot),
             slo_ms=config.slo_ms,
             slo_attainment=met / count if count else 1.0,
             dropped=count - len(finite),
