@@ -1,5 +1,5 @@
-"""The guards every strategy shares: the scale-out rate limits, the cooldown and panic
-detection. (The warm pool and drains, which act on what a decision carries out, are the
+"""The guards every strategy shares: the scale-out rate limits, the cooldown, panic
+detection and the TPOT SLO's two checks. (The warm pool and drains, which act on what a decision carries out, are the
 Autoscaler's.)"""
 
 from __future__ import annotations
@@ -125,3 +125,14 @@ def tpot_over(policy: ScalingPolicy, tpot: tuple[float, int] | None) -> float | 
         return None
     p95, count = tpot
     return p95 if p95 > line and count >= policy.min_samples else None
+
+
+def tpot_over_after(
+    policy: ScalingPolicy, tpot: tuple[float, int] | None, serving: int, left: int
+) -> bool:
+    """Whether, with a TPOT SLO set, `left` of the `serving` replicas would carry their load
+    with its p95 over the line (it grows with the batch: in proportion)."""
+    line = policy.scale_out_tpot_ms
+    if line is None or tpot is None or left >= serving:
+        return False
+    return left <= 0 or tpot[0] * serving / left > line

@@ -313,7 +313,9 @@ class DemandStrategy:
                 return None
             desired = max(highest, provisioned - policy.max_scale_in_step, policy.min_replicas)
             limited_by = None if desired == highest else f"-{policy.max_scale_in_step} per scale-in"
-            if _tpot_after(policy, evaluation.tpot, serving, serving - (provisioned - desired)):
+            if guards.tpot_over_after(
+                policy, evaluation.tpot, serving, serving - (provisioned - desired)
+            ):
                 return None  # the batches of the replicas left would decode over the SLO
             reason = (
                 f"{demand.explain()}; the most the arrivals asked for over the stabilisation "
@@ -355,17 +357,6 @@ STRATEGY_CLASSES: dict[str, type[RuleStrategy] | type[DemandStrategy]] = {
 def strategy_for(policy: ScalingPolicy) -> ScalingStrategy:
     """The strategy the policy names."""
     return STRATEGY_CLASSES[policy.strategy](policy)
-
-
-def _tpot_after(
-    policy: ScalingPolicy, tpot: tuple[float, int] | None, serving: int, left: int
-) -> bool:
-    """Whether, with a TPOT SLO set, `left` of the `serving` replicas would carry their load
-    with its p95 over the line (it grows with the batch: in proportion)."""
-    line = policy.scale_out_tpot_ms
-    if line is None or tpot is None or left >= serving:
-        return False
-    return left <= 0 or tpot[0] * serving / left > line
 
 
 def _rate(count: float, first: float | None, now: float) -> float | None:
