@@ -235,12 +235,7 @@ class Autoscaler:
 
         at = sample.occurred_at.timestamp()
         state.window.add(at, sample.latencies_ms)
-        if sample.queue_ms is not None:
-            if state.queueing is None:
-                state.queueing = LatencyWindow(policy.window_seconds, policy.max_window_samples)
-            state.queueing.add(at, sample.queue_ms)
-        elif state.queueing is not None:
-            state.queueing.advance(at)
+        state.queueing = self._fed(state.queueing, at, sample.queue_ms)
         # A TTFT SLO relative to prompt length: each request judged less its allowance.
         ttft = sample.latencies_ms
         per_1k = policy.ttft_ms_per_1k_prompt_tokens
@@ -249,19 +244,11 @@ class Autoscaler:
                 max(0.0, v - per_1k * n / 1000)
                 for v, n in zip(sample.latencies_ms, sample.prompt_tokens, strict=True)
             ]
-            if state.beyond_prompt is None:
-                state.beyond_prompt = LatencyWindow(
-                    policy.window_seconds, policy.max_window_samples
-                )
-            state.beyond_prompt.add(at, ttft)
-        elif state.beyond_prompt is not None:
-            state.beyond_prompt.advance(at)
-        if sample.tpot_ms is not None and policy.scale_out_tpot_ms is not None:
-            if state.tpot is None:
-                state.tpot = LatencyWindow(policy.window_seconds, policy.max_window_samples)
-            state.tpot.add(at, sample.tpot_ms)
-        elif state.tpot is not None:
-            state.tpot.advance(at)
+            state.beyond_prompt = self._fed(state.beyond_prompt, at, ttft)
+        else:
+            state.beyond_prompt = self._fed(state.beyond_prompt, at, None)
+        judged_tpot = sample.tpot_ms if policy.scale_out_tpot_ms is not None else None
+        state.tpot = self._fed(state.tpot, at, judged_tpot)
         # The newest time seen is 'now': a late sample must not move time backwards.
         now = state.window.latest
         cutoff = now - policy.window_seconds
@@ -382,6 +369,20 @@ class Autoscaler:
     def _placed(self, task_id: str | None) -> bool:
         """The task holds a live allocation (granted, not released)."""
         return task_id is not None and task_id in self._allocations
+
+    def _fed(
+        self, window: LatencyWindow | None, at: float, values: Sequence[float] | None
+    ) -> LatencyWindow | None:
+        """A window of one more measure (queueing, TTFT beyond the prompt, TPOT): made on the
+        first sample that carries it, given `values`, or moved on to `at` by a sample that
+        does not (its old values age out as the others' do)."""
+        if values is not None:
+            if window is None:
+                window = LatencyWindow(self.policy.window_seconds, self.policy.max_window_samples)
+            window.add(at, values)
+        elif window is not None:
+            window.advance(at)
+        return window
 
     def _record_replica(
         self, state: ServiceState, sample: LatencySamplesReported, at: float, cutoff: float

@@ -126,7 +126,7 @@ class ServiceState:
         latest value against the first one recorded after `since`, over at least
         `least_span` seconds; None without two such points."""
         first = next(((at, n) for at, n in self.backlogs if at > since), None)
-        if first is None or not self.backlogs:
+        if first is None:
             return None
         last_at, last = self.backlogs[-1]
         span = last_at - first[0]
