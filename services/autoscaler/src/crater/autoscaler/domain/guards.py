@@ -1,6 +1,6 @@
-"""The guards every strategy shares: the scale-out rate limits, the cooldown, panic
-detection and the TPOT SLO's two checks. (The warm pool and drains, which act on what a decision carries out, are the
-Autoscaler's.)"""
+"""The guards every strategy shares: the scale-out rate limits, the cooldown, panic detection
+and the TPOT SLO's two checks. (The warm pool and drains, which act on what a decision carries
+out, are the Autoscaler's.)"""
 
 from __future__ import annotations
 
